@@ -1,0 +1,111 @@
+"""The coordinator: drives a batch solver over the block stream of centered kernel rows.
+
+It owns the schedule (``dkha.schedule``), the passes, the evaluations recorded in the history and
+the progress display. Kernel rows are computed ahead on the workers (``RowEngine.stream``); the
+coordinator only applies the sequential updates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dkha import schedule
+from dkha.evaluate import evaluate, projections, top_eigenvalues
+from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchResult:
+    alpha: np.ndarray
+    eigenvalue: np.ndarray
+    history: list = field(default_factory=list)
+    top_eigenvalues: np.ndarray | None = None
+    wall_time: float = 0.0
+    stream_stats: dict = field(default_factory=dict)
+
+
+def _progress(verbose: bool, total: int, desc: str):
+    if not verbose:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
+
+
+def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
+              verbose: bool = False, A_init: np.ndarray | None = None) -> BatchResult:
+    """Fit ``solver`` for ``n_steps`` steps over ``engine``'s kernel rows.
+
+    ``evaluate_every``: evaluate (eq. 22) every that many passes and at the end; 0 evaluates only
+    at the end; a negative value never evaluates.
+    """
+    l, r = engine.n_samples, solver.r
+    if engine.mk is None:
+        engine.compute_mk()
+    A1 = initial_coefficients(r, l, schedule.init_generator(seed)) if A_init is None else A_init
+    solver.start(A1, C=projections(engine, A1) if solver.needs_projection else None)
+
+    history: list[dict] = []
+    eig_top: np.ndarray | None = None
+    fit_seconds = 0.0
+
+    def record(pass_index: int, C=None):
+        nonlocal eig_top
+        if eig_top is None:
+            eig_top = top_eigenvalues(engine, r, seed=seed)
+        ev = evaluate(engine, solver.A, eig_top, C=C)
+        history.append({"pass": pass_index, "step": solver.state.t, "error": ev.error,
+                        "error_min": ev.error_min, "excess": ev.excess, "wall_time": fit_seconds})
+        log.info("pass %d step %d: excess error %.3e", pass_index, solver.state.t, ev.excess)
+        return ev
+
+    if evaluate_every > 0:
+        record(0)
+    bar = _progress(verbose, n_steps, solver.algorithm)
+    n_passes = -(-n_steps // l)
+    current_pass = -1
+    t0 = time.perf_counter()
+    tagged = ((k, idx) for k, _, idx in schedule.blocks(seed, l, n_steps, engine.block_rows))
+    for k, idx, rows in engine.stream(tagged):
+        if k != current_pass:
+            if current_pass >= 0:
+                fit_seconds += time.perf_counter() - t0
+                _end_of_pass(current_pass, evaluate_every, n_passes, record, bar)
+                t0 = time.perf_counter()
+            solver.begin_pass()
+            current_pass = k
+        solver.apply_block(idx, rows)
+        if bar is not None:
+            bar.update(len(idx))
+    fit_seconds += time.perf_counter() - t0
+    last_pass = n_steps / l
+    # final evaluation (always, unless evaluate_every < 0)
+    C = projections(engine, solver.A)
+    if evaluate_every >= 0:
+        pass_label = int(np.ceil(last_pass))
+        if not history or history[-1]["step"] != solver.state.t:
+            ev = record(pass_label, C=C)
+            if bar is not None:
+                bar.set_postfix(excess=f"{ev.excess:.2e}")
+    if bar is not None:
+        bar.close()
+    lam = eigenvalue_estimate(solver.A, C)
+    return BatchResult(alpha=solver.A.copy(), eigenvalue=lam, history=history,
+                       top_eigenvalues=eig_top, wall_time=fit_seconds,
+                       stream_stats={"blocks": engine.stats.blocks,
+                                     "wait_seconds": engine.stats.wait_seconds,
+                                     "bytes_received": engine.stats.bytes_received})
+
+
+def _end_of_pass(k: int, evaluate_every: int, n_passes: int, record, bar) -> None:
+    done = k + 1
+    if evaluate_every > 0 and done % evaluate_every == 0 and done < n_passes:
+        ev = record(done)
+        if bar is not None:
+            bar.set_postfix(excess=f"{ev.excess:.2e}")

@@ -1,0 +1,40 @@
+"""Errors a user can cause, and dkha's warning class.
+
+Each is a subclass of the builtin a Python user expects (``ValueError``, ``FileNotFoundError``,
+...), so ``except ValueError`` keeps working, and the CLI turns any :class:`DkhaError` into one
+line and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+
+class DkhaError(Exception):
+    """Base class of the errors a user can cause (bad input, bad parameters, bad paths)."""
+
+    exit_code = 2
+
+
+class InputError(DkhaError, ValueError):
+    """The data store or an input file is unusable (missing variable, NaN, wrong dims...)."""
+
+
+class ParameterError(DkhaError, ValueError):
+    """A parameter is out of range or unknown."""
+
+
+class StoreNotFoundError(DkhaError, FileNotFoundError):
+    """A path that should exist does not."""
+
+
+class RunDirectoryError(DkhaError, FileExistsError):
+    """The output directory holds something else (a different run, a file)."""
+
+
+class NumericalError(DkhaError, FloatingPointError):
+    """The iteration produced non-finite values or diverged."""
+
+    exit_code = 3
+
+
+class DkhaWarning(UserWarning):
+    """Warnings dkha itself emits (tests turn them into errors)."""

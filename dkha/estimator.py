@@ -1,0 +1,253 @@
+"""The scikit-learn style estimator for the batch KHA family."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+
+import numpy as np
+
+import dkha
+from dkha import config, result, schedule
+from dkha.cluster import client_for
+from dkha.errors import ParameterError
+from dkha.kernels import make_kernel, median_distance
+from dkha.rows import RowEngine
+from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
+                                check_algorithm)
+from dkha.store import DataStore, ingest_array, open_store
+
+log = logging.getLogger(__name__)
+
+
+def resolve_store(X) -> tuple[DataStore, str | None]:
+    """A validated store for ``X``: a path, a :class:`DataStore`, or an array (ingested aside).
+
+    Returns the store and the temporary directory to remove later (arrays only).
+    """
+    if isinstance(X, DataStore):
+        return X, None
+    if isinstance(X, (str, os.PathLike)):
+        return open_store(X), None
+    arr = np.asarray(X)
+    tmp = tempfile.mkdtemp(prefix="dkha-")
+    return ingest_array(arr, os.path.join(tmp, "data.zarr")), tmp
+
+
+def resolve_kernel(store: DataStore, kernel: str, seed: int, **params):
+    """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic."""
+    k = make_kernel(kernel, **params)
+    if k.needs_sigma():
+        sample = store.sample(int(config.get("median-sample")), seed)
+        k = k.with_params(sigma=median_distance(sample))
+        log.info("sigma by the median-distance heuristic: %g", k["sigma"])
+    return k
+
+
+class KernelHebbianPCA:
+    """Kernel principal components by the Kernel Hebbian Algorithm family.
+
+    Parameters
+    ----------
+    n_components : int, default 8
+        Number of components ``r`` (must be below the number of samples).
+    algorithm : {"kha", "kha-t", "kha-et", "kha-smd"}, default "kha-smd"
+        Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, or Stochastic Meta-Descent
+        (Algorithm 1) on top of eq. 12.
+    kernel : {"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"
+    sigma : float, optional
+        Width of the gaussian / laplacian kernel. ``None`` uses the median distance between
+        samples (recorded in ``kernel_`` and the saved attrs).
+    degree, offset, gamma : optional
+        Parameters of the polynomial and sigmoid kernels.
+    eta0 : float, optional
+        Base gain. Defaults per algorithm: 0.05 (kha), 0.5 (kha-t), 0.2 (kha-et, kha-smd).
+    mu : float, default 0.2
+        SMD's meta-gain.
+    xi : float, default 0.99
+        SMD's decay factor.
+    rho0 : float, default 0.0
+        SMD's initial log-gain. Algorithm 1 prints ρ0 = 1 (which multiplies every initial gain
+        by e); ρ0 = 0 converged an order of magnitude lower in our runs.
+    passes : int, optional
+        Passes through the data (default 10 when ``steps`` is not given).
+    steps : int, optional
+        Number of single-sample steps instead of whole passes.
+    seed : int, default 0
+        Seeds the initial coefficients, the sample order and the sigma heuristic's sample.
+    evaluate_every : int, default 1
+        Evaluate (eq. 22) every that many passes; 0 only at the end; negative never.
+    block_rows, prefetch : int, optional
+        Schedule positions per block of kernel rows and blocks computed ahead
+        (``dkha.block-rows``, ``dkha.prefetch``).
+    scheduler, scheduler_file, workers, client :
+        Where the kernel rows are computed (see :func:`dkha.cluster.client_for`).
+    verbose : bool, default False
+        Show a progress bar.
+
+    Attributes
+    ----------
+    alpha_ : ndarray (n_components, n_samples)
+        Coefficients: component ``i`` is ``Σ_j alpha_[i, j] Φ'(x_j)``.
+    eigenvalues_ : ndarray (n_components,)
+        Eq. 13 estimates of the eigenvalues of ``K'``.
+    mk_, mkm_ : the centering row and its mean.
+    history_ : list of dict
+        ``pass, step, error, error_min, excess, wall_time`` per evaluation.
+    kernel_ : dkha.kernels.Kernel
+    n_samples_, n_features_in_ : int
+    store_ : DataStore
+
+    References
+    ----------
+    Kim, Franz & Schölkopf (2005), Iterative kernel principal component analysis for image
+    modeling. Schraudolph, Günter & Vishwanathan (2006), Fast iterative kernel PCA.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dkha import KernelHebbianPCA
+    >>> X = np.random.default_rng(0).normal(size=(200, 5))
+    >>> model = KernelHebbianPCA(4, algorithm="kha-et", sigma=3.0, passes=2).fit(X)
+    >>> model.transform(X[:3]).shape
+    (3, 4)
+    """
+
+    def __init__(self, n_components: int = 8, *, algorithm: str = "kha-smd",
+                 kernel: str = "gaussian", sigma: float | None = None, degree: int | None = None,
+                 offset: float | None = None, gamma: float | None = None,
+                 eta0: float | None = None, mu: float | None = None, xi: float | None = None,
+                 rho0: float = 0.0, passes: int | None = None, steps: int | None = None,
+                 seed: int = 0, evaluate_every: int = 1, block_rows: int | None = None,
+                 prefetch: int | None = None, scheduler: str | None = None,
+                 scheduler_file: str | None = None, workers: int | None = None, client=None,
+                 verbose: bool = False):
+        self.n_components = n_components
+        self.algorithm = algorithm
+        self.kernel = kernel
+        self.sigma = sigma
+        self.degree = degree
+        self.offset = offset
+        self.gamma = gamma
+        self.eta0 = eta0
+        self.mu = mu
+        self.xi = xi
+        self.rho0 = rho0
+        self.passes = passes
+        self.steps = steps
+        self.seed = seed
+        self.evaluate_every = evaluate_every
+        self.block_rows = block_rows
+        self.prefetch = prefetch
+        self.scheduler = scheduler
+        self.scheduler_file = scheduler_file
+        self.workers = workers
+        self.client = client
+        self.verbose = verbose
+
+    # -- validation --
+    def _validated(self, n_samples: int) -> dict:
+        algorithm = check_algorithm(self.algorithm)
+        r = self.n_components
+        if not isinstance(r, (int, np.integer)) or r < 1:
+            raise ParameterError(f"n_components must be a positive integer, got {r!r}")
+        if r >= n_samples:
+            raise ParameterError(f"n_components ({r}) must be smaller than the number of samples ({n_samples})")
+        eta0 = DEFAULT_ETA0[algorithm] if self.eta0 is None else float(self.eta0)
+        mu = DEFAULT_MU if self.mu is None else float(self.mu)
+        xi = DEFAULT_XI if self.xi is None else float(self.xi)
+        rho0 = float(self.rho0)
+        if not (np.isfinite(eta0) and eta0 > 0):
+            raise ParameterError(f"eta0 must be a positive number, got {eta0}")
+        if not (np.isfinite(mu) and mu >= 0):
+            raise ParameterError(f"mu must be a non-negative number, got {mu}")
+        if not (0.0 <= xi <= 1.0):
+            raise ParameterError(f"xi must lie in [0, 1], got {xi}")
+        if not np.isfinite(rho0):
+            raise ParameterError(f"rho0 must be finite, got {rho0}")
+        if self.passes is not None and self.steps is not None:
+            raise ParameterError("give passes or steps, not both")
+        if self.steps is not None:
+            n_steps = int(self.steps)
+            if n_steps < 1:
+                raise ParameterError(f"steps must be positive, got {self.steps}")
+        else:
+            passes = 10 if self.passes is None else int(self.passes)
+            if passes < 1:
+                raise ParameterError(f"passes must be positive, got {self.passes}")
+            n_steps = passes * n_samples
+        return {"algorithm": algorithm, "r": int(r), "eta0": eta0, "mu": mu, "xi": xi,
+                "rho0": rho0, "n_steps": n_steps}
+
+    def run_attrs(self, store: DataStore, kernel, p: dict) -> dict:
+        """The attrs saved with the components (also used to compare runs)."""
+        attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
+                 "kernel_parameters": kernel.param_dict, "n_components": p["r"],
+                 "eta0": p["eta0"], "mu": p["mu"], "xi": p["xi"], "rho0": p["rho0"],
+                 "n_steps": p["n_steps"], "passes": p["n_steps"] / store.n_samples,
+                 "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
+                 "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
+                 "init": "random", "dkha_version": dkha.__version__}
+        attrs.update({k: v for k, v in kernel.param_dict.items()})
+        return attrs
+
+    def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False) -> "KernelHebbianPCA":
+        """Fit on ``X`` (a data store path, a :class:`DataStore` or an array).
+
+        With ``run_dir``, the components are saved there (``components.zarr``); a directory
+        holding a different run is refused before any work unless ``overwrite``.
+        """
+        store, tmp = resolve_store(X)
+        if tmp is not None:
+            self._tmp_finalizer = weakref.finalize(self, shutil.rmtree, tmp, True)
+        p = self._validated(store.n_samples)
+        kernel = resolve_kernel(store, self.kernel, self.seed, sigma=self.sigma,
+                                degree=self.degree, offset=self.offset, gamma=self.gamma)
+        attrs = self.run_attrs(store, kernel, p)
+        if run_dir is not None:
+            result.check_run_dir(run_dir, attrs, overwrite)
+        store.check_finite()
+        from dkha.coordinator import run_batch
+
+        with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client:
+            engine = RowEngine(store, kernel, client, block_rows=self.block_rows,
+                               prefetch=self.prefetch)
+            solver = BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"], mu=p["mu"],
+                              xi=p["xi"], rho0=p["rho0"])
+            res = run_batch(engine, solver, n_steps=p["n_steps"], seed=self.seed,
+                            evaluate_every=self.evaluate_every, verbose=self.verbose)
+        self.alpha_ = res.alpha
+        self.eigenvalues_ = res.eigenvalue
+        self.mk_, self.mkm_ = engine.mk, engine.mkm
+        self.history_ = res.history
+        self.kernel_ = kernel
+        self.store_ = store
+        self.n_samples_ = store.n_samples
+        self.n_features_in_ = store.n_features
+        self.stream_stats_ = res.stream_stats
+        self.attrs_ = dict(attrs, top_eigenvalues=None if res.top_eigenvalues is None
+                           else [float(v) for v in res.top_eigenvalues])
+        if run_dir is not None:
+            self.save(run_dir)
+        return self
+
+    def to_dataset(self):
+        return result.build_dataset(self.alpha_, self.eigenvalues_, self.history_, self.attrs_,
+                                    mk=self.mk_, mkm=self.mkm_)
+
+    def save(self, run_dir: str) -> str:
+        return result.save(self.to_dataset(), run_dir)
+
+    def transform(self, X) -> np.ndarray:
+        """Projections of new samples on the components, ``(n, n_components)``."""
+        from dkha.transform import project
+
+        return project(self.to_dataset(), np.asarray(X, dtype=np.float64), client=self.client,
+                       scheduler=self.scheduler, scheduler_file=self.scheduler_file,
+                       workers=self.workers)
+
+
+__all__ = ["KernelHebbianPCA", "ALGORITHMS", "resolve_store", "resolve_kernel", "schedule"]

@@ -1,0 +1,177 @@
+"""Kernel functions evaluated blockwise.
+
+One implementation serves fitting, evaluation and transform: every place that needs kernel
+values calls :meth:`Kernel.block` on two blocks of samples. A :class:`Kernel` is a small frozen,
+picklable value (name and parameters), so it travels to Dask workers as a task argument.
+
+Kernels (``x``, ``y`` row vectors):
+
+* ``gaussian``:   ``exp(-||x - y||² / (2 sigma²))``
+* ``laplacian``:  ``exp(-||x - y|| / sigma)`` (the "exponential" kernel)
+* ``polynomial``: ``(x·y + offset) ** degree``; ``degree=1, offset=0`` is the dot product
+* ``sigmoid``:    ``tanh(gamma · x·y + offset)`` (not positive definite; use with care)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dkha.errors import ParameterError
+
+KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid")
+_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial", "linear": "polynomial"}
+_PARAMS = {
+    "gaussian": {"sigma": None},
+    "laplacian": {"sigma": None},
+    "polynomial": {"degree": 1, "offset": 0.0},
+    "sigmoid": {"gamma": 1.0, "offset": 0.0},
+}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel function with its parameters.
+
+    Build one with :func:`make_kernel`, which validates the parameters. ``sigma`` must be set
+    (a number) before evaluation; :func:`make_kernel` leaves it ``None`` when the median
+    heuristic is to choose it (see :func:`median_distance`).
+    """
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __getitem__(self, key: str):
+        return dict(self.params)[key]
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def with_params(self, **updates) -> "Kernel":
+        p = dict(self.params)
+        p.update(updates)
+        return make_kernel(self.name, **p)
+
+    def needs_sigma(self) -> bool:
+        return self.name in ("gaussian", "laplacian") and self["sigma"] is None
+
+    def block(self, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+        """Kernel values ``k(X[i], Y[j])`` as an ``len(X) × len(Y)`` float64 array."""
+        X = np.asarray(X, dtype=np.float64)
+        Y = np.asarray(Y, dtype=np.float64)
+        name = self.name
+        if name in ("gaussian", "laplacian"):
+            sigma = self["sigma"]
+            if sigma is None:
+                raise ParameterError(f"the {name} kernel needs sigma; none was set")
+            d2 = squared_distances(X, Y)
+            if name == "gaussian":
+                d2 *= -1.0 / (2.0 * sigma * sigma)
+                return np.exp(d2, out=d2)
+            d = np.sqrt(d2, out=d2)
+            d *= -1.0 / sigma
+            return np.exp(d, out=d)
+        G = X @ Y.T
+        if name == "polynomial":
+            degree, offset = self["degree"], self["offset"]
+            if offset != 0.0:
+                G += offset
+            if degree != 1:
+                G = G**degree
+            return G
+        if name == "sigmoid":
+            G *= self["gamma"]
+            G += self["offset"]
+            return np.tanh(G, out=G)
+        raise ParameterError(f"unknown kernel {name!r}")  # pragma: no cover - make_kernel checks
+
+    def diagonal(self, X: np.ndarray) -> np.ndarray:
+        """``k(x, x)`` for each row of ``X``."""
+        X = np.asarray(X, dtype=np.float64)
+        if self.name in ("gaussian", "laplacian"):
+            return np.ones(len(X))
+        sq = np.einsum("ij,ij->i", X, X)
+        if self.name == "polynomial":
+            return (sq + self["offset"]) ** self["degree"]
+        return np.tanh(self["gamma"] * sq + self["offset"])
+
+    def describe(self) -> str:
+        return self.name + "(" + ", ".join(f"{k}={v}" for k, v in self.params) + ")"
+
+
+def squared_distances(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """``||X[i] - Y[j]||²``, by the GEMM expansion, clipped at zero."""
+    xx = np.einsum("ij,ij->i", X, X)
+    yy = np.einsum("ij,ij->i", Y, Y)
+    d2 = X @ Y.T
+    d2 *= -2.0
+    d2 += xx[:, None]
+    d2 += yy[None, :]
+    np.maximum(d2, 0.0, out=d2)
+    return d2
+
+
+def make_kernel(name: str, **params) -> Kernel:
+    """A validated :class:`Kernel`.
+
+    Unknown names and parameters, and out-of-range values (``sigma <= 0``, a non-integer or
+    negative ``degree``) raise :class:`~dkha.errors.ParameterError`. Parameters given as ``None``
+    take their defaults (``sigma=None`` asks for the median-distance heuristic).
+    """
+    if not isinstance(name, str):
+        raise ParameterError(f"kernel name must be a string, got {type(name).__name__}")
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in _PARAMS:
+        raise ParameterError(f"unknown kernel {name!r}; choose one of {', '.join(KERNELS)}")
+    defaults = _PARAMS[key]
+    unknown = sorted(set(params) - set(defaults))
+    unknown = [u for u in unknown if params[u] is not None]
+    if unknown:
+        raise ParameterError(
+            f"the {key} kernel takes no parameter {', '.join(unknown)}; "
+            f"its parameters are {', '.join(defaults)}"
+        )
+    values = {k: (params.get(k) if params.get(k) is not None else v) for k, v in defaults.items()}
+    if key in ("gaussian", "laplacian"):
+        s = values["sigma"]
+        if s is not None:
+            s = float(s)
+            if not np.isfinite(s) or s <= 0:
+                raise ParameterError(f"sigma must be a positive number, got {s}")
+            values["sigma"] = s
+    elif key == "polynomial":
+        d = values["degree"]
+        if float(d) != int(d) or int(d) < 1:
+            raise ParameterError(f"degree must be a positive integer, got {d}")
+        values["degree"] = int(d)
+        values["offset"] = float(values["offset"])
+        if not np.isfinite(values["offset"]):
+            raise ParameterError("offset must be finite")
+    else:
+        values["gamma"] = float(values["gamma"])
+        values["offset"] = float(values["offset"])
+        if not (np.isfinite(values["gamma"]) and np.isfinite(values["offset"])):
+            raise ParameterError("gamma and offset must be finite")
+    return Kernel(key, tuple(values.items()))
+
+
+def median_distance(X: np.ndarray) -> float:
+    """Median of the pairwise Euclidean distances between distinct rows of ``X``.
+
+    The median-distance heuristic for ``sigma``; callers pass a seeded random sample of the data
+    (``dkha.median-sample`` rows) so the cost is bounded.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    if len(X) < 2:
+        raise ParameterError("the median-distance heuristic needs at least two samples")
+    d2 = squared_distances(X, X)
+    iu = np.triu_indices(len(X), k=1)
+    med = float(np.sqrt(np.median(d2[iu])))
+    if not med > 0:
+        raise ParameterError(
+            "the median distance between samples is zero (duplicate samples?); set sigma explicitly"
+        )
+    return med

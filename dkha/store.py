@@ -1,0 +1,422 @@
+"""Data stores: zarr v3 groups holding ``X (sample, feature)`` chunked along ``sample``.
+
+A data store is readable by ``xarray.open_zarr``: variable ``X`` with dimension names
+``(sample, feature)``, optional ``label (sample)``, provenance in the group's attributes. Stores
+dkha writes carry a CRC32C checksum per chunk (flipped bytes are detected, not read as numbers)
+and ``NaN`` as fill value (a missing chunk reads as NaN and is caught by the finiteness check,
+never silently read as zeros).
+
+Ingest never holds a whole corpus: arrays are copied chunk by chunk from a memory map, images
+are cut into patches one image at a time and appended.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from dkha import config
+from dkha.errors import InputError, ParameterError, RunDirectoryError, StoreNotFoundError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "dkha-store"
+FORMAT_VERSION = 1
+
+
+def _codecs():
+    return [ZstdCodec(level=1), Crc32cCodec()]
+
+
+def _is_url(path: str) -> bool:
+    return "://" in str(path)
+
+
+@dataclass(frozen=True)
+class DataStore:
+    """An opened, validated data store.
+
+    Attributes
+    ----------
+    path : str
+        Path or fsspec URL of the zarr group (workers open it by this path).
+    n_samples, n_features : int
+    chunk_rows : int
+        Rows per chunk along ``sample``.
+    has_labels : bool
+    attrs : dict
+        The group's attributes (provenance).
+    """
+
+    path: str
+    n_samples: int
+    n_features: int
+    chunk_rows: int
+    has_labels: bool
+    attrs: dict
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.n_samples // self.chunk_rows)
+
+    def chunk_bounds(self, i: int) -> tuple[int, int]:
+        start = i * self.chunk_rows
+        return start, min(start + self.chunk_rows, self.n_samples)
+
+    def array(self) -> zarr.Array:
+        return zarr.open_group(self.path, mode="r")["X"]
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` of ``X`` as float64."""
+        stop = self.n_samples if stop is None else stop
+        return np.asarray(self.array()[start:stop], dtype=np.float64)
+
+    def read_rows(self, index: np.ndarray) -> np.ndarray:
+        """Rows ``index`` (any order) as float64."""
+        index = np.asarray(index, dtype=np.int64)
+        return np.asarray(self.array().get_orthogonal_selection((index, slice(None))), dtype=np.float64)
+
+    def labels(self) -> np.ndarray | None:
+        if not self.has_labels:
+            return None
+        return np.asarray(zarr.open_group(self.path, mode="r")["label"][:])
+
+    def iter_chunks(self) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(start, stop, X[start:stop])`` chunk by chunk."""
+        arr = self.array()
+        for i in range(self.n_chunks):
+            a, b = self.chunk_bounds(i)
+            yield a, b, np.asarray(arr[a:b], dtype=np.float64)
+
+    def check_finite(self) -> None:
+        """Raise :class:`InputError` naming the first rows that hold NaN or inf."""
+        for a, b, X in self.iter_chunks():
+            bad = ~np.isfinite(X).all(axis=1)
+            if bad.any():
+                rows = np.flatnonzero(bad) + a
+                raise InputError(
+                    f"data store {self.path}: non-finite values (NaN or inf) in {bad.sum()} rows "
+                    f"of X, first at rows {rows[0]}..{rows[min(len(rows), 5) - 1]} "
+                    f"(chunk rows {a}..{b - 1}); clean the data or re-ingest it"
+                )
+
+    def sample(self, n: int, seed: int) -> np.ndarray:
+        """A seeded random sample of ``min(n, n_samples)`` rows (sorted index order)."""
+        rng = np.random.default_rng(seed)
+        n = min(n, self.n_samples)
+        idx = np.sort(rng.choice(self.n_samples, size=n, replace=False))
+        return self.read_rows(idx)
+
+
+def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataStore:
+    """Open and validate a data store.
+
+    Raises :class:`StoreNotFoundError` when nothing is there and :class:`InputError` when it is not
+    a usable store: not a zarr group, no ``X``, wrong dims or dtype, empty, bad ``label``.
+    """
+    path = os.fspath(path)
+    if not _is_url(path):
+        if not os.path.exists(path):
+            raise StoreNotFoundError(f"no data store at {path}")
+        if not os.path.isdir(path):
+            raise InputError(f"{path} is a file, not a zarr store (ingest it with `dkha ingest`)")
+    try:
+        group = zarr.open_group(path, mode="r")
+    except Exception as exc:  # zarr raises several kinds for "not a group"
+        raise InputError(f"{path} is not a zarr group ({type(exc).__name__}: {exc})") from None
+    if "X" not in group:
+        names = sorted(group.keys())
+        raise InputError(
+            f"data store {path} has no variable X (it holds: {', '.join(names) or 'nothing'}); "
+            "create one with `dkha ingest`"
+        )
+    X = group["X"]
+    if not isinstance(X, zarr.Array):
+        raise InputError(f"data store {path}: X is a group, not an array")
+    if X.ndim != 2:
+        raise InputError(f"data store {path}: X must have 2 dims (sample, feature), it has {X.ndim}")
+    dims = _dimension_names(X)
+    if dims is not None and tuple(dims) != ("sample", "feature"):
+        raise InputError(
+            f"data store {path}: X has dims {tuple(dims)}, expected ('sample', 'feature')"
+        )
+    if X.dtype.kind not in "fiu":
+        raise InputError(f"data store {path}: X has dtype {X.dtype}; a numeric dtype is required")
+    l, n = X.shape
+    if l == 0 or n == 0:
+        raise InputError(f"data store {path} is empty (X has shape {X.shape})")
+    has_labels = "label" in group
+    if has_labels:
+        lab = group["label"]
+        if not isinstance(lab, zarr.Array) or lab.shape != (l,):
+            raise InputError(
+                f"data store {path}: label must be a 1-d array of {l} entries, "
+                f"got shape {getattr(lab, 'shape', None)}"
+            )
+    store = DataStore(
+        path=path,
+        n_samples=int(l),
+        n_features=int(n),
+        chunk_rows=int(X.chunks[0]),
+        has_labels=has_labels,
+        attrs=dict(group.attrs),
+    )
+    if check_finite:
+        store.check_finite()
+    return store
+
+
+def _dimension_names(arr: zarr.Array):
+    try:
+        names = arr.metadata.dimension_names
+    except AttributeError:
+        names = None
+    if names is None:
+        names = arr.attrs.get("_ARRAY_DIMENSIONS")
+    return names
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+class StoreWriter:
+    """Writes a data store aside and moves it into place on :meth:`commit`.
+
+    Rows are appended in any number of pieces; the target appears only once complete, so a
+    reader never sees a half-written store.
+    """
+
+    def __init__(self, out: str | os.PathLike, n_features: int, *, chunk_rows: int | None = None,
+                 overwrite: bool = False, with_labels: bool = False, label_dtype="i8"):
+        self.out = os.fspath(out)
+        if _is_url(self.out):
+            raise ParameterError("ingest writes to a local path; copy the store to object storage after")
+        if os.path.lexists(self.out):
+            if not overwrite:
+                raise RunDirectoryError(f"{self.out} already exists; pass --overwrite to replace it")
+            if not os.path.isdir(self.out) or os.path.islink(self.out):
+                raise RunDirectoryError(f"{self.out} exists and is not a directory; remove it first")
+        self.chunk_rows = int(config.get("chunk-rows", chunk_rows))
+        if self.chunk_rows < 1:
+            raise ParameterError(f"chunk rows must be positive, got {self.chunk_rows}")
+        parent = os.path.dirname(os.path.abspath(self.out))
+        os.makedirs(parent, exist_ok=True)
+        self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.{uuid.uuid4().hex}.tmp")
+        self.group = zarr.open_group(self.tmp, mode="w")
+        self.X = self.group.create_array(
+            "X", shape=(0, n_features), chunks=(self.chunk_rows, n_features), dtype="f8",
+            dimension_names=["sample", "feature"], compressors=_codecs(), fill_value=np.nan,
+        )
+        self.label = None
+        if with_labels:
+            self.label = self.group.create_array(
+                "label", shape=(0,), chunks=(self.chunk_rows,), dtype=label_dtype,
+                dimension_names=["sample"], compressors=_codecs(),
+            )
+        self.n = 0
+        self._buf: list[np.ndarray] = []
+        self._lbuf: list[np.ndarray] = []
+        self._buffered = 0
+
+    def append(self, X: np.ndarray, labels: np.ndarray | None = None) -> None:
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.X.shape[1]:
+            raise InputError(f"rows of {X.shape[1] if X.ndim == 2 else X.shape} features appended "
+                             f"to a store of {self.X.shape[1]}")
+        self._buf.append(X)
+        if self.label is not None:
+            self._lbuf.append(np.asarray(labels))
+        self._buffered += len(X)
+        # write whole chunks only, so every chunk is written once
+        if self._buffered >= self.chunk_rows:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        if not self._buf:
+            return
+        X = np.concatenate(self._buf)
+        L = np.concatenate(self._lbuf) if self.label is not None else None
+        k = len(X) if final else (len(X) // self.chunk_rows) * self.chunk_rows
+        if k:
+            self.X.resize((self.n + k, self.X.shape[1]))
+            self.X[self.n:self.n + k] = X[:k]
+            if L is not None:
+                self.label.resize((self.n + k,))
+                self.label[self.n:self.n + k] = L[:k]
+            self.n += k
+        self._buf = [X[k:]] if k < len(X) else []
+        self._lbuf = [L[k:]] if (L is not None and k < len(X)) else []
+        self._buffered = len(X) - k
+
+    def commit(self, attrs: dict) -> DataStore:
+        self._flush(final=True)
+        if self.n == 0:
+            self.abort()
+            raise InputError("nothing to ingest: the input holds no samples")
+        self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
+        if os.path.lexists(self.out):
+            shutil.rmtree(self.out)
+        os.replace(self.tmp, self.out)
+        return open_store(self.out)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
+                 labels: str | os.PathLike | np.ndarray | None = None,
+                 chunk_rows: int | None = None, overwrite: bool = False) -> DataStore:
+    """Copy a 2-d array (``.npy`` file or in-memory array) into a data store.
+
+    ``.npy`` files are memory-mapped and copied chunk by chunk. Non-finite values are refused
+    (the row range is named) and nothing is written.
+    """
+    name = "<array>"
+    if isinstance(src, np.ndarray):
+        data = src
+    else:
+        name = os.fspath(src)
+        if not os.path.exists(name):
+            raise StoreNotFoundError(f"no such file: {name}")
+        try:
+            data = np.load(name, mmap_mode="r", allow_pickle=False)
+        except Exception as exc:
+            raise InputError(f"{name} is not a readable .npy array ({exc})") from None
+    if data.ndim != 2:
+        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
+    if data.dtype.kind not in "fiub":
+        raise InputError(f"{name}: dtype {data.dtype} is not numeric")
+    if data.shape[0] == 0 or data.shape[1] == 0:
+        raise InputError(f"{name} is empty (shape {data.shape})")
+    lab = None
+    if labels is not None:
+        if isinstance(labels, np.ndarray):
+            lab = labels
+        else:
+            if not os.path.exists(labels):
+                raise StoreNotFoundError(f"no such file: {labels}")
+            lab = np.load(labels, allow_pickle=False)
+        if lab.shape != (data.shape[0],):
+            raise InputError(f"labels must have shape ({data.shape[0]},), got {lab.shape}")
+    writer = StoreWriter(out, data.shape[1], chunk_rows=chunk_rows, overwrite=overwrite,
+                         with_labels=lab is not None,
+                         label_dtype=lab.dtype if lab is not None else "i8")
+    try:
+        step = writer.chunk_rows
+        for a in range(0, data.shape[0], step):
+            block = np.asarray(data[a:a + step], dtype=np.float64)
+            bad = ~np.isfinite(block).all(axis=1)
+            if bad.any():
+                rows = np.flatnonzero(bad) + a
+                raise InputError(f"{name}: non-finite values (NaN or inf) in rows starting at "
+                                 f"{rows[0]} ({bad.sum()} rows in {a}..{a + len(block) - 1})")
+            writer.append(block, None if lab is None else lab[a:a + step])
+        return writer.commit({"source": {"kind": "array", "path": name, "shape": list(data.shape),
+                                         "dtype": str(data.dtype)}})
+    except BaseException:
+        writer.abort()
+        raise
+
+
+BUNDLED_PREFIX = "skimage:"
+
+
+def read_grey_image(path: str) -> np.ndarray:
+    """A grey-scale image as float64 in [0, 1].
+
+    ``skimage:NAME`` names one of scikit-image's bundled photographs (e.g. ``skimage:camera``).
+    Colour images are converted with ``skimage.color.rgb2gray``; an alpha channel is dropped.
+    """
+    import skimage.color
+    import skimage.data
+    import skimage.io
+    import skimage.util
+
+    if path.startswith(BUNDLED_PREFIX):
+        name = path[len(BUNDLED_PREFIX):]
+        fn = getattr(skimage.data, name, None)
+        if fn is None or not callable(fn):
+            raise InputError(f"scikit-image has no bundled image {name!r}")
+        img = fn()
+    else:
+        if not os.path.exists(path):
+            raise StoreNotFoundError(f"no such image: {path}")
+        try:
+            img = skimage.io.imread(path)
+        except Exception as exc:
+            raise InputError(f"cannot read image {path}: {exc}") from None
+    img = np.asarray(img)
+    if img.ndim == 3:
+        if img.shape[2] == 4:
+            img = img[..., :3]
+        if img.shape[2] == 3:
+            img = skimage.color.rgb2gray(img)
+        elif img.shape[2] == 1:
+            img = img[..., 0]
+        else:
+            raise InputError(f"image {path} has {img.shape[2]} channels; expected grey, RGB or RGBA")
+    elif img.ndim != 2:
+        raise InputError(f"image {path} has shape {img.shape}; expected a 2-d picture")
+    img = skimage.util.img_as_float64(img)
+    if img.min() < 0 or img.max() > 1:  # float images outside [0, 1]: rescale
+        lo, hi = float(img.min()), float(img.max())
+        img = (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
+    return img
+
+
+def patch_grid(shape: tuple[int, int], patch: int, step: int) -> tuple[int, int]:
+    """Number of patch positions (rows, cols) on the grid of an image of ``shape``."""
+    return (shape[0] - patch) // step + 1, (shape[1] - patch) // step + 1
+
+
+def extract_patches(img: np.ndarray, patch: int, step: int) -> np.ndarray:
+    """Patches of ``patch×patch`` pixels on a grid of ``step``, row-major, as rows."""
+    from skimage.util import view_as_windows
+
+    if img.shape[0] < patch or img.shape[1] < patch:
+        raise InputError(f"image of shape {img.shape} is smaller than a {patch}×{patch} patch")
+    win = view_as_windows(np.ascontiguousarray(img), (patch, patch), step=step)
+    return win.reshape(-1, patch * patch)
+
+
+def ingest_images(paths: Sequence[str], out: str | os.PathLike, *, patch: int = 11, step: int = 2,
+                  chunk_rows: int | None = None, overwrite: bool = False) -> DataStore:
+    """Cut grey-scale images into patches and store them as samples.
+
+    Each image is read, converted to grey in [0, 1], cut into ``patch×patch`` patches on a grid
+    of ``step`` pixels, and appended, one image at a time. Attrs record, per image, its path,
+    shape, the patch grid and the range of samples it produced, so patches can be put back.
+    """
+    if patch < 1 or step < 1:
+        raise ParameterError(f"patch and step must be positive, got patch={patch}, step={step}")
+    if not paths:
+        raise InputError("no images given")
+    writer = StoreWriter(out, patch * patch, chunk_rows=chunk_rows, overwrite=overwrite)
+    images = []
+    try:
+        for p in paths:
+            img = read_grey_image(str(p))
+            P = extract_patches(img, patch, step)
+            images.append({"path": str(p), "shape": list(img.shape),
+                           "grid": list(patch_grid(img.shape, patch, step)),
+                           "first_sample": writer.n + writer._buffered, "n_samples": len(P)})
+            writer.append(P)
+            log.info("ingested %s: %d patches", p, len(P))
+        return writer.commit({"source": {"kind": "images", "images": images}, "patch": patch,
+                              "step": step, "scaling": "grey, [0, 1] (skimage img_as_float)"})
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def iter_blocks(n: int, size: int) -> Iterable[tuple[int, int]]:
+    for a in range(0, n, size):
+        yield a, min(a + size, n)
