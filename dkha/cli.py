@@ -1,0 +1,325 @@
+"""The ``dkha`` command.
+
+    dkha demo [-o DIR]
+    dkha ingest array SRC.npy -o STORE.zarr [--labels L.npy] [--chunk-rows N]
+    dkha ingest images IMG... -o STORE.zarr --patch 11 --step 2
+    dkha fit STORE.zarr -o RUN_DIR --algorithm kha-smd --components R ...
+    dkha evaluate RUN_DIR [--json]
+    dkha transform RUN_DIR NEW.zarr -o OUT.zarr
+
+Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
+input or parameters, 3 for a diverged fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from dkha.errors import DkhaError
+
+ONLINE = ("on-kha", "oo-kha", "okpca")
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _add_cluster_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
+    g.add_argument("--scheduler", metavar="ADDRESS",
+                   help="attach to a running Dask scheduler (tcp://HOST:PORT); "
+                        "DASK_SCHEDULER_ADDRESS is used when set")
+    g.add_argument("--scheduler-file", metavar="F", help="attach via a scheduler file")
+    g.add_argument("--workers", type=_positive_int, metavar="N",
+                   help="start a local cluster of N worker processes")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dkha import __version__
+    from dkha.solvers.batch import ALGORITHMS
+
+    parser = argparse.ArgumentParser(prog="dkha", description="Kernel PCA by the Kernel Hebbian "
+                                     "Algorithm family, for data sets too large for a kernel matrix.")
+    parser.add_argument("--version", action="version", version=f"dkha {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    # demo
+    p = sub.add_parser("demo", help="ingest scikit-learn's digits and fit KHA-SMD (no cluster needed)")
+    p.add_argument("-o", "--out", default="dkha-demo", help="directory for the store and run (default dkha-demo)")
+    p.add_argument("--passes", type=_positive_int, default=20)
+    p.add_argument("--algorithm", default="kha-smd", choices=ALGORITHMS)
+    _add_cluster_options(p)
+
+    # ingest
+    p = sub.add_parser("ingest", help="create a data store")
+    isub = p.add_subparsers(dest="kind", required=True)
+    a = isub.add_parser("array", help="from a .npy array (samples × features)")
+    a.add_argument("src")
+    a.add_argument("-o", "--out", required=True)
+    a.add_argument("--labels", help=".npy of one label per sample")
+    a.add_argument("--chunk-rows", type=_positive_int)
+    a.add_argument("--overwrite", action="store_true")
+    im = isub.add_parser("images", help="grey-scale patches of images (skimage:NAME for bundled ones)")
+    im.add_argument("images", nargs="+")
+    im.add_argument("-o", "--out", required=True)
+    im.add_argument("--patch", type=_positive_int, default=11)
+    im.add_argument("--step", type=_positive_int, default=2)
+    im.add_argument("--chunk-rows", type=_positive_int)
+    im.add_argument("--overwrite", action="store_true")
+
+    # fit
+    p = sub.add_parser("fit", help="fit kernel principal components")
+    p.add_argument("store")
+    p.add_argument("-o", "--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--algorithm", default="kha-smd", help=f"one of {', '.join(ALGORITHMS + ONLINE)}")
+    p.add_argument("--components", "-r", type=_positive_int, default=8)
+    k = p.add_argument_group("kernel")
+    k.add_argument("--kernel", default="gaussian", help="gaussian, laplacian, polynomial, sigmoid")
+    k.add_argument("--sigma", type=float, help="gaussian/laplacian width (default: median distance)")
+    k.add_argument("--degree", type=int, help="polynomial degree (default 1: dot product)")
+    k.add_argument("--offset", type=float, help="polynomial / sigmoid offset")
+    k.add_argument("--kernel-gamma", type=float, help="sigmoid slope")
+    g = p.add_argument_group("gains")
+    g.add_argument("--eta0", type=float, help="base gain (default per algorithm)")
+    g.add_argument("--mu", type=float, help="SMD meta-gain (default 0.2)")
+    g.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
+    g.add_argument("--rho0", type=float, default=0.0,
+                   help="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)")
+    o = p.add_argument_group("online algorithms (on-kha, oo-kha, okpca)")
+    o.add_argument("--gamma", type=float, help="learning-rate decay η(k) = γ·η(k−1)")
+    o.add_argument("--tau", type=float, help="Honeine's η_t = η0 / (1 + t/τ)")
+    o.add_argument("--nu", type=float, help="dictionary threshold ν")
+    o.add_argument("--max-members", type=_positive_int, help="dictionary size cap")
+    o.add_argument("--center", dest="center", action="store_true", default=None)
+    o.add_argument("--no-center", dest="center", action="store_false")
+    n = p.add_mutually_exclusive_group()
+    n.add_argument("--passes", type=_positive_int, help="passes through the data (default 10)")
+    n.add_argument("--steps", type=_positive_int, help="single-sample steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--evaluate-every", type=int, default=1, metavar="N",
+                   help="evaluate every N passes (0: only at the end; -1: never)")
+    p.add_argument("--block", type=_positive_int, metavar="B", help="rows per block (dkha.block-rows)")
+    p.add_argument("--prefetch", type=_positive_int, metavar="D", help="blocks computed ahead")
+    p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_cluster_options(p)
+
+    # evaluate
+    p = sub.add_parser("evaluate", help="reconstruction error E(A), E_min and the excess (eq. 22)")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--recompute", action="store_true",
+                   help="recompute the top eigenvalues of K' instead of reusing the fit's")
+    _add_cluster_options(p)
+
+    # transform
+    p = sub.add_parser("transform", help="project a data store on the components")
+    p.add_argument("run_dir")
+    p.add_argument("new_store")
+    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    _add_cluster_options(p)
+    return parser
+
+
+def _cluster_kwargs(args) -> dict:
+    return {"scheduler": args.scheduler, "scheduler_file": args.scheduler_file,
+            "workers": args.workers}
+
+
+def cmd_ingest(args) -> int:
+    from dkha.store import ingest_array, ingest_images
+
+    if args.kind == "array":
+        st = ingest_array(args.src, args.out, labels=args.labels, chunk_rows=args.chunk_rows,
+                          overwrite=args.overwrite)
+    else:
+        st = ingest_images(args.images, args.out, patch=args.patch, step=args.step,
+                           chunk_rows=args.chunk_rows, overwrite=args.overwrite)
+    print(f"{st.path}: {st.n_samples} samples × {st.n_features} features "
+          f"in chunks of {st.chunk_rows} rows")
+    return 0
+
+
+def _fit_summary(model, run_dir: str) -> dict:
+    last = model.history_[-1] if model.history_ else {}
+    return {"run_dir": run_dir, "algorithm": model.attrs_["algorithm"],
+            "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
+            "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
+                                                   ("pass", "step", "error", "error_min", "excess")},
+            "fit_seconds": last.get("wall_time")}
+
+
+def cmd_fit(args) -> int:
+    if args.algorithm in ONLINE:
+        return _fit_online(args)
+    from dkha.estimator import KernelHebbianPCA
+
+    model = KernelHebbianPCA(
+        args.components, algorithm=args.algorithm, kernel=args.kernel, sigma=args.sigma,
+        degree=args.degree, offset=args.offset, gamma=args.kernel_gamma, eta0=args.eta0,
+        mu=args.mu, xi=args.xi, rho0=args.rho0, passes=args.passes, steps=args.steps,
+        seed=args.seed, evaluate_every=args.evaluate_every, block_rows=args.block,
+        prefetch=args.prefetch, verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
+        **_cluster_kwargs(args))
+    for name in ("gamma", "tau", "nu", "max_members", "center"):
+        if getattr(args, name) is not None:
+            raise_param(f"--{name.replace('_', '-')} applies to the online algorithms "
+                        f"({', '.join(ONLINE)}), not {args.algorithm}")
+    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite)
+    summary = _fit_summary(model, args.out)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{summary['algorithm']}: {summary['n_components']} components of "
+              f"{summary['n_samples']} samples, {summary['kernel']}")
+        if model.history_:
+            print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
+                  f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
+        print(f"saved {os.path.join(args.out, 'components.zarr')}")
+    return 0
+
+
+def raise_param(msg: str):
+    from dkha.errors import ParameterError
+
+    raise ParameterError(msg)
+
+
+def _fit_online(args) -> int:
+    try:
+        from dkha.online import OnlineKernelPCA
+    except ImportError:  # pragma: no cover - until the online module lands
+        raise_param(f"algorithm {args.algorithm} is not available in this build")
+    if args.passes is not None and args.steps is None:
+        steps = None
+        passes = args.passes
+    else:
+        steps, passes = args.steps, None
+    for name in ("mu", "xi"):
+        if getattr(args, name) is not None:
+            raise_param(f"--{name} applies to kha-smd, not {args.algorithm}")
+    kwargs = dict(algorithm=args.algorithm, kernel=args.kernel, sigma=args.sigma,
+                  degree=args.degree, offset=args.offset, kernel_gamma=args.kernel_gamma,
+                  eta0=args.eta0, gamma=args.gamma, tau=args.tau, nu=args.nu,
+                  max_members=args.max_members, center=args.center, steps=steps, passes=passes,
+                  seed=args.seed, block_rows=args.block,
+                  verbose=not args.quiet and sys.stderr.isatty())
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    model = OnlineKernelPCA(args.components, **kwargs)
+    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite)
+    ds = model.to_dataset()
+    summary = {"run_dir": args.out, "algorithm": args.algorithm,
+               "members": int(ds.sizes.get("member", 0))}
+    if "ac_index" in ds and ds.sizes.get("evaluation", 0):
+        summary["ac_index"] = float(ds["ac_index"].values[-1])
+    print(json.dumps(summary) if args.json else
+          ", ".join(f"{k} = {v}" for k, v in summary.items()))
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    import numpy as np
+
+    from dkha import result
+    from dkha.cluster import client_for
+    from dkha.evaluate import evaluate
+    from dkha.transform import _engine
+
+    ds = result.load(args.run_dir)
+    if "mk" not in ds:
+        raise_param(f"{args.run_dir} holds an online (dictionary) run; `dkha evaluate` computes "
+                    "eq. 22 for batch runs")
+    eig = ds.attrs.get("top_eigenvalues")
+    r = ds.sizes["component"]
+    with client_for(**_cluster_kwargs(args)) as client:
+        engine = _engine(ds, client)
+        ev = evaluate(engine, ds["alpha"].values,
+                      None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
+    out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]), "n_components": int(r),
+           **ev.as_dict()}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"E(A)   = {ev.error:.10g}\nE_min  = {ev.error_min:.10g}\nexcess = {ev.excess:.6e}")
+    return 0
+
+
+def cmd_transform(args) -> int:
+    from dkha import result
+    from dkha.transform import transform_store
+
+    ds = result.load(args.run_dir)
+    res = transform_store(ds, args.new_store, args.out, overwrite=args.overwrite, **_cluster_kwargs(args))
+    print(f"{args.out}: projection {dict(res.sizes)}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from dkha.estimator import KernelHebbianPCA
+    from dkha.store import ingest_array
+
+    os.makedirs(args.out, exist_ok=True)
+    d = load_digits()
+    X = np.concatenate([d.data[d.target == k][:100] for k in range(10)]) / 8.0 - 1.0
+    y = np.concatenate([d.target[d.target == k][:100] for k in range(10)])
+    store_path = os.path.join(args.out, "digits.zarr")
+    store = ingest_array(X, store_path, labels=y, chunk_rows=250, overwrite=True)
+    print(f"data store {store.path}: {store.n_samples} digits (8×8, pixels x/8 − 1)")
+    run_dir = os.path.join(args.out, "run")
+    model = KernelHebbianPCA(16, algorithm=args.algorithm, sigma=4.0, passes=args.passes,
+                             evaluate_every=1, verbose=sys.stderr.isatty(), **_cluster_kwargs(args))
+    model.fit(store_path, run_dir=run_dir, overwrite=True)
+    print("pass   excess error E/E_min − 1")
+    for h in model.history_:
+        print(f"{h['pass']:4d}   {h['excess']:.3e}")
+    print(f"saved {run_dir}/components.zarr (open it with xarray.open_zarr)")
+    return 0
+
+
+COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, "fit": cmd_fit, "evaluate": cmd_evaluate,
+            "transform": cmd_transform}
+
+
+def _quiet_distributed(level: int) -> None:
+    """distributed logs INFO lines on every cluster start; keep them out of the CLI's output."""
+    import distributed  # noqa: F401  (configures its loggers on import; then we override)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("distributed"):
+            logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    _quiet_distributed(level)
+    try:
+        return COMMANDS[args.command](args)
+    except DkhaError as exc:
+        print(f"dkha: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dkha: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
