@@ -13,6 +13,7 @@ import logging
 import os
 from typing import Iterator
 
+from dkha import config
 from dkha.errors import ParameterError
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
     if scheduler_file:
         if not os.path.exists(scheduler_file):
             raise ParameterError(f"scheduler file {scheduler_file} does not exist")
-        c = Client(scheduler_file=scheduler_file, timeout="30s")
+        c = Client(scheduler_file=scheduler_file, timeout=config.get("connect-timeout"))
         try:
             yield c
         finally:
@@ -59,7 +60,7 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
         return
     if address:
         try:
-            c = Client(address, timeout="30s")
+            c = Client(address, timeout=config.get("connect-timeout"))
         except (OSError, TimeoutError) as exc:
             raise ParameterError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
         try:

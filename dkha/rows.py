@@ -126,45 +126,35 @@ def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm
     return center_block(K, mk[index], mk[a:b], mkm)
 
 
-def product_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, rows_i: tuple,
-                 column_groups: tuple, V: np.ndarray) -> np.ndarray:
-    """``K'[I, :] @ V`` for the row group ``I``, summed tile by tile over the column groups."""
-    a, b = rows_i[0][0], rows_i[-1][1]
-    XI = _group_rows(path, rows_i)
-    out = np.zeros((b - a, V.shape[1]))
-    for cols in column_groups:
-        c, d = cols[0][0], cols[-1][1]
-        K = center_block(kernel.block(XI, _group_rows(path, cols)), mk[a:b], mk[c:d], mkm)
-        out += K @ V[c:d]
-    return out
+def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple):
+    a, b = gi[0][0], gi[-1][1]
+    c, d = gj[0][0], gj[-1][1]
+    XI = _group_rows(path, gi)
+    XJ = XI if gi == gj else _group_rows(path, gj)
+    return center_block(kernel.block(XI, XJ), mk[a:b], mk[c:d], mkm), (a, b), (c, d)
 
 
-def residual_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, rows_i: tuple,
-                  column_groups: tuple, C: np.ndarray) -> np.ndarray:
-    """``[‖K'[I,:]‖², ‖K'[I,:] - C[:,I]ᵀ C‖²]`` for the row group ``I`` (float64 sums)."""
-    a, b = rows_i[0][0], rows_i[-1][1]
-    XI = _group_rows(path, rows_i)
-    CI = C[:, a:b]
-    total = np.zeros(2)
-    for cols in column_groups:
-        c, d = cols[0][0], cols[-1][1]
-        K = center_block(kernel.block(XI, _group_rows(path, cols)), mk[a:b], mk[c:d], mkm)
-        total[0] += np.einsum("ij,ij->", K, K)
-        K -= CI.T @ C[:, c:d]
-        total[1] += np.einsum("ij,ij->", K, K)
-    return total
+def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+                 V: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``K'[I, J] V[J]`` and, off the diagonal, ``K'[J, I] V[I]`` (K' is symmetric)."""
+    K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
+    return K @ V[c:d], (None if gi == gj else K.T @ V[a:b])
 
 
-def dense_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, rows_i: tuple,
-               column_groups: tuple) -> np.ndarray:
-    """``K'[I, :]`` whole for the row group ``I`` (small stores only: dense E_min, tests)."""
-    a, b = rows_i[0][0], rows_i[-1][1]
-    XI = _group_rows(path, rows_i)
-    parts = []
-    for cols in column_groups:
-        c, d = cols[0][0], cols[-1][1]
-        parts.append(center_block(kernel.block(XI, _group_rows(path, cols)), mk[a:b], mk[c:d], mkm))
-    return np.concatenate(parts, axis=1)
+def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+                  C: np.ndarray) -> np.ndarray:
+    """``[‖K'[I,J]‖², ‖K'[I,J] − C[:,I]ᵀ C[:,J]‖²]``, doubled off the diagonal (both halves)."""
+    K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
+    out = np.empty(2)
+    out[0] = np.einsum("ij,ij->", K, K)
+    K -= C[:, a:b].T @ C[:, c:d]
+    out[1] = np.einsum("ij,ij->", K, K)
+    return out if gi == gj else 2.0 * out
+
+
+def dense_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple) -> np.ndarray:
+    """``K'[I, J]`` (small stores only)."""
+    return _centered_tile(path, kernel, mk, mkm, gi, gj)[0]
 
 
 def project_rows(path: str, kernel: Kernel, Xnew: np.ndarray, mk: np.ndarray, mkm: float,
@@ -194,10 +184,15 @@ class StreamStats:
     history: list = field(default_factory=list)
 
 
-def _groups_of_chunks(store: DataStore, n_groups: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
+                      ) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Consecutive chunk ranges split into about ``n_groups`` groups (each at least one chunk,
+    at most ``max_rows`` rows unless a single chunk is larger)."""
     chunks = [store.chunk_bounds(i) for i in range(store.n_chunks)]
     n_groups = max(1, min(n_groups, len(chunks)))
     per = -(-len(chunks) // n_groups)
+    if max_rows is not None:
+        per = max(1, min(per, max_rows // store.chunk_rows))
     return tuple(tuple(chunks[i:i + per]) for i in range(0, len(chunks), per))
 
 
@@ -228,6 +223,12 @@ class RowEngine:
             ng = total_threads(client)
         self.column_groups = _groups_of_chunks(store, int(ng))
         self.all_ranges = tuple(r for g in self.column_groups for r in g)
+        # square tiles for the MK row and evaluation: at most dkha.tile-rows rows a side, and
+        # enough of them to keep every thread busy
+        tile_rows = int(config.get("tile-rows"))
+        threads = total_threads(client)
+        n_tiles = max(2 * threads, -(-store.n_samples // tile_rows))
+        self.tile_groups = _groups_of_chunks(store, n_tiles, max_rows=tile_rows)
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
@@ -240,7 +241,7 @@ class RowEngine:
     # -- MK row --
     def compute_mk(self) -> tuple[np.ndarray, float]:
         """The MK row ``mk_j = (1/l) Σ_i k(x_i, x_j)`` and ``mkm``: one pass over chunk pairs."""
-        path, groups = self.store.path, self.column_groups
+        path, groups = self.store.path, self.tile_groups
         futures = []
         for i, gi in enumerate(groups):
             for j in range(i, len(groups)):
@@ -322,38 +323,63 @@ class RowEngine:
                 for f in futs:
                     f.cancel()
 
-    # -- blockwise products for evaluation --
-    def _row_groups(self):
-        return self.column_groups
+    # -- blockwise products for evaluation (symmetric tiles I ≤ J) --
+    def _pairs(self):
+        g = self.tile_groups
+        return [(i, j) for i in range(len(g)) for j in range(i, len(g))]
+
+    def _bounds(self, group):
+        return group[0][0], group[-1][1]
 
     def matmat(self, V: np.ndarray) -> np.ndarray:
-        """``K' @ V`` for an ``l × k`` matrix, one blockwise pass on the workers."""
+        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``."""
         V = np.ascontiguousarray(V, dtype=np.float64)
+        if V.ndim == 1:
+            return self.matmat(V[:, None])[:, 0]
         mk = self._need_mk()
         Vf = self.client.scatter(V, broadcast=False, hash=False)
-        futs = [self.client.submit(product_tile, self.store.path, self.kernel, mk, self.mkm, g,
-                                   self.column_groups, Vf, pure=False)
-                for g in self._row_groups()]
-        return np.concatenate(self.client.gather(futs), axis=0)
+        g = self.tile_groups
+        pairs = self._pairs()
+        futs = [self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
+                                   g[i], g[j], Vf, pure=False) for i, j in pairs]
+        out = np.zeros((self.n_samples, V.shape[1]))
+        for (i, j), fut in zip(pairs, futs):  # fixed order: reproducible sums
+            to_i, to_j = fut.result()
+            a, b = self._bounds(g[i])
+            out[a:b] += to_i
+            if to_j is not None:
+                c, d = self._bounds(g[j])
+                out[c:d] += to_j
+        return out
 
     def residual(self, C: np.ndarray) -> tuple[float, float]:
         """``(‖K'‖²_F, ‖K' − CᵀC‖²_F)`` in one blockwise pass (direct form, no cancellation)."""
         C = np.ascontiguousarray(C, dtype=np.float64)
         mk = self._need_mk()
         Cf = self.client.scatter(C, broadcast=False, hash=False)
-        futs = [self.client.submit(residual_tile, self.store.path, self.kernel, mk, self.mkm, g,
-                                   self.column_groups, Cf, pure=False)
-                for g in self._row_groups()]
-        tot = np.sum(self.client.gather(futs), axis=0)
+        g = self.tile_groups
+        futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
+                                   g[i], g[j], Cf, pure=False) for i, j in self._pairs()]
+        tot = np.zeros(2)
+        for f in futs:
+            tot += f.result()
         return float(tot[0]), float(tot[1])
 
     def dense(self) -> np.ndarray:
         """``K'`` whole: only for small stores (dense E_min, tests)."""
         mk = self._need_mk()
-        futs = [self.client.submit(dense_tile, self.store.path, self.kernel, mk, self.mkm, g,
-                                   self.column_groups, pure=False)
-                for g in self._row_groups()]
-        return np.concatenate(self.client.gather(futs), axis=0)
+        g = self.tile_groups
+        pairs = self._pairs()
+        futs = [self.client.submit(dense_pair, self.store.path, self.kernel, mk, self.mkm,
+                                   g[i], g[j], pure=False) for i, j in pairs]
+        out = np.empty((self.n_samples, self.n_samples))
+        for (i, j), fut in zip(pairs, futs):
+            K = fut.result()
+            a, b = self._bounds(g[i])
+            c, d = self._bounds(g[j])
+            out[a:b, c:d] = K
+            out[c:d, a:b] = K.T
+        return out
 
     def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         mk = self._need_mk()

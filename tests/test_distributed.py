@@ -1,0 +1,167 @@
+"""The row engine on real multi-process clusters: results do not depend on where the fit ran.
+
+One test starts ``dask scheduler`` and two ``dask worker`` processes as separate OS processes on
+127.0.0.1 and runs the ``dkha`` command against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dkha.store import ingest_array
+
+pytestmark = pytest.mark.cluster
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    return env
+
+
+def _dkha(*args, env=None, check=True):
+    proc = subprocess.run([sys.executable, "-m", "dkha.cli", *args], capture_output=True,
+                          text=True, env=env or _env(), timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dkha {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    X = d.data[:1500] / 8.0 - 1.0
+    path = str(tmp_path_factory.mktemp("data") / "digits.zarr")
+    ingest_array(X, path, labels=d.target[:1500], chunk_rows=200)
+    return path
+
+
+@pytest.fixture(scope="module")
+def embedded_run(store, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("runs") / "embedded")
+    _dkha("fit", store, "-o", out, "--algorithm", "kha-smd", "--components", "6", "--sigma",
+          "4", "--passes", "2", "--seed", "3", "--evaluate-every", "0", "--quiet", "--block", "64")
+    return xr.open_zarr(os.path.join(out, "components.zarr"), consolidated=False).load()
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory):
+    """``dask scheduler`` + 2 ``dask worker`` processes on 127.0.0.1; yields the address."""
+    sched_file = str(tmp_path_factory.mktemp("cluster") / "scheduler.json")
+    env = _env()
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler",
+                               "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                               "--scheduler-file", sched_file],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.time() + 60
+        while not os.path.exists(sched_file):
+            if time.time() > deadline:
+                raise RuntimeError("dask scheduler did not start")
+            time.sleep(0.2)
+        time.sleep(0.3)
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                 sched_file, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
+                 "--host", "127.0.0.1", "--name", f"w{i}"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(scheduler_file=sched_file, timeout="30s") as c:
+            c.wait_for_workers(2, timeout=60)
+            address = c.scheduler.address
+        yield address, sched_file
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_separate_scheduler_and_workers_give_the_embedded_alpha(store, embedded_run, real_cluster,
+                                                               tmp_path):
+    address, _ = real_cluster
+    assert address.startswith("tcp://127.0.0.1:")
+    out = str(tmp_path / "remote")
+    _dkha("fit", store, "-o", out, "--algorithm", "kha-smd", "--components", "6", "--sigma", "4",
+          "--passes", "2", "--seed", "3", "--evaluate-every", "0", "--quiet", "--block", "64",
+          "--scheduler", address)
+    remote = xr.open_zarr(os.path.join(out, "components.zarr"), consolidated=False).load()
+    assert _rel(remote["alpha"].values, embedded_run["alpha"].values) < 1e-10
+    assert _rel(remote["mk"].values, embedded_run["mk"].values) < 1e-12
+    # the same run evaluated on the cluster equals a dense numpy computation
+    proc = _dkha("evaluate", out, "--json", "--recompute", "--scheduler", address)
+    got = json.loads(proc.stdout)
+    dense = _dense_evaluation(store, remote)
+    for key in ("error", "error_min", "excess"):
+        assert abs(got[key] - dense[key]) <= 1e-8 * abs(dense[key]), key
+
+
+def test_environment_variable_selects_the_cluster(store, embedded_run, real_cluster, tmp_path):
+    address, _ = real_cluster
+    env = _env()
+    env["DASK_SCHEDULER_ADDRESS"] = address
+    out = str(tmp_path / "envrun")
+    _dkha("fit", store, "-o", out, "--algorithm", "kha-smd", "--components", "6", "--sigma", "4",
+          "--passes", "2", "--seed", "3", "--evaluate-every", "0", "--quiet", "--block", "64",
+          env=env)
+    got = xr.open_zarr(os.path.join(out, "components.zarr"), consolidated=False).load()
+    assert _rel(got["alpha"].values, embedded_run["alpha"].values) < 1e-10
+
+
+def test_local_process_cluster_gives_the_embedded_alpha(store, embedded_run, tmp_path):
+    out = str(tmp_path / "local2")
+    _dkha("fit", store, "-o", out, "--algorithm", "kha-smd", "--components", "6", "--sigma", "4",
+          "--passes", "2", "--seed", "3", "--evaluate-every", "0", "--quiet", "--block", "64",
+          "--workers", "2")
+    got = xr.open_zarr(os.path.join(out, "components.zarr"), consolidated=False).load()
+    assert _rel(got["alpha"].values, embedded_run["alpha"].values) < 1e-10
+
+
+def test_unreachable_scheduler_is_one_line(store, tmp_path):
+    env = _env()
+    env["DASK_DKHA__CONNECT_TIMEOUT"] = "2s"
+    proc = _dkha("fit", store, "-o", str(tmp_path / "x"), "--scheduler", "tcp://127.0.0.1:1",
+                 "--passes", "1", check=False, env=env)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "cannot reach the Dask scheduler" in proc.stderr
+
+
+def _dense_evaluation(store_path, ds):
+    from dkha.store import open_store
+
+    X = open_store(store_path).read()
+    sigma = ds.attrs["sigma"]
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    K = np.exp(-d2 / (2 * sigma**2))
+    l = len(K)
+    one = np.full((l, l), 1.0 / l)
+    Kc = K - one @ K - K @ one + one @ K @ one
+    A = ds["alpha"].values
+    C = A @ Kc
+    E = np.linalg.norm(Kc - C.T @ C)
+    w = np.linalg.eigvalsh(Kc)[::-1][: A.shape[0]]
+    Emin = np.sqrt((Kc**2).sum() - (w**2).sum())
+    return {"error": E, "error_min": Emin, "excess": E / Emin - 1}
