@@ -1,0 +1,43 @@
+"""Data sets the benchmarks share: image patches of scikit-image's bundled photographs."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import numpy as np
+
+from dkha.store import extract_patches, ingest_array, open_store, read_grey_image
+
+PHOTOS = ("camera", "moon", "coins", "astronaut", "coffee", "chelsea", "rocket", "brick", "grass",
+          "gravel")
+
+
+def patches(n_samples: int, *, patch: int = 11, step: int = 2, photos=PHOTOS) -> np.ndarray:
+    """The first ``n_samples`` ``patch×patch`` patches (grid of ``step``) of the photographs."""
+    out, have = [], 0
+    for name in photos:
+        P = extract_patches(read_grey_image(f"skimage:{name}"), patch, step)
+        out.append(P[: n_samples - have])
+        have += len(out[-1])
+        if have >= n_samples:
+            return np.concatenate(out)
+    raise ValueError(f"only {have} patches available; lower step")
+
+
+def patch_store(path: str, n_samples: int, *, chunk_rows: int = 2048, **kw):
+    """A data store of ``n_samples`` patches at ``path`` (reused when it already matches)."""
+    if os.path.exists(path):
+        try:
+            st = open_store(path)
+            if st.n_samples == n_samples:
+                return st
+        except Exception:
+            pass
+    return ingest_array(patches(n_samples, **kw), path, chunk_rows=chunk_rows, overwrite=True)
+
+
+def peak_rss_mb(children: bool = False) -> float:
+    """Peak resident memory of this process (or its finished children), in MiB."""
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    return resource.getrusage(who).ru_maxrss / 1024.0
