@@ -67,7 +67,7 @@ class Kernel:
             sigma = self["sigma"]
             if sigma is None:
                 raise ParameterError(f"the {name} kernel needs sigma; none was set")
-            d2 = squared_distances(X, Y)
+            d2 = squared_distances(X, Y, refine_close=name == "laplacian")
             if name == "gaussian":
                 d2 *= -1.0 / (2.0 * sigma * sigma)
                 return np.exp(d2, out=d2)
@@ -102,8 +102,14 @@ class Kernel:
         return self.name + "(" + ", ".join(f"{k}={v}" for k, v in self.params) + ")"
 
 
-def squared_distances(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """``||X[i] - Y[j]||²``, by the GEMM expansion, clipped at zero."""
+def squared_distances(X: np.ndarray, Y: np.ndarray, *, refine_close: bool = False) -> np.ndarray:
+    """``||X[i] - Y[j]||²``, by the GEMM expansion, clipped at zero.
+
+    The expansion's rounding error is about ``eps·(||x||² + ||y||²)``, which a square root turns
+    into ``~sqrt(eps)·||x||`` for (near-)coincident pairs (``k(x, x)`` of the laplacian came out as
+    ``1 − 1e-7``). ``refine_close`` recomputes the pairs closer than ``1e-6`` of that scale from
+    their differences.
+    """
     xx = np.einsum("ij,ij->i", X, X)
     yy = np.einsum("ij,ij->i", Y, Y)
     d2 = X @ Y.T
@@ -111,6 +117,11 @@ def squared_distances(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
     d2 += xx[:, None]
     d2 += yy[None, :]
     np.maximum(d2, 0.0, out=d2)
+    if refine_close and d2.size:
+        i, j = np.nonzero(d2 <= 1e-6 * (xx.max() + yy.max()))
+        for s in range(0, len(i), 4096):
+            diff = X[i[s:s + 4096]] - Y[j[s:s + 4096]]
+            d2[i[s:s + 4096], j[s:s + 4096]] = np.einsum("ij,ij->i", diff, diff)
     return d2
 
 
@@ -167,9 +178,10 @@ def median_distance(X: np.ndarray) -> float:
     X = np.asarray(X, dtype=np.float64)
     if len(X) < 2:
         raise ParameterError("the median-distance heuristic needs at least two samples")
-    d2 = squared_distances(X, X)
+    d2 = squared_distances(X, X, refine_close=True)
     iu = np.triu_indices(len(X), k=1)
-    med = float(np.sqrt(np.median(d2[iu])))
+    # the median of the distances: sqrt(median(d²)) differs when the number of pairs is even
+    med = float(np.median(np.sqrt(d2[iu])))
     if not med > 0:
         raise ParameterError(
             "the median distance between samples is zero (duplicate samples?); set sigma explicitly"

@@ -1,0 +1,116 @@
+"""Shared fixtures: a seed, a small digits array, a data store made from it, a Dask client.
+
+The client is a fresh in-process cluster per test module (never one client for the whole run),
+closed with its cluster when the module's tests are done.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from dkha.store import ingest_array
+
+DIGITS_PER_CLASS = 30
+DIGITS_CHUNK_ROWS = 64  # 300 digits -> 5 chunks, the last one short
+
+
+def digits_subset(per_class: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``per_class`` samples of each digit of load_digits, pixels ``x/8 - 1``.
+
+    Samples are sorted by class (all zeros, then all ones, ...), labels alongside.
+    """
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    idx = np.concatenate([np.flatnonzero(d.target == k)[:per_class] for k in range(10)])
+    return d.data[idx] / 8.0 - 1.0, d.target[idx].astype(np.int64)
+
+
+@pytest.fixture(scope="session", name="digits_subset")
+def digits_subset_fixture():
+    """:func:`digits_subset` itself, for tests that need another number per class."""
+    return digits_subset
+
+
+@pytest.fixture(scope="session")
+def seed() -> int:
+    """The seed tests draw their random numbers from."""
+    return 20240607
+
+
+@pytest.fixture(scope="session")
+def digits_with_labels() -> tuple[np.ndarray, np.ndarray]:
+    X, y = digits_subset(DIGITS_PER_CLASS)
+    X.setflags(write=False)
+    y.setflags(write=False)
+    return X, y
+
+
+@pytest.fixture(scope="session")
+def digits(digits_with_labels) -> np.ndarray:
+    """``(300, 64)`` float64: 30 samples of each digit, pixels in [-1, 1]."""
+    return digits_with_labels[0]
+
+
+@pytest.fixture(scope="session")
+def digits_store(tmp_path_factory, digits_with_labels):
+    """A data store of :func:`digits` (with labels) in chunks of 64 rows (5 chunks).
+
+    Read-only for the tests: do not write into it.
+    """
+    X, y = digits_with_labels
+    path = tmp_path_factory.mktemp("stores") / "digits.zarr"
+    return ingest_array(np.array(X), path, labels=np.array(y), chunk_rows=DIGITS_CHUNK_ROWS)
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A fresh in-process ``distributed.Client`` (1 worker, 2 threads) per test module."""
+    from distributed import Client, LocalCluster
+
+    with warnings.catch_warnings():
+        # the scheduler's HTTP server still binds a port; another cluster may hold 8787
+        warnings.filterwarnings("ignore", message="Port .* is already in use")
+        cluster = LocalCluster(processes=False, n_workers=1, threads_per_worker=2,
+                               dashboard_address=None)
+    c = Client(cluster)
+    try:
+        yield c
+    finally:
+        c.close()
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def dense_centered():
+    """The dense oracle: ``K' = K − 1K/l − K1/l + 1K1/l²`` with a directly computed ``K``.
+
+    Returns a function ``(X, kernel_name, **params) -> (K, K')``; ``K`` by ``scipy.spatial``
+    distances or plain products (not by dkha's kernels), centered with explicit ones-matrices.
+    """
+    return centered_kernel_oracle
+
+
+def kernel_matrix_oracle(X: np.ndarray, Y: np.ndarray, name: str, **p) -> np.ndarray:
+    from scipy.spatial.distance import cdist
+
+    if name == "gaussian":
+        return np.exp(-cdist(X, Y, "sqeuclidean") / (2.0 * p["sigma"] ** 2))
+    if name == "laplacian":
+        return np.exp(-cdist(X, Y, "euclidean") / p["sigma"])
+    if name == "polynomial":
+        return (X @ Y.T + p.get("offset", 0.0)) ** p.get("degree", 1)
+    if name == "sigmoid":
+        return np.tanh(p.get("gamma", 1.0) * (X @ Y.T) + p.get("offset", 0.0))
+    raise AssertionError(name)
+
+
+def centered_kernel_oracle(X: np.ndarray, name: str = "gaussian", **p):
+    K = kernel_matrix_oracle(X, X, name, **p)
+    l = len(K)
+    one = np.ones((l, l))
+    Kc = K - one @ K / l - K @ one / l + one @ K @ one / l**2
+    return K, Kc

@@ -1,0 +1,124 @@
+"""Blockwise evaluation (eq. 22) and the top eigenpairs, against dense NumPy on 400 digits."""
+
+from __future__ import annotations
+
+import dask.config
+import numpy as np
+import pytest
+from scipy.linalg import subspace_angles
+
+from dkha.evaluate import evaluate, krylov_eigenpairs, projections, top_eigenvalues
+from dkha.kernels import make_kernel
+from dkha.rows import RowEngine
+from dkha.store import ingest_array
+
+SIGMA = 4.0
+R = 5
+REL = 1e-8
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, digits_subset, dense_centered):
+    """400 digits (40 per class) in chunks of 64 rows, with the dense K' and its eigh."""
+    X, _ = digits_subset(40)
+    store = ingest_array(X, tmp_path_factory.mktemp("eval") / "d400.zarr", chunk_rows=64)
+    _, Kc = dense_centered(X, "gaussian", sigma=SIGMA)
+    w, V = np.linalg.eigh(Kc)
+    return store, Kc, w[::-1].copy(), V[:, ::-1].copy()
+
+
+@pytest.fixture(scope="module")
+def engine(data, client):
+    store = data[0]
+    return RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client, column_groups=3)
+
+
+def dense_evaluation(Kc, A, w, r):
+    """E(A) = ‖K' − (AK')ᵀ AK'‖_F, E_min = sqrt(Σ_{i>r} λ_i²), excess = E/E_min − 1."""
+    AK = A @ Kc
+    E = np.linalg.norm(Kc - AK.T @ AK, "fro")
+    Emin = np.sqrt(np.sum(w[r:] ** 2))
+    return E, Emin, E / Emin - 1.0
+
+
+def coefficient_matrices(Kc, w, V, seed):
+    """A random start (Algorithm 1's scale), a perturbed optimum and the optimum itself."""
+    l = len(Kc)
+    rng = np.random.default_rng(seed)
+    optimum = (V[:, :R] / np.sqrt(w[:R])).T  # A K' = Λ^{1/2} Vᵀ: (AK')ᵀ AK' = V Λ Vᵀ
+    return {
+        "random": rng.normal(size=(R, l)) / np.sqrt(R * l),
+        "perturbed": optimum + 0.1 * rng.normal(size=(R, l)) / np.sqrt(l),
+        "optimum": optimum,
+    }
+
+
+@pytest.mark.parametrize("which", ["random", "perturbed", "optimum"])
+def test_evaluate_matches_dense(data, engine, seed, which):
+    _, Kc, w, V = data
+    A = coefficient_matrices(Kc, w, V, seed)[which]
+    E, Emin, excess = dense_evaluation(Kc, A, w, R)
+    ev = evaluate(engine, A)
+    assert ev.error == pytest.approx(E, rel=REL)
+    assert ev.error_min == pytest.approx(Emin, rel=REL)
+    assert ev.frobenius == pytest.approx(np.linalg.norm(Kc, "fro"), rel=1e-12)
+    if which == "optimum":
+        assert abs(ev.excess) < 1e-8
+    else:
+        assert excess > 1e-3  # a real excess to compare
+        assert ev.excess == pytest.approx(excess, rel=REL)
+    assert ev.as_dict() == {"error": ev.error, "error_min": ev.error_min, "excess": ev.excess,
+                            "frobenius": ev.frobenius}
+
+
+def test_evaluate_with_given_eigenvalues_and_projections(data, engine, seed):
+    _, Kc, w, V = data
+    A = coefficient_matrices(Kc, w, V, seed)["perturbed"]
+    C = projections(engine, A)
+    np.testing.assert_allclose(C, A @ Kc, rtol=0, atol=1e-12 * np.abs(A @ Kc).max())
+    E, Emin, excess = dense_evaluation(Kc, A, w, R)
+    ev = evaluate(engine, A, w[:R], C=C)
+    assert (ev.error, ev.error_min) == pytest.approx((E, Emin), rel=REL)
+    assert ev.excess == pytest.approx(excess, rel=REL)
+    # eigenvalues passed in are what E_min is made of: a wrong one shows
+    wrong = evaluate(engine, A, w[:R] * 0.9, C=C)
+    assert wrong.error_min == pytest.approx(
+        np.sqrt(np.sum(w**2) - np.sum((0.9 * w[:R]) ** 2)), rel=REL)
+
+
+def test_top_eigenvalues_dense_path(data, engine):
+    _, _, w, _ = data
+    got = top_eigenvalues(engine, R, dense_limit=10_000)
+    np.testing.assert_allclose(got, w[:R], rtol=1e-12)
+
+
+def test_top_eigenvalues_krylov_path(data, engine):
+    _, _, w, _ = data
+    got = top_eigenvalues(engine, R, dense_limit=0)
+    np.testing.assert_allclose(got, w[:R], rtol=REL)
+
+
+def test_krylov_eigenpairs(data, engine, seed):
+    _, Kc, w, V = data
+    assert (w[R - 1] - w[R]) / w[0] > 1e-2  # a gap the comparison of subspaces needs
+    lam, U = krylov_eigenpairs(engine, R, seed=seed)
+    assert lam.shape == (R,) and U.shape == (len(Kc), R)
+    np.testing.assert_allclose(lam, w[:R], rtol=REL)
+    assert np.all(np.diff(lam) < 0)  # descending
+    # the same subspace (signs of eigenvectors are arbitrary), vector by vector
+    assert np.max(subspace_angles(U, V[:, :R])) < 1e-6
+    for i in range(R):
+        assert abs(abs(U[:, i] @ V[:, i]) / np.linalg.norm(U[:, i]) - 1) < 1e-8
+    resid = np.linalg.norm(Kc @ U - U * lam, axis=0) / np.linalg.norm(U, axis=0)
+    assert resid.max() < 1e-6 * w[0]
+
+
+def test_evaluate_krylov_path(data, engine, seed):
+    """Above dkha.dense-eigh-limit, E_min comes from LOBPCG; same numbers."""
+    _, Kc, w, V = data
+    A = coefficient_matrices(Kc, w, V, seed)["perturbed"]
+    E, Emin, excess = dense_evaluation(Kc, A, w, R)
+    with dask.config.set({"dkha.dense-eigh-limit": 0}):
+        ev = evaluate(engine, A)
+    assert (ev.error, ev.error_min) == pytest.approx((E, Emin), rel=REL)
+    assert ev.excess == pytest.approx(excess, abs=2 * REL * (1 + excess))

@@ -1,0 +1,195 @@
+"""KernelHebbianPCA end to end on 300 digits: history, reproducibility, the run directory,
+transform and parameter checks, against a dense NumPy oracle."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import dkha
+from dkha import KernelHebbianPCA
+from dkha.errors import ParameterError, RunDirectoryError
+
+SIGMA = 4.0
+R = 4
+PASSES = 3
+ALGORITHMS = ["kha", "kha-t", "kha-et", "kha-smd"]
+UNREACHABLE = "tcp://127.0.0.1:9"  # a fit that reaches the cluster would fail differently
+
+
+@pytest.fixture(scope="module")
+def oracle(digits, dense_centered):
+    K, Kc = dense_centered(digits, "gaussian", sigma=SIGMA)
+    w = np.linalg.eigvalsh(Kc)[::-1]
+    return {"K": K, "Kc": Kc, "w": w, "Emin": np.sqrt(np.sum(w[R:] ** 2))}
+
+
+def dense_errors(oracle, alpha):
+    AK = alpha @ oracle["Kc"]
+    E = np.linalg.norm(oracle["Kc"] - AK.T @ AK, "fro")
+    return E, oracle["Emin"], E / oracle["Emin"] - 1.0
+
+
+def model_for(algorithm, seed, client, **kw):
+    params = dict(algorithm=algorithm, sigma=SIGMA, passes=PASSES, seed=seed, client=client,
+                  block_rows=64)
+    params.update(kw)
+    return KernelHebbianPCA(R, **params)
+
+
+@pytest.fixture(scope="module")
+def runs(digits_store, client, seed, tmp_path_factory):
+    """One 3-pass fit per algorithm, each saved to its own run directory."""
+    base = tmp_path_factory.mktemp("runs")
+    out = {}
+    for algorithm in ALGORITHMS:
+        run_dir = str(base / algorithm)
+        model = model_for(algorithm, seed, client).fit(digits_store.path, run_dir=run_dir)
+        out[algorithm] = (model, run_dir)
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_history_matches_dense(runs, oracle, algorithm):
+    model, _ = runs[algorithm]
+    h = model.history_
+    assert [e["pass"] for e in h] == [0, 1, 2, 3]
+    assert [e["step"] for e in h] == [0, 300, 600, 900]
+    E, Emin, excess = dense_errors(oracle, model.alpha_)
+    assert h[-1]["error"] == pytest.approx(E, rel=1e-8)
+    assert h[-1]["excess"] == pytest.approx(excess, rel=1e-8)
+    for e in h:
+        assert e["error_min"] == pytest.approx(Emin, rel=1e-8)
+        assert e["excess"] == pytest.approx(e["error"] / e["error_min"] - 1, rel=1e-12)
+    walls = [e["wall_time"] for e in h]
+    assert walls[0] >= 0 and walls == sorted(walls)
+    assert h[-1]["excess"] < 0.5 * h[0]["excess"]  # it learned something in 3 passes
+    assert model.alpha_.shape == (R, 300) and np.isfinite(model.alpha_).all()
+    # eq. 13 estimates from the final coefficients
+    AK = model.alpha_ @ oracle["Kc"]
+    lam = np.linalg.norm(AK, axis=1) / np.linalg.norm(model.alpha_, axis=1)
+    np.testing.assert_allclose(model.eigenvalues_, lam, rtol=1e-8)
+    np.testing.assert_allclose(model.mk_, oracle["K"].mean(axis=0), rtol=1e-12)
+    assert model.mkm_ == pytest.approx(oracle["K"].mean(), rel=1e-12)
+    assert model.n_samples_ == 300 and model.n_features_in_ == 64
+    assert model.kernel_.name == "gaussian" and model.kernel_["sigma"] == SIGMA
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_intermediate_history_matches_shorter_runs(runs, oracle, digits_store, client, seed,
+                                                   algorithm):
+    """The entry after pass k is E of the coefficients a k-pass run ends with (same seed)."""
+    model, _ = runs[algorithm]
+    for k in (1, 2):
+        short = model_for(algorithm, seed, client, passes=k).fit(digits_store.path)
+        E, _, excess = dense_errors(oracle, short.alpha_)
+        entry = model.history_[k]
+        assert entry["pass"] == k
+        assert entry["error"] == pytest.approx(E, rel=1e-8)
+        assert entry["excess"] == pytest.approx(excess, rel=1e-8)
+
+
+@pytest.mark.parametrize("algorithm", ["kha-et", "kha-smd"])
+def test_seed_reproducible(runs, digits_store, client, seed, algorithm):
+    model, _ = runs[algorithm]
+    again = model_for(algorithm, seed, client).fit(digits_store.path)
+    assert np.array_equal(again.alpha_, model.alpha_)
+    assert [h["error"] for h in again.history_] == [h["error"] for h in model.history_]
+    other = model_for(algorithm, seed + 1, client).fit(digits_store.path)
+    diff = np.linalg.norm(other.alpha_ - model.alpha_) / np.linalg.norm(model.alpha_)
+    assert diff > 1e-3
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_saved_run_dir(runs, oracle, digits_store, seed, algorithm):
+    model, run_dir = runs[algorithm]
+    ds = xr.open_zarr(os.path.join(run_dir, "components.zarr"), consolidated=False).load()
+    assert ds["alpha"].dims == ("component", "sample")
+    assert ds["alpha"].dtype == np.float64
+    np.testing.assert_array_equal(ds["alpha"].values, model.alpha_)
+    assert ds["eigenvalue"].dims == ("component",)
+    np.testing.assert_array_equal(ds["eigenvalue"].values, model.eigenvalues_)
+    assert ds["mk"].dims == ("sample",)
+    np.testing.assert_allclose(ds["mk"].values, oracle["K"].mean(axis=0), rtol=1e-12)
+    assert ds.attrs["mkm"] == pytest.approx(oracle["K"].mean(), rel=1e-12)
+    for name in ("pass", "step", "error", "error_min", "excess", "wall_time"):
+        assert ds[name].dims == ("evaluation",)
+        np.testing.assert_array_equal(ds[name].values, [h[name] for h in model.history_])
+    assert ds["pass"].values.tolist() == [0, 1, 2, 3]
+    a = ds.attrs
+    assert a["algorithm"] == algorithm
+    assert a["kernel"] == "gaussian" and a["sigma"] == SIGMA
+    assert a["seed"] == seed
+    assert a["store"] == os.path.abspath(digits_store.path)
+    assert (a["n_samples"], a["n_features"]) == (300, 64)
+    assert a["centered"] is True
+    assert a["dkha_version"] == dkha.__version__
+    assert a["n_components"] == R
+
+
+def test_run_dir_holding_a_different_run(digits_store, client, seed, tmp_path):
+    run_dir = str(tmp_path / "run")
+    first = model_for("kha", seed, client, passes=1).fit(digits_store.path, run_dir=run_dir)
+    comp = os.path.join(run_dir, "components.zarr")
+
+    def saved_alpha():
+        return xr.open_zarr(comp, consolidated=False)["alpha"].values
+
+    # refused before any work: it never reaches the (unreachable) scheduler
+    different = model_for("kha", seed + 1, None, passes=1, scheduler=UNREACHABLE)
+    with pytest.raises(RunDirectoryError, match="different run.*seed"):
+        different.fit(digits_store.path, run_dir=run_dir)
+    with pytest.raises(RunDirectoryError, match="different run.*algorithm"):
+        model_for("kha-t", seed, None, passes=1, scheduler=UNREACHABLE).fit(
+            digits_store.path, run_dir=run_dir)
+    np.testing.assert_array_equal(saved_alpha(), first.alpha_)
+
+    replaced = model_for("kha", seed + 1, client, passes=1).fit(digits_store.path,
+                                                                run_dir=run_dir, overwrite=True)
+    np.testing.assert_array_equal(saved_alpha(), replaced.alpha_)
+    assert not np.array_equal(replaced.alpha_, first.alpha_)
+    assert sorted(os.listdir(run_dir)) == ["components.zarr"]  # no temporaries left
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(RunDirectoryError, match="not a directory"):
+        model_for("kha", seed, None, passes=1, scheduler=UNREACHABLE).fit(
+            digits_store.path, run_dir=str(tmp_path / "afile"))
+
+
+def test_transform(runs, oracle, digits, seed):
+    model, _ = runs["kha-smd"]
+    Kc, K = oracle["Kc"], oracle["K"]
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(300, 25, replace=False)
+    got = model.transform(digits[idx])
+    want = (model.alpha_ @ Kc[:, idx]).T
+    assert got.shape == (25, R)
+    scale = (np.abs(model.alpha_) @ np.abs(Kc[:, idx])).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-11 * scale)
+
+    # new samples, centered with the training mk: k'(x)_j = k(x, x_j) − mk_j − k̄(x) + mkm
+    from scipy.spatial.distance import cdist
+
+    Xnew = digits[idx[:5]] + 0.2 * rng.normal(size=(5, 64))
+    Knew = np.exp(-cdist(Xnew, digits, "sqeuclidean") / (2 * SIGMA**2))
+    Kc_new = Knew - K.mean(axis=0) - Knew.mean(axis=1)[:, None] + K.mean()
+    np.testing.assert_allclose(model.transform(Xnew), Kc_new @ model.alpha_.T, rtol=0,
+                               atol=1e-11 * scale)
+
+
+@pytest.mark.parametrize("r", [300, 301])
+def test_too_many_components_refused(digits_store, r):
+    model = KernelHebbianPCA(r, algorithm="kha", sigma=SIGMA, passes=1, scheduler=UNREACHABLE)
+    with pytest.raises(ParameterError, match=rf"n_components \({r}\) must be smaller .* \(300\)"):
+        model.fit(digits_store.path)
+
+
+@pytest.mark.parametrize("eta0", [0.0, -0.1, float("nan")])
+def test_nonpositive_eta0_refused(digits_store, eta0):
+    model = KernelHebbianPCA(R, algorithm="kha-et", sigma=SIGMA, eta0=eta0, passes=1,
+                             scheduler=UNREACHABLE)
+    with pytest.raises(ParameterError, match="eta0 must be a positive number"):
+        model.fit(digits_store.path)

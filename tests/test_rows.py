@@ -1,0 +1,179 @@
+"""The row engine: MK row, centered row blocks, blockwise products, the block stream.
+
+Every result is checked against the dense ``K' = K − 1K/l − K1/l + 1K1/l²`` computed in NumPy
+(kernel by ``scipy.spatial`` distances, centering with explicit ones-matrices).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dkha.kernels import make_kernel
+from dkha.rows import RowEngine, center_block
+from dkha.store import ingest_array
+
+SIGMA = 4.0
+REL = 1e-12
+
+
+def assert_rel(got, want, tol=REL, scale=None):
+    """``max|got − want| ≤ tol · scale`` (scale: ``max|want|`` unless given)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape
+    scale = np.abs(want).max() if scale is None else scale
+    err = np.abs(got - want).max()
+    assert err <= tol * scale, f"max error {err:.3e} > {tol:g} × {scale:.3e}"
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, digits):
+    """The digits in chunks of 17 (18 chunks), 64 (5) and 300 rows (one chunk)."""
+    base = tmp_path_factory.mktemp("rows")
+    return {c: ingest_array(np.array(digits), base / f"c{c}.zarr", chunk_rows=c)
+            for c in (17, 64, 300)}
+
+
+@pytest.fixture(scope="module")
+def oracle(digits, dense_centered):
+    return {"gaussian": dense_centered(digits, "gaussian", sigma=SIGMA),
+            "polynomial": dense_centered(digits, "polynomial", degree=2, offset=1.0)}
+
+
+def kernel_of(name):
+    return (make_kernel("gaussian", sigma=SIGMA) if name == "gaussian"
+            else make_kernel("polynomial", degree=2, offset=1.0))
+
+
+LAYOUTS = [(17, 1), (17, 3), (64, 2), (64, 5), (300, 1), (300, 2)]
+
+
+@pytest.mark.parametrize("chunk,groups", LAYOUTS)
+@pytest.mark.parametrize("name", ["gaussian", "polynomial"])
+def test_mk_row(stores, oracle, client, chunk, groups, name):
+    K, _ = oracle[name]
+    engine = RowEngine(stores[chunk], kernel_of(name), client, column_groups=groups)
+    mk, mkm = engine.compute_mk()
+    assert_rel(mk, K.mean(axis=0))
+    assert mkm == pytest.approx(K.mean(), rel=REL)
+    assert engine.mk is mk or np.array_equal(engine.mk, mk)
+
+
+@pytest.mark.parametrize("chunk,groups", LAYOUTS)
+def test_centered_rows_dense_products(stores, oracle, client, chunk, groups, seed):
+    _, Kc = oracle["gaussian"]
+    l = len(Kc)
+    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, column_groups=groups)
+    rng = np.random.default_rng(seed)
+    # any order, repeats, both ends
+    idx = np.concatenate([[299, 0], rng.choice(l, size=37), [5, 5]])
+    assert_rel(engine.rows(idx), Kc[idx])
+    assert_rel(engine.dense(), Kc)
+
+    V = rng.normal(size=(l, 3))
+    assert_rel(engine.matmat(V), Kc @ V, scale=(np.abs(Kc) @ np.abs(V)).max())
+
+    C = rng.normal(size=(4, l)) * 0.05
+    frob2, res2 = engine.residual(C)
+    assert frob2 == pytest.approx(np.sum(Kc**2), rel=REL)
+    assert res2 == pytest.approx(np.sum((Kc - C.T @ C) ** 2), rel=REL)
+
+
+def test_residual_near_the_optimum(stores, oracle, client):
+    """With C from the top eigenpairs the residual is the tail ‖K'‖² − Σ λ_i²."""
+    _, Kc = oracle["gaussian"]
+    w, V = np.linalg.eigh(Kc)
+    C = (V[:, -5:] * np.sqrt(w[-5:])).T
+    engine = RowEngine(stores[64], kernel_of("gaussian"), client, column_groups=2)
+    frob2, res2 = engine.residual(C)
+    tail = np.sum(w[:-5] ** 2)
+    assert res2 == pytest.approx(tail, rel=1e-9)
+    assert frob2 == pytest.approx(np.sum(w**2), rel=REL)
+
+
+def test_polynomial_rows(stores, oracle, client):
+    _, Kc = oracle["polynomial"]
+    engine = RowEngine(stores[17], kernel_of("polynomial"), client, column_groups=4)
+    idx = np.arange(0, 300, 7)[::-1]
+    assert_rel(engine.rows(idx), Kc[idx])
+    assert_rel(engine.dense(), Kc)
+
+
+def test_center_block(oracle, seed):
+    K, Kc = oracle["gaussian"]
+    rng = np.random.default_rng(seed)
+    P, J = rng.choice(300, 9, replace=False), rng.choice(300, 13, replace=False)
+    mk, mkm = K.mean(axis=0), K.mean()
+    got = center_block(K[np.ix_(P, J)].copy(), mk[P], mk[J], mkm)
+    assert_rel(got, Kc[np.ix_(P, J)])
+
+
+def test_set_mk_is_used(stores, oracle, client):
+    """Rows centered with a given mk (as transform does) use it, not a recomputed one."""
+    K, Kc = oracle["gaussian"]
+    engine = RowEngine(stores[64], kernel_of("gaussian"), client, column_groups=2)
+    mk = K.mean(axis=0) + 0.25
+    engine.set_mk(mk, K.mean() + 0.5)
+    idx = np.array([3, 200])
+    # K'[P, J] = K − mk[J] − mk[P] + mkm with the shifted mk: −0.25 − 0.25 + 0.5 = 0
+    assert_rel(engine.rows(idx), Kc[idx])
+    engine.set_mk(mk, K.mean())
+    assert_rel(engine.rows(idx), Kc[idx] - 0.5)
+
+
+def test_transform_new_samples(stores, oracle, digits, client, seed):
+    K, _ = oracle["gaussian"]
+    engine = RowEngine(stores[17], kernel_of("gaussian"), client, column_groups=3)
+    engine.compute_mk()
+    rng = np.random.default_rng(seed)
+    Xnew = digits[rng.choice(300, 6)] + 0.1 * rng.normal(size=(6, 64))
+    alpha = rng.normal(size=(3, 300))
+    from scipy.spatial.distance import cdist
+
+    Knew = np.exp(-cdist(Xnew, digits, "sqeuclidean") / (2 * SIGMA**2))
+    Kc_new = Knew - K.mean(axis=0)[None, :] - Knew.mean(axis=1)[:, None] + K.mean()
+    want = Kc_new @ alpha.T
+    assert_rel(engine.transform(Xnew, alpha), want, scale=(np.abs(Kc_new) @ np.abs(alpha.T)).max())
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_stream_in_order(stores, oracle, client, prefetch, seed):
+    _, Kc = oracle["gaussian"]
+    engine = RowEngine(stores[17], kernel_of("gaussian"), client, column_groups=2,
+                       prefetch=prefetch)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(300)
+    blocks = [(("block", k), perm[a:a + 23]) for k, a in enumerate(range(0, 300, 23))]
+    pulled = []
+
+    def source():
+        for b in blocks:
+            pulled.append(b[0])
+            yield b
+
+    seen = []
+    for k, (tag, idx, rows) in enumerate(engine.stream(source())):
+        # bounded look-ahead: never more than `prefetch` blocks requested beyond those yielded
+        assert len(pulled) <= k + prefetch
+        if k == 0:
+            assert len(pulled) == prefetch  # it does compute ahead
+        seen.append(tag)
+        np.testing.assert_array_equal(idx, blocks[k][1])
+        assert_rel(rows, Kc[blocks[k][1]])
+    assert seen == [b[0] for b in blocks]
+    assert engine.stats.blocks == len(blocks) and engine.stats.rows == 300
+    assert engine.stats.bytes_received == 300 * 300 * 8
+
+
+def test_stream_closed_early(stores, oracle, client):
+    _, Kc = oracle["gaussian"]
+    engine = RowEngine(stores[64], kernel_of("gaussian"), client, column_groups=2, prefetch=3)
+    blocks = [(k, np.arange(k * 30, k * 30 + 30)) for k in range(10)]
+    gen = engine.stream(iter(blocks))
+    tag, idx, rows = next(gen)
+    assert tag == 0
+    assert_rel(rows, Kc[idx])
+    gen.close()  # cancels the blocks computed ahead
+    # the engine still serves rows afterwards
+    assert_rel(engine.rows(np.array([299])), Kc[[299]])
+    assert list(engine.stream(iter([]))) == []
