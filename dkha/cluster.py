@@ -72,10 +72,10 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
     if workers:
         n = int(workers)
         cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n), processes=True,
-                               dashboard_address=None, silence_logs=logging.WARNING)
+                               dashboard_address=":0", silence_logs=logging.WARNING)
     else:
         cluster = LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
-                               dashboard_address=None, silence_logs=logging.WARNING)
+                               dashboard_address=":0", silence_logs=logging.WARNING)
     c = Client(cluster)
     try:
         yield c

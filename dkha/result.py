@@ -21,6 +21,7 @@ import uuid
 import numpy as np
 import xarray as xr
 
+from dkha.store import consolidate
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 
 COMPONENTS = "components.zarr"
@@ -88,6 +89,7 @@ def save(ds: xr.Dataset, run_dir: str) -> str:
     target = os.path.join(run_dir, COMPONENTS)
     tmp = os.path.join(run_dir, f".{COMPONENTS}.{uuid.uuid4().hex}.tmp")
     ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
+    consolidate(tmp)
     if os.path.exists(target):
         old = target + f".{uuid.uuid4().hex}.old"
         os.replace(target, old)

@@ -32,6 +32,19 @@ FORMAT = "dkha-store"
 FORMAT_VERSION = 1
 
 
+def consolidate(path: str) -> None:
+    """Write consolidated metadata, so a plain ``xarray.open_zarr(path)`` opens without warning.
+
+    (zarr warns that consolidated metadata is not yet in the v3 specification; zarr-python and
+    xarray both read it.)
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        zarr.consolidate_metadata(path)
+
+
 def _codecs():
     return [ZstdCodec(level=1), Crc32cCodec()]
 
@@ -262,6 +275,7 @@ class StoreWriter:
             self.abort()
             raise InputError("nothing to ingest: the input holds no samples")
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
+        consolidate(self.tmp)
         if os.path.lexists(self.out):
             shutil.rmtree(self.out)
         os.replace(self.tmp, self.out)

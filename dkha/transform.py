@@ -12,6 +12,7 @@ import numpy as np
 import xarray as xr
 
 from dkha.cluster import client_for
+from dkha.store import consolidate
 from dkha.errors import InputError, RunDirectoryError
 from dkha.kernels import make_kernel
 from dkha.rows import RowEngine
@@ -66,6 +67,7 @@ def transform_store(ds: xr.Dataset, new_store: str, out: str, *, overwrite: bool
                             "algorithm": ds.attrs["algorithm"]})
     tmp = out + ".tmp"
     res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
+    consolidate(tmp)
     if os.path.exists(out):
         import shutil
 
