@@ -1,0 +1,583 @@
+"""The scikit-learn style estimator for the online algorithms (ON-KHA, OO-KHA, okpca).
+
+Samples stream from a data store in prefetched blocks, in the seeded schedule order
+(:func:`dkha.schedule.blocks`: concatenated random permutations, one per pass); a background
+thread reads block ``i + prefetch`` (``DataStore.read_rows`` on the sorted block index) while the
+compiled loop of :mod:`dkha.solvers.online` runs block ``i``. The store is never loaded whole:
+at most ``prefetch + 1`` blocks of rows, the dictionary and the ``m × m`` Cholesky factor are held.
+
+The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
+
+* ``alpha (component, member)`` — component ``i`` is ``Σ_q alpha[i, q] Φ(dictionary[q])``;
+* ``dictionary (member, feature)``, ``member_index (member)`` (the sample's row in the store, or
+  its position in the stream for :meth:`~OnlineKernelPCA.partial_fit`), ``member_step (member)``
+  (the step at which it joined);
+* ``mean_coefficient (member)`` — the running mean ``μ = Σ_q β̄_q Φ(d_q)`` (zeros uncentered);
+  the projection of new ``x`` is ``alpha · (k(D, x) − K_m β̄)`` (see :func:`project`);
+* ``eigenvalue (component)`` — the variance of the data along each unit component,
+  ``mean((w_iᵀ(Φ(x) − μ))²) / ‖w_i‖²`` over a seeded sample of the data (up to 2000 rows; the
+  second moment when uncentered): an estimate of the eigenvalue of the covariance operator,
+  i.e. of ``λ_i(K)/l``;
+* history over ``evaluation``: ``pass, step, error, error_min, excess, wall_time`` (the error
+  fields are NaN: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
+  unless an AC reference was given) and ``members``;
+* attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gamma, tau,
+  centered, seed, store, n_samples, n_features, n_steps, dkha_version.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import dask.config
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+import dkha
+from dkha import config, result, schedule
+from dkha.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
+from dkha.errors import InputError, ParameterError
+from dkha.kernels import Kernel, make_kernel, median_distance
+from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
+                                 DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
+from dkha.store import DataStore, open_store
+
+log = logging.getLogger(__name__)
+
+EIGENVALUE_SAMPLES = 2000
+
+
+def coordinator_threads():
+    """Limit BLAS threads while streaming (``dkha.online-blas-threads``, default 1).
+
+    The per-block products are small (``b × m``); on a shared or busy machine several BLAS
+    threads made them ten times slower here, not faster.
+    """
+    return threadpool_limits(limits=int(dask.config.get("dkha.online-blas-threads", default=1)),
+                             user_api="blas")
+
+
+# --- sources and the block stream -----------------------------------------------------------------
+
+
+class ArraySource:
+    """An in-memory array with the reading interface of :class:`~dkha.store.DataStore`."""
+
+    def __init__(self, X: np.ndarray):
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2:
+            raise InputError(f"expected a 2-d array (samples × features), got shape {X.shape}")
+        if X.shape[0] == 0 or X.shape[1] == 0:
+            raise InputError(f"the data is empty (shape {X.shape})")
+        self.X = X
+        self.path = None
+        self.n_samples, self.n_features = X.shape
+
+    def read_rows(self, index: np.ndarray) -> np.ndarray:
+        return self.X[np.asarray(index, dtype=np.int64)]
+
+    def sample(self, n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        n = min(n, self.n_samples)
+        return self.X[np.sort(rng.choice(self.n_samples, size=n, replace=False))]
+
+
+def resolve_source(X) -> DataStore | ArraySource:
+    """A data store (path or :class:`DataStore`) or an in-memory array, ready to read rows from."""
+    if isinstance(X, DataStore):
+        return X
+    if isinstance(X, (str, os.PathLike)):
+        return open_store(X)
+    return ArraySource(X)
+
+
+def read_block(source, index: np.ndarray) -> np.ndarray:
+    """Rows ``index`` (schedule order) read in sorted order and put back in schedule order."""
+    index = np.asarray(index, dtype=np.int64)
+    order = np.argsort(index, kind="stable")
+    rows = source.read_rows(index[order])
+    out = np.empty_like(rows)
+    out[order] = rows
+    bad = ~np.isfinite(out).all(axis=1)
+    if bad.any():
+        where = index[np.flatnonzero(bad)[:5]]
+        raise InputError(f"non-finite values (NaN or inf) in samples {', '.join(map(str, where))} "
+                         "of the data; clean the data or re-ingest it")
+    return out
+
+
+def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows: int,
+                  prefetch: int, stats: dict | None = None
+                  ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """``(pass_index, first_step, index, rows)`` for steps ``start_step .. stop_step-1``.
+
+    A bounded FIFO of ``prefetch`` read futures on one background thread, refilled before
+    blocking on the oldest. ``stats`` (if given) collects ``blocks``, ``rows_read``,
+    ``largest_read`` and ``wait_seconds``.
+    """
+    plan = iter(schedule.blocks(seed, source.n_samples, stop_step, block_rows, start_step))
+    pending: collections.deque = collections.deque()
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dkha-online-read")
+
+    def refill():
+        nxt = next(plan, None)
+        if nxt is not None:
+            pending.append((nxt, executor.submit(read_block, source, nxt[2])))
+
+    try:
+        for _ in range(max(1, prefetch)):
+            refill()
+        while pending:
+            (k, first, idx), fut = pending.popleft()
+            refill()
+            t0 = time.perf_counter()
+            rows = fut.result()
+            if stats is not None:
+                stats["wait_seconds"] = stats.get("wait_seconds", 0.0) + time.perf_counter() - t0
+                stats["blocks"] = stats.get("blocks", 0) + 1
+                stats["rows_read"] = stats.get("rows_read", 0) + len(idx)
+                stats["largest_read"] = max(stats.get("largest_read", 0), len(idx))
+            yield k, first, idx, rows
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+# --- the estimator -------------------------------------------------------------------------------
+
+
+class OnlineKernelPCA:
+    """Kernel principal components online, over a dictionary chosen by the ALD criterion.
+
+    Parameters
+    ----------
+    n_components : int, default 8
+    algorithm : {"on-kha", "oo-kha", "okpca"}, default "on-kha"
+        ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised,
+        eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).
+    kernel : {"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"
+    sigma, degree, offset, kernel_gamma : optional
+        Kernel parameters (``kernel_gamma`` is the sigmoid's slope; ``gamma`` is the learning
+        rate decay). ``sigma=None`` uses the median distance between samples.
+    eta0 : float, default 0.05
+        Initial step size.
+    gamma : float, optional
+        Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17). Default 0.999995 when
+        ``tau`` is not given either.
+    tau : float, optional
+        Honeine's search-then-converge step size ``η = η0 / (1 + s/τ)`` (eq. 20) instead.
+    nu : float, default 1e-3
+        ALD threshold: a sample joins the dictionary when ``ε² = k(x,x) − κᵀK_m⁻¹κ ≥ nu``.
+    max_members : int, default 2000
+        Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).
+    center : bool, default False
+        Center in feature space by the running mean in the dictionary's span (Honeine §5.2).
+        The papers' ON-KHA and OO-KHA are uncentered.
+    steps : int, optional
+        Samples to stream in :meth:`fit` (default: one pass through the data).
+    seed : int, default 0
+        Seeds the initial coefficients, the sample order and the sigma heuristic's sample.
+    evaluate_every : int, optional
+        Record a history entry every that many steps (and at the end).
+    block_rows, prefetch : int, optional
+        Samples per block and blocks read ahead (``dkha.block-rows``, ``dkha.prefetch``).
+    verbose : bool, default False
+        Show a progress bar.
+
+    Attributes
+    ----------
+    alpha_ : ndarray (n_components, n_members)
+        Component ``i`` is ``Σ_q alpha_[i, q] Φ(dictionary_[q])``.
+    dictionary_ : ndarray (n_members, n_features)
+    member_index_, member_step_ : ndarray (n_members,)
+    mean_coefficient_ : ndarray (n_members,)
+        The running mean is ``Σ_q mean_coefficient_[q] Φ(dictionary_[q])`` (zeros uncentered).
+    eigenvalues_ : ndarray (n_components,)
+        Variance of the data along each unit component (see the module docstring).
+    history_ : list of dict
+    kernel_ : dkha.kernels.Kernel
+    n_features_in_, n_samples_seen_, n_steps_ : int
+
+    See Also
+    --------
+    dkha.KernelHebbianPCA : the batch KHA family (whole kernel rows, many passes).
+
+    References
+    ----------
+    J. B. O. Souza Filho and P. S. R. Diniz, "Improving KPCA online extraction by
+    orthonormalization in the feature space", IEEE TNNLS, 2017.
+    P. Honeine, "Online kernel principal component analysis: a reduced-order model",
+    IEEE TPAMI 34(9), 2012.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dkha.online import OnlineKernelPCA
+    >>> X = np.random.default_rng(0).normal(size=(200, 5))
+    >>> model = OnlineKernelPCA(3, sigma=3.0, steps=2000).fit(X)
+    >>> model.transform(X[:4]).shape
+    (4, 3)
+    """
+
+    def __init__(self, n_components: int = 8, *, algorithm: str = "on-kha",
+                 kernel: str = "gaussian", sigma: float | None = None, degree: int | None = None,
+                 offset: float | None = None, kernel_gamma: float | None = None,
+                 eta0: float = DEFAULT_ETA0, gamma: float | None = None, tau: float | None = None,
+                 nu: float = DEFAULT_NU, max_members: int = DEFAULT_MAX_MEMBERS,
+                 center: bool = False, steps: int | None = None, seed: int = 0,
+                 evaluate_every: int | None = None, block_rows: int | None = None,
+                 prefetch: int | None = None, verbose: bool = False):
+        self.n_components = n_components
+        self.algorithm = algorithm
+        self.kernel = kernel
+        self.sigma = sigma
+        self.degree = degree
+        self.offset = offset
+        self.kernel_gamma = kernel_gamma
+        self.eta0 = eta0
+        self.gamma = gamma
+        self.tau = tau
+        self.nu = nu
+        self.max_members = max_members
+        self.center = center
+        self.steps = steps
+        self.seed = seed
+        self.evaluate_every = evaluate_every
+        self.block_rows = block_rows
+        self.prefetch = prefetch
+        self.verbose = verbose
+
+    # -- validation --
+    def _validated(self) -> dict:
+        algorithm = check_algorithm(self.algorithm)
+        r = self.n_components
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or r < 1:
+            raise ParameterError(f"n_components must be a positive integer, got {r!r}")
+        eta0 = _positive("eta0", self.eta0)
+        if self.gamma is not None and self.tau is not None:
+            raise ParameterError("give gamma (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
+        gamma, tau = None, None
+        if self.tau is not None:
+            tau = _positive("tau", self.tau)
+        else:
+            gamma = DEFAULT_GAMMA if self.gamma is None else float(self.gamma)
+            if not (np.isfinite(gamma) and 0.0 < gamma <= 1.0):
+                raise ParameterError(f"gamma must lie in (0, 1], got {self.gamma}")
+        nu = _positive("nu", self.nu)
+        mm = self.max_members
+        if not isinstance(mm, (int, np.integer)) or isinstance(mm, bool) or mm < 1:
+            raise ParameterError(f"max_members must be a positive integer, got {mm!r}")
+        if mm < r:
+            raise ParameterError(
+                f"max_members ({mm}) must be at least n_components ({r}): the components live "
+                "in the dictionary's span"
+            )
+        if self.steps is not None and (int(self.steps) != self.steps or int(self.steps) < 1):
+            raise ParameterError(f"steps must be a positive integer, got {self.steps!r}")
+        if self.evaluate_every is not None and int(self.evaluate_every) < 1:
+            raise ParameterError(f"evaluate_every must be a positive number of steps, "
+                                 f"got {self.evaluate_every}")
+        block_rows = int(config.get("block-rows", self.block_rows))
+        prefetch = int(config.get("prefetch", self.prefetch))
+        if block_rows < 1:
+            raise ParameterError(f"block_rows must be positive, got {block_rows}")
+        if prefetch < 1:
+            raise ParameterError(f"prefetch must be positive, got {prefetch}")
+        return {"algorithm": algorithm, "r": int(r), "eta0": eta0, "gamma": gamma, "tau": tau,
+                "nu": nu, "max_members": int(mm), "center": bool(self.center),
+                "block_rows": block_rows, "prefetch": prefetch}
+
+    def _kernel(self, source) -> Kernel:
+        k = make_kernel(self.kernel, sigma=self.sigma, degree=self.degree, offset=self.offset,
+                        gamma=self.kernel_gamma)
+        if k.needs_sigma():
+            sample = source.sample(int(config.get("median-sample")), self.seed)
+            k = k.with_params(sigma=median_distance(sample))
+            log.info("sigma by the median-distance heuristic: %g", k["sigma"])
+        return k
+
+    def _new_solver(self, p: dict, n_features: int, kernel: Kernel) -> OnlineKHA:
+        a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
+        return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
+                         max_members=p["max_members"], eta0=p["eta0"], gamma=p["gamma"],
+                         tau=p["tau"], center=p["center"], a_init=a_init)
+
+    def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
+               n_steps: int) -> dict:
+        attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
+                 "kernel_parameters": kernel.param_dict, "n_components": p["r"], "nu": p["nu"],
+                 "max_members": p["max_members"], "eta0": p["eta0"], "gamma": p["gamma"],
+                 "tau": p["tau"],
+                 "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gamma**s"),
+                 "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
+                 "seed": int(self.seed), "store": store_path, "n_samples": int(n_samples),
+                 "n_features": int(n_features), "centered": p["center"], "init": "random",
+                 "dkha_version": dkha.__version__}
+        attrs.update(kernel.param_dict)
+        return attrs
+
+    # -- fitting --
+    def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
+            ac_reference=None) -> "OnlineKernelPCA":
+        """Stream ``steps`` samples of ``X`` (a data store path, a :class:`DataStore` or an
+        array) in the seeded random order.
+
+        Parameters
+        ----------
+        run_dir : str, optional
+            Save ``components.zarr`` there; a directory holding a different run is refused
+            before any work unless ``overwrite``.
+        ac_reference : optional
+            Record the AC index in the history: an :class:`~dkha.ac_index.ACReference`, an
+            array of reference samples, or ``True`` for exact KPCA on (a seeded subset of up to
+            2000 samples of) the data, uncentered as eq. 62.
+        """
+        source = resolve_source(X)
+        p = self._validated()
+        kernel = self._kernel(source)
+        l, n = source.n_samples, source.n_features
+        n_steps = l if self.steps is None else int(self.steps)
+        store_path = _store_path(source)
+        attrs = self._attrs(p, kernel, store_path, l, n, n_steps)
+        if run_dir is not None:
+            result.check_run_dir(run_dir, attrs, overwrite)
+        reference = self._reference(ac_reference, source, kernel, p["r"])
+        self.solver_ = self._new_solver(p, n, kernel)
+        self.kernel_ = kernel
+        self.n_features_in_ = n
+        self.history_ = []
+        self.wall_time_ = 0.0
+        self.stream_stats_ = {}
+        self._reference_ = reference
+        self._params_ = p
+        every = n_steps if self.evaluate_every is None else int(self.evaluate_every)
+        bar = _progress(self.verbose, n_steps, p["algorithm"])
+        try:
+            with coordinator_threads():
+                start = 0
+                while start < n_steps:
+                    stop = min(n_steps, (start // every + 1) * every)
+                    t0 = time.perf_counter()
+                    for _, _, idx, rows in stream_blocks(source, self.seed, start, stop,
+                                                         p["block_rows"], p["prefetch"],
+                                                         self.stream_stats_):
+                        self.solver_.apply_block(rows, idx)
+                        if bar is not None:
+                            bar.update(len(idx))
+                    self.wall_time_ += time.perf_counter() - t0
+                    start = stop
+                    entry = self._record(source.n_samples)
+                    if bar is not None and np.isfinite(entry["ac_index"]):
+                        bar.set_postfix(ac=f"{entry['ac_index']:.3f}", members=entry["members"])
+        finally:
+            if bar is not None:
+                bar.close()
+        self.n_samples_seen_ = n_steps
+        self._finish(source.sample(EIGENVALUE_SAMPLES, self.seed))
+        self.attrs_ = attrs
+        if run_dir is not None:
+            self.save(run_dir)
+        return self
+
+    def partial_fit(self, X, y=None) -> "OnlineKernelPCA":
+        """Stream the rows of the array ``X`` in their order, continuing from earlier calls.
+
+        The first call validates the parameters, resolves the kernel on ``X`` and creates the
+        state; later calls (also after :meth:`fit`) continue it. ``member_index_`` then counts
+        positions in the whole stream, and the history gets one entry per call.
+        """
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[0] == 0:
+            raise InputError(f"partial_fit needs a non-empty 2-d array, got shape {X.shape}")
+        if not np.isfinite(X).all():
+            raise InputError("partial_fit: the data holds NaN or inf")
+        first_call = not hasattr(self, "solver_")
+        if first_call:
+            p = self._validated()
+            kernel = self._kernel(ArraySource(X))
+            self.solver_ = self._new_solver(p, X.shape[1], kernel)
+            self.kernel_ = kernel
+            self.n_features_in_ = X.shape[1]
+            self.history_ = []
+            self.wall_time_ = 0.0
+            self.n_samples_seen_ = 0
+            self.stream_stats_ = {}
+            self._reference_ = None
+            self._params_ = p
+        elif X.shape[1] != self.n_features_in_:
+            raise InputError(f"partial_fit got {X.shape[1]} features; earlier calls had "
+                             f"{self.n_features_in_}")
+        p = getattr(self, "_params_", None) or self._validated()
+        b = p["block_rows"]
+        t0 = time.perf_counter()
+        seen = self.n_samples_seen_
+        with coordinator_threads():
+            for a in range(0, len(X), b):
+                rows = X[a:a + b]
+                self.solver_.apply_block(rows, np.arange(seen + a, seen + a + len(rows)))
+        self.wall_time_ += time.perf_counter() - t0
+        self.n_samples_seen_ = seen + len(X)
+        self._record(None)
+        self._finish(X[:EIGENVALUE_SAMPLES] if len(X) <= EIGENVALUE_SAMPLES else
+                     X[np.sort(np.random.default_rng(self.seed).choice(
+                         len(X), EIGENVALUE_SAMPLES, replace=False))])
+        self.attrs_ = self._attrs(p, self.kernel_, "<stream>", self.n_samples_seen_,
+                                  self.n_features_in_, self.n_samples_seen_)
+        return self
+
+    def _reference(self, ac_reference, source, kernel: Kernel, r: int) -> ACReference | None:
+        if ac_reference is None or ac_reference is False:
+            return None
+        if isinstance(ac_reference, ACReference):
+            return ac_reference
+        if ac_reference is True:
+            if isinstance(source, DataStore):
+                return ACReference.from_store(source, kernel, r, seed=self.seed)
+            Xr = source.X if source.n_samples <= DEFAULT_REFERENCE_SAMPLES else \
+                source.sample(DEFAULT_REFERENCE_SAMPLES, self.seed)
+            return ACReference.from_data(Xr, kernel, r)
+        return ACReference.from_data(np.asarray(ac_reference, dtype=np.float64), kernel, r)
+
+    def _record(self, n_samples: int | None) -> dict:
+        st = self.solver_.state
+        ac = float("nan")
+        ref = getattr(self, "_reference_", None)
+        if ref is not None and st.m:
+            ac = ref.score(self.solver_.alpha(), self.solver_.dictionary())
+        passes = 0 if n_samples is None else st.step // n_samples  # no passes in a stream
+        entry = {"pass": int(passes), "step": int(st.step),
+                 "error": float("nan"), "error_min": float("nan"), "excess": float("nan"),
+                 "wall_time": float(self.wall_time_), "ac_index": ac, "members": int(st.m)}
+        self.history_.append(entry)
+        log.info("step %d: %d members, AC %.4f", st.step, st.m, ac)
+        return entry
+
+    def _finish(self, sample: np.ndarray) -> None:
+        s = self.solver_
+        self.alpha_ = s.alpha()
+        self.dictionary_ = s.dictionary()
+        self.member_index_, self.member_step_ = s.members()
+        self.mean_coefficient_ = s.mean_coefficients()
+        self.n_steps_ = s.state.step
+        norms = s.component_norms()
+        if s.n_members:
+            Y = s.transform(sample)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                self.eigenvalues_ = np.mean(Y**2, axis=0) / norms**2
+        else:
+            self.eigenvalues_ = np.full(s.r, np.nan)
+
+    # -- using the result --
+    def _check_fitted(self):
+        if not hasattr(self, "solver_"):
+            raise ParameterError("this OnlineKernelPCA is not fitted yet; call fit or partial_fit")
+
+    def transform(self, X) -> np.ndarray:
+        """Projections ``w_iᵀ(Φ(x) − μ)`` of the rows of ``X``, ``(n, n_components)``."""
+        self._check_fitted()
+        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        if X.shape[1] != self.n_features_in_:
+            raise InputError(f"new data has {X.shape[1]} features; the model was fitted on "
+                             f"{self.n_features_in_}")
+        if not np.isfinite(X).all():
+            raise InputError("new data holds NaN or inf")
+        return self.solver_.transform(X)
+
+    def ac_index(self, reference=None, *, centered: bool = False,
+                 max_samples: int = DEFAULT_REFERENCE_SAMPLES, per_component: bool = False):
+        """The AC index (eqs. 61–63) against exact KPCA.
+
+        ``reference``: an :class:`~dkha.ac_index.ACReference`, an array of reference samples, or
+        a data store (path); ``None`` reuses the reference given to :meth:`fit`. Stores larger
+        than ``max_samples`` use a seeded subset. ``centered`` picks the centered reference (the
+        default is the paper's uncentered eq. 62). ``per_component`` returns the ``|cos|``
+        values instead of their mean.
+        """
+        self._check_fitted()
+        r = self.solver_.r
+        if reference is None:
+            ref = getattr(self, "_reference_", None)
+            if ref is None:
+                raise ParameterError("no AC reference: pass reference samples or a data store")
+        elif isinstance(reference, ACReference):
+            ref = reference
+        elif isinstance(reference, (str, os.PathLike, DataStore)):
+            store = reference if isinstance(reference, DataStore) else open_store(reference)
+            ref = ACReference.from_store(store, self.kernel_, r, max_samples=max_samples,
+                                         seed=self.seed, centered=centered)
+        else:
+            ref = ACReference.from_data(np.asarray(reference, dtype=np.float64), self.kernel_, r,
+                                        centered=centered)
+        cos = ref.cosines(self.solver_.alpha(), self.solver_.dictionary())
+        return cos if per_component else float(np.mean(cos))
+
+    def to_dataset(self):
+        """The components as an xarray dataset (the ``components.zarr`` schema)."""
+        self._check_fitted()
+        hist = self.history_
+        extra = {
+            "dictionary": (("member", "feature"), self.dictionary_),
+            "member_index": ("member", self.member_index_),
+            "member_step": ("member", self.member_step_),
+            "mean_coefficient": ("member", self.mean_coefficient_),
+            "ac_index": ("evaluation", np.array([h["ac_index"] for h in hist], dtype=np.float64)),
+            "members": ("evaluation", np.array([h["members"] for h in hist], dtype=np.int64)),
+        }
+        attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]))
+        return result.build_dataset(self.alpha_, self.eigenvalues_, hist, attrs,
+                                    member_dim="member", extra=extra)
+
+    def save(self, run_dir: str) -> str:
+        """Write ``RUN_DIR/components.zarr``."""
+        return result.save(self.to_dataset(), run_dir)
+
+
+def project(ds, X: np.ndarray) -> np.ndarray:
+    """Projections of the rows of ``X`` on the components of a saved online run.
+
+    ``alpha · (k(D, x) − K_m β̄)`` with ``D = dictionary``, ``β̄ = mean_coefficient``.
+    """
+    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+    if X.shape[1] != int(ds.attrs["n_features"]):
+        raise InputError(f"new data has {X.shape[1]} features; the run was fitted on "
+                         f"{ds.attrs['n_features']}")
+    kernel = make_kernel(ds.attrs["kernel"], **ds.attrs.get("kernel_parameters", {}))
+    D = ds["dictionary"].values
+    alpha = ds["alpha"].values
+    beta_bar = ds["mean_coefficient"].values
+    Kx = kernel.block(X, D)
+    if np.any(beta_bar):
+        Kx = Kx - kernel.block(D, D) @ beta_bar
+    return Kx @ alpha.T
+
+
+def _positive(name: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ParameterError(f"{name} must be a positive number, got {value!r}") from None
+    if not (np.isfinite(v) and v > 0):
+        raise ParameterError(f"{name} must be a positive number, got {value!r}")
+    return v
+
+
+def _store_path(source) -> str:
+    if isinstance(source, DataStore):
+        return os.path.abspath(source.path) if "://" not in source.path else source.path
+    return "<array>"
+
+
+def _progress(verbose: bool, total: int, desc: str):
+    if not verbose:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
+
+
+__all__ = ["OnlineKernelPCA", "ALGORITHMS", "ArraySource", "project", "read_block",
+           "resolve_source", "stream_blocks"]

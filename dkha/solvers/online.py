@@ -1,0 +1,387 @@
+"""The online, dictionary-based algorithms: ON-KHA, OO-KHA and Honeine's online KPCA.
+
+References: Souza Filho & Diniz (2017), Table I and eqs. 45–60 (ON-KHA, OO-KHA); Honeine (2012),
+Table 2, eqs. 19–20 and §5.2 (online KPCA, "okpca"). Readings settled in coordinator-math.md §6–7.
+
+The papers' form
+----------------
+A dictionary ``D_m`` of ``m`` samples, ``Ψ_m`` their images, ``K_m`` their Gram matrix. A sample
+``x`` has the kernel vector ``κ = k(D_m, x)``, the coordinates ``β = K_m⁻¹ κ`` of its projection
+``Ψ_m β`` on the dictionary's span, and the squared distance ``ε² = k(x, x) − κᵀ β`` to that span
+(ALD / distance criterion). It joins the dictionary when ``ε² ≥ ν`` (and ``m < max_members``);
+then ``β = e_{m+1}`` and the coefficients get a zero row (eq. 58). With the coefficients ``A``
+(``m × r``, component ``j`` is ``w_j = Ψ_m A[:, j]``), ``y = Aᵀ κ`` and a step size ``η``:
+
+* ``okpca``  (Honeine eq. 19, read as in §7): ``A ← A + η (β yᵀ − A ut(y yᵀ))``
+* ``oo-kha`` (eq. 52): ``A ← A + η (β yᵀ − A M)``, ``M = 2 ut(y yᵀ) − diag(y yᵀ)`` (eq. 50)
+* ``on-kha`` (eqs. 46–49): the OO-KHA update, then each column scaled to unit feature-space
+  norm, ``A[:, j] /= sqrt(A[:, j]ᵀ K_m A[:, j])``.
+
+The first sample only initialises the dictionary (``m = 1``, ``A`` a random ``1 × r`` row, entries
+``N(0, 0.01)`` as in the paper's experiments); updates start at the second. The step size is
+``η = η0 γ^s`` (``η(k) = γ η(k−1)``, applied before use) or ``η = η0 / (1 + s/τ)`` (Honeine eq.
+20), ``s`` the 0-based step of the sample (the initialising sample is step 0).
+
+What is computed instead: Cholesky coordinates
+----------------------------------------------
+``K_m = L Lᵀ`` with ``L`` lower triangular, grown by one row per new member
+(``L_{m+1} = [[L, 0], [cᵀ, ε]]`` with ``c = L⁻¹ κ``) — never the recursive inverse of eq. 59,
+which drifts. ``Q = Ψ_m L⁻ᵀ`` is an orthonormal basis of the span, so in the coordinates
+``B = Lᵀ A`` and ``c = L⁻¹ κ = Lᵀ β``::
+
+    y = Aᵀ κ = Bᵀ c,     ε² = k(x, x) − ‖c‖²,     ‖w_j‖² = A_jᵀ K_m A_j = ‖B_j‖²
+
+and every update above reads the same with ``(B, c)`` for ``(A, β)`` (multiply by ``Lᵀ``). A new
+member appends a zero to ``B`` (``B' = L'ᵀ [A; 0] = [B; 0]``) and its coordinates are
+``c' = [c; ε]``. Per step this costs one forward substitution (done for a whole block at once as
+a triangular solve, BLAS-3) and ``O(m r)`` for the update — the paper's ``K_m Â`` of eq. 47
+(``O(m² r)``) becomes a column norm. ``A = L⁻ᵀ B`` is formed only on output.
+
+Centering (Honeine §5.2, coordinator-math §6): the running mean of the samples' coordinates
+``β̄`` (a new member pads it with a zero) gives the mean ``μ = Ψ_m β̄``; the sample is replaced by
+its centered projection ``Ψ_m (β − β̄)``: ``y = Aᵀ K_m (β − β̄) = Aᵀ (κ − K_m β̄)`` and
+``A ← A + η ((β − β̄) yᵀ − A M)``. In Cholesky coordinates ``c̄ = Lᵀ β̄`` is the running mean of
+the ``c``. The mean includes the current sample (and the initialising one).
+
+The per-sample loop is compiled with numba (:func:`online_block`, one call per block): a Python
+step costs tens of microseconds of interpreter overhead, more than the ``O(m r)`` arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+from scipy.linalg import solve_triangular
+from scipy.linalg.blas import dtrsm
+
+from dkha.errors import NumericalError, ParameterError
+from dkha.kernels import Kernel
+
+ALGORITHMS = ("on-kha", "oo-kha", "okpca")
+_ALGORITHM_CODE = {"on-kha": 0, "oo-kha": 1, "okpca": 2}
+RATE_EXPONENTIAL = 0  # η = η0 γ^s
+RATE_SEARCH_THEN_CONVERGE = 1  # η = η0 / (1 + s/τ)
+
+DEFAULT_ETA0 = 0.05
+DEFAULT_GAMMA = 0.999995
+DEFAULT_NU = 1e-3
+DEFAULT_MAX_MEMBERS = 2000
+COMPUTE_ROWS = 256  # samples per compiled call (bounds the in-slice kernel block)
+INIT_STD = 0.1  # the paper's initial coefficients: zero-mean gaussian, variance 0.01
+
+
+def check_algorithm(algorithm: str) -> str:
+    if algorithm not in ALGORITHMS:
+        raise ParameterError(
+            f"unknown online algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}"
+        )
+    return algorithm
+
+
+def learning_rate(step: int, eta0: float, gamma: float | None, tau: float | None) -> float:
+    """The step size of the update at 0-based ``step`` (the compiled loop computes the same)."""
+    if tau is not None:
+        return eta0 / (1.0 + step / tau)
+    return eta0 * (1.0 if gamma is None else gamma) ** step
+
+
+# Reassociation lets LLVM vectorise the dot products and norms; no-NaN/no-inf assumptions are
+# left out so a diverging run still shows up as non-finite coefficients.
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+
+@njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, step, capacity,
+                 B, L, cbar, a_init, C0, Kbb, kdiag, joined):  # pragma: no cover - compiled
+    """Run the steps of one block of samples; return ``(m, count, step, n_joined)``.
+
+    ``B (r, capacity)`` coefficients in Cholesky coordinates, ``L (capacity, capacity)`` the
+    Cholesky factor, ``cbar (capacity,)`` the running mean of the coordinates (centered runs);
+    all updated in place, the first ``m`` members in use. ``C0 (b, m0)`` holds ``L⁻¹ κ`` of the
+    block's samples against the ``m0 = m`` members at the block's start; ``Kbb (b, b)`` the
+    kernel among the block's samples (the kernel vector against members that join within the
+    block), ``kdiag (b,)`` their ``k(x, x)``. ``joined`` receives the block positions of the
+    samples that joined the dictionary. ``rate_param`` is ``γ`` or ``τ`` per ``rate_kind``.
+    """
+    r = B.shape[0]
+    b = kdiag.shape[0]
+    m0 = m
+    pos = np.empty(b, dtype=np.int64)  # block position of the members joined in this block
+    c = np.zeros(capacity)
+    u = np.zeros(capacity)
+    s = np.zeros(capacity)
+    y = np.zeros(r)
+    n_joined = 0
+    for j in range(b):
+        # coordinates c = L⁻¹ κ: the block-start members from C0, later ones by substitution
+        for q in range(m0):
+            c[q] = C0[j, q]
+        for q in range(m0, m):
+            acc = Kbb[j, pos[q - m0]]
+            for i in range(q):
+                acc -= L[q, i] * c[i]
+            c[q] = acc / L[q, q]
+        norm2 = 0.0
+        for q in range(m):
+            norm2 += c[q] * c[q]
+        eps2 = kdiag[j] - norm2
+        initialising = False
+        if eps2 >= nu and m < capacity:
+            d = np.sqrt(eps2)
+            for i in range(m):
+                L[m, i] = c[i]
+            L[m, m] = d
+            c[m] = d
+            if m == 0:
+                initialising = True
+                for k in range(r):
+                    B[k, 0] = d * a_init[k]
+            else:
+                for k in range(r):
+                    B[k, m] = 0.0
+            cbar[m] = 0.0
+            pos[m - m0] = j
+            joined[n_joined] = j
+            n_joined += 1
+            m += 1
+        if center:
+            count += 1
+            for q in range(m):
+                cbar[q] += (c[q] - cbar[q]) / count
+            for q in range(m):
+                u[q] = c[q] - cbar[q]
+        else:
+            for q in range(m):
+                u[q] = c[q]
+        if initialising or m == 0:
+            step += 1
+            continue
+        if rate_kind == 0:
+            eta = eta0 * rate_param ** step
+        else:
+            eta = eta0 / (1.0 + step / rate_param)
+        for k in range(r):
+            acc = 0.0
+            for q in range(m):
+                acc += B[k, q] * u[q]
+            y[k] = acc
+        for q in range(m):
+            s[q] = 0.0
+        if algorithm == 2:
+            # okpca: B_k += η y_k (u − Σ_{i≤k} y_i B_i)
+            for k in range(r):
+                yk = y[k]
+                for q in range(m):
+                    s[q] += yk * B[k, q]
+                    B[k, q] += eta * yk * (u[q] - s[q])
+        else:
+            # oo-kha / on-kha: B_k += η y_k (u − 2 Σ_{i<k} y_i B_i − y_k B_k)
+            for k in range(r):
+                yk = y[k]
+                for q in range(m):
+                    bq = B[k, q]
+                    B[k, q] = bq + eta * yk * (u[q] - 2.0 * s[q] - yk * bq)
+                    s[q] += yk * bq
+            if algorithm == 0:
+                for k in range(r):
+                    nrm = 0.0
+                    for q in range(m):
+                        nrm += B[k, q] * B[k, q]
+                    if nrm > 0.0:
+                        nrm = 1.0 / np.sqrt(nrm)
+                        for q in range(m):
+                            B[k, q] *= nrm
+        step += 1
+    return m, count, step, n_joined
+
+
+@dataclass
+class OnlineState:
+    """The sequential state, preallocated to ``capacity`` members (grown on demand)."""
+
+    B: np.ndarray  # (r, capacity) coefficients in Cholesky coordinates
+    L: np.ndarray  # (capacity, capacity) Cholesky factor of K_m (lower)
+    cbar: np.ndarray  # (capacity,) running mean of the coordinates c (centered runs)
+    dictionary: np.ndarray  # (capacity, n_features)
+    member_index: np.ndarray  # (capacity,) sample index (store row, or stream position)
+    member_step: np.ndarray  # (capacity,) step at which the member joined
+    m: int = 0
+    count: int = 0  # samples in the running mean
+    step: int = 0  # samples consumed
+
+    @property
+    def capacity(self) -> int:
+        return self.L.shape[0]
+
+
+class OnlineKHA:
+    """One online algorithm's state and updates, fed blocks of samples in stream order.
+
+    Parameters
+    ----------
+    algorithm : {"on-kha", "oo-kha", "okpca"}
+    n_components, n_features : int
+    kernel : dkha.kernels.Kernel
+        With all parameters set (``sigma`` resolved).
+    nu : float
+        ALD threshold: a sample joins the dictionary when ``ε² ≥ nu``.
+    max_members : int
+        Cap on the dictionary; past it samples are only projected.
+    eta0 : float
+    gamma, tau : float or None
+        ``η = η0 γ^s`` or ``η = η0 / (1 + s/τ)`` (give at most one; neither: constant ``η0``).
+    center : bool
+        Track the running mean in the dictionary's span (Honeine §5.2).
+    a_init : ndarray (n_components,)
+        The first member's coefficients (``A(1)`` of Table I).
+    """
+
+    def __init__(self, algorithm: str, n_components: int, n_features: int, kernel: Kernel, *,
+                 nu: float, max_members: int, eta0: float, gamma: float | None = None,
+                 tau: float | None = None, center: bool = False, a_init: np.ndarray):
+        self.algorithm = check_algorithm(algorithm)
+        self.r = int(n_components)
+        self.n_features = int(n_features)
+        self.kernel = kernel
+        self.nu = float(nu)
+        self.max_members = int(max_members)
+        self.eta0 = float(eta0)
+        if gamma is not None and tau is not None:
+            raise ParameterError("give gamma or tau, not both")
+        self.gamma = None if gamma is None else float(gamma)
+        self.tau = None if tau is None else float(tau)
+        self.center = bool(center)
+        self.a_init = np.ascontiguousarray(a_init, dtype=np.float64)
+        if self.a_init.shape != (self.r,):
+            raise ValueError(f"a_init must have shape ({self.r},)")
+        self.state = self._allocate(min(self.max_members, 64))
+        self._factor_copy: tuple[int, np.ndarray] | None = None  # (m, Fortran copy of L[:m,:m])
+
+    # -- storage --
+    def _allocate(self, capacity: int) -> OnlineState:
+        return OnlineState(B=np.zeros((self.r, capacity)), L=np.zeros((capacity, capacity)),
+                           cbar=np.zeros(capacity),
+                           dictionary=np.zeros((capacity, self.n_features)),
+                           member_index=np.zeros(capacity, dtype=np.int64),
+                           member_step=np.zeros(capacity, dtype=np.int64))
+
+    def _reserve(self, extra: int) -> None:
+        st = self.state
+        need = min(self.max_members, st.m + extra)
+        if need <= st.capacity:
+            return
+        new = self._allocate(min(self.max_members, max(need, 2 * st.capacity)))
+        m = st.m
+        new.B[:, :m] = st.B[:, :m]
+        new.L[:m, :m] = st.L[:m, :m]
+        new.cbar[:m] = st.cbar[:m]
+        new.dictionary[:m] = st.dictionary[:m]
+        new.member_index[:m] = st.member_index[:m]
+        new.member_step[:m] = st.member_step[:m]
+        new.m, new.count, new.step = st.m, st.count, st.step
+        self.state = new
+
+    # -- the block step --
+    def coordinates(self, X: np.ndarray) -> np.ndarray:
+        """``c = L⁻¹ k(D_m, x)`` for each row of ``X``, as an ``(m, len(X))`` array."""
+        st = self.state
+        m = st.m
+        if m == 0:
+            return np.zeros((0, len(X)))
+        if self._factor_copy is None or self._factor_copy[0] != m:
+            # L changes only when members join: the Fortran copy BLAS wants is reused meanwhile
+            self._factor_copy = (m, np.asfortranarray(st.L[:m, :m]))
+        Kxd = self.kernel.block(X, st.dictionary[:m])  # (b, m) C order = (m, b) Fortran order
+        return dtrsm(1.0, self._factor_copy[1], Kxd.T, lower=1, overwrite_b=1)
+
+    def apply_block(self, X: np.ndarray, sample_index: np.ndarray) -> int:
+        """Consume the rows of ``X`` (stream order); returns how many joined the dictionary.
+
+        ``sample_index[j]`` is recorded as the member index when row ``j`` joins. Rows are
+        processed in slices of at most :data:`COMPUTE_ROWS` (the in-slice kernel block is
+        ``slice × slice``), whatever the size of the block read.
+        """
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        sample_index = np.asarray(sample_index)
+        joined = 0
+        for a in range(0, len(X), COMPUTE_ROWS):
+            joined += self._apply_slice(X[a:a + COMPUTE_ROWS], sample_index[a:a + COMPUTE_ROWS])
+        return joined
+
+    def _apply_slice(self, X: np.ndarray, sample_index: np.ndarray) -> int:
+        b = len(X)
+        if b == 0:
+            return 0
+        self._reserve(b)
+        st = self.state
+        m0 = st.m
+        C0 = np.ascontiguousarray(self.coordinates(X).T)  # a view: (b, m) in C order
+        Kbb = np.ascontiguousarray(self.kernel.block(X, X))
+        kdiag = np.ascontiguousarray(self.kernel.diagonal(X))
+        joined = np.empty(b, dtype=np.int64)
+        if self.tau is not None:
+            rate_kind, rate_param = RATE_SEARCH_THEN_CONVERGE, self.tau
+        else:
+            rate_kind, rate_param = RATE_EXPONENTIAL, (1.0 if self.gamma is None else self.gamma)
+        step0 = st.step
+        m, count, step, n_joined = online_block(
+            _ALGORITHM_CODE[self.algorithm], self.center, rate_kind, self.eta0, rate_param,
+            self.nu, st.m, st.count, st.step, st.capacity, st.B, st.L, st.cbar, self.a_init,
+            C0, Kbb, kdiag, joined)
+        pos = joined[:n_joined]
+        st.dictionary[m0:m] = X[pos]
+        st.member_index[m0:m] = sample_index[pos]
+        st.member_step[m0:m] = step0 + pos
+        st.m, st.count, st.step = int(m), int(count), int(step)
+        if not np.isfinite(st.B[:, :m]).all():
+            raise NumericalError(
+                f"{self.algorithm} diverged: non-finite coefficients by step {st.step}; "
+                f"lower eta0 (now {self.eta0})"
+            )
+        return int(n_joined)
+
+    # -- outputs --
+    @property
+    def n_members(self) -> int:
+        return self.state.m
+
+    def alpha(self) -> np.ndarray:
+        """``Aᵀ`` (``r × m``): component ``j`` is ``Σ_q alpha[j, q] Φ(d_q)``."""
+        st = self.state
+        m = st.m
+        if m == 0:
+            return np.zeros((self.r, 0))
+        A = solve_triangular(st.L[:m, :m].T, st.B[:, :m].T, lower=False, check_finite=False)
+        return np.ascontiguousarray(A.T)
+
+    def mean_coefficients(self) -> np.ndarray:
+        """``β̄`` (``m``): the running mean is ``Σ_q β̄_q Φ(d_q)`` (zeros when not centered)."""
+        st = self.state
+        m = st.m
+        if not self.center or m == 0:
+            return np.zeros(m)
+        return solve_triangular(st.L[:m, :m].T, st.cbar[:m], lower=False, check_finite=False)
+
+    def component_norms(self) -> np.ndarray:
+        """Feature-space norms ``‖w_j‖`` of the components."""
+        st = self.state
+        return np.sqrt(np.einsum("ij,ij->i", st.B[:, :st.m], st.B[:, :st.m]))
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        """``(len(X), r)`` projections ``w_jᵀ (Φ(x) − μ)`` (``μ = 0`` when not centered)."""
+        X = np.asarray(X, dtype=np.float64)
+        st = self.state
+        C = self.coordinates(X)
+        if self.center and st.m:
+            C -= st.cbar[:st.m, None]
+        return (st.B[:, :st.m] @ C).T
+
+    def dictionary(self) -> np.ndarray:
+        return self.state.dictionary[:self.state.m].copy()
+
+    def members(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(member_index, member_step)`` of the dictionary's members."""
+        st = self.state
+        return st.member_index[:st.m].copy(), st.member_step[:st.m].copy()
