@@ -28,7 +28,8 @@ COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
 # attrs that identify a run: a directory holding a run that differs in any of these is "different"
 IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
-                  "rho0", "n_steps", "seed", "store", "init")
+                  "rho0", "n_steps", "seed", "store", "init", "nu", "gamma", "tau", "max_members",
+                  "centered")
 
 
 def history_dataset(history: list[dict]) -> dict:

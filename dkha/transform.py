@@ -37,6 +37,10 @@ def project(ds: xr.Dataset, X: np.ndarray, *, client=None, scheduler=None, sched
             workers=None) -> np.ndarray:
     """``(n, n_components)`` projections of the rows of ``X``."""
     X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+    if "dictionary" in ds:  # online (dictionary-based) run: no kernel rows of the training data
+        from dkha.online import project as project_online
+
+        return project_online(ds, X)
     if X.shape[1] != int(ds.attrs["n_features"]):
         raise InputError(f"new data has {X.shape[1]} features; the run was fitted on {ds.attrs['n_features']}")
     if not np.isfinite(X).all():
@@ -56,10 +60,13 @@ def transform_store(ds: xr.Dataset, new_store: str, out: str, *, overwrite: bool
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     alpha = ds["alpha"].values
     parts = []
-    with client_for(scheduler, scheduler_file, workers, client) as c:
-        engine = _engine(ds, c)
-        for _, _, Xc in new.iter_chunks():
-            parts.append(engine.transform(Xc, alpha))
+    if "dictionary" in ds:
+        parts = [project(ds, Xc) for _, _, Xc in new.iter_chunks()]
+    else:
+        with client_for(scheduler, scheduler_file, workers, client) as c:
+            engine = _engine(ds, c)
+            for _, _, Xc in new.iter_chunks():
+                parts.append(engine.transform(Xc, alpha))
     proj = np.concatenate(parts)
     res = xr.Dataset({"projection": (("sample", "component"), proj)},
                      coords={"component": ds["component"].values},
