@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="fit kernel principal components")
     p.add_argument("store")
     p.add_argument("-o", "--out", required=True, metavar="RUN_DIR")
-    p.add_argument("--algorithm", default="kha-smd", help=f"one of {', '.join(ALGORITHMS + ONLINE)}")
+    p.add_argument("--algorithm", default="kha-smd",
+                   help=f"one of {', '.join(ALGORITHMS + ('krylov',) + ONLINE)}")
     p.add_argument("--components", "-r", type=_positive_int, default=8)
     k = p.add_argument_group("kernel")
     k.add_argument("--kernel", default="gaussian", help="gaussian, laplacian, polynomial, sigmoid")
@@ -106,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     n = p.add_mutually_exclusive_group()
     n.add_argument("--passes", type=_positive_int, help="passes through the data (default 10)")
     n.add_argument("--steps", type=_positive_int, help="single-sample steps")
+    p.add_argument("--init", default="random", metavar="random|nystrom:M",
+                   help="initial coefficients: random (the paper's) or the Nyström solution "
+                        "from M landmark rows")
+    p.add_argument("--tol", type=float,
+                   help="stop once the excess error E/E_min − 1 is at most TOL (krylov: "
+                        "relative residual tolerance)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--evaluate-every", type=int, default=1, metavar="N",
                    help="evaluate every N passes (0: only at the end; -1: never)")
@@ -172,7 +179,7 @@ def cmd_fit(args) -> int:
         degree=args.degree, offset=args.offset, gamma=args.kernel_gamma, eta0=args.eta0,
         mu=args.mu, xi=args.xi, rho0=args.rho0, passes=args.passes, steps=args.steps,
         seed=args.seed, evaluate_every=args.evaluate_every, block_rows=args.block,
-        prefetch=args.prefetch, verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
+        prefetch=args.prefetch, init=args.init, tol=args.tol, verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
         **_cluster_kwargs(args))
     for name in ("gamma", "tau", "nu", "max_members", "center"):
         if getattr(args, name) is not None:
@@ -209,9 +216,11 @@ def _fit_online(args) -> int:
     steps = args.steps
     if steps is None and args.passes is not None:
         steps = args.passes * n_samples
-    for name in ("mu", "xi"):
+    for name in ("mu", "xi", "tol"):
         if getattr(args, name) is not None:
-            raise_param(f"--{name} applies to kha-smd, not {args.algorithm}")
+            raise_param(f"--{name} applies to the batch algorithms, not {args.algorithm}")
+    if args.init != "random":
+        raise_param(f"--init applies to the batch algorithms, not {args.algorithm}")
     kwargs = dict(algorithm=args.algorithm, kernel=args.kernel, sigma=args.sigma,
                   degree=args.degree, offset=args.offset, kernel_gamma=args.kernel_gamma,
                   eta0=args.eta0, gamma=args.gamma, tau=args.tau, nu=args.nu,

@@ -39,12 +39,16 @@ def _progress(verbose: bool, total: int, desc: str):
 
 
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
-              verbose: bool = False, A_init: np.ndarray | None = None) -> BatchResult:
+              verbose: bool = False, A_init: np.ndarray | None = None,
+              tol: float | None = None) -> BatchResult:
     """Fit ``solver`` for ``n_steps`` steps over ``engine``'s kernel rows.
 
     ``evaluate_every``: evaluate (eq. 22) every that many passes and at the end; 0 evaluates only
-    at the end; a negative value never evaluates.
+    at the end; a negative value never evaluates. ``tol``: stop at the first evaluation whose
+    excess error is at most ``tol`` (evaluating at least every pass).
     """
+    if tol is not None and evaluate_every < 1:
+        evaluate_every = 1
     l, r = engine.n_samples, solver.r
     if engine.mk is None:
         engine.compute_mk()
@@ -67,16 +71,21 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
 
     if evaluate_every > 0:
         record(0)
+    converged = tol is not None and history and history[-1]["excess"] <= tol
     bar = _progress(verbose, n_steps, solver.algorithm)
     n_passes = -(-n_steps // l)
     current_pass = -1
     t0 = time.perf_counter()
     tagged = ((k, idx) for k, _, idx in schedule.blocks(seed, l, n_steps, engine.block_rows))
-    for k, idx, rows in engine.stream(tagged):
+    for k, idx, rows in ([] if converged else engine.stream(tagged)):
         if k != current_pass:
             if current_pass >= 0:
                 fit_seconds += time.perf_counter() - t0
                 _end_of_pass(current_pass, evaluate_every, n_passes, record, bar)
+                if tol is not None and history and history[-1]["excess"] <= tol:
+                    log.info("excess error %.3e ≤ tol %.3e after pass %d: stopping",
+                             history[-1]["excess"], tol, current_pass + 1)
+                    break
                 t0 = time.perf_counter()
             solver.begin_pass()
             current_pass = k
@@ -84,7 +93,7 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
         if bar is not None:
             bar.update(len(idx))
     fit_seconds += time.perf_counter() - t0
-    last_pass = n_steps / l
+    last_pass = solver.state.t / l
     # final evaluation (always, unless evaluate_every < 0)
     C = projections(engine, solver.A)
     if evaluate_every >= 0:
@@ -109,3 +118,35 @@ def _end_of_pass(k: int, evaluate_every: int, n_passes: int, record, bar) -> Non
         ev = record(done)
         if bar is not None:
             bar.set_postfix(excess=f"{ev.excess:.2e}")
+
+
+def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, tol: float = 1e-8,
+               with_evaluation: bool = True) -> BatchResult:
+    """The exact top-``r`` components by block Krylov (LOBPCG) on blockwise passes."""
+    from dkha.solvers.nystrom import krylov_coefficients
+
+    if engine.mk is None:
+        engine.compute_mk()
+    passes = [0]
+    matmat = engine.matmat
+
+    def counted(V):
+        passes[0] += 1
+        return matmat(V)
+
+    engine.matmat = counted
+    t0 = time.perf_counter()
+    try:
+        X0 = None if A_init is None else (A_init * np.linalg.norm(A_init, axis=1, keepdims=True) ** -1).T
+        alpha, w = krylov_coefficients(engine, r, seed=seed, tol=tol, X0=X0)
+    finally:
+        engine.matmat = matmat
+    seconds = time.perf_counter() - t0
+    history = []
+    if with_evaluation:
+        ev = evaluate(engine, alpha, w)
+        history.append({"pass": passes[0], "step": 0, "error": ev.error, "error_min": ev.error_min,
+                        "excess": ev.excess, "wall_time": seconds})
+    return BatchResult(alpha=alpha, eigenvalue=w, history=history, top_eigenvalues=w,
+                       wall_time=seconds, stream_stats={"blocks": 0, "wait_seconds": 0.0,
+                                                        "bytes_received": 0})

@@ -54,9 +54,10 @@ class KernelHebbianPCA:
     ----------
     n_components : int, default 8
         Number of components ``r`` (must be below the number of samples).
-    algorithm : {"kha", "kha-t", "kha-et", "kha-smd"}, default "kha-smd"
-        Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, or Stochastic Meta-Descent
-        (Algorithm 1) on top of eq. 12.
+    algorithm : {"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"
+        Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent
+        (Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov method
+        (LOBPCG) whose products are blockwise passes.
     kernel : {"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"
     sigma : float, optional
         Width of the gaussian / laplacian kernel. ``None`` uses the median distance between
@@ -83,6 +84,15 @@ class KernelHebbianPCA:
     block_rows, prefetch : int, optional
         Schedule positions per block of kernel rows and blocks computed ahead
         (``dkha.block-rows``, ``dkha.prefetch``).
+    init : {"random", "nystrom:M"}, default "random"
+        Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))``, or the Nyström solution from
+        ``M`` seeded random landmark rows (then refined; the default ``eta0`` is 20× smaller,
+        suited to refinement). Recorded in the history as pass 0. With ``algorithm="krylov"``
+        the Nyström vectors start the Krylov iteration.
+    tol : float, optional
+        Stop once an evaluation's excess error ``E/E_min − 1`` is at most ``tol`` (evaluations
+        every ``evaluate_every`` passes, at least every pass when ``tol`` is set). For
+        ``algorithm="krylov"``, the relative residual tolerance of the eigenvectors.
     scheduler, scheduler_file, workers, client :
         Where the kernel rows are computed (see :func:`dkha.cluster.client_for`).
     verbose : bool, default False
@@ -122,7 +132,8 @@ class KernelHebbianPCA:
                  eta0: float | None = None, mu: float | None = None, xi: float | None = None,
                  rho0: float = 0.0, passes: int | None = None, steps: int | None = None,
                  seed: int = 0, evaluate_every: int = 1, block_rows: int | None = None,
-                 prefetch: int | None = None, scheduler: str | None = None,
+                 prefetch: int | None = None, init: str = "random", tol: float | None = None,
+                 scheduler: str | None = None,
                  scheduler_file: str | None = None, workers: int | None = None, client=None,
                  verbose: bool = False):
         self.n_components = n_components
@@ -142,6 +153,8 @@ class KernelHebbianPCA:
         self.evaluate_every = evaluate_every
         self.block_rows = block_rows
         self.prefetch = prefetch
+        self.init = init
+        self.tol = tol
         self.scheduler = scheduler
         self.scheduler_file = scheduler_file
         self.workers = workers
@@ -149,18 +162,43 @@ class KernelHebbianPCA:
         self.verbose = verbose
 
     # -- validation --
+    def _init(self, n_samples: int) -> int | None:
+        """Landmarks of ``init="nystrom:M"`` (None for a random start)."""
+        init = str(self.init)
+        if init == "random":
+            return None
+        if init.startswith("nystrom:"):
+            try:
+                m = int(init.split(":", 1)[1])
+            except ValueError:
+                m = -1
+            if not 0 < m < n_samples:
+                raise ParameterError(f"init {init!r}: M must be an integer in 1..{n_samples - 1}")
+            return m
+        raise ParameterError(f"unknown init {init!r}; use 'random' or 'nystrom:M'")
+
     def _validated(self, n_samples: int) -> dict:
-        algorithm = check_algorithm(self.algorithm)
+        if self.algorithm == "krylov":
+            algorithm = "krylov"
+        else:
+            algorithm = check_algorithm(self.algorithm)
         r = self.n_components
         if not isinstance(r, (int, np.integer)) or r < 1:
             raise ParameterError(f"n_components must be a positive integer, got {r!r}")
         if r >= n_samples:
             raise ParameterError(f"n_components ({r}) must be smaller than the number of samples ({n_samples})")
-        eta0 = DEFAULT_ETA0[algorithm] if self.eta0 is None else float(self.eta0)
+        landmarks = self._init(n_samples)
+        if landmarks is not None and landmarks < r:
+            raise ParameterError(f"init nystrom:{landmarks} needs at least as many landmarks as "
+                                 f"components ({r})")
+        default_eta0 = DEFAULT_ETA0.get(algorithm, 0.0) / (20.0 if landmarks else 1.0)
+        eta0 = default_eta0 if self.eta0 is None else float(self.eta0)
+        if self.tol is not None and not (np.isfinite(self.tol) and self.tol > 0):
+            raise ParameterError(f"tol must be a positive number, got {self.tol}")
         mu = DEFAULT_MU if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
-        if not (np.isfinite(eta0) and eta0 > 0):
+        if algorithm != "krylov" and not (np.isfinite(eta0) and eta0 > 0):
             raise ParameterError(f"eta0 must be a positive number, got {eta0}")
         if not (np.isfinite(mu) and mu >= 0):
             raise ParameterError(f"mu must be a non-negative number, got {mu}")
@@ -180,7 +218,7 @@ class KernelHebbianPCA:
                 raise ParameterError(f"passes must be positive, got {self.passes}")
             n_steps = passes * n_samples
         return {"algorithm": algorithm, "r": int(r), "eta0": eta0, "mu": mu, "xi": xi,
-                "rho0": rho0, "n_steps": n_steps}
+                "rho0": rho0, "n_steps": n_steps, "landmarks": landmarks}
 
     def run_attrs(self, store: DataStore, kernel, p: dict) -> dict:
         """The attrs saved with the components (also used to compare runs)."""
@@ -190,7 +228,7 @@ class KernelHebbianPCA:
                  "n_steps": p["n_steps"], "passes": p["n_steps"] / store.n_samples,
                  "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
                  "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-                 "init": "random", "dkha_version": dkha.__version__}
+                 "init": str(self.init), "tol": self.tol, "dkha_version": dkha.__version__}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
         return attrs
 
@@ -210,15 +248,26 @@ class KernelHebbianPCA:
         if run_dir is not None:
             result.check_run_dir(run_dir, attrs, overwrite)
         store.check_finite()
-        from dkha.coordinator import run_batch
+        from dkha.coordinator import run_batch, run_krylov
+        from dkha.solvers.nystrom import nystrom_coefficients
 
         with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client:
             engine = RowEngine(store, kernel, client, block_rows=self.block_rows,
                                prefetch=self.prefetch)
-            solver = BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"], mu=p["mu"],
-                              xi=p["xi"], rho0=p["rho0"])
-            res = run_batch(engine, solver, n_steps=p["n_steps"], seed=self.seed,
-                            evaluate_every=self.evaluate_every, verbose=self.verbose)
+            engine.compute_mk()
+            A_init = None
+            if p["landmarks"]:
+                A_init, _ = nystrom_coefficients(engine, p["r"], p["landmarks"], seed=self.seed)
+            if p["algorithm"] == "krylov":
+                res = run_krylov(engine, p["r"], seed=self.seed, A_init=A_init,
+                                 tol=self.tol if self.tol is not None else 1e-8,
+                                 with_evaluation=self.evaluate_every >= 0)
+            else:
+                solver = BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"],
+                                  mu=p["mu"], xi=p["xi"], rho0=p["rho0"])
+                res = run_batch(engine, solver, n_steps=p["n_steps"], seed=self.seed,
+                                evaluate_every=self.evaluate_every, verbose=self.verbose,
+                                A_init=A_init, tol=self.tol)
         self.alpha_ = res.alpha
         self.eigenvalues_ = res.eigenvalue
         self.mk_, self.mkm_ = engine.mk, engine.mkm
