@@ -64,7 +64,9 @@ def load_rows(path: str, start: int, stop: int) -> np.ndarray:
             return arr
     import zarr
 
-    arr = np.ascontiguousarray(zarr.open_group(path, mode="r")["X"][start:stop], dtype=np.float64)
+    from dkha.store import read_slice
+
+    arr = np.ascontiguousarray(read_slice(zarr.open_group(path, mode="r")["X"], start, stop, path))
     arr.setflags(write=False)
     limit = float(config.get("cache-bytes"))
     with _CACHE_LOCK:
@@ -85,6 +87,11 @@ def clear_cache() -> None:
 
 
 # --- worker tasks: module-level pure functions of blocks and scalars ----------------------------
+
+
+def _identity(x):
+    return x
+
 
 
 def take_rows(path: str, ranges: tuple[tuple[int, int], ...], index: np.ndarray) -> np.ndarray:
@@ -264,7 +271,14 @@ class RowEngine:
     def set_mk(self, mk: np.ndarray, mkm: float) -> None:
         self.mk = np.asarray(mk, dtype=np.float64)
         self.mkm = float(mkm)
-        self._mk_future = self.client.scatter(self.mk, broadcast=False, hash=False)
+        self._mk_future = self.put(self.mk)
+
+    def put(self, array: np.ndarray):
+        """A future holding ``array`` that the cluster can rebuild if the worker holding it dies.
+
+        (Scattered data cannot be recomputed; a task that returns the array can.)
+        """
+        return self.client.submit(_identity, array, pure=False)
 
     def _need_mk(self):
         if self.mk is None:
@@ -337,7 +351,7 @@ class RowEngine:
         if V.ndim == 1:
             return self.matmat(V[:, None])[:, 0]
         mk = self._need_mk()
-        Vf = self.client.scatter(V, broadcast=False, hash=False)
+        Vf = self.put(V)
         g = self.tile_groups
         pairs = self._pairs()
         futs = [self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
@@ -356,7 +370,7 @@ class RowEngine:
         """``(‖K'‖²_F, ‖K' − CᵀC‖²_F)`` in one blockwise pass (direct form, no cancellation)."""
         C = np.ascontiguousarray(C, dtype=np.float64)
         mk = self._need_mk()
-        Cf = self.client.scatter(C, broadcast=False, hash=False)
+        Cf = self.put(C)
         g = self.tile_groups
         futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
                                    g[i], g[j], Cf, pure=False) for i, j in self._pairs()]

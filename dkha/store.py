@@ -53,6 +53,16 @@ def _is_url(path: str) -> bool:
     return "://" in str(path)
 
 
+def read_slice(arr: "zarr.Array", start: int, stop: int, path: str) -> np.ndarray:
+    """``arr[start:stop]`` as float64; a corrupted chunk (checksum mismatch, undecodable bytes)
+    raises :class:`InputError` naming the rows, never returns garbage."""
+    try:
+        return np.asarray(arr[start:stop], dtype=np.float64)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise InputError(f"data store {path}: cannot read rows {start}..{stop - 1} of X "
+                         f"({exc}); the chunk is corrupted: re-ingest the store") from None
+
+
 @dataclass(frozen=True)
 class DataStore:
     """An opened, validated data store.
@@ -90,12 +100,19 @@ class DataStore:
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` of ``X`` as float64."""
         stop = self.n_samples if stop is None else stop
-        return np.asarray(self.array()[start:stop], dtype=np.float64)
+        return read_slice(self.array(), start, stop, self.path)
 
     def read_rows(self, index: np.ndarray) -> np.ndarray:
         """Rows ``index`` (any order) as float64."""
         index = np.asarray(index, dtype=np.int64)
-        return np.asarray(self.array().get_orthogonal_selection((index, slice(None))), dtype=np.float64)
+        arr = self.array()
+        out = np.empty((len(index), self.n_features))
+        chunk_of = index // self.chunk_rows
+        for c in np.unique(chunk_of):  # chunk by chunk: a corrupted chunk is named by its rows
+            a, b = self.chunk_bounds(int(c))
+            sel = chunk_of == c
+            out[sel] = read_slice(arr, a, b, self.path)[index[sel] - a]
+        return out
 
     def labels(self) -> np.ndarray | None:
         if not self.has_labels:
@@ -107,7 +124,7 @@ class DataStore:
         arr = self.array()
         for i in range(self.n_chunks):
             a, b = self.chunk_bounds(i)
-            yield a, b, np.asarray(arr[a:b], dtype=np.float64)
+            yield a, b, read_slice(arr, a, b, self.path)
 
     def check_finite(self) -> None:
         """Raise :class:`InputError` naming the first rows that hold NaN or inf."""
@@ -166,6 +183,14 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
     l, n = X.shape
     if l == 0 or n == 0:
         raise InputError(f"data store {path} is empty (X has shape {X.shape})")
+    if len(X.chunks) == 2 and X.chunks[1] < n:
+        raise InputError(f"data store {path}: X is chunked along feature ({X.chunks}); dkha needs "
+                         "chunks along sample only: re-ingest it with `dkha ingest array`")
+    if group.attrs.get("format") == FORMAT:
+        # dkha writes every chunk (finite data, NaN fill), so an absent chunk means a broken
+        # store. Other writers may omit chunks equal to their fill value on purpose; with a NaN
+        # fill the finiteness check catches them.
+        _check_chunks_present(X, path)
     has_labels = "label" in group
     if has_labels:
         lab = group["label"]
@@ -185,6 +210,27 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
     if check_finite:
         store.check_finite()
     return store
+
+
+def _check_chunks_present(X: zarr.Array, path: str) -> None:
+    """Refuse a store with chunks missing (they would read back as the fill value)."""
+    try:
+        have, want = X.nchunks_initialized, X.nchunks
+    except Exception:  # some stores cannot list; the finiteness check still catches NaN fill
+        return
+    if have >= want:
+        return
+    rows = X.chunks[0]
+    missing = []
+    if not _is_url(path):
+        for i in range(want):
+            key = os.path.join(path, "X", "c", str(i), "0")
+            if not os.path.exists(key):
+                missing.append(i)
+    where = (f"; first missing rows {missing[0] * rows}..{min((missing[0] + 1) * rows, X.shape[0]) - 1}"
+             if missing else "")
+    raise InputError(f"data store {path} is missing {want - have} of {want} chunks of X{where}; "
+                     "it was not completely written: re-ingest it")
 
 
 def _dimension_names(arr: zarr.Array):
