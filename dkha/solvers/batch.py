@@ -11,6 +11,11 @@ where the gains need eigenvalue estimates) and consumes blocks of centered kerne
 * ``kha-smd``  ``e^ρ ⊙ η_t`` with ``η_t`` the KHA/et gain and ``ρ`` adapted by eq. 16
 
 ``t`` counts the steps taken before the current one (0 at the first step).
+
+Two engines apply the steps: ``"factored"`` (the default), the exact factored form of
+coordinator-math.md §3 with its in-block loop compiled (:mod:`dkha.solvers.factored`), and
+``"reference"``, the straightforward ``O(r² l)`` per-step form (:mod:`dkha.solvers.reference`),
+kept as the oracle the tests compare against.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import numpy as np
 
 from dkha.errors import NumericalError, ParameterError
 from dkha.solvers import reference
+from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, FactoredState
 
 ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
+ENGINES = ("factored", "reference")
 DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.5, "kha-et": 0.2, "kha-smd": 0.2}
 DEFAULT_MU = 0.2
 DEFAULT_XI = 0.99
@@ -30,7 +37,8 @@ DEFAULT_XI = 0.99
 
 def check_algorithm(algorithm: str) -> str:
     if algorithm not in ALGORITHMS:
-        raise ParameterError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        raise ParameterError(
+            f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
     return algorithm
 
 
@@ -46,7 +54,9 @@ def eigenvalue_estimate(A: np.ndarray, C: np.ndarray) -> np.ndarray:
 
 @dataclass
 class BatchState:
-    """The coordinator's state. ``C = A K'`` is kept for ``kha-et`` and ``kha-smd`` only."""
+    """The reference engine's state, held plainly. ``C = A K'`` is kept for ``kha-et`` and
+    ``kha-smd`` only. (The factored engine's state, :class:`~dkha.solvers.factored.FactoredState`,
+    exposes the same attributes.)"""
 
     A: np.ndarray
     B: np.ndarray | None = None
@@ -66,10 +76,21 @@ class BatchKHA:
     eta0, mu, xi, rho0 : float
         ``eta0`` the base gain; ``mu`` SMD's meta-gain, ``xi`` its decay, ``rho0`` the initial
         log-gain (Algorithm 1 prints ρ0 = 1; 0 converges much better, see the docs).
+    engine : {"factored", "reference"}
+        ``"factored"`` (default) the exact factored form, ``O(r l)`` per step in two GEMMs per
+        block plus ``O(r² + b r)`` compiled work per step; ``"reference"`` the ``O(r² l)``
+        per-step form, for tests.
+    fold_condition : float
+        Factored engine: fold ``T`` into ``S̃`` before ``cond(T)`` exceeds this.
     """
 
     def __init__(self, algorithm: str, n_components: int, n_samples: int, *, eta0: float,
-                 mu: float = DEFAULT_MU, xi: float = DEFAULT_XI, rho0: float = 0.0):
+                 mu: float = DEFAULT_MU, xi: float = DEFAULT_XI, rho0: float = 0.0,
+                 engine: str = "factored", fold_condition: float = DEFAULT_FOLD_CONDITION):
+        if engine not in ENGINES:
+            raise ParameterError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        self.engine = engine
+        self.fold_condition = float(fold_condition)
         self.algorithm = check_algorithm(algorithm)
         self.r = int(n_components)
         self.l = int(n_samples)
@@ -77,7 +98,7 @@ class BatchKHA:
         self.mu = float(mu)
         self.xi = float(xi)
         self.rho0 = float(rho0)
-        self.state: BatchState | None = None
+        self.state: BatchState | FactoredState | None = None
 
     @property
     def needs_projection(self) -> bool:
@@ -85,20 +106,35 @@ class BatchKHA:
         return self.algorithm in ("kha-et", "kha-smd")
 
     def start(self, A: np.ndarray, C: np.ndarray | None = None, t: int = 0) -> None:
+        """Start from coefficients ``A`` (and ``C = A K'`` where :attr:`needs_projection`)."""
         A = np.array(A, dtype=np.float64, order="C")
-        st = BatchState(A=A, t=int(t))
         if self.needs_projection:
             if C is None:
                 raise ValueError(f"{self.algorithm} needs C = A K' to start")
-            st.C = np.array(C, dtype=np.float64, order="C")
-        if self.algorithm == "kha-smd":
+            C = np.array(C, dtype=np.float64, order="C")
+        else:
+            C = None
+        smd = self.algorithm == "kha-smd"
+        if self.engine == "factored":
+            self.state = FactoredState(A, C=C, smd=smd, rho0=self.rho0, t=t,
+                                       fold_condition=self.fold_condition)
+            return
+        st = BatchState(A=A, C=C, t=int(t))
+        if smd:
             st.B = np.zeros_like(A)
             st.rho = np.full(self.r, self.rho0)
         self.state = st
 
     def begin_pass(self) -> None:
-        """Refresh the eigenvalue estimates (eq. 13) from the exact ``C`` (once per pass)."""
+        """Refresh the eigenvalue estimates (eq. 13) from the exact ``C`` (once per pass).
+
+        The factored engine also folds ``T`` here, and SMD re-synchronises its Grams from ``C``.
+        """
         st = self.state
+        if isinstance(st, FactoredState):
+            st.fold()
+            if st.smd:
+                st.resync_grams()
         if st.C is not None:
             st.lam = eigenvalue_estimate(st.A, st.C)
 
@@ -112,9 +148,25 @@ class BatchKHA:
         lam = self.state.lam
         return np.linalg.norm(lam) / lam * decay * self.eta0
 
+    def block_gains(self, t: int, n_steps: int) -> np.ndarray:
+        """``base_gain`` of the ``n_steps`` steps from step ``t`` on, as an ``n_steps×r`` array."""
+        decay = (self.l / (t + np.arange(n_steps) + self.l))[:, None]
+        if self.algorithm == "kha":
+            return np.full((n_steps, self.r), self.eta0)
+        if self.algorithm == "kha-t":
+            return np.repeat(self.eta0 * decay, self.r, axis=1)
+        lam = self.state.lam
+        return (np.linalg.norm(lam) / lam)[None, :] * decay * self.eta0
+
     def apply_block(self, index: np.ndarray, rows: np.ndarray) -> None:
         """Apply one step per entry of ``index``; ``rows[j] = K'[index[j], :]``."""
         st = self.state
+        if isinstance(st, FactoredState):
+            eta = self.block_gains(st.t, len(index))
+            st.apply_block(index, rows, eta, mu=self.mu, xi=self.xi)
+            st.t += len(index)
+            self.check_finite()
+            return
         smd = self.algorithm == "kha-smd"
         for j, p in enumerate(index):
             eta = self.base_gain(st.t)
@@ -126,15 +178,21 @@ class BatchKHA:
         self.check_finite()
 
     def check_finite(self) -> None:
+        """Raise :class:`NumericalError` if the state holds non-finite values (a diverged run)."""
         st = self.state
-        for name in ("A", "B", "rho"):
-            v = getattr(st, name)
-            if v is not None and not np.isfinite(v).all():
-                raise NumericalError(
-                    f"{self.algorithm} diverged: non-finite values in {name} by step {st.t}; "
-                    f"lower eta0 (now {self.eta0})" + (f" or mu (now {self.mu})" if self.algorithm == "kha-smd" else "")
-                )
+        if isinstance(st, FactoredState):
+            name = st.nonfinite()
+        else:
+            values = ((n, getattr(st, n)) for n in ("A", "B", "rho"))
+            name = next((n for n, v in values if v is not None and not np.isfinite(v).all()), None)
+        if name is not None:
+            raise NumericalError(
+                f"{self.algorithm} diverged: non-finite values in {name} by step {st.t}; "
+                f"lower eta0 (now {self.eta0})"
+                + (f" or mu (now {self.mu})" if self.algorithm == "kha-smd" else "")
+            )
 
     @property
     def A(self) -> np.ndarray:
+        """Current coefficients ``A`` (``r×l``); a read-only snapshot for the factored engine."""
         return self.state.A

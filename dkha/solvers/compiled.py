@@ -1,0 +1,377 @@
+"""The compiled in-block loops of the factored batch engine (coordinator-math.md §3).
+
+This module owns dkha's compiled code. The engine (:mod:`dkha.solvers.factored`) keeps the stacked
+state ``S = [A; B]`` (``m = 2r`` rows for KHA-SMD, ``m = r`` rows of ``A`` for the other gains) as
+``S = T · S̃`` with a small lower-triangular ``m×m`` matrix ``T``, so that each step changes one
+column of ``S̃``. For a block of ``b`` rows ``P`` it computes, in NumPy/BLAS,
+``Y₀ = S̃ K'_Pᵀ`` (one GEMM) and afterwards the deferred ``C̃ += U_Aᵀ K'_P`` (one more GEMM); what
+lies between, the ``b`` sequential steps of ``O(r² + b r)`` work each, is one call of
+:func:`kha_block` or :func:`smd_block` here. Measured (benchmarks/coordinator_speed.py): BLAS
+computes ``Y₀`` some 20× faster than a compiled naive loop, while NumPy's per-call overhead would
+dominate the small per-step products: hence this split.
+
+Notation of the step (coordinator-math.md §2, §3): ``y = A k'_p``, ``z = B k'_p``, gains ``d``,
+``a = c_A = d ⊙ y``, ``c_B = d ⊙ (y + ξ z)``,
+
+* ``M   = I − D L = I − tril(a yᵀ)``
+* ``N_A = −D (L + ξ Lz) = −tril(c_B yᵀ) − ξ tril(a zᵀ)``,  ``N_B = ξ M``
+* ``G   = [[M, 0], [N_A, ξ M]]`` (lower triangular), ``S ← G S + c e_pᵀ`` with ``c = [c_A; c_B]``.
+
+Every product with ``M`` or ``N_A`` is a prefix sum over rows (or columns), ``O(r)`` per column.
+
+All arrays are float64 and C-contiguous (``index`` int64), as normalised by the caller; results are
+written into the arrays passed in. Every function has a plain NumPy twin in tests/test_factored.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# ---------------------------------------------------------------------------------------------
+# Structured products: M X, G X, X Mᵀ, X N_Aᵀ
+
+
+@njit(cache=True, nogil=True)
+def apply_m(X, a, y, out):
+    """``out = (I − tril(a yᵀ)) X`` for ``X`` with ``len(a)`` rows; ``out`` may be ``X``."""
+    r = a.shape[0]
+    n = X.shape[1]
+    acc = np.zeros(n)
+    for i in range(r):
+        yi = y[i]
+        ai = a[i]
+        for q in range(n):
+            x = X[i, q]
+            acc[q] += yi * x
+            out[i, q] = x - ai * acc[q]
+
+
+@njit(cache=True, nogil=True)
+def apply_g(X, a, cb, y, z, xi, out):
+    """``out = G X``, SMD's ``G = [[M, 0], [N_A, ξ M]]``, ``X`` of ``2r`` rows; ``out`` may be X."""
+    r = a.shape[0]
+    n = X.shape[1]
+    acc_y = np.zeros(n)   # Σ_{k≤i} y_k X_k      (top rows)
+    acc_z = np.zeros(n)   # Σ_{k≤i} z_k X_k      (top rows)
+    acc_b = np.zeros(n)   # Σ_{k≤i} y_k X_{r+k}  (bottom rows)
+    for i in range(r):
+        yi = y[i]
+        zi = z[i]
+        ai = a[i]
+        cbi = cb[i]
+        xai = xi * ai
+        for q in range(n):
+            top = X[i, q]
+            bottom = X[r + i, q]
+            acc_y[q] += yi * top
+            acc_z[q] += zi * top
+            acc_b[q] += yi * bottom
+            out[i, q] = top - ai * acc_y[q]
+            out[r + i, q] = xi * bottom - xai * acc_b[q] - cbi * acc_y[q] - xai * acc_z[q]
+
+
+@njit(cache=True, nogil=True)
+def apply_m_right(X, a, y, out):
+    """``out = X (I − tril(a yᵀ))ᵀ``; ``out`` may be ``X``."""
+    r = a.shape[0]
+    n = X.shape[0]
+    acc = np.zeros(n)
+    for i in range(r):            # column prefix sums, independent across rows q
+        yi = y[i]
+        ai = a[i]
+        for q in range(n):
+            x = X[q, i]
+            acc[q] += yi * x
+            out[q, i] = x - ai * acc[q]
+
+
+@njit(cache=True, nogil=True)
+def apply_na_right(X, a, cb, y, z, xi, out):
+    """``out = X N_Aᵀ`` with ``N_A = −tril(c_B yᵀ) − ξ tril(a zᵀ)``; ``out`` may be ``X``."""
+    r = a.shape[0]
+    n = X.shape[0]
+    acc_y = np.zeros(n)
+    acc_z = np.zeros(n)
+    for i in range(r):
+        yi = y[i]
+        zi = z[i]
+        cbi = cb[i]
+        xai = xi * a[i]
+        for q in range(n):
+            x = X[q, i]
+            acc_y[q] += yi * x
+            acc_z[q] += zi * x
+            out[q, i] = -cbi * acc_y[q] - xai * acc_z[q]
+
+
+# ---------------------------------------------------------------------------------------------
+# Small dense helpers on the lower-triangular T
+
+
+@njit(cache=True, nogil=True)
+def lower_matvec(T, x, out):
+    """``out = T x`` for lower-triangular ``T`` (the upper triangle is not read)."""
+    for i in range(T.shape[0]):
+        s = 0.0
+        for k in range(i + 1):
+            s += T[i, k] * x[k]
+        out[i] = s
+
+
+@njit(cache=True, nogil=True)
+def solve_lower(T, c, out):
+    """``out = T⁻¹ c`` by forward substitution (``T`` lower triangular)."""
+    for i in range(T.shape[0]):
+        s = c[i]
+        for k in range(i):
+            s -= T[i, k] * out[k]
+        out[i] = s / T[i, i]
+
+
+@njit(cache=True, nogil=True)
+def cond_lower(T):
+    """The 1-norm condition number ``‖T‖₁ ‖T⁻¹‖₁`` of lower-triangular ``T`` (``inf``: singular)."""
+    n = T.shape[0]
+    norm = 0.0
+    for j in range(n):
+        s = 0.0
+        for i in range(j, n):
+            s += abs(T[i, j])
+        norm = max(norm, s)
+    for i in range(n):
+        if T[i, i] == 0.0:
+            return np.inf
+    X = np.zeros((n, n))        # T⁻¹ row by row: X_i = (e_i − Σ_{k<i} T_ik X_k) / T_ii
+    for i in range(n):
+        for k in range(i):
+            t = T[i, k]
+            for q in range(k + 1):
+                X[i, q] -= t * X[k, q]
+        X[i, i] += 1.0
+        inv_diag = 1.0 / T[i, i]
+        for q in range(i + 1):
+            X[i, q] *= inv_diag
+    inv_norm = 0.0
+    for q in range(n):
+        s = 0.0
+        for i in range(q, n):
+            s += abs(X[i, q])
+        inv_norm = max(inv_norm, s)
+    return norm * inv_norm
+
+
+@njit(cache=True, nogil=True)
+def corrected_projection(Y, U, Kpp, j, start, out):
+    """``out = Y[j] + Kpp[j, start:j] @ U[start:j]``: ``S̃ k'_{p_j}`` after steps ``start..j-1``.
+
+    ``Y`` and ``U`` hold one step per row (``b×m``), so the sum runs over contiguous rows.
+    """
+    m = Y.shape[1]
+    for q in range(m):
+        out[q] = Y[j, q]
+    for i in range(start, j):
+        w = Kpp[j, i]
+        for q in range(m):
+            out[q] += w * U[i, q]
+
+
+@njit(cache=True, nogil=True)
+def finish_projections(Y, U, Kpp, start, stop):
+    """Bring ``Y[stop:]`` up to date with the column updates ``U[start:stop]`` (before a fold)."""
+    m = Y.shape[1]
+    for j in range(stop, Y.shape[0]):
+        for i in range(start, stop):
+            w = Kpp[j, i]
+            for q in range(m):
+                Y[j, q] += w * U[i, q]
+
+
+# ---------------------------------------------------------------------------------------------
+# SMD's per-step pieces
+
+
+@njit(cache=True, nogil=True)
+def smd_log_gain(rho, y, z, gab, mu, out):
+    """Eq. 16: ``out = ρ + μ (y ⊙ z − diag(L · C Bᵀ))``, ``L = tril(y yᵀ)``, ``gab = C Bᵀ``."""
+    r = rho.shape[0]
+    for i in range(r):
+        s = 0.0
+        for k in range(i + 1):
+            s += y[k] * gab[k, i]
+        out[i] = rho[i] + mu * (y[i] * z[i] - y[i] * s)
+
+
+@njit(cache=True, nogil=True)
+def smd_gram_update(gaa, gab, a, cb, y, z, kappa, xi):
+    """The recurrences of ``G_AA = A K' Aᵀ`` and ``G_AB = A K' Bᵀ`` over one SMD step, in place.
+
+    ``G_AA ← M G_AA Mᵀ + (M y) c_Aᵀ + c_A (M y)ᵀ + κ c_A c_Aᵀ``
+    ``G_AB ← M G_AA N_Aᵀ + M G_AB N_Bᵀ + (M y) c_Bᵀ + c_A (N_A y + N_B z)ᵀ + κ c_A c_Bᵀ``
+    with ``κ = K'[p, p]`` (coordinator-math.md §3).
+    """
+    r = a.shape[0]
+    mgaa = np.empty((r, r))
+    mgab = np.empty((r, r))
+    apply_m(gaa, a, y, mgaa)
+    apply_m(gab, a, y, mgab)
+    my = np.empty(r)
+    nay_nbz = np.empty(r)
+    acc_yy = 0.0
+    acc_zy = 0.0
+    for i in range(r):
+        acc_yy += y[i] * y[i]
+        acc_zy += z[i] * y[i]
+        my[i] = y[i] - a[i] * acc_yy
+        # N_A y = −c_B Σ y_k y_k − ξ a Σ z_k y_k ;  N_B z = ξ (z − a Σ y_k z_k)
+        nay_nbz[i] = -cb[i] * acc_yy - xi * a[i] * acc_zy + xi * (z[i] - a[i] * acc_zy)
+    apply_m_right(mgaa, a, y, gaa)
+    apply_m_right(mgab, a, y, mgab)
+    apply_na_right(mgaa, a, cb, y, z, xi, mgaa)
+    for i in range(r):
+        for k in range(r):
+            gaa[i, k] += my[i] * a[k] + a[i] * my[k] + kappa * a[i] * a[k]
+            gab[i, k] = (mgaa[i, k] + xi * mgab[i, k] + my[i] * cb[k] + a[i] * nay_nbz[k]
+                         + kappa * a[i] * cb[k])
+
+
+# ---------------------------------------------------------------------------------------------
+# The block loops
+
+
+@njit(cache=True, nogil=True)
+def kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit):
+    """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.
+
+    Parameters (all written in place where they change)
+    ----------
+    T : (r, r) lower triangular; S : (r, l) the ``S̃``; C : (r, l) the ``C̃`` of ``C = T C̃``, or
+        (0, 0) when ``C`` is not kept. The caller adds ``U_A K'_P`` to ``C̃`` after the block; only
+        the rare direct step touches ``C̃`` here (and then carries the pending ``U[:j]`` along).
+    rows : (b, l) ``K'_P``; Y : (b, r) ``K'_P S̃ᵀ`` (row ``j`` the projection ``S̃ k'_{p_j}``) as of
+        step ``start``; U : (b, r) receives the column updates ``Δ_j = T⁻¹ c`` (0 for a direct
+        step); Kpp : (b, b) ``K'_P[:, P]``;
+    index : (b,) ``P``; eta : (b, r) the gains of each step;
+    fresh : whether ``T`` is the identity; cond_limit : fold before ``cond(T)`` exceeds this.
+
+    Returns ``(stop, fold, fresh)``: steps ``start..stop-1`` were taken, and ``fresh`` says whether
+    ``T`` is still the identity. When ``fold`` is true the caller must fold ``T`` (``Y[stop:]``
+    has been brought up to date in the current basis) and call again from ``stop`` with
+    ``fresh=True``. A step whose own ``M`` is too ill-conditioned to be factored (checked with
+    ``T = I``) is taken directly on ``S̃`` and ``C̃`` instead (``O(r l)`` by prefix sums; rare).
+    """
+    r = T.shape[0]
+    b = index.shape[0]
+    has_c = C.shape[0] > 0
+    yt = np.empty(r)
+    y = np.empty(r)
+    a = np.empty(r)
+    delta = np.empty(r)
+    Tn = np.empty((r, r))
+    for j in range(start, b):
+        corrected_projection(Y, U, Kpp, j, start, yt)
+        lower_matvec(T, yt, y)
+        for i in range(r):
+            a[i] = eta[j, i] * y[i]
+        apply_m(T, a, y, Tn)
+        p = index[j]
+        if cond_lower(Tn) > cond_limit:
+            if not fresh:
+                finish_projections(Y, U, Kpp, start, j)
+                return j, True, fresh
+            # T = I and M itself is ill-conditioned: take the step directly
+            apply_m(S, a, y, S)
+            for i in range(r):
+                S[i, p] += a[i]
+            if has_c:
+                apply_m(C, a, y, C)
+                for i in range(r):
+                    for q in range(C.shape[1]):
+                        C[i, q] += a[i] * rows[j, q]
+                pending = U[:j].T
+                apply_m(pending, a, y, pending)
+            rest = Y[j + 1:].T
+            apply_m(rest, a, y, rest)
+            for jj in range(j + 1, b):
+                for i in range(r):
+                    Y[jj, i] += a[i] * Kpp[jj, j]
+            U[j] = 0.0
+            continue
+        T[:, :] = Tn
+        solve_lower(T, a, delta)
+        for i in range(r):
+            U[j, i] = delta[i]
+            S[i, p] += delta[i]
+        fresh = False
+    return b, False, fresh
+
+
+@njit(cache=True, nogil=True)
+def smd_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
+              cond_limit):
+    """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
+
+    As :func:`kha_block`, with ``S = [A; B]`` (``2r`` rows, ``T`` ``2r×2r``), ``C`` (r, l) the
+    ``C̃`` of ``C = T_AA C̃``, ``rho`` (r) the log-gains (eq. 16), and ``gaa``, ``gab`` (r, r) the
+    Grams ``A K' Aᵀ`` and ``A K' Bᵀ`` kept by their recurrences. Per step: eq. 16 (ρ), then
+    eqs. 21, 15 (``T ← G T``, ``S̃[:, p] += T⁻¹ c``), and eq. 18 deferred to the caller's
+    ``C̃ += U_A K'_P`` (``U_A = U[:, :r]``).
+    """
+    m = T.shape[0]
+    r = m // 2
+    b = index.shape[0]
+    yt = np.empty(m)
+    yz = np.empty(m)
+    rho_new = np.empty(r)
+    a = np.empty(r)
+    cb = np.empty(r)
+    c = np.empty(m)
+    delta = np.empty(m)
+    Tn = np.empty((m, m))
+    for j in range(start, b):
+        corrected_projection(Y, U, Kpp, j, start, yt)
+        lower_matvec(T, yt, yz)
+        y = yz[:r]
+        z = yz[r:]
+        smd_log_gain(rho, y, z, gab, mu, rho_new)
+        for i in range(r):
+            d = np.exp(rho_new[i]) * eta[j, i]
+            a[i] = d * y[i]
+            cb[i] = d * (y[i] + xi * z[i])
+            c[i] = a[i]
+            c[r + i] = cb[i]
+        apply_g(T, a, cb, y, z, xi, Tn)
+        p = index[j]
+        direct = False
+        if cond_lower(Tn) > cond_limit:
+            if not fresh:
+                finish_projections(Y, U, Kpp, start, j)
+                return j, True, fresh
+            direct = True
+        rho[:] = rho_new
+        smd_gram_update(gaa, gab, a, cb, y, z, Kpp[j, j], xi)
+        if direct:
+            # T = I and G itself is ill-conditioned: take the step directly
+            apply_g(S, a, cb, y, z, xi, S)
+            for i in range(m):
+                S[i, p] += c[i]
+            apply_m(C, a, y, C)
+            for i in range(r):
+                for q in range(C.shape[1]):
+                    C[i, q] += a[i] * rows[j, q]
+            pending = U[:j, :r].T
+            apply_m(pending, a, y, pending)
+            rest = Y[j + 1:].T
+            apply_g(rest, a, cb, y, z, xi, rest)
+            for jj in range(j + 1, b):
+                for i in range(m):
+                    Y[jj, i] += c[i] * Kpp[jj, j]
+            U[j] = 0.0
+            continue
+        T[:, :] = Tn
+        solve_lower(T, c, delta)
+        for i in range(m):
+            U[j, i] = delta[i]
+            S[i, p] += delta[i]
+        fresh = False
+    return b, False, fresh
