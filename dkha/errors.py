@@ -36,5 +36,23 @@ class NumericalError(DkhaError, FloatingPointError):
     exit_code = 3
 
 
+class BlockFailedError(DkhaError, RuntimeError):
+    """A block of kernel rows killed every worker it was sent to (distributed's KilledWorker)."""
+
+    exit_code = 4
+
+
+class ClusterLostError(DkhaError, ConnectionError):
+    """The Dask scheduler went away mid-fit. Resumable: the last checkpoint is kept."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again (``dkha fit ... --resume``)
+
+
+class Interrupted(DkhaError):
+    """The fit was asked to stop (SIGTERM / SIGINT) and wrote a checkpoint. Resumable."""
+
+    exit_code = 75
+
+
 class DkhaWarning(UserWarning):
     """Warnings dkha itself emits (tests turn them into errors)."""

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from dkha import config
+from dkha.errors import BlockFailedError, ClusterLostError
 from dkha.kernels import Kernel
 from dkha.store import DataStore
 
@@ -273,6 +274,26 @@ class RowEngine:
         self.mkm = float(mkm)
         self._mk_future = self.put(self.mk)
 
+    def gather(self, futures, what: str = "a block"):
+        """``client.gather`` that turns cluster failures into dkha's errors.
+
+        A task that killed every worker it ran on → :class:`BlockFailedError` naming ``what``;
+        a lost scheduler → :class:`ClusterLostError` (exit code 75: resumable).
+        """
+        from distributed import KilledWorker
+        from distributed.comm.core import CommClosedError
+
+        try:
+            return self.client.gather(futures)
+        except KilledWorker as exc:
+            raise BlockFailedError(f"{what} killed every worker it was sent to ({exc}); "
+                                   "the last checkpoint is kept") from None
+        except (CommClosedError, OSError, TimeoutError) as exc:
+            if self.client.status in ("running",) and not isinstance(exc, CommClosedError):
+                raise
+            raise ClusterLostError(f"lost the Dask scheduler while computing {what} ({exc}); "
+                                   "resume with `dkha fit ... --resume`") from None
+
     def put(self, array: np.ndarray):
         """A future holding ``array`` that the cluster can rebuild if the worker holding it dies.
 
@@ -325,7 +346,7 @@ class RowEngine:
                     return
                 tag, idx, futs = queue.popleft()
                 t0 = time.perf_counter()
-                parts = self.client.gather(futs)
+                parts = self.gather(futs, what=f"the block of rows {tag!r} (first sample {idx[0]})")
                 self.stats.wait_seconds += time.perf_counter() - t0
                 block = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
                 self.stats.blocks += 1
