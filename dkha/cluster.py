@@ -52,7 +52,10 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
     if scheduler_file:
         if not os.path.exists(scheduler_file):
             raise ParameterError(f"scheduler file {scheduler_file} does not exist")
-        c = Client(scheduler_file=scheduler_file, timeout=config.get("connect-timeout"))
+        try:
+            c = Client(scheduler_file=scheduler_file, timeout=config.get("connect-timeout"))
+        except (OSError, TimeoutError, TypeError, ValueError) as exc:
+            raise ParameterError(f"cannot reach the Dask scheduler of {scheduler_file}: {exc}") from None
         try:
             yield c
         finally:
@@ -61,8 +64,12 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
     if address:
         try:
             c = Client(address, timeout=config.get("connect-timeout"))
-        except (OSError, TimeoutError) as exc:
-            raise ParameterError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+        except (OSError, TimeoutError, TypeError, ValueError) as exc:
+            hint = ""
+            if str(address).startswith("tls://"):
+                hint = ("; a TLS scheduler needs the client certificate settings "
+                        "(distributed.comm.tls.ca-file, .client.cert, .client.key — see cluster/README.md)")
+            raise ParameterError(f"cannot reach the Dask scheduler at {address}: {exc}{hint}") from None
         try:
             yield c
         finally:
