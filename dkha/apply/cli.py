@@ -1,0 +1,119 @@
+"""The ``dkha denoise`` and ``dkha cluster`` commands.
+
+    dkha denoise RUN_DIR NOISY.png -o CLEAN.png [--reference ORIG.png] [--iterations N] [--json]
+    dkha cluster RUN_DIR --k 10 -o LABELS.zarr [--json]
+
+:func:`add_parsers` adds both to the ``dkha`` command's subparsers; :data:`COMMANDS` maps their
+names to the functions that run them (each takes the parsed arguments and returns an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parsers(subparsers) -> None:
+    """Add the ``denoise`` and ``cluster`` subcommands to ``dkha``'s subparsers."""
+    from dkha.cli import _add_cluster_options, _positive_int
+
+    p = subparsers.add_parser(
+        "denoise", help="denoise an image with a run fitted on image patches (gaussian kernel)",
+        description="Cut the image into patches on the training store's grid, project them on "
+                    "the components, map them back by the fixed-point pre-image (Mika et al.) "
+                    "and average the overlapping patches.")
+    p.add_argument("run_dir")
+    p.add_argument("image", help="the noisy image (grey or colour; skimage:NAME for bundled ones)")
+    p.add_argument("-o", "--out", required=True,
+                   help="where to write the denoised image (8-bit by extension; .tif float, .npy)")
+    p.add_argument("--reference", metavar="ORIG",
+                   help="the clean image: print the SNR before and after")
+    p.add_argument("--iterations", type=_positive_int, metavar="N",
+                   help="fixed-point iterations per patch, at most (default 50)")
+    p.add_argument("--tol", type=float,
+                   help="stop a patch once its relative step is below this (1e-5)")
+    p.add_argument("--orthonormalize", action="store_true",
+                   help="project with the components' Gram matrix (one more pass; for runs "
+                        "stopped far from convergence)")
+    p.add_argument("--block", type=_positive_int, metavar="B", help="patches per block (2048)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_cluster_options(p)
+
+    p = subparsers.add_parser(
+        "cluster", help="spectral clustering (Ng, Jordan & Weiss) of a run's training samples",
+        description="k-means on the row-normalised projections of the training samples on the "
+                    "components; with labels in the store, prints the variation of information "
+                    "(nats) and that of random labels.")
+    p.add_argument("run_dir")
+    p.add_argument("-k", "--k", dest="k", type=_positive_int, required=True,
+                   help="number of clusters")
+    p.add_argument("-o", "--out", required=True, help="zarr store for cluster (sample)")
+    p.add_argument("--scale", choices=("eigenvectors", "projections"), default="eigenvectors",
+                   help="columns as unit eigenvectors (NJW, default) or the raw projections")
+    p.add_argument("--seed", type=int, default=0, help="k-means seed (and the random labels')")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_cluster_options(p)
+
+
+def _cluster_kwargs(args) -> dict:
+    return {"scheduler": args.scheduler, "scheduler_file": args.scheduler_file,
+            "workers": args.workers}
+
+
+def cmd_denoise(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    from dkha.apply.denoise import denoise_image, save_image
+    from dkha.errors import RunDirectoryError
+
+    if os.path.lexists(args.out) and not args.overwrite:
+        raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
+    res = denoise_image(args.run_dir, args.image, reference=args.reference,
+                        iterations=args.iterations, tol=args.tol,
+                        orthonormalize=args.orthonormalize, block=args.block,
+                        verbose=sys.stderr.isatty() and not args.json, **_cluster_kwargs(args))
+    save_image(res.image, args.out)
+    summary = {"out": args.out, **res.summary()}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{res.n_patches} patches of {res.patch}×{res.patch} (step {res.step}): "
+              f"{res.converged} pre-images converged within {res.iterations} iterations")
+        if res.snr_noisy is not None:
+            print(f"SNR noisy    {res.snr_noisy:.2f} dB\nSNR denoised {res.snr_denoised:.2f} dB "
+                  f"({res.snr_denoised - res.snr_noisy:+.2f} dB)")
+        print(f"saved {args.out}")
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    import os
+
+    import numpy as np
+
+    from dkha.apply.clustering import cluster_run, save_clusters
+
+    res = cluster_run(args.run_dir, args.k, scale=args.scale, seed=args.seed,
+                      **_cluster_kwargs(args))
+    save_clusters(res, args.out, overwrite=args.overwrite,
+                  attrs={"run_dir": os.path.abspath(args.run_dir), "scale": args.scale,
+                         "seed": args.seed})
+    summary = {"out": args.out, **res.summary()}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        sizes = ", ".join(str(int(n)) for n in
+                          sorted(np.bincount(res.clusters, minlength=args.k), reverse=True))
+        print(f"{len(res.clusters)} samples in {args.k} clusters (sizes {sizes})")
+        if res.vi is not None:
+            print(f"VI (nats)         {res.vi:.4f}\nVI random labels  {res.vi_random:.4f}")
+        else:
+            print("the store has no labels: no VI")
+        print(f"saved {args.out}")
+    return 0
+
+
+COMMANDS = {"denoise": cmd_denoise, "cluster": cmd_cluster}
