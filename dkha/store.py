@@ -447,34 +447,56 @@ def extract_patches(img: np.ndarray, patch: int, step: int) -> np.ndarray:
     return win.reshape(-1, patch * patch)
 
 
-def ingest_images(paths: Sequence[str], out: str | os.PathLike, *, patch: int = 11, step: int = 2,
+def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, step: int = 2,
                   chunk_rows: int | None = None, overwrite: bool = False) -> DataStore:
     """Cut grey-scale images into patches and store them as samples.
 
     Each image is read, converted to grey in [0, 1], cut into ``patch×patch`` patches on a grid
     of ``step`` pixels, and appended, one image at a time. Attrs record, per image, its path,
     shape, the patch grid and the range of samples it produced, so patches can be put back.
+    An item may also be a 2-d array or a ``.npy`` file of one: taken as grey values as they are
+    (no rescaling — a noisy image keeps values outside [0, 1]).
     """
     if patch < 1 or step < 1:
         raise ParameterError(f"patch and step must be positive, got patch={patch}, step={step}")
-    if not paths:
+    if paths is None or len(paths) == 0:
         raise InputError("no images given")
     writer = StoreWriter(out, patch * patch, chunk_rows=chunk_rows, overwrite=overwrite)
     images = []
     try:
-        for p in paths:
-            img = read_grey_image(str(p))
+        for i, p in enumerate(paths):
+            img, name = _grey_values(p, i)
             P = extract_patches(img, patch, step)
-            images.append({"path": str(p), "shape": list(img.shape),
+            images.append({"path": name, "shape": list(img.shape),
                            "grid": list(patch_grid(img.shape, patch, step)),
                            "first_sample": writer.n + writer._buffered, "n_samples": len(P)})
             writer.append(P)
-            log.info("ingested %s: %d patches", p, len(P))
+            log.info("ingested %s: %d patches", name, len(P))
         return writer.commit({"source": {"kind": "images", "images": images}, "patch": patch,
                               "step": step, "scaling": "grey, [0, 1] (skimage img_as_float)"})
     except BaseException:
         writer.abort()
         raise
+
+
+def _grey_values(item, i: int) -> tuple[np.ndarray, str]:
+    """An image item of :func:`ingest_images` as a 2-d float array, and its name."""
+    if isinstance(item, np.ndarray) or (isinstance(item, (str, os.PathLike))
+                                        and os.fspath(item).endswith(".npy")):
+        name = f"<array {i}>" if isinstance(item, np.ndarray) else os.fspath(item)
+        if isinstance(item, np.ndarray):
+            img = item
+        else:
+            if not os.path.exists(name):
+                raise StoreNotFoundError(f"no such image: {name}")
+            img = np.load(name, allow_pickle=False)
+        img = np.asarray(img, dtype=np.float64)
+        if img.ndim != 2:
+            raise InputError(f"image {name} has shape {img.shape}; expected a 2-d grey picture")
+        if not np.isfinite(img).all():
+            raise InputError(f"image {name} holds NaN or inf")
+        return img, name
+    return read_grey_image(str(item)), str(item)
 
 
 def iter_blocks(n: int, size: int) -> Iterable[tuple[int, int]]:
