@@ -10,10 +10,18 @@ On ``--samples`` 11×11 patches of bundled photographs (n = 121), r = 20, gaussi
 * the per-step form (coordinator-math §2) timed on a few dozen steps, extrapolated to a pass;
 * the coordinator's wait for blocks per pass, bytes received from the workers per pass (against
   shipping whole kernel rows, b·l numbers a block), and the peak RSS of the process;
+* each of that for both places of the block projections (``--projections``, default both):
+  ``coordinator`` (kernel rows shipped, b·l numbers a block) and ``workers`` (coordinator-math §4:
+  partial projections and the window, (2r·groups + prefetch·b)·b numbers a block, plus C̃ home
+  once a pass, r·l numbers), with the expected figures;
+* the load average (the machine may be shared) before and after; each fit is run ``--repeat``
+  times (modes interleaved) and the fastest counts, which keeps bursts of load out of the
+  differences;
 * with ``--large``: steps × l per second at l = 200 000 (n = 16, a few thousand steps after the
   MK row) against the same rate at ``--samples``.
 
     python benchmarks/pass_speed.py [--samples 20000] [--large] [--workers N]
+                                    [--projections both|coordinator|workers] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -35,10 +43,11 @@ from dkha.solvers import reference  # noqa: E402
 from dkha.store import StoreWriter  # noqa: E402
 
 
-def fit_seconds(store, r, *, passes=None, steps=None, workers=None, sigma=None, block=None):
+def fit_seconds(store, r, *, passes=None, steps=None, workers=None, sigma=None, block=None,
+                projections=None):
     m = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=passes, steps=steps,
                          evaluate_every=-1, seed=0, workers=workers, block_rows=block,
-                         eta0=0.05, mu=0.05)
+                         eta0=0.05, mu=0.05, projections=projections)
     t0 = time.perf_counter()
     m.fit(store)
     return time.perf_counter() - t0, m
@@ -89,42 +98,91 @@ def large_rate(workdir, l=200_000, n=16, r=20, steps=4096, workers=None):
     return steps * l / (t_big - t_small), m
 
 
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" ({os.cpu_count()} cores)"
+
+
+def expected_bytes(mode, l, r, b, groups, prefetch):
+    """Bytes a pass should move from the workers to the coordinator (KHA-SMD: m = 2r)."""
+    if mode == "coordinator":
+        return l * l * 8
+    n_blocks = -(-l // b)
+    return (n_blocks * (groups * 2 * r + prefetch * b) * b + r * l) * 8
+
+
 def main():
+    from dkha import config
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=20000)
     ap.add_argument("--components", type=int, default=20)
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--block", type=int, default=None)
     ap.add_argument("--large", action="store_true")
+    ap.add_argument("--projections", choices=("both", "coordinator", "workers"), default="both")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each fit; the fastest counts")
     ap.add_argument("--workdir", default="/tmp/dkha-bench")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
+    print(f"load average before: {load_average()}", flush=True)
     r, l = args.components, args.samples
     store = patch_store(os.path.join(args.workdir, f"patches-{l}.zarr"), l)
-    t1, m1 = fit_seconds(store.path, r, passes=1, workers=args.workers, block=args.block)
-    t3, m3 = fit_seconds(store.path, r, passes=3, workers=args.workers, block=args.block)
-    per_pass = (t3 - t1) / 2
-    s1, s3 = m1.stream_stats_, m3.stream_stats_
-    wait = (s3["wait_seconds"] - s1["wait_seconds"]) / 2
-    nbytes = (s3["bytes_received"] - s1["bytes_received"]) / 2
+    modes = ("coordinator", "workers") if args.projections == "both" else (args.projections,)
+    b = int(config.get("block-rows", args.block))
+    prefetch = int(config.get("prefetch"))
+    ncores = os.cpu_count() or 1       # the threads dkha.cluster.client_for starts
+    threads = args.workers * max(1, ncores // args.workers) if args.workers else ncores
+    groups = min(int(config.get("column-groups") or threads), store.n_chunks)
+    runs = {}
+    for _ in range(max(1, args.repeat)):
+        for passes in (1, 3):          # modes interleaved: a change of load hits both alike
+            for mode in modes:
+                t, m = fit_seconds(store.path, r, passes=passes, workers=args.workers,
+                                   block=args.block, projections=mode)
+                print(f"  {mode}: {passes} pass(es) {t:.1f} s", flush=True)
+                if (mode, passes) not in runs or t < runs[mode, passes][0]:
+                    runs[mode, passes] = (t, m)
+    figures = {}
+    for mode in modes:
+        (t1, m1), (t3, m3) = runs[mode, 1], runs[mode, 3]
+        s1, s3 = m1.stream_stats_, m3.stream_stats_
+        figures[mode] = {"t1": t1, "t3": t3, "per_pass": (t3 - t1) / 2,
+                         "wait": (s3["wait_seconds"] - s1["wait_seconds"]) / 2,
+                         "bytes": (s3["bytes_received"] - s1["bytes_received"]) / 2}
     X = store.read()
     kernel = m3.kernel_
     floor = floor_pass(X, kernel, m3.mk_, m3.mkm_, r)
     step_form = per_step_pass(X, kernel, m3.mk_, m3.mkm_, r)
     print(f"l = {l}, n = {X.shape[1]}, r = {r}, {kernel.describe()}, KHA-SMD, "
-          f"{'embedded default' if not args.workers else f'{args.workers} worker processes'}")
-    print(f"dkha seconds per pass          {per_pass:8.2f}   (3 passes {t3:.1f} s − 1 pass {t1:.1f} s, / 2)")
-    print(f"floor (NumPy rows × 2r×l)      {floor:8.2f}   dkha / floor = {per_pass / floor:.2f}  (target ≤ 1.25)")
-    print(f"per-step form, extrapolated    {step_form:8.1f}   per-step / dkha = {step_form / per_pass:.1f}×  (target ≥ 10)")
-    print(f"coordinator wait per pass      {wait:8.2f}   ({100 * wait / per_pass:.0f}% of the pass)")
-    print(f"bytes to coordinator per pass  {nbytes / 1e6:8.1f} MB (whole kernel rows: {l * l * 8 / 1e6:.0f} MB)")
+          f"{'embedded default' if not args.workers else f'{args.workers} worker processes'}, "
+          f"b = {b}, prefetch = {prefetch}, {groups} column groups")
+    print(f"floor (NumPy rows × 2r×l)      {floor:8.2f} s")
+    print(f"per-step form, extrapolated    {step_form:8.1f} s")
+    for mode, f in figures.items():
+        per_pass, wait, nbytes = f["per_pass"], f["wait"], f["bytes"]
+        want = expected_bytes(mode, l, r, b, groups, prefetch)
+        print(f"projections on the {mode}:")
+        print(f"  dkha seconds per pass        {per_pass:8.2f}   "
+              f"(3 passes {f['t3']:.1f} s − 1 pass {f['t1']:.1f} s, / 2; fastest of "
+              f"{max(1, args.repeat)})")
+        print(f"  dkha / floor                 {per_pass / floor:8.2f}   (target ≤ 1.25)")
+        print(f"  per-step / dkha              {step_form / per_pass:8.1f}×  (target ≥ 10)")
+        print(f"  coordinator wait per pass    {wait:8.2f}   "
+              f"({100 * wait / per_pass:.0f}% of the pass)")
+        print(f"  bytes to coordinator per pass {nbytes / 1e6:7.1f} MB "
+              f"(expected {want / 1e6:.1f} MB; whole kernel rows: {l * l * 8 / 1e6:.0f} MB)")
+    if len(figures) == 2:
+        c, w = figures["coordinator"], figures["workers"]
+        print(f"workers / coordinator: seconds per pass {w['per_pass'] / c['per_pass']:.2f}, "
+              f"bytes per pass {w['bytes'] / c['bytes']:.3f}")
     print(f"peak RSS of this process       {peak_rss_mb():8.0f} MiB")
     if args.large:
-        rate_small = l * l / per_pass
+        rate_small = l * l / figures[modes[0]]["per_pass"]
         rate, m = large_rate(args.workdir, workers=args.workers)
         print(f"steps × l per second: l = {l}: {rate_small:.3g};  l = 200000 (n = 16): {rate:.3g}  "
               f"(ratio {rate / rate_small:.2f}, target ≥ 0.5)")
         print(f"peak RSS of this process       {peak_rss_mb():8.0f} MiB")
+    print(f"load average after: {load_average()}")
 
 
 if __name__ == "__main__":

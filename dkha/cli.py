@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate every N passes (0: only at the end; -1: never)")
     p.add_argument("--block", type=_positive_int, metavar="B", help="rows per block (dkha.block-rows)")
     p.add_argument("--prefetch", type=_positive_int, metavar="D", help="blocks computed ahead")
+    p.add_argument("--projections", choices=("coordinator", "workers"),
+                   help="where block projections are computed (dkha.projections): from kernel "
+                        "rows shipped to the coordinator, or on the workers from replicas")
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -179,7 +182,8 @@ def cmd_fit(args) -> int:
         degree=args.degree, offset=args.offset, gamma=args.kernel_gamma, eta0=args.eta0,
         mu=args.mu, xi=args.xi, rho0=args.rho0, passes=args.passes, steps=args.steps,
         seed=args.seed, evaluate_every=args.evaluate_every, block_rows=args.block,
-        prefetch=args.prefetch, init=args.init, tol=args.tol, verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
+        prefetch=args.prefetch, init=args.init, tol=args.tol, projections=args.projections,
+        verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
         **_cluster_kwargs(args))
     for name in ("gamma", "tau", "nu", "max_members", "center"):
         if getattr(args, name) is not None:

@@ -77,7 +77,7 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
     current_pass = -1
     t0 = time.perf_counter()
     tagged = ((k, idx) for k, _, idx in schedule.blocks(seed, l, n_steps, engine.block_rows))
-    for k, idx, rows in ([] if converged else engine.stream(tagged)):
+    for k, idx, rows in ([] if converged else engine.stream(tagged, solver=solver)):
         if k != current_pass:
             if current_pass >= 0:
                 fit_seconds += time.perf_counter() - t0

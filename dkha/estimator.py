@@ -84,6 +84,10 @@ class KernelHebbianPCA:
     block_rows, prefetch : int, optional
         Schedule positions per block of kernel rows and blocks computed ahead
         (``dkha.block-rows``, ``dkha.prefetch``).
+    projections : {"coordinator", "workers"}, optional
+        Where the block projections ``S̃ K'_Pᵀ`` are computed (``dkha.projections``): on the
+        coordinator from shipped kernel rows, or on the workers from replicas of the
+        coefficients (coordinator-math.md §4; equal up to rounding, less traffic).
     init : {"random", "nystrom:M"}, default "random"
         Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))``, or the Nyström solution from
         ``M`` seeded random landmark rows (then refined; the default ``eta0`` is 20× smaller,
@@ -133,7 +137,7 @@ class KernelHebbianPCA:
                  rho0: float = 0.0, passes: int | None = None, steps: int | None = None,
                  seed: int = 0, evaluate_every: int = 1, block_rows: int | None = None,
                  prefetch: int | None = None, init: str = "random", tol: float | None = None,
-                 scheduler: str | None = None,
+                 projections: str | None = None, scheduler: str | None = None,
                  scheduler_file: str | None = None, workers: int | None = None, client=None,
                  verbose: bool = False):
         self.n_components = n_components
@@ -153,6 +157,7 @@ class KernelHebbianPCA:
         self.evaluate_every = evaluate_every
         self.block_rows = block_rows
         self.prefetch = prefetch
+        self.projections = projections
         self.init = init
         self.tol = tol
         self.scheduler = scheduler
@@ -253,7 +258,7 @@ class KernelHebbianPCA:
 
         with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client:
             engine = RowEngine(store, kernel, client, block_rows=self.block_rows,
-                               prefetch=self.prefetch)
+                               prefetch=self.prefetch, projections=self.projections)
             engine.compute_mk()
             A_init = None
             if p["landmarks"]:

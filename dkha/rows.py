@@ -9,6 +9,28 @@ goes through it. :class:`RowEngine` owns the data path on the cluster: workers r
 store's chunks once and keep them in a per-process cache (:func:`load_rows`), compute the MK row
 tile by tile, the centered row blocks of the schedule ahead of the coordinator (a bounded FIFO
 of futures in schedule order), and the blockwise products ``K' V`` that evaluation needs.
+
+Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are computed is the engine's
+``projections`` setting (``dkha.projections``):
+
+* ``"coordinator"``: workers ship the kernel rows ``K'[P, :]`` (``b·l`` numbers a block) and the
+  coordinator multiplies;
+* ``"workers"`` (coordinator-math.md §4): the worker holding column group ``J`` keeps a replica of
+  ``S̃[:, J]`` (and ``C̃[:, J]``) in a per-process registry (like the chunk cache), updated by
+  small tasks pinned to it that replay the coordinator's messages in order, and returns the
+  partial projections ``K'[P, J] S̃[:, J]ᵀ`` and its part of ``K'[P, W ∪ P]`` (columns of the
+  kernel block it computed anyway) for the window ``W`` of blocks ahead in the FIFO, with which
+  the coordinator brings the projections (computed on the version of ``S̃`` current when the
+  block was submitted) up to date: ``(2r·groups + |W| + b)·b`` numbers a block. Replicas are
+  versioned: a task that finds its replica missing or at the wrong version raises
+  :class:`ReplicaLostError`, and so does a wait on a worker that left the cluster; the
+  coordinator then rebuilds every replica from its own state (``C̃[:, J] = S̃_A K'[:, J]``
+  recomputed on the workers when needed) and resubmits the blocks in flight, up to
+  ``RowEngine.replica_rebuilds`` times per stream. At every pass end each replica of ``S̃`` is
+  checked against the coordinator's (:class:`ReplicaDivergedError` if they differ) and ``C̃`` is
+  brought home (``r·l`` numbers). Blocks are projected on the version current when they were
+  submitted (replicas keep snapshots of ``S̃`` for the blocks in flight), so a run is
+  reproducible bit for bit; resuming from a checkpoint reproduces it up to rounding only.
 """
 
 from __future__ import annotations
@@ -17,17 +39,20 @@ import collections
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from dkha import config
-from dkha.errors import BlockFailedError, ClusterLostError
+from dkha.errors import BlockFailedError, ClusterLostError, ParameterError
 from dkha.kernels import Kernel
 from dkha.store import DataStore
 
 log = logging.getLogger(__name__)
+
+PROJECTIONS = ("coordinator", "workers")
 
 
 # --- the centering function ---------------------------------------------------------------------
@@ -178,18 +203,185 @@ def project_rows(path: str, kernel: Kernel, Xnew: np.ndarray, mk: np.ndarray, mk
     return out
 
 
+# --- worker-side replicas of S̃ and C̃ (coordinator-math.md §4) ---------------------------------
+
+
+class ReplicaLostError(BlockFailedError):
+    """A worker-side replica of ``S̃`` is gone or not at the version a task needs (its worker
+    died, restarted or left), or a worker holding one left the cluster."""
+
+
+class ReplicaDivergedError(BlockFailedError):
+    """A replica of ``S̃`` no longer equals the coordinator's: blocks were projected on wrong
+    values. Not recoverable: the fit stops (the last checkpoint is kept)."""
+
+
+@dataclass
+class _Replica:
+    lo: int
+    hi: int
+    version: int
+    snapshots: dict        # version -> S̃[:, lo:hi] at that version (read-only once made)
+    C: np.ndarray | None   # C̃[:, lo:hi] at `version`
+    blocks: dict           # block seq -> K'[P, lo:hi], kept for the C̃ updates of its message
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_REPLICAS: dict[tuple[str, int, int], _Replica] = {}
+_REPLICAS_LOCK = threading.Lock()
+_DROPPED: collections.deque = collections.deque(maxlen=64)   # runs ended here: late tasks no-op
+
+
+def _replica(key: tuple, what: str) -> _Replica | None:
+    """The replica ``key``; ``None`` if its run has ended in this process (a task cancelled
+    too late: its result is not used); raises :class:`ReplicaLostError` if it is missing."""
+    rep = _REPLICAS.get(key)
+    if rep is None:
+        if key[0] in _DROPPED:
+            return None
+        raise ReplicaLostError(f"the replica of column group {key[2]} (run {key[0][:8]}, "
+                               f"rebuild {key[1]}) is not on this worker, needed for {what}: "
+                               "its worker died or restarted")
+    return rep
+
+
+def _c_columns(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, ranges: tuple,
+               cols: tuple, S_A: np.ndarray, rows_per_tile: int = 1024) -> np.ndarray:
+    """``S_A K'[:, J]`` for the column group ``J`` (chunk ranges ``cols``), tile by tile."""
+    c, d = cols[0][0], cols[-1][1]
+    XJ = _group_rows(path, cols)
+    out = np.zeros((S_A.shape[0], d - c))
+    for a, b in ranges:
+        X = load_rows(path, a, b)
+        for i in range(a, b, rows_per_tile):
+            k = min(i + rows_per_tile, b)
+            K = center_block(kernel.block(X[i - a:k - a], XJ), mk[i:k], mk[c:d], mkm)
+            out += S_A[:, i:k] @ K
+    return out
+
+
+def replica_build(key: tuple, cols: tuple, version: int, S: np.ndarray, C: np.ndarray | None,
+                  S_A: np.ndarray | None = None, path: str | None = None,
+                  kernel: Kernel | None = None, mk: np.ndarray | None = None,
+                  mkm: float | None = None, ranges: tuple | None = None) -> int:
+    """Make the replica ``key = (run, rebuild, group)`` of ``S̃[:, J]`` (and ``C̃[:, J]``).
+
+    ``C̃[:, J]`` is ``C`` when given, else computed as ``S_A K'[:, J]`` when ``S_A`` (``S̃``'s
+    ``A`` rows, all columns) is given, else not kept. Replicas of earlier rebuilds of the same
+    run and group in this process are dropped. Returns ``version``.
+    """
+    S = np.array(S, dtype=np.float64, order="C")          # never alias the caller's arrays
+    S.setflags(write=False)
+    if C is not None:
+        C = np.array(C, dtype=np.float64, order="C")
+    elif S_A is not None:
+        C = _c_columns(path, kernel, mk, mkm, ranges, cols, S_A)
+    rep = _Replica(cols[0][0], cols[-1][1], int(version), {int(version): S}, C, {})
+    with _REPLICAS_LOCK:
+        for old in [k for k in _REPLICAS if k[0] == key[0] and k[2] == key[2] and k[1] < key[1]]:
+            del _REPLICAS[old]
+        _REPLICAS[key] = rep
+    return int(version)
+
+
+def replica_update(key: tuple, version: int, seq: int | None, index: np.ndarray | None, ops: tuple,
+                   keep_from: int, after: int) -> int:
+    """Apply message ``version`` (the operations ``ops`` of block ``seq``, or a lone fold) to the
+    replica, which must be at ``version - 1``. ``after``, the previous update's result, only
+    orders the updates. Snapshots of ``S̃`` older than ``keep_from`` are dropped."""
+    from dkha.solvers.factored import apply_message
+
+    rep = _replica(key, f"message {version}")
+    if rep is None:
+        return version
+    with rep.lock:
+        if rep.version != version - 1:
+            raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
+                                   f"{rep.version}; message {version} needs {version - 1}")
+        K = None
+        if rep.C is not None and seq is not None and any(op[0] in ("c", "direct") for op in ops):
+            K = rep.blocks.pop(seq, None)
+            if K is None:
+                raise ReplicaLostError(f"the replica of column group {key[2]} lacks the kernel "
+                                       f"block of block {seq} for message {version}")
+        S = np.array(rep.snapshots[rep.version])          # copy on write: snapshots stay valid
+        apply_message(S, rep.C, rep.lo, rep.hi, index, ops, K)
+        S.setflags(write=False)
+        rep.snapshots[version] = S
+        rep.version = version
+        for v in [v for v in rep.snapshots if v < keep_from and v != version]:
+            del rep.snapshots[v]
+    return version
+
+
+def replica_project(key: tuple, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
+                    ranges: tuple, cols: tuple, index: np.ndarray, window_index: np.ndarray,
+                    version: int, seq: int, keep: bool, after: int
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``K'[P, J] S̃_v[:, J]ᵀ`` (``b×m``) on the replica's snapshot of version ``v = version``, and
+    the window columns that fall in ``J``: ``K'[P, w]`` for the entries ``w`` of
+    ``window_index`` in ``J``, in their order.
+
+    With ``keep``, ``K'[P, J]`` stays with the replica for the ``C̃`` update of block ``seq``.
+    """
+    K = centered_rows(path, kernel, take_rows(path, ranges, index), mk, mkm, index, cols)
+    lo, hi = cols[0][0], cols[-1][1]
+    window_index = np.asarray(window_index)
+    in_group = window_index[(window_index >= lo) & (window_index < hi)]
+    rep = _replica(key, f"the projections of block {seq}")
+    if rep is None:
+        return None
+    with rep.lock:
+        S = rep.snapshots.get(version)
+        if S is None:
+            raise ReplicaLostError(f"the replica of column group {key[2]} no longer holds "
+                                   f"version {version} (now at {rep.version})")
+        if keep:
+            rep.blocks[seq] = K
+    return K @ S.T, K[:, in_group - lo]                  # snapshots are immutable: no lock
+
+
+def replica_columns(key: tuple, version: int, after: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """``C̃[:, J]`` (a copy) at ``version``, and the row sums of squares of ``S̃[:, J]``."""
+    rep = _replica(key, f"C̃ at version {version}")
+    if rep is None:
+        return None, np.zeros(0)
+    with rep.lock:
+        if rep.version != version:
+            raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
+                                   f"{rep.version}, not {version}")
+        S = rep.snapshots[version]
+        C = None if rep.C is None else np.array(rep.C)
+    return C, np.einsum("ij,ij->i", S, S)
+
+
+def drop_replicas(run_id: str) -> int:
+    """Drop every replica of run ``run_id`` in this process; returns how many."""
+    with _REPLICAS_LOCK:
+        _DROPPED.append(run_id)
+        keys = [k for k in _REPLICAS if k[0] == run_id]
+        for k in keys:
+            del _REPLICAS[k]
+    return len(keys)
+
+
 # --- the engine ---------------------------------------------------------------------------------
 
 
 @dataclass
 class StreamStats:
-    """What the block stream measured: blocks, rows, seconds waited, bytes received."""
+    """What the block stream measured: blocks, rows, seconds waited, bytes received from the
+    workers (kernel rows, or projections, windows and ``C̃``), bytes of messages sent to replicas,
+    messages replayed on stale projections, and replica rebuilds."""
 
     blocks: int = 0
     rows: int = 0
     wait_seconds: float = 0.0
     bytes_received: int = 0
     history: list = field(default_factory=list)
+    bytes_sent: int = 0
+    messages_replayed: int = 0
+    replica_rebuilds: int = 0
 
 
 def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
@@ -215,12 +407,27 @@ class RowEngine:
     client : distributed.Client
     block_rows, prefetch, column_groups : int, optional
         Default from ``dkha.block-rows``, ``dkha.prefetch``, ``dkha.column-groups``.
+    projections : {"coordinator", "workers"}, optional
+        Where a batch solver's block projections are computed (module docstring); default
+        ``dkha.projections``.
+
+    Attributes
+    ----------
+    replica_rebuilds : int
+        How many times one stream may rebuild lost worker replicas before it fails (3).
     """
 
+    replica_rebuilds = 3
+
     def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
-                 prefetch: int | None = None, column_groups: int | None = None):
+                 prefetch: int | None = None, column_groups: int | None = None,
+                 projections: str | None = None):
         from dkha.cluster import total_threads
 
+        self.projections = str(config.get("projections", projections))
+        if self.projections not in PROJECTIONS:
+            raise ParameterError(f"unknown projections {self.projections!r}; choose one of "
+                                 f"{', '.join(PROJECTIONS)}")
         self.store = store
         self.kernel = kernel
         self.client = client
@@ -320,13 +527,30 @@ class RowEngine:
         """``K'[index, :]`` (blocking)."""
         return np.concatenate(self.client.gather(self.submit_rows(np.asarray(index))), axis=1)
 
-    def stream(self, blocks: Iterable[tuple[object, np.ndarray]]
-               ) -> Iterator[tuple[object, np.ndarray, np.ndarray]]:
+    def stream(self, blocks: Iterable[tuple[object, np.ndarray]], solver=None
+               ) -> Iterator[tuple[object, np.ndarray, object]]:
         """``(tag, index, K'[index, :])`` for each ``(tag, index)``, in order, ``prefetch`` ahead.
 
         A bounded FIFO of futures, refilled before blocking on the oldest, with priorities in
         schedule order; the seconds spent blocking are added to ``stats.wait_seconds``.
+
+        With ``solver`` (a :class:`~dkha.solvers.batch.BatchKHA` that has started) and
+        ``projections="workers"``, a factored solver gets a :class:`ProjectedBlock` instead of
+        the kernel rows (pass it to ``solver.apply_block`` as is); the solver is attached to the
+        replicas for the stream's lifetime, and its ``C̃`` is brought home when the stream ends.
         """
+        if solver is not None:
+            from dkha.solvers.factored import FactoredState
+
+            state = solver.state
+            if self.projections == "workers" and isinstance(state, FactoredState):
+                return self._stream_projections(blocks, solver)
+            if isinstance(state, FactoredState) and state.c_stale:
+                # e.g. resumed from a state saved mid-pass with C̃ on the replicas: C̃ = S̃_A K'
+                state.set_c_tilde(self.matmat(state.S_tilde[:solver.r].T).T)
+        return self._stream_rows(blocks)
+
+    def _stream_rows(self, blocks):
         queue: collections.deque = collections.deque()
         it = iter(blocks)
         seq = 0
@@ -357,6 +581,65 @@ class RowEngine:
             for _, _, futs in queue:
                 for f in futs:
                     f.cancel()
+
+    def _stream_projections(self, blocks, solver):
+        """The block stream with the projections on the workers (coordinator-math.md §4)."""
+        replicas = WorkerReplicas(self, solver.state)
+        queue: collections.deque = collections.deque()    # [tag, index, seq, pending]
+        it = iter(blocks)
+        seq = 0
+        exhausted = False
+        solver.attach_replicas(replicas)
+        try:
+            replicas.build()
+            while True:
+                replicas.flush()
+                if queue and queue[0][3].epoch != replicas.epoch:     # rebuilt: resubmit all
+                    ahead = []
+                    for entry in queue:
+                        entry[3].cancel()
+                        entry[3] = replicas.submit(entry[2], entry[1], list(ahead))
+                        ahead.append((entry[1], entry[2]))
+                while not exhausted and len(queue) < self.prefetch:
+                    try:
+                        tag, idx = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    idx = np.asarray(idx)
+                    ahead = [(e[1], e[2]) for e in queue]
+                    queue.append([tag, idx, seq, replicas.submit(seq, idx, ahead)])
+                    seq += 1
+                if not queue:
+                    return
+                replicas.keep_from = min(e[3].version for e in queue)
+                replicas.trim()
+                tag, idx, _, pending = queue[0]
+                t0 = time.perf_counter()
+                try:
+                    block = replicas.wait_block(
+                        pending, what=f"the block of rows {tag!r} (first sample {idx[0]})")
+                except ReplicaLostError as exc:
+                    replicas.recover(exc)
+                    continue
+                finally:
+                    self.stats.wait_seconds += time.perf_counter() - t0
+                queue.popleft()
+                self.stats.blocks += 1
+                self.stats.rows += len(idx)
+                yield tag, idx, block
+        finally:
+            for entry in queue:
+                entry[3].cancel()
+            try:
+                state = solver.state
+                if state is replicas.state and state.c_stale:
+                    state.set_c_tilde(replicas.synchronise())
+            except Exception as exc:  # noqa: BLE001 - ending anyway; C stays marked stale
+                log.warning("could not bring C̃ home from the worker replicas: %s", exc)
+            finally:
+                solver.detach_replicas()
+                replicas.close()
 
     # -- blockwise products for evaluation (symmetric tiles I ≤ J) --
     def _pairs(self):
@@ -420,3 +703,253 @@ class RowEngine:
         mk = self._need_mk()
         return self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
                                   self.column_groups, alpha, pure=False).result()
+
+
+# --- the coordinator's end of the replicas -------------------------------------------------------
+
+_UPDATE_PRIORITY = 1        # replica updates before any block's tasks (those have priority −seq)
+_POLL_SECONDS = 2.0         # waiting on pinned tasks: check this often that their workers live
+
+
+@dataclass
+class _PendingBlock:
+    seq: int
+    index: np.ndarray
+    version: int            # the version of S̃ the partial projections use
+    epoch: int              # the replicas' rebuild it was submitted to
+    window_index: np.ndarray    # W ∪ P: the blocks ahead in the FIFO, then this one
+    partials: list          # futures of (K'[P, J] S̃_v[:, J]ᵀ, K'[P, W ∩ J]), one per group
+    offsets: dict           # block seq -> first column of its rows in the window
+
+    def cancel(self) -> None:
+        for f in self.partials:
+            f.cancel()
+
+
+@dataclass
+class ProjectedBlock:
+    """A block whose projections were computed on the workers (coordinator-math.md §4).
+
+    ``partials`` (one ``b×m`` array per column group) sum to ``K'_P S̃_vᵀ`` for the version ``v``
+    of ``S̃``; ``window`` is ``K'[P, W ∪ P]`` with the columns of block ``s`` from
+    ``offsets[s]``: what the coordinator needs to bring the sum up to date
+    (:meth:`WorkerReplicas.projections`).
+    """
+
+    seq: int
+    index: np.ndarray
+    version: int
+    partials: list
+    window: np.ndarray
+    offsets: dict
+
+
+class WorkerReplicas:
+    """The coordinator's end of the worker-side replicas of ``S̃`` and ``C̃`` of one stream.
+
+    It numbers the coordinator's messages (one per block, one per lone fold: the version of
+    ``S̃`` is how many have been recorded), sends them to every replica in order, submits the
+    blocks' tasks, turns their results into up-to-date projections, brings ``C̃`` home, and
+    rebuilds the replicas when one is lost.
+    """
+
+    def __init__(self, engine: RowEngine, state):
+        self.engine = engine
+        self.client = engine.client
+        self.state = state
+        self.run_id = uuid.uuid4().hex
+        self.epoch = -1
+        self.groups = engine.column_groups
+        self.bounds = [(g[0][0], g[-1][1]) for g in self.groups]
+        self.log: collections.deque = collections.deque()     # (version, seq, index, ops)
+        self.version = 0        # messages recorded (the coordinator's S̃)
+        self.sent = 0           # messages sent to the replicas
+        self.keep_from = 0      # the oldest version a block in flight was submitted on
+        self.updates: list = []     # per group: the future of its latest build or update
+        self.workers: list[str] = []
+        self.rebuilds = 0
+
+    def _key(self, g: int) -> tuple:
+        return (self.run_id, self.epoch, g)
+
+    def _pinned(self, g: int, func, *args, priority: int):
+        return self.client.submit(func, *args, workers=[self.workers[g]],
+                                  allow_other_workers=False, priority=priority, pure=False)
+
+    # -- replicas --
+    def build(self) -> None:
+        """(Re)build every replica from the coordinator's state, on the workers present now."""
+        st, eng = self.state, self.engine
+        threads = sorted(self.client.nthreads().items())
+        if not threads:
+            raise ClusterLostError("no Dask workers to hold the replicas of S̃")
+        slots = [addr for addr, n in threads for _ in range(max(1, int(n)))]
+        self.epoch += 1
+        self.workers = [slots[g % len(slots)] for g in range(len(self.groups))]
+        S_A = None
+        if st.keeps_c and st.c_stale:                # C̃ is recomputed there: C̃ = S̃_A K'
+            S_A = eng.put(np.array(st.S_tilde[:st.r]))
+        mk = eng._need_mk()
+        self.updates = []
+        for g, (lo, hi) in enumerate(self.bounds):
+            C = np.array(st.C_tilde[:, lo:hi]) if st.keeps_c and S_A is None else None
+            self.updates.append(self._pinned(
+                g, replica_build, self._key(g), self.groups[g], self.version,
+                np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.store.path, eng.kernel, mk, eng.mkm,
+                eng.all_ranges, priority=_UPDATE_PRIORITY))
+        self.sent = self.version
+
+    def recover(self, exc: ReplicaLostError) -> None:
+        """Rebuild after a lost replica, or raise ``exc`` once the rebuilds are used up."""
+        if self.rebuilds >= self.engine.replica_rebuilds:
+            raise exc
+        self.rebuilds += 1
+        self.engine.stats.replica_rebuilds += 1
+        log.warning("rebuilding the worker replicas of S̃ (%d of at most %d): %s", self.rebuilds,
+                    self.engine.replica_rebuilds, exc)
+        self.build()
+
+    def close(self) -> None:
+        """Drop the replicas (after the updates in flight, so that none fails)."""
+        try:
+            self._wait(list(self.updates), what="the last replica updates")
+        except Exception as exc:  # noqa: BLE001 - cleanup of a stream that is over
+            log.debug("replica updates of run %s did not finish: %s", self.run_id, exc)
+        try:
+            self.client.run(drop_replicas, self.run_id, on_error="ignore")
+        except Exception as exc:  # noqa: BLE001  # pragma: no cover - no cluster: nothing to drop
+            log.debug("could not drop the replicas of run %s: %s", self.run_id, exc)
+
+    # -- messages --
+    def record_block(self, block: ProjectedBlock, ops: list) -> None:
+        """Record the message of ``block`` (the operations the solver appended to ``ops``)."""
+        self.version += 1
+        self.log.append((self.version, block.seq, block.index, tuple(ops)))
+
+    def record_fold(self, F: np.ndarray) -> None:
+        """Record a fold of ``T`` into ``S̃`` made outside a block (a pass start)."""
+        self.version += 1
+        self.log.append((self.version, None, None, (("fold", F),)))
+
+    def flush(self) -> None:
+        """Send the recorded messages to every replica, in order."""
+        for version, seq, index, ops in self.log:
+            if version <= self.sent:
+                continue
+            nbytes = sum(x.nbytes for op in ops for x in op if isinstance(x, np.ndarray))
+            for g in range(len(self.groups)):
+                self.updates[g] = self._pinned(g, replica_update, self._key(g), version, seq,
+                                               index, ops, self.keep_from, self.updates[g],
+                                               priority=_UPDATE_PRIORITY)
+            self.engine.stats.bytes_sent += nbytes * len(self.groups)
+            self.sent = version
+
+    def trim(self) -> None:
+        """Forget the messages no block in flight can need (versions ≤ ``keep_from``)."""
+        while self.log and self.log[0][0] <= self.keep_from:
+            self.log.popleft()
+
+    # -- blocks --
+    def submit(self, seq: int, index: np.ndarray, ahead: list) -> _PendingBlock:
+        """The tasks of block ``seq`` on the current version; ``ahead``: ``(index, seq)`` of the
+        blocks before it in the FIFO, whose columns its window holds."""
+        eng = self.engine
+        assert self.sent == self.version, "flush before submitting"
+        mk = eng._need_mk()
+        offsets, pos = {}, 0
+        for idx, s in ahead:
+            offsets[s] = pos
+            pos += len(idx)
+        offsets[seq] = pos
+        window_index = np.concatenate([idx for idx, _ in ahead] + [index])
+        keep = bool(self.state.keeps_c)
+        partials = [self._pinned(g, replica_project, self._key(g), eng.store.path, eng.kernel,
+                                 mk, eng.mkm, eng.all_ranges, cols, index, window_index,
+                                 self.version, seq, keep, self.updates[g], priority=-seq)
+                    for g, cols in enumerate(self.groups)]
+        return _PendingBlock(seq, index, self.version, self.epoch, window_index, partials, offsets)
+
+    def _wait(self, futures: list, what: str) -> list:
+        """Gather ``futures`` (tasks pinned to the replicas' workers), checking every
+        ``_POLL_SECONDS`` that those workers are still in the cluster."""
+        for f in futures:
+            while not f.done():
+                try:
+                    f.result(timeout=_POLL_SECONDS)
+                except TimeoutError:
+                    if f.done():
+                        break
+                    alive = set(self.client.nthreads())
+                    gone = sorted({w for w in self.workers if w not in alive})
+                    if gone:
+                        raise ReplicaLostError(f"worker {', '.join(gone)} holding replicas of S̃ "
+                                               f"left the cluster while computing {what}") from None
+                except Exception:  # noqa: BLE001 - done with an error: gather raises it, named
+                    break
+        return self.engine.gather(futures, what=what)
+
+    def wait_block(self, pending: _PendingBlock, what: str) -> ProjectedBlock:
+        results = self._wait(pending.partials, what)
+        w = pending.window_index
+        window = np.empty((len(pending.index), len(w)))
+        for (lo, hi), (Y, part) in zip(self.bounds, results):
+            window[:, (w >= lo) & (w < hi)] = part
+        self.engine.stats.bytes_received += sum(Y.nbytes + part.nbytes for Y, part in results)
+        return ProjectedBlock(pending.seq, pending.index, pending.version,
+                              [Y for Y, _ in results], window, pending.offsets)
+
+    def projections(self, block: ProjectedBlock) -> tuple[np.ndarray, np.ndarray]:
+        """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: the partials
+        summed, then every message since their version replayed (coordinator-math.md §4)."""
+        from dkha.solvers.factored import replay_message
+
+        Y = np.array(block.partials[0])
+        for part in block.partials[1:]:
+            Y += part
+        if block.version < self.version:
+            if not self.log or self.log[0][0] > block.version + 1:
+                raise RuntimeError(f"the messages since version {block.version} are no longer "
+                                   f"kept (block {block.seq})")
+            for version, seq, index, ops in self.log:
+                if version <= block.version:
+                    continue
+                cols = None
+                if seq is not None:
+                    if seq not in block.offsets:
+                        raise RuntimeError(f"block {block.seq}'s window lacks the columns of "
+                                           f"block {seq}")
+                    off = block.offsets[seq]
+                    cols = block.window[:, off:off + len(index)]
+                replay_message(Y, ops, cols)
+                self.engine.stats.messages_replayed += 1
+        off, b = block.offsets[block.seq], len(block.index)
+        return Y, np.ascontiguousarray(block.window[:, off:off + b])
+
+    # -- pass ends --
+    def synchronise(self) -> np.ndarray | None:
+        """Check every replica of ``S̃`` against the coordinator's and return the current ``C̃``
+        (``r×l``; ``None`` where ``C`` is not kept). At pass ends and when the stream closes."""
+        st = self.state
+        while True:
+            self.flush()
+            futures = [self._pinned(g, replica_columns, self._key(g), self.version,
+                                    self.updates[g], priority=_UPDATE_PRIORITY)
+                       for g in range(len(self.groups))]
+            try:
+                results = self._wait(futures, what="C̃ from the replicas")
+                break
+            except ReplicaLostError as exc:
+                self.recover(exc)
+        for (lo, hi), (_, squares) in zip(self.bounds, results):
+            want = np.einsum("ij,ij->i", st.S_tilde[:, lo:hi], st.S_tilde[:, lo:hi])
+            if not np.allclose(squares, want, rtol=1e-9, atol=1e-300):
+                raise ReplicaDivergedError(
+                    f"the replica of S̃ columns {lo}:{hi} differs from the coordinator's "
+                    f"(largest relative difference of row norms "
+                    f"{np.max(np.abs(squares - want) / np.maximum(want, 1e-300)):.1e})")
+        self.engine.stats.bytes_received += sum(s.nbytes for _, s in results)
+        if results[0][0] is None:
+            return None
+        C = np.concatenate([c for c, _ in results], axis=1)
+        self.engine.stats.bytes_received += C.nbytes
+        return C

@@ -16,6 +16,10 @@ Two engines apply the steps: ``"factored"`` (the default), the exact factored fo
 coordinator-math.md §3 with its in-block loop compiled (:mod:`dkha.solvers.factored`), and
 ``"reference"``, the straightforward ``O(r² l)`` per-step form (:mod:`dkha.solvers.reference`),
 kept as the oracle the tests compare against.
+
+The factored engine also takes blocks whose projections were computed on the workers
+(coordinator-math.md §4, :class:`dkha.rows.ProjectedBlock`) while a row engine's stream has
+attached its replicas (:meth:`BatchKHA.attach_replicas`).
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class BatchKHA:
         self.xi = float(xi)
         self.rho0 = float(rho0)
         self.state: BatchState | FactoredState | None = None
+        self.replicas = None     # a stream's dkha.rows.WorkerReplicas while one is attached
 
     @property
     def needs_projection(self) -> bool:
@@ -132,11 +137,26 @@ class BatchKHA:
         """
         st = self.state
         if isinstance(st, FactoredState):
-            st.fold()
+            if st.c_stale and self.replicas is not None:
+                st.set_c_tilde(self.replicas.synchronise())
+            folded = st.fold()
+            if folded is not None and self.replicas is not None:
+                self.replicas.record_fold(folded)
             if st.smd:
                 st.resync_grams()
         if st.C is not None:
             st.lam = eigenvalue_estimate(st.A, st.C)
+
+    def attach_replicas(self, replicas) -> None:
+        """Let a block stream's worker replicas (:class:`dkha.rows.WorkerReplicas`) follow the
+        state: folds made here are recorded with them, and projected blocks are completed by
+        them. Only the factored engine supports this."""
+        if not isinstance(self.state, FactoredState):
+            raise ParameterError("projections on the workers need the factored engine")
+        self.replicas = replicas
+
+    def detach_replicas(self) -> None:
+        self.replicas = None
 
     def base_gain(self, t: int) -> np.ndarray:
         """``η_t`` (before SMD's ``e^ρ``) for the step after ``t`` steps."""
@@ -158,14 +178,34 @@ class BatchKHA:
         lam = self.state.lam
         return (np.linalg.norm(lam) / lam)[None, :] * decay * self.eta0
 
-    def apply_block(self, index: np.ndarray, rows: np.ndarray) -> None:
-        """Apply one step per entry of ``index``; ``rows[j] = K'[index[j], :]``."""
+    def apply_block(self, index: np.ndarray, rows) -> None:
+        """Apply one step per entry of ``index``; ``rows[j] = K'[index[j], :]``.
+
+        ``rows`` may instead be a :class:`dkha.rows.ProjectedBlock` from the stream whose
+        replicas are attached (factored engine): its projections are brought up to date by the
+        replicas, and the block's message is recorded with them. At the end of each pass
+        (``t`` a multiple of ``l``) the replicas are checked and ``C̃`` is brought home.
+        """
         st = self.state
         if isinstance(st, FactoredState):
             eta = self.block_gains(st.t, len(index))
-            st.apply_block(index, rows, eta, mu=self.mu, xi=self.xi)
+            if isinstance(rows, np.ndarray):
+                st.apply_block(index, rows, eta, mu=self.mu, xi=self.xi)
+            else:
+                if self.replicas is None:
+                    raise ValueError("a block of projections needs the replicas of its stream "
+                                     "attached (RowEngine.stream(..., solver=...))")
+                Y, kpp = self.replicas.projections(rows)
+                ops: list = []
+                st.apply_block(index, None, eta, mu=self.mu, xi=self.xi, projections=Y,
+                               kpp=kpp, ops=ops)
+                self.replicas.record_block(rows, ops)
             st.t += len(index)
             self.check_finite()
+            if self.replicas is not None and st.t % self.l == 0:     # a pass end
+                C_tilde = self.replicas.synchronise()
+                if C_tilde is not None:
+                    st.set_c_tilde(C_tilde)
             return
         smd = self.algorithm == "kha-smd"
         for j, p in enumerate(index):

@@ -243,6 +243,16 @@ def smd_gram_update(gaa, gab, a, cb, y, z, kappa, xi):
 def kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit):
     """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.
 
+    :func:`kha_block_logged` without the log of direct steps (see there for the parameters).
+    """
+    return kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit,
+                            np.zeros((0, 0)))
+
+
+@njit(cache=True, nogil=True)
+def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit, direct_log):
+    """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.
+
     Parameters (all written in place where they change)
     ----------
     T : (r, r) lower triangular; S : (r, l) the ``S̃``; C : (r, l) the ``C̃`` of ``C = T C̃``, or
@@ -259,10 +269,17 @@ def kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit):
     has been brought up to date in the current basis) and call again from ``stop`` with
     ``fresh=True``. A step whose own ``M`` is too ill-conditioned to be factored (checked with
     ``T = I``) is taken directly on ``S̃`` and ``C̃`` instead (``O(r l)`` by prefix sums; rare).
+
+    ``direct_log`` : (b, 1 + 2r) or (0, 0). When it has rows, row ``j`` records step ``j``: column
+    0 is 1 for a direct step (then columns ``1:1+r`` hold ``a = d ⊙ y`` and ``1+r:1+2r`` hold
+    ``y``, which define its ``M``), 0 otherwise. Worker-side replicas of ``S̃`` and ``C̃``
+    (coordinator-math.md §4) replay direct steps from it. A ``C`` of shape ``(r, 0)`` keeps the
+    pending ``C̃`` updates ``U`` in step with direct steps while ``C̃`` itself lives elsewhere.
     """
     r = T.shape[0]
     b = index.shape[0]
     has_c = C.shape[0] > 0
+    logged = direct_log.shape[0] > 0
     yt = np.empty(r)
     y = np.empty(r)
     a = np.empty(r)
@@ -275,11 +292,18 @@ def kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit):
             a[i] = eta[j, i] * y[i]
         apply_m(T, a, y, Tn)
         p = index[j]
+        if logged:
+            direct_log[j, 0] = 0.0
         if cond_lower(Tn) > cond_limit:
             if not fresh:
                 finish_projections(Y, U, Kpp, start, j)
                 return j, True, fresh
             # T = I and M itself is ill-conditioned: take the step directly
+            if logged:
+                direct_log[j, 0] = 1.0
+                for i in range(r):
+                    direct_log[j, 1 + i] = a[i]
+                    direct_log[j, 1 + r + i] = y[i]
             apply_m(S, a, y, S)
             for i in range(r):
                 S[i, p] += a[i]
@@ -311,15 +335,30 @@ def smd_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start
               cond_limit):
     """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
 
+    :func:`smd_block_logged` without the log of direct steps (see there).
+    """
+    return smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start,
+                            fresh, cond_limit, np.zeros((0, 0)))
+
+
+@njit(cache=True, nogil=True)
+def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
+                     cond_limit, direct_log):
+    """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
+
     As :func:`kha_block`, with ``S = [A; B]`` (``2r`` rows, ``T`` ``2r×2r``), ``C`` (r, l) the
     ``C̃`` of ``C = T_AA C̃``, ``rho`` (r) the log-gains (eq. 16), and ``gaa``, ``gab`` (r, r) the
     Grams ``A K' Aᵀ`` and ``A K' Bᵀ`` kept by their recurrences. Per step: eq. 16 (ρ), then
     eqs. 21, 15 (``T ← G T``, ``S̃[:, p] += T⁻¹ c``), and eq. 18 deferred to the caller's
     ``C̃ += U_A K'_P`` (``U_A = U[:, :r]``).
+
+    ``direct_log`` : (b, 1 + 4r) or (0, 0), as in :func:`kha_block_logged`, a direct step's row
+    holding ``1, a, c_B, y, z`` (which define its ``G``).
     """
     m = T.shape[0]
     r = m // 2
     b = index.shape[0]
+    logged = direct_log.shape[0] > 0
     yt = np.empty(m)
     yz = np.empty(m)
     rho_new = np.empty(r)
@@ -343,11 +382,20 @@ def smd_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start
         apply_g(T, a, cb, y, z, xi, Tn)
         p = index[j]
         direct = False
+        if logged:
+            direct_log[j, 0] = 0.0
         if cond_lower(Tn) > cond_limit:
             if not fresh:
                 finish_projections(Y, U, Kpp, start, j)
                 return j, True, fresh
             direct = True
+            if logged:
+                direct_log[j, 0] = 1.0
+                for i in range(r):
+                    direct_log[j, 1 + i] = a[i]
+                    direct_log[j, 1 + r + i] = cb[i]
+                    direct_log[j, 1 + 2 * r + i] = y[i]
+                    direct_log[j, 1 + 3 * r + i] = z[i]
         rho[:] = rho_new
         smd_gram_update(gaa, gab, a, cb, y, z, Kpp[j, j], xi)
         if direct:

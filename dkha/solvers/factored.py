@@ -14,6 +14,21 @@ changes one column of ``S̃``. ``C = A K'`` (kept for KHA/et and KHA-SMD) is hel
 would pass ``fold_condition``, and at every pass start. The result equals the per-step form
 (:mod:`dkha.solvers.reference`) up to rounding. Reading ``A``, ``B`` or ``C`` returns the true
 values ``T · S̃`` without changing the state, so evaluations do not perturb a run.
+
+Projections on the workers (coordinator-math.md §4). Instead of ``K'_P`` the block may come as
+``Y₀`` computed elsewhere plus ``K'[P, P]``; the state then records what the block did to ``S̃``
+and ``C̃`` as a *message*, a tuple of operations that replicas of column ranges of ``S̃`` and
+``C̃`` replay (:func:`apply_message`), and that the coordinator replays on projections computed
+from an earlier version of ``S̃`` (:func:`replay_message`):
+
+* ``("cols", j0, j1, Δ)``     ``S̃[:, p_j] += Δ[j - j0]`` for the block positions ``j0 ≤ j < j1``
+* ``("fold", F)``             ``S̃ ← F S̃``, ``C̃ ← F_AA C̃`` (``F`` lower triangular)
+* ``("direct", j, a, y, c_B, z, ξ)``  a step taken directly: ``S̃ ← G S̃ + c e_pᵀ``,
+                              ``C̃ ← M C̃ + a k'_pᵀ`` (``c_B``, ``z`` are ``None`` for KHA)
+* ``("c", U_A)``              the deferred eq. 18, ``C̃ += U_Aᵀ K'_P``
+
+``C̃`` then lives with the replicas during a pass: the coordinator's copy is the last one brought
+home (``c_stale`` is true until the next :meth:`FactoredState.set_c_tilde`).
 """
 
 from __future__ import annotations
@@ -39,8 +54,12 @@ class FactoredState:
     """The coordinator's state in the factored form ``S = T · S̃``.
 
     Attributes read by callers: ``A``, ``B`` (SMD), ``C`` (KHA/et, SMD) as read-only snapshots of
-    the true values; ``rho`` (SMD), ``lam``, ``t``; ``folds``, the number of folds so far.
+    the true values; ``rho`` (SMD), ``lam``, ``t``; ``folds``, the number of folds so far;
+    ``c_stale``, true while the current ``C̃`` is held by worker replicas (blocks applied from
+    worker-side projections) and the local ``C_tilde`` is only the last copy brought home.
     """
+
+    c_stale = False     # a class default: states saved before this attribute existed read False
 
     def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None, smd: bool = False,
                  rho0: float = 0.0, t: int = 0, fold_condition: float = DEFAULT_FOLD_CONDITION):
@@ -95,20 +114,46 @@ class FactoredState:
     @property
     def C(self) -> np.ndarray | None:
         """``C = A K'`` as kept by eq. 18 (read-only snapshot), or ``None`` where it is not kept."""
-        return None if self.C_tilde is None else self._value("C")
+        if self.C_tilde is None:
+            return None
+        if self.c_stale:
+            raise RuntimeError("C is held by the worker replicas in the middle of a pass; it is "
+                               "brought home at the end of each pass and when the block stream "
+                               "closes")
+        return self._value("C")
+
+    @property
+    def keeps_c(self) -> bool:
+        """Whether ``C = A K'`` is maintained (KHA/et, KHA-SMD)."""
+        return self.C_tilde is not None
+
+    def set_c_tilde(self, C_tilde: np.ndarray) -> None:
+        """Replace the local ``C̃`` by the current one (brought home from the replicas)."""
+        C_tilde = np.array(C_tilde, dtype=np.float64, order="C")
+        if self.C_tilde is None or C_tilde.shape != self.C_tilde.shape:
+            raise ValueError("C̃ of the wrong shape, or C is not kept by this state")
+        self.C_tilde = C_tilde
+        self.c_stale = False
+        self._cache.clear()
 
     # -- maintenance --------------------------------------------------------------------------
 
-    def fold(self) -> None:
-        """``S̃ ← T S̃``, ``C̃ ← T_AA C̃``, ``T ← I`` (exact; the true values do not change)."""
+    def fold(self) -> np.ndarray | None:
+        """``S̃ ← T S̃``, ``C̃ ← T_AA C̃``, ``T ← I`` (exact; the true values do not change).
+
+        Returns the matrix folded in (``None`` when ``T`` was already the identity), so that
+        replicas of ``S̃`` can follow (the message ``(("fold", F),)``).
+        """
         if self._fresh:
-            return
-        lower_times_inplace(self.T, self.S_tilde)
-        if self.C_tilde is not None:
-            lower_times_inplace(self.T[:self.r, :self.r], self.C_tilde)
-        self.T = np.eye(self.T.shape[0])
+            return None
+        F = self.T
+        lower_times_inplace(F, self.S_tilde)
+        if self.C_tilde is not None and not self.c_stale:
+            lower_times_inplace(F[:self.r, :self.r], self.C_tilde)
+        self.T = np.eye(F.shape[0])
         self._fresh = True
         self.folds += 1
+        return F
 
     def resync_grams(self) -> None:
         """SMD: ``G_AA = C Aᵀ``, ``G_AB = C Bᵀ`` from the kept ``C`` (no recurrence drift)."""
@@ -129,41 +174,164 @@ class FactoredState:
 
     # -- the block ----------------------------------------------------------------------------
 
-    def apply_block(self, index: np.ndarray, rows: np.ndarray, eta: np.ndarray, *,
-                    mu: float = 0.0, xi: float = 0.0) -> None:
+    def apply_block(self, index: np.ndarray, rows: np.ndarray | None, eta: np.ndarray, *,
+                    mu: float = 0.0, xi: float = 0.0, projections: np.ndarray | None = None,
+                    kpp: np.ndarray | None = None, ops: list | None = None) -> None:
         """Take one step per entry of ``index`` (``rows[j] = K'[index[j], :]``, gains ``eta[j]``).
 
         Does not advance ``t``; the caller owns the step count and the gains.
+
+        With ``projections`` (``b×m``, ``Y₀ᵀ = K'_P S̃ᵀ`` on the current ``S̃``, computed elsewhere)
+        and ``kpp`` (``K'[P, P]``), ``rows`` is not needed; the block's effect on ``S̃`` and ``C̃``
+        is appended to ``ops`` as the operations of one message (see the module docstring), and
+        ``C̃`` is left to the replicas (``c_stale`` becomes true).
         """
         index = np.ascontiguousarray(index, dtype=np.int64)
-        rows = np.ascontiguousarray(rows, dtype=np.float64)
         eta = np.ascontiguousarray(eta, dtype=np.float64)
         b = index.shape[0]
         if b == 0:
             return
-        self._cache.clear()
         r = self.r
-        Kpp = np.take(rows, index, axis=1)           # K'_P[:, P], b×b
-        Y = rows @ self.S_tilde.T                     # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
+        keeps_c = self.C_tilde is not None
+        if projections is not None:
+            if ops is None or kpp is None:
+                raise ValueError("a block of projections needs kpp and an ops list")
+            Y = np.array(projections, dtype=np.float64, order="C")    # ours to update
+            Kpp = np.ascontiguousarray(kpp, dtype=np.float64)
+            rows = np.zeros((b, 0))
+            C_arg = np.zeros((r, 0)) if keeps_c else _EMPTY      # carry U, C̃ lives elsewhere
+            direct_log = np.zeros((b, 1 + (4 if self.smd else 2) * r))
+        else:
+            if self.c_stale:
+                raise RuntimeError("C̃ is held by worker replicas; bring it home "
+                                   "(set_c_tilde) before applying kernel rows")
+            rows = np.ascontiguousarray(rows, dtype=np.float64)
+            Kpp = np.take(rows, index, axis=1)       # K'_P[:, P], b×b
+            Y = rows @ self.S_tilde.T                 # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
+            C_arg = self.C_tilde if keeps_c else _EMPTY
+            direct_log = _EMPTY
+        self._cache.clear()
         U = np.empty_like(Y)                          # row j: the column update Δ_j of step j
         start = 0
         while start < b:
-            C_tilde = _EMPTY if self.C_tilde is None else self.C_tilde
             if self.smd:
-                stop, fold, self._fresh = compiled.smd_block(
-                    self.T, self.S_tilde, C_tilde, self.gram_aa, self.gram_ab, self.rho, rows, Y, U,
-                    Kpp, index, eta, float(mu), float(xi), start, self._fresh, self.fold_condition)
+                stop, fold, self._fresh = compiled.smd_block_logged(
+                    self.T, self.S_tilde, C_arg, self.gram_aa, self.gram_ab, self.rho, rows, Y, U,
+                    Kpp, index, eta, float(mu), float(xi), start, self._fresh, self.fold_condition,
+                    direct_log)
             else:
-                stop, fold, self._fresh = compiled.kha_block(
-                    self.T, self.S_tilde, C_tilde, rows, Y, U, Kpp, index, eta, start,
-                    self._fresh, self.fold_condition)
+                stop, fold, self._fresh = compiled.kha_block_logged(
+                    self.T, self.S_tilde, C_arg, rows, Y, U, Kpp, index, eta, start,
+                    self._fresh, self.fold_condition, direct_log)
+            if ops is not None:
+                _record_steps(ops, U, direct_log, start, stop, r, self.smd, float(xi))
             if fold:
                 # carry what is still pending into the new basis: the projections of the steps
                 # to come, and the deferred C̃ updates of the steps taken
                 Y[stop:] = Y[stop:] @ self.T.T
-                if self.C_tilde is not None:
+                if keeps_c:
                     U[:stop, :r] = U[:stop, :r] @ self.T[:r, :r].T
-                self.fold()
+                F = self.fold()
+                if ops is not None:
+                    ops.append(("fold", F))
             start = stop
-        if self.C_tilde is not None:                  # eq. 18, deferred: C̃ += U_A K'_P
-            self.C_tilde += U[:, :r].T @ rows
+        if keeps_c:                                   # eq. 18, deferred: C̃ += U_A K'_P
+            if projections is not None:
+                ops.append(("c", np.array(U[:, :r])))
+                self.c_stale = True
+            else:
+                self.C_tilde += U[:, :r].T @ rows
+
+
+# --- messages: replicas of S̃ and C̃, projections from earlier versions (§4) --------------------
+
+
+def _record_steps(ops: list, U: np.ndarray, direct_log: np.ndarray, start: int, stop: int,
+                  r: int, smd: bool, xi: float) -> None:
+    """Append the operations of steps ``start..stop-1`` (column updates, direct steps) to ``ops``.
+
+    ``U[start:stop]`` must still hold the column updates as taken (copied here, before any later
+    carry into a new basis changes them).
+    """
+    flags = direct_log[start:stop, 0] if direct_log.shape[0] else np.zeros(stop - start)
+    j0 = start
+    for j in np.flatnonzero(flags) + start:
+        if j > j0:
+            ops.append(("cols", j0, int(j), np.array(U[j0:j])))
+        row = direct_log[j]
+        a = np.array(row[1:1 + r])
+        if smd:
+            cb, y, z = (np.array(row[1 + k * r:1 + (k + 1) * r]) for k in (1, 2, 3))
+        else:
+            y, cb, z = np.array(row[1 + r:1 + 2 * r]), None, None
+        ops.append(("direct", int(j), a, y, cb, z, xi))
+        j0 = int(j) + 1
+    if stop > j0:
+        ops.append(("cols", j0, stop, np.array(U[j0:stop])))
+
+
+def _direct_transform(X: np.ndarray, a, y, cb, z, xi) -> np.ndarray:
+    """``X ← G X`` in place for a direct step's ``G`` (``M`` for KHA); returns ``c``."""
+    if cb is None:
+        compiled.apply_m(X, a, y, X)
+        return a
+    compiled.apply_g(X, a, cb, y, z, xi, X)
+    return np.concatenate([a, cb])
+
+
+def replay_message(Y: np.ndarray, ops, cols: np.ndarray | None) -> None:
+    """Bring projections ``Y`` (``b×m``, ``Y[i] = S̃_v k'_{q_i}``) over one message, in place.
+
+    ``cols`` is ``K'[Q, P]`` (``b×|P|``) for the rows ``Q`` of ``Y`` and the block ``P`` whose steps
+    the message records (``None`` for a message without column updates, e.g. a lone fold).
+    """
+    for op in ops:
+        kind = op[0]
+        if kind == "cols":
+            _, j0, j1, delta = op
+            Y += cols[:, j0:j1] @ delta
+        elif kind == "fold":
+            Y[...] = Y @ op[1].T
+        elif kind == "direct":
+            _, j, a, y, cb, z, xi = op
+            c = _direct_transform(Y.T, a, y, cb, z, xi)
+            Y += np.outer(cols[:, j], c)
+        elif kind != "c":
+            raise ValueError(f"unknown operation {kind!r} in a message")
+
+
+def apply_message(S: np.ndarray, C: np.ndarray | None, lo: int, hi: int,
+                  index: np.ndarray | None, ops, K: np.ndarray | None) -> None:
+    """Apply one message to the replica ``S̃[:, lo:hi]`` (``S``) and ``C̃[:, lo:hi]`` (``C``).
+
+    ``index`` is the block ``P`` the message's steps belong to (``None`` for a lone fold) and ``K``
+    is ``K'[P, lo:hi]``, needed when ``C`` is kept and the message updates it. In place; ``S`` and
+    ``C`` C-contiguous.
+    """
+    for op in ops:
+        kind = op[0]
+        if kind == "cols":
+            _, j0, j1, delta = op
+            p = index[j0:j1]
+            sel = np.flatnonzero((p >= lo) & (p < hi))
+            if sel.size:
+                S[:, p[sel] - lo] += delta[sel].T
+        elif kind == "fold":
+            F = op[1]
+            lower_times_inplace(F, S)
+            if C is not None:
+                lower_times_inplace(F[:C.shape[0], :C.shape[0]], C)
+        elif kind == "direct":
+            _, j, a, y, cb, z, xi = op
+            c = _direct_transform(S, a, y, cb, z, xi)
+            p = int(index[j])
+            if lo <= p < hi:
+                S[:, p - lo] += c
+            if C is not None:
+                compiled.apply_m(C, a, y, C)
+                C += np.outer(a, K[j])
+        elif kind == "c":
+            if C is not None:
+                C += op[1].T @ K
+        else:
+            raise ValueError(f"unknown operation {kind!r} in a message")
