@@ -122,9 +122,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where block projections are computed (dkha.projections): from kernel "
                         "rows shipped to the coordinator, or on the workers from replicas")
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
+    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                   help="write the complete state to RUN_DIR/checkpoints every N passes "
+                        "(SIGTERM also checkpoints, then exits with code 75)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue RUN_DIR's run from its newest valid checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_cluster_options(p)
+
+    # run (pipelines)
+    p = sub.add_parser("run", help="run a pipeline file (TOML): ingest → fit → evaluate → apply → report")
+    p.add_argument("pipeline")
+    p.add_argument("--run-id", help="name of the run directory (default: the pipeline's name)")
+    p.add_argument("--runs-dir", default="runs", help="where run directories go (default ./runs)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_cluster_options(p)
+
+    # applications: denoise, cluster
+    from dkha.apply.cli import add_parsers as add_apply_parsers
+
+    add_apply_parsers(sub)
 
     # evaluate
     p = sub.add_parser("evaluate", help="reconstruction error E(A), E_min and the excess (eq. 22)")
@@ -189,7 +207,8 @@ def cmd_fit(args) -> int:
         if getattr(args, name) is not None:
             raise_param(f"--{name.replace('_', '-')} applies to the online algorithms "
                         f"({', '.join(ONLINE)}), not {args.algorithm}")
-    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite)
+    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
+              checkpoint_every=args.checkpoint_every or 0, resume=args.resume)
     summary = _fit_summary(model, args.out)
     if args.json:
         print(json.dumps(summary))
@@ -220,6 +239,8 @@ def _fit_online(args) -> int:
     steps = args.steps
     if steps is None and args.passes is not None:
         steps = args.passes * n_samples
+    if args.checkpoint_every or args.resume:
+        raise_param(f"--checkpoint-every and --resume apply to the batch algorithms, not {args.algorithm}")
     for name in ("mu", "xi", "tol"):
         if getattr(args, name) is not None:
             raise_param(f"--{name} applies to the batch algorithms, not {args.algorithm}")
@@ -253,7 +274,7 @@ def cmd_evaluate(args) -> int:
     from dkha import result
     from dkha.cluster import client_for
     from dkha.evaluate import evaluate
-    from dkha.transform import _engine
+    from dkha.transform import engine_for_run
 
     ds = result.load(args.run_dir)
     if "dictionary" in ds:
@@ -261,7 +282,7 @@ def cmd_evaluate(args) -> int:
     eig = ds.attrs.get("top_eigenvalues")
     r = ds.sizes["component"]
     with client_for(**_cluster_kwargs(args)) as client:
-        engine = _engine(ds, client)
+        engine = engine_for_run(ds, client)
         ev = evaluate(engine, ds["alpha"].values,
                       None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
     out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]), "n_components": int(r),
@@ -306,6 +327,23 @@ def cmd_transform(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from dkha.pipeline import run_file
+
+    code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
+                             cluster=_cluster_kwargs(args), verbose=args.verbose > 0)
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print(f"run {summary['run_id']} in {summary['run_dir']}: exit {code}")
+        for name, figs in summary.get("figures", {}).items():
+            shown = ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
+                              for k, v in figs.items() if v is not None)
+            print(f"  {name}: {shown}")
+        print(f"  report: {os.path.join(summary['run_dir'], 'report.html')}")
+    return code
+
+
 def cmd_demo(args) -> int:
     import numpy as np
     from sklearn.datasets import load_digits
@@ -332,7 +370,7 @@ def cmd_demo(args) -> int:
 
 
 COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, "fit": cmd_fit, "evaluate": cmd_evaluate,
-            "transform": cmd_transform}
+            "transform": cmd_transform, "run": cmd_run}
 
 
 def _quiet_distributed(level: int) -> None:
@@ -344,14 +382,40 @@ def _quiet_distributed(level: int) -> None:
             logging.getLogger(name).setLevel(max(level, logging.WARNING))
 
 
+def _install_stop_handler() -> None:
+    """SIGTERM: a running fit checkpoints at the next block and exits with code 75 (resumable).
+
+    A second SIGTERM ends the process at once.
+    """
+    import signal
+
+    from dkha.coordinator import STOP
+
+    def handler(signum, frame):
+        if STOP.is_set():
+            raise SystemExit(128 + signum)
+        STOP.set()
+        print("dkha: stopping at the next block (checkpoint, then exit 75)", file=sys.stderr)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (embedded use)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    for h in logging.root.handlers:  # library INFO lines go to files (pipelines), not the console
+        h.setLevel(level)
     _quiet_distributed(level)
+    from dkha.apply.cli import COMMANDS as APPLY_COMMANDS
+
+    _install_stop_handler()
     try:
-        return COMMANDS[args.command](args)
+        return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
     except DkhaError as exc:
         print(f"dkha: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -8,6 +8,7 @@ coordinator only applies the sequential updates.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -38,26 +39,60 @@ def _progress(verbose: bool, total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
+#: set (e.g. by the CLI's SIGTERM handler) to make a running fit checkpoint and stop
+STOP = threading.Event()
+
+
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
               verbose: bool = False, A_init: np.ndarray | None = None,
-              tol: float | None = None) -> BatchResult:
+              tol: float | None = None, checkpointer=None, checkpoint_every: int = 0,
+              checkpoint_meta: dict | None = None, resume=None) -> BatchResult:
     """Fit ``solver`` for ``n_steps`` steps over ``engine``'s kernel rows.
 
     ``evaluate_every``: evaluate (eq. 22) every that many passes and at the end; 0 evaluates only
     at the end; a negative value never evaluates. ``tol``: stop at the first evaluation whose
     excess error is at most ``tol`` (evaluating at least every pass).
+
+    ``checkpointer`` (a :class:`dkha.checkpoint.Checkpointer`) writes the complete state every
+    ``checkpoint_every`` passes, and at the next block boundary when :data:`STOP` is set (then
+    :class:`~dkha.errors.Interrupted` is raised). ``resume``: a loaded checkpoint to continue
+    from; the continued run equals the uninterrupted one bit for bit.
     """
+    from dkha.checkpoint import state_from_arrays, state_to_arrays
+    from dkha.errors import Interrupted
+
     if tol is not None and evaluate_every < 1:
         evaluate_every = 1
     l, r = engine.n_samples, solver.r
-    if engine.mk is None:
-        engine.compute_mk()
-    A1 = initial_coefficients(r, l, schedule.init_generator(seed)) if A_init is None else A_init
-    solver.start(A1, C=projections(engine, A1) if solver.needs_projection else None)
-
     history: list[dict] = []
     eig_top: np.ndarray | None = None
     fit_seconds = 0.0
+    if resume is not None:
+        arrays = {k[len("state."):]: v for k, v in resume.arrays.items() if k.startswith("state.")}
+        engine.set_mk(resume.arrays["mk"], float(resume.meta["mkm"]))
+        solver.start(np.zeros((r, l)), C=np.zeros((r, l)) if solver.needs_projection else None)
+        solver.state = state_from_arrays(type(solver.state), arrays, resume.meta["state_scalars"])
+        history = list(resume.meta["history"])
+        fit_seconds = float(resume.meta["fit_seconds"])
+        if "top_eigenvalues" in resume.arrays:
+            eig_top = resume.arrays["top_eigenvalues"]
+        log.info("resuming at step %d from %s", solver.state.t, resume.path)
+    else:
+        if engine.mk is None:
+            engine.compute_mk()
+        A1 = initial_coefficients(r, l, schedule.init_generator(seed)) if A_init is None else A_init
+        solver.start(A1, C=projections(engine, A1) if solver.needs_projection else None)
+
+    def save_checkpoint():
+        arrays, scalars = state_to_arrays(solver.state)
+        out = {f"state.{k}": v for k, v in arrays.items()}
+        out["mk"] = engine.mk
+        if eig_top is not None:
+            out["top_eigenvalues"] = np.asarray(eig_top)
+        meta = dict(checkpoint_meta or {}, mkm=engine.mkm, history=history,
+                    fit_seconds=fit_seconds, state_scalars=scalars,
+                    state_class=type(solver.state).__name__, n_steps=n_steps)
+        checkpointer.save(solver.state.t, out, meta)
 
     def record(pass_index: int, C=None):
         nonlocal eig_top
@@ -69,14 +104,19 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
         log.info("pass %d step %d: excess error %.3e", pass_index, solver.state.t, ev.excess)
         return ev
 
-    if evaluate_every > 0:
+    if evaluate_every > 0 and resume is None:
         record(0)
     converged = tol is not None and history and history[-1]["excess"] <= tol
     bar = _progress(verbose, n_steps, solver.algorithm)
+    start_step = solver.state.t
+    if bar is not None and start_step:
+        bar.update(start_step)
     n_passes = -(-n_steps // l)
-    current_pass = -1
+    # a resume mid-pass continues that pass (its eigenvalue refresh already happened)
+    current_pass = start_step // l if start_step % l else -1
     t0 = time.perf_counter()
-    tagged = ((k, idx) for k, _, idx in schedule.blocks(seed, l, n_steps, engine.block_rows))
+    tagged = ((k, idx) for k, _, idx in
+              schedule.blocks(seed, l, n_steps, engine.block_rows, start_step=start_step))
     for k, idx, rows in ([] if converged else engine.stream(tagged, solver=solver)):
         if k != current_pass:
             if current_pass >= 0:
@@ -86,12 +126,22 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
                     log.info("excess error %.3e ≤ tol %.3e after pass %d: stopping",
                              history[-1]["excess"], tol, current_pass + 1)
                     break
+                if checkpointer is not None and checkpoint_every > 0 and k % checkpoint_every == 0:
+                    save_checkpoint()
                 t0 = time.perf_counter()
             solver.begin_pass()
             current_pass = k
         solver.apply_block(idx, rows)
         if bar is not None:
             bar.update(len(idx))
+        if STOP.is_set() and solver.state.t < n_steps:
+            fit_seconds += time.perf_counter() - t0
+            if checkpointer is not None:
+                save_checkpoint()
+                raise Interrupted(f"stopped at step {solver.state.t} (pass {k + 1}); checkpoint "
+                                  f"written: continue with `dkha fit ... --resume`")
+            raise Interrupted(f"stopped at step {solver.state.t} (pass {k + 1}); no checkpoint "
+                              "(fit with a run directory to make runs resumable)")
     fit_seconds += time.perf_counter() - t0
     last_pass = solver.state.t / l
     # final evaluation (always, unless evaluate_every < 0)

@@ -13,7 +13,8 @@ import numpy as np
 import dkha
 from dkha import config, result, schedule
 from dkha.cluster import client_for
-from dkha.errors import ParameterError
+from dkha.checkpoint import Checkpointer, differences
+from dkha.errors import ParameterError, RunDirectoryError
 from dkha.kernels import make_kernel, median_distance
 from dkha.rows import RowEngine
 from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
@@ -185,6 +186,10 @@ class KernelHebbianPCA:
     def _validated(self, n_samples: int) -> dict:
         if self.algorithm == "krylov":
             algorithm = "krylov"
+        elif self.algorithm not in ALGORITHMS:
+            raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of "
+                                 f"{', '.join(ALGORITHMS)}, krylov (or on-kha, oo-kha, okpca with "
+                                 "dkha.online.OnlineKernelPCA)")
         else:
             algorithm = check_algorithm(self.algorithm)
         r = self.n_components
@@ -237,11 +242,16 @@ class KernelHebbianPCA:
         attrs.update({k: v for k, v in kernel.param_dict.items()})
         return attrs
 
-    def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False) -> "KernelHebbianPCA":
+    def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
+            checkpoint_every: int = 0, resume: bool = False) -> "KernelHebbianPCA":
         """Fit on ``X`` (a data store path, a :class:`DataStore` or an array).
 
         With ``run_dir``, the components are saved there (``components.zarr``); a directory
         holding a different run is refused before any work unless ``overwrite``.
+        ``checkpoint_every``: write the complete state to ``run_dir/checkpoints`` every that many
+        passes (and on SIGTERM via :data:`dkha.coordinator.STOP`). ``resume``: continue from the
+        newest valid checkpoint; the result equals the uninterrupted run bit for bit. Resuming
+        with other settings or data is refused with the list of differences.
         """
         store, tmp = resolve_store(X)
         if tmp is not None:
@@ -250,8 +260,33 @@ class KernelHebbianPCA:
         kernel = resolve_kernel(store, self.kernel, self.seed, sigma=self.sigma,
                                 degree=self.degree, offset=self.offset, gamma=self.gamma)
         attrs = self.run_attrs(store, kernel, p)
+        checkpointer, ck = None, None
+        if checkpoint_every and int(checkpoint_every) < 0:
+            raise ParameterError(f"checkpoint_every must be a positive number of passes, got {checkpoint_every}")
+        if (checkpoint_every or resume) and run_dir is None:
+            raise ParameterError("checkpoints and --resume need a run directory")
         if run_dir is not None:
-            result.check_run_dir(run_dir, attrs, overwrite)
+            if "://" not in store.path:
+                real_run, real_store = os.path.realpath(run_dir), os.path.realpath(store.path)
+                if real_run == real_store or real_run.startswith(real_store + os.sep):
+                    raise RunDirectoryError(f"the run directory {run_dir} is inside the data store "
+                                            f"{store.path} being read; write the run elsewhere")
+            checkpointer = Checkpointer(run_dir)
+            if resume:
+                ck = checkpointer.require_latest()
+                diffs = differences(ck.meta.get("attrs", {}), result.jsonable(attrs),
+                                    result.IDENTITY_ATTRS + ("n_samples", "n_features"))
+                if diffs:
+                    raise ParameterError(f"cannot resume {run_dir} with different settings or data: "
+                                         + "; ".join(diffs))
+            else:
+                result.check_run_dir(run_dir, attrs, overwrite)
+                if checkpointer.latest() is not None:
+                    if not overwrite:
+                        raise RunDirectoryError(
+                            f"{run_dir} holds checkpoints of an unfinished run; pass --resume to "
+                            "continue it or --overwrite to start over")
+                    checkpointer.clear()
         store.check_finite()
         from dkha.coordinator import run_batch, run_krylov
         from dkha.solvers.nystrom import nystrom_coefficients
@@ -259,9 +294,10 @@ class KernelHebbianPCA:
         with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client:
             engine = RowEngine(store, kernel, client, block_rows=self.block_rows,
                                prefetch=self.prefetch, projections=self.projections)
-            engine.compute_mk()
             A_init = None
-            if p["landmarks"]:
+            if ck is None:
+                engine.compute_mk()
+            if p["landmarks"] and ck is None:
                 A_init, _ = nystrom_coefficients(engine, p["r"], p["landmarks"], seed=self.seed)
             if p["algorithm"] == "krylov":
                 res = run_krylov(engine, p["r"], seed=self.seed, A_init=A_init,
@@ -272,7 +308,9 @@ class KernelHebbianPCA:
                                   mu=p["mu"], xi=p["xi"], rho0=p["rho0"])
                 res = run_batch(engine, solver, n_steps=p["n_steps"], seed=self.seed,
                                 evaluate_every=self.evaluate_every, verbose=self.verbose,
-                                A_init=A_init, tol=self.tol)
+                                A_init=A_init, tol=self.tol, checkpointer=checkpointer,
+                                checkpoint_every=int(checkpoint_every or 0),
+                                checkpoint_meta={"attrs": result.jsonable(attrs)}, resume=ck)
         self.alpha_ = res.alpha
         self.eigenvalues_ = res.eigenvalue
         self.mk_, self.mkm_ = engine.mk, engine.mkm
@@ -286,6 +324,7 @@ class KernelHebbianPCA:
                            else [float(v) for v in res.top_eigenvalues])
         if run_dir is not None:
             self.save(run_dir)
+            checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
     def to_dataset(self):

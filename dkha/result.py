@@ -54,11 +54,12 @@ def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict]
     attrs = dict(attrs)
     if mkm is not None:
         attrs["mkm"] = float(mkm)
-    ds.attrs.update(_jsonable(attrs))
+    ds.attrs.update(jsonable(attrs))
     return ds
 
 
-def _jsonable(d: dict) -> dict:
+def jsonable(d: dict) -> dict:
+    """``d`` as JSON would give it back (numpy scalars as numbers, tuples as lists)."""
     return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
@@ -75,7 +76,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
         raise RunDirectoryError(
             f"{run_dir} holds a components.zarr dkha cannot read; pass --overwrite to replace it"
         ) from None
-    new = _jsonable(attrs)
+    new = jsonable(attrs)
     diffs = [k for k in IDENTITY_ATTRS if old.get(k) != new.get(k)]
     if diffs:
         detail = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:4])
