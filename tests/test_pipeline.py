@@ -1,0 +1,179 @@
+"""Pipelines: validation, idempotent re-runs, the lock, resume after a kill, the report."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dkha.errors import ParameterError
+from dkha.pipeline import PipelineError, load, run_directory, run_lock, safe_id
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = """
+[pipeline]
+name = "tiny"
+
+[data]
+kind = "digits"
+per_class = 25
+
+[[fit]]
+name = "smd"
+algorithm = "kha-smd"
+components = 5
+sigma = 4.0
+passes = {passes}
+evaluate_every = 2
+checkpoint_every = 1
+block_rows = 25
+
+[[fit]]
+name = "et"
+algorithm = "kha-et"
+components = 5
+sigma = 4.0
+passes = 2
+
+[[apply]]
+kind = "cluster"
+fit = "smd"
+k = 10
+
+[report]
+title = "tiny"
+"""
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    return env
+
+
+def _run(args, cwd, **kw):
+    return subprocess.run([sys.executable, "-m", "dkha.cli", "run", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=600, **kw)
+
+
+def test_unknown_keys_and_sections_are_refused(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text(TINY.format(passes=2).replace("components = 5\nsigma = 4.0\npasses = 2",
+                                               "components = 5\nsigma = 4.0\npases = 2"))
+    with pytest.raises(PipelineError, match="unknown key pases"):
+        load(str(f))
+    f.write_text(TINY.format(passes=2) + "\n[extra]\nx = 1\n")
+    with pytest.raises(PipelineError, match="unknown section extra"):
+        load(str(f))
+    f.write_text("[data\nkind=")
+    with pytest.raises(PipelineError, match="not valid TOML"):
+        load(str(f))
+    p = _run([str(f)], cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith("dkha: error:") and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("bad", ["..", "../x", "/abs", "a/b", "", ".hidden", "x" * 101])
+def test_unsafe_run_ids_are_refused(bad):
+    with pytest.raises(ParameterError, match="unsafe run id"):
+        safe_id(bad)
+
+
+def test_symlink_escape_is_refused(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "evil").symlink_to(tmp_path)
+    with pytest.raises(ParameterError, match="outside"):
+        run_directory(str(runs), "evil")
+
+
+def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path):
+    (tmp_path / "p.toml").write_text(TINY.format(passes=3))
+    first = _run(["p.toml", "--json"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    summary = json.loads(first.stdout)
+    run_dir = summary["run_dir"]
+    assert summary["exit_code"] == 0
+    assert set(summary["stages"]) == {"data", "fit:smd", "fit:et", "evaluate:smd", "evaluate:et",
+                                      "apply:0:cluster"}
+    # the figures are the fits' own histories, and the clustering scored against the labels
+    ds = xr.open_zarr(os.path.join(run_dir, "fits", "smd", "components.zarr"))
+    assert summary["figures"]["smd"]["excess"] == pytest.approx(float(ds["excess"].values[-1]))
+    assert 0 <= summary["figures"]["apply-0-cluster"]["vi"] < summary["figures"]["apply-0-cluster"]["vi_random"]
+    mtime = os.path.getmtime(os.path.join(run_dir, "fits", "smd", "components.zarr", "zarr.json"))
+    second = _run(["p.toml"], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    log = open(os.path.join(run_dir, "pipeline.log")).read()
+    assert log.count("stage fit:smd: running") == 1
+    assert log.count("stage fit:smd: done already, skipped") == 1
+    assert os.path.getmtime(os.path.join(run_dir, "fits", "smd", "components.zarr", "zarr.json")) == mtime
+    # the report: valid HTML, every image embedded and non-empty, the PNG files exist
+    page = open(os.path.join(run_dir, "report.html")).read()
+    parser = _Checker()
+    parser.feed(page)
+    assert parser.images and all(len(src) > 1000 for src in parser.images)
+    assert parser.stack == []
+    for name in ("convergence.png", "components.png"):
+        assert os.path.getsize(os.path.join(run_dir, "report", name)) > 1000
+
+
+class _Checker(html.parser.HTMLParser):
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.images = [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            src = dict(attrs)["src"]
+            assert src.startswith("data:image/png;base64,")
+            self.images.append(src)
+        elif tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, f"unbalanced </{tag}>"
+        self.stack.pop()
+
+
+def test_a_second_run_of_the_same_id_is_locked_out(tmp_path):
+    (tmp_path / "p.toml").write_text(TINY.format(passes=2))
+    run_dir = str(tmp_path / "runs" / "tiny")
+    with run_lock(run_dir):
+        p = _run(["p.toml"], cwd=tmp_path)
+    assert p.returncode == 73 and "another run holds" in p.stderr
+
+
+def test_killed_mid_fit_then_rerun_resumes(tmp_path):
+    (tmp_path / "p.toml").write_text(TINY.format(passes=12))
+    ref = _run(["p.toml", "--run-id", "reference"], cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "dkha.cli", "run", "p.toml", "--run-id", "killed"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ck = tmp_path / "runs" / "killed" / "fits" / "smd" / "checkpoints"
+    deadline = time.time() + 300
+    while not (ck.is_dir() and any(n.startswith("step-") for n in os.listdir(ck))):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = _run(["p.toml", "--run-id", "killed"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    log = open(tmp_path / "runs" / "killed" / "pipeline.log").read()
+    assert re.search(r"resuming at step \d+", log)
+    a = xr.open_zarr(str(tmp_path / "runs" / "killed" / "fits" / "smd" / "components.zarr"))
+    b = xr.open_zarr(str(tmp_path / "runs" / "reference" / "fits" / "smd" / "components.zarr"))
+    assert np.array_equal(a["alpha"].values, b["alpha"].values)
