@@ -12,18 +12,18 @@ import numpy as np
 import xarray as xr
 
 from dkha.cluster import client_for
-from dkha.store import consolidate
 from dkha.errors import InputError, RunDirectoryError
 from dkha.kernels import make_kernel
-from dkha.rows import RowEngine
-from dkha.store import StoreWriter, open_store  # noqa: F401  (StoreWriter: same overwrite rules)
+from dkha.rows import RowEngine, project_rows
+from dkha.store import consolidate, open_store
 
 
 def kernel_of(ds: xr.Dataset):
     return make_kernel(ds.attrs["kernel"], **ds.attrs.get("kernel_parameters", {}))
 
 
-def _engine(ds: xr.Dataset, client) -> RowEngine:
+def engine_for_run(ds: xr.Dataset, client) -> RowEngine:
+    """The row engine of a batch run's training store and kernel, with the run's centering."""
     store = open_store(ds.attrs["store"])
     if store.n_samples != ds.sizes["sample"]:
         raise InputError(f"the training store {store.path} now holds {store.n_samples} samples; "
@@ -46,38 +46,68 @@ def project(ds: xr.Dataset, X: np.ndarray, *, client=None, scheduler=None, sched
     if not np.isfinite(X).all():
         raise InputError("new data holds NaN or inf")
     with client_for(scheduler, scheduler_file, workers, client) as c:
-        return _engine(ds, c).transform(X, ds["alpha"].values)
+        return engine_for_run(ds, c).transform(X, ds["alpha"].values)
 
 
-def transform_store(ds: xr.Dataset, new_store: str, out: str, *, overwrite: bool = False,
-                    client=None, scheduler=None, scheduler_file=None, workers=None) -> xr.Dataset:
-    """Project every sample of a data store; write ``projection (sample, component)`` to ``out``."""
+def transform_lazy(ds: xr.Dataset, new_store: str) -> xr.DataArray:
+    """Projections of a data store's samples as a lazy, blockwise ``(sample, component)`` array.
+
+    One dask task per chunk of the new store; each reads its chunk and the training chunks
+    (cached per worker process) and projects them. Compute it under any Dask scheduler, or write
+    it with ``.to_zarr``.
+    """
+    import dask.array as da
+
     new = open_store(new_store, check_finite=True)
     if new.n_features != int(ds.attrs["n_features"]):
         raise InputError(f"{new_store} has {new.n_features} features; the run was fitted on "
                          f"{ds.attrs['n_features']}")
+    X = da.from_zarr(new.array())
+    r = ds.sizes["component"]
+    alpha = np.ascontiguousarray(ds["alpha"].values)
+    if "dictionary" in ds:
+        from dkha.online import project as project_online
+
+        small = ds[["alpha", "dictionary", "mean_coefficient"]].load()
+        small.attrs = dict(ds.attrs)
+        proj = X.map_blocks(lambda b: project_online(small, b), dtype=np.float64,
+                            chunks=(X.chunks[0], (r,)))
+    else:
+        train = open_store(ds.attrs["store"])
+        groups = tuple((a, b) for a, b in (train.chunk_bounds(i) for i in range(train.n_chunks)))
+        proj = X.map_blocks(_project_chunk, train.path, kernel_of(ds), ds["mk"].values,
+                            float(ds.attrs["mkm"]), groups, alpha, dtype=np.float64,
+                            chunks=(X.chunks[0], (r,)))
+    return xr.DataArray(proj, dims=("sample", "component"),
+                        coords={"component": ds["component"].values}, name="projection",
+                        attrs={"run_store": ds.attrs["store"], "source": os.path.abspath(new_store)
+                               if "://" not in new_store else new_store,
+                               "algorithm": ds.attrs["algorithm"]})
+
+
+def _project_chunk(Xc, path, kernel, mk, mkm, groups, alpha):
+    return project_rows(path, kernel, np.asarray(Xc, dtype=np.float64), mk, mkm,
+                        tuple((g,) for g in groups), alpha)
+
+
+def transform_store(ds: xr.Dataset, new_store: str, out: str, *, overwrite: bool = False,
+                    client=None, scheduler=None, scheduler_file=None, workers=None) -> xr.Dataset:
+    """Project every sample of a data store; write ``projection (sample, component)`` to ``out``
+    (blockwise on the cluster, written aside and renamed into place)."""
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
-    alpha = ds["alpha"].values
-    parts = []
-    if "dictionary" in ds:
-        parts = [project(ds, Xc) for _, _, Xc in new.iter_chunks()]
-    else:
-        with client_for(scheduler, scheduler_file, workers, client) as c:
-            engine = _engine(ds, c)
-            for _, _, Xc in new.iter_chunks():
-                parts.append(engine.transform(Xc, alpha))
-    proj = np.concatenate(parts)
-    res = xr.Dataset({"projection": (("sample", "component"), proj)},
-                     coords={"component": ds["component"].values},
-                     attrs={"run_store": ds.attrs["store"], "source": os.path.abspath(new_store),
-                            "algorithm": ds.attrs["algorithm"]})
+    if os.path.abspath(out) in (os.path.abspath(new_store), os.path.abspath(ds.attrs["store"])):
+        raise RunDirectoryError(f"{out} is an input of this transform; write elsewhere")
+    proj = transform_lazy(ds, new_store)
+    res = proj.to_dataset()
+    res.attrs = dict(proj.attrs)
     tmp = out + ".tmp"
-    res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
+    with client_for(scheduler, scheduler_file, workers, client):
+        res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
     consolidate(tmp)
     if os.path.exists(out):
         import shutil
 
         shutil.rmtree(out)
     os.replace(tmp, out)
-    return res
+    return xr.open_zarr(out)

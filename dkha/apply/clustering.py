@@ -160,7 +160,7 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
     from dkha import result
     from dkha.cluster import client_for
     from dkha.evaluate import projections
-    from dkha.transform import _engine
+    from dkha.transform import engine_for_run
 
     ds = run if isinstance(run, xr.Dataset) else result.load(run)
     if "mk" not in ds or ds["alpha"].dims[1] != "sample":
@@ -168,7 +168,7 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
                          "this one is an online (dictionary) run")
     alpha = np.ascontiguousarray(ds["alpha"].values)
     with client_for(scheduler, scheduler_file, workers, client) as c:
-        engine = _engine(ds, c)
+        engine = engine_for_run(ds, c)
         C = projections(engine, alpha)
         labels = engine.store.labels()
     clusters = spectral_clustering(C.T, n_clusters, scale=scale, seed=seed, n_init=n_init)

@@ -176,7 +176,7 @@ def denoise_image(run, image, *, reference=None, iterations: int | None = None,
 
     from dkha.cluster import client_for
     from dkha.evaluate import projections
-    from dkha.transform import _engine, kernel_of
+    from dkha.transform import engine_for_run, kernel_of
 
     t0 = time.perf_counter()
     ds = _load_run(run)
@@ -206,7 +206,7 @@ def denoise_image(run, image, *, reference=None, iterations: int | None = None,
 
         bar = tqdm(total=len(corners), desc="denoise", unit="patch")
     with client_for(scheduler, scheduler_file, workers, client) as c:
-        engine = _engine(ds, c)
+        engine = engine_for_run(ds, c)
         gram = projections(engine, alpha) @ alpha.T if orthonormalize else None
         sums = engine_sums(engine, alpha)
         for a in range(0, len(corners), block):

@@ -1,0 +1,146 @@
+"""Bad input: each case is one line on stderr, a non-zero exit, no traceback, nothing written over.
+
+Run as a script to print the table of cases and what the user sees:
+
+    python tests/test_bad_input.py
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import zarr
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    env["DASK_DKHA__CONNECT_TIMEOUT"] = "2s"
+    return env
+
+
+def make_fixtures(d: str) -> dict:
+    """The files the cases use, made in ``d``."""
+    from dkha.store import ingest_array
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 4))
+    np.save(os.path.join(d, "good.npy"), X)
+    bad = X.copy()
+    bad[123, 2] = np.nan
+    np.save(os.path.join(d, "nan.npy"), bad)
+    np.save(os.path.join(d, "inf.npy"), np.where(np.arange(300)[:, None] == 7, np.inf, X))
+    np.save(os.path.join(d, "three.npy"), np.zeros((3, 3, 3)))
+    np.save(os.path.join(d, "empty.npy"), np.zeros((0, 4)))
+    np.save(os.path.join(d, "strings.npy"), np.array([["a", "b"], ["c", "d"]]))
+    with open(os.path.join(d, "pickled.npy"), "wb") as f:
+        np.save(f, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    ingest_array(X, os.path.join(d, "good.zarr"), chunk_rows=50)
+    for name in ("corrupt.zarr", "missing.zarr"):
+        shutil.copytree(os.path.join(d, "good.zarr"), os.path.join(d, name))
+    chunk = sorted(glob.glob(os.path.join(d, "corrupt.zarr", "X", "c", "*", "*")))[2]
+    data = bytearray(open(chunk, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(chunk, "wb").write(bytes(data))
+    os.remove(sorted(glob.glob(os.path.join(d, "missing.zarr", "X", "c", "*", "*")))[3])
+    g = zarr.open_group(os.path.join(d, "nox.zarr"), mode="w")
+    g.create_array("Y", shape=(10, 2), dtype="f8")
+    g = zarr.open_group(os.path.join(d, "dims3.zarr"), mode="w")
+    a = g.create_array("X", shape=(4, 3, 2), dtype="f8", dimension_names=["sample", "feature", "z"])
+    a[:] = 1.0
+    g = zarr.open_group(os.path.join(d, "textx.zarr"), mode="w")
+    g.create_array("X", shape=(4, 3), dtype="bool", dimension_names=["sample", "feature"])
+    os.makedirs(os.path.join(d, "notzarr"))
+    open(os.path.join(d, "afile"), "w").write("x")
+    subprocess.run([sys.executable, "-m", "dkha.cli", "fit", os.path.join(d, "good.zarr"), "-o",
+                    os.path.join(d, "run"), "--passes", "1", "--components", "2", "--quiet"],
+                   env=_env(), check=True, capture_output=True)
+    bad_toml = os.path.join(d, "bad.toml")
+    open(bad_toml, "w").write('[data]\nkind = "digits"\n[[fit]]\nalgorithm = "kha"\npases = 3\n')
+    open(os.path.join(d, "ok.toml"), "w").write('[data]\nkind = "digits"\n[[fit]]\nalgorithm = "kha"\n')
+    return {"d": d}
+
+
+CASES = [
+    ("NaN in the data", ["ingest", "array", "{d}/nan.npy", "-o", "{d}/o1.zarr"], "non-finite", "o1.zarr"),
+    ("inf in the data", ["ingest", "array", "{d}/inf.npy", "-o", "{d}/o2.zarr"], "rows starting at 7", "o2.zarr"),
+    ("3-d array", ["ingest", "array", "{d}/three.npy", "-o", "{d}/o3.zarr"], "2-d", "o3.zarr"),
+    ("empty array", ["ingest", "array", "{d}/empty.npy", "-o", "{d}/o4.zarr"], "empty", "o4.zarr"),
+    ("non-numeric dtype", ["ingest", "array", "{d}/strings.npy", "-o", "{d}/o5.zarr"], "not numeric", "o5.zarr"),
+    ("pickled .npy (never unpickled)", ["ingest", "array", "{d}/pickled.npy", "-o", "{d}/o6.zarr"], "not a readable", "o6.zarr"),
+    ("missing input file", ["ingest", "array", "{d}/nothere.npy", "-o", "{d}/o7.zarr"], "no such file", None),
+    ("store does not exist", ["fit", "{d}/nothere.zarr", "-o", "{d}/r1"], "no data store", "r1"),
+    ("store is a file", ["fit", "{d}/afile", "-o", "{d}/r2"], "is a file", "r2"),
+    ("directory that is not zarr", ["fit", "{d}/notzarr", "-o", "{d}/r3"], "not a zarr group", "r3"),
+    ("store without X", ["fit", "{d}/nox.zarr", "-o", "{d}/r4"], "has no variable X", "r4"),
+    ("X with 3 dims", ["fit", "{d}/dims3.zarr", "-o", "{d}/r5"], "2 dims", "r5"),
+    ("X of booleans", ["fit", "{d}/textx.zarr", "-o", "{d}/r6"], "dtype bool", "r6"),
+    ("corrupted chunk (checksum)", ["fit", "{d}/corrupt.zarr", "-o", "{d}/r7", "--sigma", "1"], "corrupted", "r7"),
+    ("missing chunk", ["fit", "{d}/missing.zarr", "-o", "{d}/r8"], "missing 1 of 6 chunks", "r8"),
+    ("r ≥ l", ["fit", "{d}/good.zarr", "-o", "{d}/r9", "--components", "300"], "smaller than the number of samples", "r9"),
+    ("sigma ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r10", "--sigma", "0"], "sigma must be a positive", "r10"),
+    ("unknown algorithm", ["fit", "{d}/good.zarr", "-o", "{d}/r11", "--algorithm", "pca"], "unknown algorithm", "r11"),
+    ("unknown kernel", ["fit", "{d}/good.zarr", "-o", "{d}/r12", "--kernel", "cosine"], "unknown kernel", "r12"),
+    ("eta0 ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r13", "--eta0", "-1"], "eta0 must be a positive", "r13"),
+    ("xi outside [0, 1]", ["fit", "{d}/good.zarr", "-o", "{d}/r14", "--xi", "1.5"], "xi must lie in", "r14"),
+    ("bad --init", ["fit", "{d}/good.zarr", "-o", "{d}/r15", "--init", "nystrom:abc"], "init", "r15"),
+    ("run dir holds a different run", ["fit", "{d}/good.zarr", "-o", "{d}/run", "--components", "3"], "different run", None),
+    ("run dir is a file", ["fit", "{d}/good.zarr", "-o", "{d}/afile"], "not a directory", None),
+    ("run dir inside the input store", ["fit", "{d}/good.zarr", "-o", "{d}/good.zarr/run"], "inside the data store", None),
+    ("resume of a run that does not exist", ["fit", "{d}/good.zarr", "-o", "{d}/r16", "--resume"], "no run directory", "r16"),
+    ("resume of a run without checkpoints", ["fit", "{d}/good.zarr", "-o", "{d}/run", "--resume", "--components", "2", "--passes", "1"], "holds no checkpoint", None),
+    ("evaluate a directory that is no run", ["evaluate", "{d}/notzarr"], "not a dkha run directory", None),
+    ("transform writing over its input", ["transform", "{d}/run", "{d}/good.zarr", "-o", "{d}/good.zarr", "--overwrite"], "input of this transform", None),
+    ("transform with other features", ["transform", "{d}/run", "{d}/dims3.zarr", "-o", "{d}/t2.zarr"], "2 dims", "t2.zarr"),
+    ("unreachable scheduler", ["fit", "{d}/good.zarr", "-o", "{d}/r17", "--scheduler", "tcp://127.0.0.1:1"], "cannot reach", "r17"),
+    ("pipeline file with unknown keys", ["run", "{d}/bad.toml", "--runs-dir", "{d}/runs"], "unknown key pases", None),
+    ("unsafe run id", ["run", "{d}/ok.toml", "--run-id", "../escape", "--runs-dir", "{d}/runs"], "unsafe run id", None),
+]
+
+
+def run_case(args, d):
+    argv = [a.format(d=d) for a in args]
+    return subprocess.run([sys.executable, "-m", "dkha.cli", *argv], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    return make_fixtures(str(tmp_path_factory.mktemp("bad")))
+
+
+@pytest.mark.parametrize("what,args,expect,not_written", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(fixtures, what, args, expect, not_written):
+    d = fixtures["d"]
+    before = os.path.getmtime(os.path.join(d, "run", "components.zarr", "zarr.json"))
+    p = run_case(args, d)
+    assert p.returncode != 0
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dkha: error:"), p.stderr
+    assert expect in lines[0]
+    if not_written:
+        assert not os.path.exists(os.path.join(d, not_written))
+    # the existing run is never touched by a refused command
+    assert os.path.getmtime(os.path.join(d, "run", "components.zarr", "zarr.json")) == before
+
+
+if __name__ == "__main__":  # print the table for the closing note
+    d = tempfile.mkdtemp()
+    make_fixtures(d)
+    print("| bad input | exit | what the user sees |\n|---|---|---|")
+    for what, args, _, _ in CASES:
+        p = run_case(args, d)
+        msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "(nothing)"
+        print(f"| {what} | {p.returncode} | `{msg.replace(d, '…').replace('|', '/')}` |")
+    shutil.rmtree(d)
