@@ -18,15 +18,13 @@ import numpy as np
 import pytest
 import zarr
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as a script
+from tests.processes import subprocess_env  # noqa: E402
+
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DASK_SCHEDULER_ADDRESS", None)
-    env["DASK_DKHA__CONNECT_TIMEOUT"] = "2s"
-    return env
+    return subprocess_env(DASK_DKHA__CONNECT_TIMEOUT="2s")
 
 
 def make_fixtures(d: str) -> dict:

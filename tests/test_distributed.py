@@ -9,30 +9,25 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import xarray as xr
 
 from dkha.store import ingest_array
+from tests.processes import dkha_command, start_dask_cluster, stop_processes, subprocess_env
 
 pytestmark = pytest.mark.cluster
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DASK_SCHEDULER_ADDRESS", None)
-    return env
+    return subprocess_env()
 
 
 def _dkha(*args, env=None, check=True):
-    proc = subprocess.run([sys.executable, "-m", "dkha.cli", *args], capture_output=True,
-                          text=True, env=env or _env(), timeout=600)
+    proc = subprocess.run(dkha_command(*args), capture_output=True, text=True,
+                          env=env or _env(), timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"dkha {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
@@ -60,39 +55,12 @@ def embedded_run(store, tmp_path_factory):
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory):
     """``dask scheduler`` + 2 ``dask worker`` processes on 127.0.0.1; yields the address."""
-    sched_file = str(tmp_path_factory.mktemp("cluster") / "scheduler.json")
-    env = _env()
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler",
-                               "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                               "--scheduler-file", sched_file],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    address, sched_file, scheduler, workers = start_dask_cluster(
+        str(tmp_path_factory.mktemp("cluster")), 2)
     try:
-        deadline = time.time() + 60
-        while not os.path.exists(sched_file):
-            if time.time() > deadline:
-                raise RuntimeError("dask scheduler did not start")
-            time.sleep(0.2)
-        time.sleep(0.3)
-        for i in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
-                 sched_file, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
-                 "--host", "127.0.0.1", "--name", f"w{i}"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        from distributed import Client
-
-        with Client(scheduler_file=sched_file, timeout="30s") as c:
-            c.wait_for_workers(2, timeout=60)
-            address = c.scheduler.address
         yield address, sched_file
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes([scheduler, *workers])
 
 
 def _rel(a, b):

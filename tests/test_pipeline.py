@@ -17,8 +17,8 @@ import xarray as xr
 
 from dkha.errors import ParameterError
 from dkha.pipeline import PipelineError, load, run_directory, run_lock, safe_id
+from tests.processes import subprocess_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TINY = """
 [pipeline]
@@ -56,10 +56,7 @@ title = "tiny"
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DASK_SCHEDULER_ADDRESS", None)
-    return env
+    return subprocess_env()
 
 
 def _run(args, cwd, **kw):

@@ -13,17 +13,14 @@ import pytest
 import xarray as xr
 
 from dkha.store import ingest_array
+from tests.processes import subprocess_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "8",
        "--seed", "2", "--evaluate-every", "2", "--checkpoint-every", "1", "--block", "32", "--quiet"]
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DASK_SCHEDULER_ADDRESS", None)
-    return env
+    return subprocess_env()
 
 
 def _cmd(*args):

@@ -12,18 +12,17 @@ import ipaddress
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import xarray as xr
 
 from dkha.store import ingest_array
+from tests.processes import start_dask_cluster, stop_processes, subprocess_env
 
 cryptography = pytest.importorskip("cryptography")
 
 pytestmark = pytest.mark.cluster
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_certificates(d: str) -> tuple[str, str, str]:
@@ -65,56 +64,31 @@ def make_certificates(d: str) -> tuple[str, str, str]:
 
 
 def _env(tls: tuple[str, str, str] | None = None):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("DASK_SCHEDULER_ADDRESS", None)
-    env["DASK_DKHA__CONNECT_TIMEOUT"] = "5s"
+    extra = {"DASK_DKHA__CONNECT_TIMEOUT": "5s"}
     if tls:
         ca, cert, key = tls
-        env.update({"DASK_DISTRIBUTED__COMM__TLS__CA_FILE": ca,
-                    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": cert,
-                    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": key,
-                    "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"})
-    return env
+        extra.update({"DASK_DISTRIBUTED__COMM__TLS__CA_FILE": ca,
+                      "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": cert,
+                      "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": key,
+                      "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"})
+    return subprocess_env(**extra)
 
 
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory):
+    from distributed.security import Security
+
     d = str(tmp_path_factory.mktemp("tls"))
     ca, cert, key = make_certificates(d)
     opts = ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
-    sched_file = os.path.join(d, "scheduler.json")
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler",
-                               "--host", "127.0.0.1", "--port", "0", "--protocol", "tls",
-                               "--no-dashboard", "--scheduler-file", sched_file, *opts],
-                              env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    sec = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
+    address, _, scheduler, workers = start_dask_cluster(
+        d, 1, nthreads=2, scheduler_args=["--protocol", "tls", *opts], worker_args=opts,
+        security=sec)
     try:
-        deadline = time.time() + 60
-        while not os.path.exists(sched_file):
-            assert time.time() < deadline, "the TLS scheduler did not start"
-            time.sleep(0.2)
-        time.sleep(0.3)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", sched_file,
-             "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1", *opts],
-            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        from distributed import Client
-        from distributed.security import Security
-
-        sec = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key,
-                       require_encryption=True)
-        with Client(scheduler_file=sched_file, security=sec, timeout="30s") as c:
-            c.wait_for_workers(1, timeout=60)
-            address = c.scheduler.address
         yield address, (ca, cert, key)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes([scheduler, *workers])
 
 
 def _fit(store, out, *extra, env):

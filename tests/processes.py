@@ -1,0 +1,73 @@
+"""Helpers for tests that start real processes: ``dkha`` commands, ``dask scheduler``/``worker``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def subprocess_env(**extra: str) -> dict:
+    """The environment for child processes: this checkout importable, no inherited scheduler."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("DASK_SCHEDULER_ADDRESS", None)
+    env.update(extra)
+    return env
+
+
+def dkha_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dkha.cli", *args]
+
+
+def start_dask_cluster(directory: str, n_workers: int, *, nthreads: int = 1, nanny: bool = True,
+                       scheduler_args=(), worker_args=(), env=None, security=None):
+    """``dask scheduler`` + ``n_workers`` ``dask worker`` processes on 127.0.0.1.
+
+    Returns ``(address, scheduler_file, scheduler_process, worker_processes)`` once every worker
+    has registered.
+    """
+    env = env or subprocess_env()
+    sched_file = os.path.join(directory, "scheduler.json")
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+         "0", "--no-dashboard", "--scheduler-file", sched_file, *scheduler_args],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.time() + 60
+        while not os.path.exists(sched_file):
+            if time.time() > deadline:
+                raise RuntimeError("dask scheduler did not start")
+            time.sleep(0.2)
+        time.sleep(0.3)
+        for i in range(n_workers):
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                 sched_file, "--nthreads", str(nthreads), "--no-dashboard", "--host", "127.0.0.1",
+                 "--name", f"w{i}", *([] if nanny else ["--no-nanny"]), *worker_args],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        kw = {"security": security} if security is not None else {}
+        with Client(scheduler_file=sched_file, timeout="30s", **kw) as c:
+            c.wait_for_workers(n_workers, timeout=60)
+            address = c.scheduler.address
+    except BaseException:
+        stop_processes([scheduler, *workers])
+        raise
+    return address, sched_file, scheduler, workers
+
+
+def stop_processes(procs) -> None:
+    for p in reversed(list(procs)):
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
