@@ -12,7 +12,7 @@ import numpy as np
 
 import dkha
 from dkha import config, result, schedule
-from dkha.cluster import client_for
+from dkha.cluster import blas_threads_for, client_for
 from dkha.checkpoint import Checkpointer, differences
 from dkha.errors import ParameterError, RunDirectoryError
 from dkha.kernels import make_kernel, median_distance
@@ -291,7 +291,8 @@ class KernelHebbianPCA:
         from dkha.coordinator import run_batch, run_krylov
         from dkha.solvers.nystrom import nystrom_coefficients
 
-        with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client:
+        with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client, \
+                blas_threads_for(client):
             engine = RowEngine(store, kernel, client, block_rows=self.block_rows,
                                prefetch=self.prefetch, projections=self.projections)
             A_init = None

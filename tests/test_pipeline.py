@@ -174,3 +174,10 @@ def test_killed_mid_fit_then_rerun_resumes(tmp_path):
     a = xr.open_zarr(str(tmp_path / "runs" / "killed" / "fits" / "smd" / "components.zarr"))
     b = xr.open_zarr(str(tmp_path / "runs" / "reference" / "fits" / "smd" / "components.zarr"))
     assert np.array_equal(a["alpha"].values, b["alpha"].values)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(os.path.join(os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__))), "pipelines")) if n.endswith(".toml")))
+def test_shipped_pipelines_are_valid(name):
+    p = load(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pipelines", name))
+    assert p.fits and p.name == name[:-5]
