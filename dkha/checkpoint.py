@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.errors import DkhaWarning, InputError, StoreNotFoundError
+from dkha.store import replace_directory
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +132,7 @@ class Checkpointer:
             os.fsync(f.fileno())
         _fsync_dir(tmp)
         final = os.path.join(self.dir, f"{PREFIX}{int(step):012d}")
-        if os.path.exists(final):  # the same step again (re-run of a finished step): replace
-            old = final + f".old-{uuid.uuid4().hex}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_directory(tmp, final)  # the same step again (a re-run) replaces it
         _fsync_dir(self.dir)
         self._prune()
         log.info("checkpoint at step %d: %s", step, final)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 
 import numpy as np
 import xarray as xr
 
-from dkha.store import consolidate
+from dkha.store import consolidate, replace_directory
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 
 COMPONENTS = "components.zarr"
@@ -92,13 +91,7 @@ def save(ds: xr.Dataset, run_dir: str) -> str:
     tmp = os.path.join(run_dir, f".{COMPONENTS}.{uuid.uuid4().hex}.tmp")
     ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
     consolidate(tmp)
-    if os.path.exists(target):
-        old = target + f".{uuid.uuid4().hex}.old"
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
+    replace_directory(tmp, target)
     return target
 
 

@@ -45,6 +45,21 @@ def consolidate(path: str) -> None:
         zarr.consolidate_metadata(path)
 
 
+def replace_directory(tmp: str, final: str) -> None:
+    """Move the finished directory ``tmp`` to ``final`` (replacing one there) by renames.
+
+    A reader sees the old ``final`` or the new one, never a half-written one: the old one is
+    renamed aside first and removed after the new one is in place.
+    """
+    if os.path.lexists(final):
+        old = f"{final}.{uuid.uuid4().hex}.old"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
 def _codecs():
     return [ZstdCodec(level=1), Crc32cCodec()]
 
@@ -322,9 +337,7 @@ class StoreWriter:
             raise InputError("nothing to ingest: the input holds no samples")
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
         consolidate(self.tmp)
-        if os.path.lexists(self.out):
-            shutil.rmtree(self.out)
-        os.replace(self.tmp, self.out)
+        replace_directory(self.tmp, self.out)
         return open_store(self.out)
 
     def abort(self) -> None:

@@ -15,7 +15,7 @@ from dkha.cluster import client_for
 from dkha.errors import InputError, RunDirectoryError
 from dkha.kernels import make_kernel
 from dkha.rows import RowEngine, project_rows
-from dkha.store import consolidate, open_store
+from dkha.store import consolidate, open_store, replace_directory
 
 
 def kernel_of(ds: xr.Dataset):
@@ -105,9 +105,5 @@ def transform_store(ds: xr.Dataset, new_store: str, out: str, *, overwrite: bool
     with client_for(scheduler, scheduler_file, workers, client):
         res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
     consolidate(tmp)
-    if os.path.exists(out):
-        import shutil
-
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    replace_directory(tmp, out)
     return xr.open_zarr(out)

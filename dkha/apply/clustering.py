@@ -182,7 +182,7 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
 def save_clusters(res: ClusteringResult, out: str, *, attrs: dict | None = None,
                   overwrite: bool = False) -> xr.Dataset:
     """Write ``cluster (sample)`` (and the scores as attrs) to the zarr store ``out``."""
-    import shutil
+    from dkha.store import replace_directory
 
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
@@ -191,7 +191,5 @@ def save_clusters(res: ClusteringResult, out: str, *, attrs: dict | None = None,
     ds = xr.Dataset({"cluster": ("sample", res.clusters)}, attrs=meta)
     tmp = out + ".tmp"
     ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
-    if os.path.lexists(out):
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    replace_directory(tmp, out)
     return ds
