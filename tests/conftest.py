@@ -6,12 +6,12 @@ closed with its cluster when the module's tests are done.
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest
 
 from dkha.store import ingest_array
+from tests.processes import local_client
 
 DIGITS_PER_CLASS = 30
 DIGITS_CHUNK_ROWS = 64  # 300 digits -> 5 chunks, the last one short
@@ -69,19 +69,8 @@ def digits_store(tmp_path_factory, digits_with_labels):
 @pytest.fixture(scope="module")
 def client():
     """A fresh in-process ``distributed.Client`` (1 worker, 2 threads) per test module."""
-    from distributed import Client, LocalCluster
-
-    with warnings.catch_warnings():
-        # the scheduler's HTTP server still binds a port; another cluster may hold 8787
-        warnings.filterwarnings("ignore", message="Port .* is already in use")
-        cluster = LocalCluster(processes=False, n_workers=1, threads_per_worker=2,
-                               dashboard_address=None)
-    c = Client(cluster)
-    try:
+    with local_client(1, 2) as c:
         yield c
-    finally:
-        c.close()
-        cluster.close()
 
 
 @pytest.fixture(scope="session")

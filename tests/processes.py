@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -71,3 +72,23 @@ def stop_processes(procs) -> None:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+@contextlib.contextmanager
+def local_client(n_workers: int, threads_per_worker: int, *, processes: bool = False):
+    """A fresh ``distributed.Client`` on its own ``LocalCluster``, closed (with it) on exit."""
+    import warnings
+
+    from distributed import Client, LocalCluster
+
+    with warnings.catch_warnings():
+        # the scheduler's HTTP server still binds a port; another cluster may hold 8787
+        warnings.filterwarnings("ignore", message="Port .* is already in use")
+        cluster = LocalCluster(processes=processes, n_workers=n_workers,
+                               threads_per_worker=threads_per_worker, dashboard_address=None)
+    client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()

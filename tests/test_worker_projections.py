@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import warnings
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from dkha.kernels import make_kernel
 from dkha.rows import ProjectedBlock, ReplicaDivergedError, ReplicaLostError, RowEngine
 from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
 from dkha.solvers.factored import apply_message, replay_message
+from tests.processes import local_client
 
 SIGMA = 4.0
 R = 6
@@ -55,18 +55,8 @@ def assert_agrees(got, want, tol=TOL):
 @pytest.fixture(scope="module")
 def cluster_client():
     """An in-process cluster of 2 workers × 1 thread (3 column groups spread over both)."""
-    from distributed import Client, LocalCluster
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Port .* is already in use")
-        cluster = LocalCluster(processes=False, n_workers=2, threads_per_worker=1,
-                               dashboard_address=None)
-    c = Client(cluster)
-    try:
+    with local_client(2, 1) as c:
         yield c
-    finally:
-        c.close()
-        cluster.close()
 
 
 def make_engine(store, client, projections, **kw):
@@ -341,14 +331,7 @@ def test_two_process_cluster_survives_a_killed_worker(digits_store):
     """Replicas live in worker processes; SIGKILL one mid-fit: its pinned tasks stall, the wait
     sees the worker gone, every replica is rebuilt from the coordinator's state (the nanny's
     fresh worker or the survivor takes the lost groups), and the fit still equals shipped rows."""
-    from distributed import Client, LocalCluster
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Port .* is already in use")
-        cluster = LocalCluster(processes=True, n_workers=2, threads_per_worker=1,
-                               dashboard_address=None)
-    client = Client(cluster)
-    try:
+    with local_client(2, 1, processes=True) as client:
         want = drive(make_engine(digits_store, client, "coordinator"), "kha-smd").state
         engine = make_engine(digits_store, client, "workers")
         killed = []
@@ -365,6 +348,3 @@ def test_two_process_cluster_survives_a_killed_worker(digits_store):
         got = drive(engine, "kha-smd", on_block=kill).state
         assert killed and engine.stats.replica_rebuilds >= 1
         assert_agrees(snapshot(got), snapshot(want))
-    finally:
-        client.close()
-        cluster.close()
