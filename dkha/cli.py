@@ -4,7 +4,7 @@
     dkha ingest array SRC.npy -o STORE.zarr [--labels L.npy] [--chunk-rows N]
     dkha ingest images IMG... -o STORE.zarr --patch 11 --step 2
     dkha fit STORE.zarr -o RUN_DIR --algorithm kha-smd --components R ...
-    dkha evaluate RUN_DIR [--json]
+    dkha evaluate RUN_DIR [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
 
 Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
@@ -145,11 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_apply_parsers(sub)
 
     # evaluate
-    p = sub.add_parser("evaluate", help="reconstruction error E(A), E_min and the excess (eq. 22)")
+    p = sub.add_parser("evaluate", help="reconstruction error E(A), E_min and the excess (eq. 22); "
+                       "online runs: the AC index; --variance: explained variance (eq. 23)")
     p.add_argument("run_dir")
     p.add_argument("--json", action="store_true")
     p.add_argument("--recompute", action="store_true",
                    help="recompute the top eigenvalues of K' instead of reusing the fit's")
+    p.add_argument("--variance", action="store_true",
+                   help="also Honeine's explained variance per component (eq. 23), blockwise "
+                        "over the training store")
+    p.add_argument("--variance-samples", type=_positive_int, metavar="N",
+                   help="estimate the variance on a seeded sample of N rows (huge stores)")
     _add_cluster_options(p)
 
     # transform
@@ -277,6 +283,8 @@ def cmd_evaluate(args) -> int:
     from dkha.transform import engine_for_run
 
     ds = result.load(args.run_dir)
+    if args.variance_samples and not args.variance:
+        raise_param("--variance-samples needs --variance")
     if "dictionary" in ds:
         return _evaluate_online(args, ds)
     eig = ds.attrs.get("top_eigenvalues")
@@ -285,13 +293,40 @@ def cmd_evaluate(args) -> int:
         engine = engine_for_run(ds, client)
         ev = evaluate(engine, ds["alpha"].values,
                       None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
-    out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]), "n_components": int(r),
-           **ev.as_dict()}
+        out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),
+               "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client)}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"E(A)   = {ev.error:.10g}\nE_min  = {ev.error_min:.10g}\nexcess = {ev.excess:.6e}")
+        _print_variance(out)
     return 0
+
+
+def _variance(args, ds, client) -> dict:
+    """``dkha evaluate --variance``: eq. 23 per component (empty without the option)."""
+    if not args.variance:
+        return {}
+    from dkha.evaluate import explained_variance
+
+    return explained_variance(ds, client, samples=args.variance_samples,
+                              seed=int(ds.attrs.get("seed", 0))).as_dict()
+
+
+def _print_variance(out: dict) -> None:
+    if "explained_variance" not in out:
+        return
+    total = out["total_variance"]
+    where = (f"a sample of {out['variance_samples']}" if out["variance_sampled"]
+             else f"all {out['variance_samples']}") + " samples"
+    print(f"explained variance (eq. 23, over {where}):")
+    cum = 0.0
+    for j, v in enumerate(out["explained_variance"]):
+        cum += v
+        share = f"  {v / total:7.2%} (cumulative {cum / total:7.2%})" if total else ""
+        print(f"  component {j:3d}  {v:.6g}{share}")
+    print(f"  sum {out['cumulative_variance']:.6g}" +
+          (f" of trace(K')/l = {total:.6g}" if total else ""))
 
 
 def _evaluate_online(args, ds) -> int:
@@ -299,6 +334,7 @@ def _evaluate_online(args, ds) -> int:
     import numpy as np
 
     from dkha.ac_index import ACReference
+    from dkha.cluster import client_for
     from dkha.store import open_store
     from dkha.transform import kernel_of
 
@@ -309,11 +345,15 @@ def _evaluate_online(args, ds) -> int:
     out = {"run_dir": args.run_dir, "algorithm": ds.attrs["algorithm"],
            "members": int(ds.sizes["member"]), "ac_index": float(np.mean(cos)),
            "cosines": [float(c) for c in cos]}
+    if args.variance:
+        with client_for(**_cluster_kwargs(args)) as client:
+            out.update(_variance(args, ds, client))
     if args.json:
         print(json.dumps(out))
     else:
         print(f"AC index = {out['ac_index']:.6f} over {r} components "
               f"({out['members']} dictionary members)")
+        _print_variance(out)
     return 0
 
 

@@ -95,3 +95,104 @@ def evaluate(engine, A: np.ndarray, eigenvalues: np.ndarray | None = None, *,
     error_min = float(np.sqrt(max(emin2, 0.0)))
     excess = error / error_min - 1.0 if error_min > 0 else float("inf")
     return Evaluation(error=error, error_min=error_min, excess=excess, frobenius=float(np.sqrt(frob2)))
+
+
+# --- explained variance (Honeine 2012, eq. 23) --------------------------------------------------
+
+
+@dataclass
+class ExplainedVariance:
+    """Honeine's explained variance per component (eq. 23) and what it was estimated over.
+
+    ``Var_x(ψ_j(x)) = E_x(ψ_j(x)²) − E_x(ψ_j(x))²`` with ``ψ_j(x) = ⟨v_j, Φ(x)⟩`` the principal
+    function of component ``j`` as the run holds it (not normalised), the expectations over the
+    data set's samples. A projection that differs from ``ψ_j`` by a constant (``⟨v_j, Φ(x) − m⟩``,
+    what dkha's projections are) has the same variance. For exact kernel PCA with unit
+    components, ``Var(ψ_j) = λ_j(K')/l`` and the sum over all components is ``trace(K')/l``.
+
+    Attributes
+    ----------
+    variance : ndarray (r,)
+        Eq. 23 per component.
+    total : float or None
+        ``trace(K')/l = mean_i k(x_i, x_i) − mkm``: the variance in feature space, which all the
+        components of exact kernel PCA explain (batch runs; None for dictionary runs, which hold
+        no ``mkm``).
+    n_samples : int
+        Samples the expectations were taken over.
+    sampled : bool
+        Whether those were a seeded sample rather than the whole data set.
+    """
+
+    variance: np.ndarray
+    total: float | None
+    n_samples: int
+    sampled: bool
+
+    def as_dict(self) -> dict:
+        out = {"explained_variance": [float(v) for v in self.variance],
+               "cumulative_variance": float(np.sum(self.variance)),
+               "total_variance": self.total, "variance_samples": self.n_samples,
+               "variance_sampled": self.sampled}
+        if self.total:
+            out["explained_fraction"] = float(np.sum(self.variance)) / self.total
+        return out
+
+
+def variance_of(Y: np.ndarray) -> np.ndarray:
+    """Eq. 23 from the values ``Y (n, r)`` of the principal functions on ``n`` samples."""
+    Y = np.asarray(Y, dtype=np.float64)
+    mean = Y.mean(axis=0)
+    return np.maximum(np.mean(Y * Y, axis=0) - mean * mean, 0.0)
+
+
+def explained_variance(ds, client, *, samples: int | None = None, seed: int = 0
+                       ) -> ExplainedVariance:
+    """Eq. 23 for every component of a run (batch or online), blockwise on the cluster.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The run's components (:func:`dkha.result.load`).
+    client : distributed.Client
+    samples : int, optional
+        Take the expectations over a seeded sample of this many rows of the training store
+        instead of all of it (for huge ``l``; the sample's values are computed the same way).
+    seed : int
+        Seeds the sample.
+
+    Notes
+    -----
+    Batch runs, whole data set: ``C = A K'`` in one blockwise pass (:func:`projections`), the
+    values of the principal functions on every training sample. Dictionary (online) runs: the
+    store's chunks are projected on the workers (:func:`dkha.transform.transform_lazy`) and only
+    the per-component sums ``Σ ψ`` and ``Σ ψ²`` come back.
+    """
+    from dkha.store import open_store
+    from dkha.transform import engine_for_run, kernel_of, project, transform_lazy
+
+    store = open_store(ds.attrs["store"])
+    online = "dictionary" in ds
+    sampled = samples is not None and samples < store.n_samples
+    total = None
+    if sampled:
+        X = store.sample(int(samples), seed)
+        values = project(ds, X, client=client)
+        var, n = variance_of(values), len(X)
+        if not online:
+            total = float(np.mean(kernel_of(ds).diagonal(X))) - float(ds.attrs["mkm"])
+        return ExplainedVariance(var, total, n, True)
+    if online:
+        Y = transform_lazy(ds, store.path).data
+        s1, s2 = client.gather(client.compute([Y.sum(axis=0), (Y * Y).sum(axis=0)]))
+        l = store.n_samples
+        mean = s1 / l
+        var = np.maximum(s2 / l - mean * mean, 0.0)
+    else:
+        engine = engine_for_run(ds, client)
+        var = variance_of(projections(engine, ds["alpha"].values).T)
+        kernel = kernel_of(ds)
+        diag = sum(float(kernel.diagonal(Xc).sum()) for _, _, Xc in store.iter_chunks()) \
+            if kernel.name not in ("gaussian", "laplacian") else float(store.n_samples)
+        total = diag / store.n_samples - float(ds.attrs["mkm"])
+    return ExplainedVariance(var, total, store.n_samples, False)

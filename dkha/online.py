@@ -20,7 +20,9 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
   i.e. of ``λ_i(K)/l``;
 * history over ``evaluation``: ``pass, step, error, error_min, excess, wall_time`` (the error
   fields are NaN: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
-  unless an AC reference was given) and ``members``;
+  unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
+  component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (up to 2000
+  rows, the same as the eigenvalues'; :func:`dkha.evaluate.variance_of`);
 * attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gamma, tau,
   centered, seed, store, n_samples, n_features, n_steps, dkha_version.
 """
@@ -42,6 +44,7 @@ import dkha
 from dkha import config, result, schedule
 from dkha.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.errors import InputError, ParameterError
+from dkha.evaluate import variance_of
 from dkha.kernels import Kernel, make_kernel, median_distance
 from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
                                  DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
@@ -354,6 +357,7 @@ class OnlineKernelPCA:
         self.stream_stats_ = {}
         self._reference_ = reference
         self._params_ = p
+        self._variance_sample_ = source.sample(EIGENVALUE_SAMPLES, self.seed)
         every = n_steps if self.evaluate_every is None else int(self.evaluate_every)
         bar = _progress(self.verbose, n_steps, p["algorithm"])
         try:
@@ -415,6 +419,8 @@ class OnlineKernelPCA:
         b = p["block_rows"]
         t0 = time.perf_counter()
         seen = self.n_samples_seen_
+        self._variance_sample_ = X if len(X) <= EIGENVALUE_SAMPLES else X[np.sort(
+            np.random.default_rng(self.seed).choice(len(X), EIGENVALUE_SAMPLES, replace=False))]
         with coordinator_threads():
             for a in range(0, len(X), b):
                 rows = X[a:a + b]
@@ -449,9 +455,13 @@ class OnlineKernelPCA:
         if ref is not None and st.m:
             ac = ref.score(self.solver_.alpha(), self.solver_.dictionary())
         passes = 0 if n_samples is None else st.step // n_samples  # no passes in a stream
+        sample = getattr(self, "_variance_sample_", None)
+        variance = (variance_of(self.solver_.transform(sample)) if st.m and sample is not None
+                    else np.full(self.solver_.r, np.nan))
         entry = {"pass": int(passes), "step": int(st.step),
                  "error": float("nan"), "error_min": float("nan"), "excess": float("nan"),
-                 "wall_time": float(self.wall_time_), "ac_index": ac, "members": int(st.m)}
+                 "wall_time": float(self.wall_time_), "ac_index": ac, "members": int(st.m),
+                 "explained_variance": variance}
         self.history_.append(entry)
         log.info("step %d: %d members, AC %.4f", st.step, st.m, ac)
         return entry
@@ -526,6 +536,9 @@ class OnlineKernelPCA:
             "mean_coefficient": ("member", self.mean_coefficient_),
             "ac_index": ("evaluation", np.array([h["ac_index"] for h in hist], dtype=np.float64)),
             "members": ("evaluation", np.array([h["members"] for h in hist], dtype=np.int64)),
+            "explained_variance": (("evaluation", "component"), np.array(
+                [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
+                    len(hist), self.solver_.r)),
         }
         attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]))
         return result.build_dataset(self.alpha_, self.eigenvalues_, hist, attrs,

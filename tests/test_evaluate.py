@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dask.config
 import numpy as np
 import pytest
@@ -122,3 +124,95 @@ def test_evaluate_krylov_path(data, engine, seed):
         ev = evaluate(engine, A)
     assert (ev.error, ev.error_min) == pytest.approx((E, Emin), rel=REL)
     assert ev.excess == pytest.approx(excess, abs=2 * REL * (1 + excess))
+
+
+# --- explained variance (Honeine eq. 23) ----------------------------------------------------
+
+
+def run_dataset(store, alpha, engine, kernel="gaussian", **params):
+    """A batch run's components dataset for ``alpha`` on ``store`` (what `dkha fit` saves)."""
+    from dkha import result
+
+    if engine.mk is None:
+        engine.compute_mk()
+    return result.build_dataset(alpha, np.zeros(len(alpha)), [], {
+        "algorithm": "exact", "kernel": kernel, "kernel_parameters": params,
+        "store": str(store.path), "n_samples": store.n_samples, "n_features": store.n_features,
+        "seed": 0}, mk=engine.mk, mkm=engine.mkm)
+
+
+def test_explained_variance_blockwise_equals_dense(data, engine, client, seed):
+    """Eq. 23 by one blockwise pass, and on a seeded sample, against Var of the dense A K'."""
+    from dkha.evaluate import explained_variance
+
+    store, Kc, w, V = data
+    A = coefficient_matrices(Kc, w, V, seed)["perturbed"]
+    ds = run_dataset(store, A, engine, sigma=SIGMA)
+    C = A @ Kc  # ψ_j(x_i) up to a constant per component
+    dense = np.mean(C**2, axis=1) - np.mean(C, axis=1) ** 2
+    ev = explained_variance(ds, client)
+    np.testing.assert_allclose(ev.variance, dense, rtol=1e-9)
+    assert (ev.n_samples, ev.sampled) == (len(Kc), False)
+    assert ev.total == pytest.approx(np.trace(Kc) / len(Kc), rel=1e-12)
+    idx = np.sort(np.random.default_rng(7).choice(len(Kc), 150, replace=False))  # store.sample
+    sub = explained_variance(ds, client, samples=150, seed=7)
+    np.testing.assert_allclose(sub.variance, C[:, idx].var(axis=1), rtol=1e-9)
+    assert sub.sampled and sub.n_samples == 150
+
+
+def test_explained_variance_of_all_exact_components_is_the_trace(data, engine, client):
+    """All components of exact KPCA (unit norm): Var(ψ_j) = λ_j / l, Σ_j = trace(K')/l."""
+    from dkha.evaluate import explained_variance
+
+    store, Kc, w, V = data
+    keep = w > 1e-9 * w[0]  # the rest hold < 400·1e-9 of the trace
+    A = (V[:, keep] / np.sqrt(w[keep])).T
+    ev = explained_variance(run_dataset(store, A, engine, sigma=SIGMA), client)
+    l = len(Kc)
+    np.testing.assert_allclose(ev.variance[:20], w[:20] / l, rtol=1e-8)
+    assert ev.variance.sum() == pytest.approx(np.trace(Kc) / l, rel=1e-7)
+    assert ev.total == pytest.approx(np.trace(Kc) / l, rel=1e-12)
+    assert ev.as_dict()["explained_fraction"] == pytest.approx(1.0, rel=1e-7)
+
+
+def test_explained_variance_of_online_runs_and_their_history(data, client, tmp_path):
+    """A dictionary run: eq. 23 blockwise on the workers equals Var of Σ_q α_jq k(d_q, x) computed
+    densely; the fit's history records it (the sample of ≤ 2000 rows is the whole store here)."""
+    from scipy.spatial.distance import cdist
+
+    from dkha import result
+    from dkha.evaluate import explained_variance
+    from dkha.online import OnlineKernelPCA
+
+    store = data[0]
+    X = store.read()
+    model = OnlineKernelPCA(3, sigma=SIGMA, steps=800, evaluate_every=400, center=True,
+                            max_members=60).fit(store, run_dir=str(tmp_path / "on"))
+    ds = result.load(str(tmp_path / "on"))
+    alpha, D = ds["alpha"].values, ds["dictionary"].values
+    psi = np.exp(-cdist(X, D, "sqeuclidean") / (2 * SIGMA**2)) @ alpha.T
+    dense = psi.var(axis=0)
+    ev = explained_variance(ds, client)
+    np.testing.assert_allclose(ev.variance, dense, rtol=1e-9)
+    assert ev.total is None and ev.n_samples == len(X)
+    hist = ds["explained_variance"]
+    assert hist.dims == ("evaluation", "component") and hist.shape == (2, 3)
+    np.testing.assert_allclose(hist.values[-1], dense, rtol=1e-9)
+    assert not np.allclose(hist.values[0], hist.values[-1])  # it moves while fitting
+    assert len(model.history_) == 2
+
+
+def test_evaluate_command_prints_variance(data, engine, tmp_path, capsys, seed):
+    from dkha import result
+    from dkha.cli import main
+
+    store, Kc, w, V = data
+    A = (V[:, :R] / np.sqrt(w[:R])).T
+    run = str(tmp_path / "run")
+    result.save(run_dataset(store, A, engine, sigma=SIGMA), run)
+    assert main(["evaluate", run, "--variance", "--json", "--workers", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    np.testing.assert_allclose(out["explained_variance"], w[:R] / len(Kc), rtol=1e-8)
+    assert out["explained_fraction"] == pytest.approx(w[:R].sum() / np.trace(Kc), rel=1e-8)
+    assert main(["evaluate", run, "--variance-samples", "10"]) == 2
+    assert "--variance-samples needs --variance" in capsys.readouterr().err
