@@ -18,23 +18,17 @@ def add_parsers(subparsers) -> None:
     from dkha.cli import _add_cluster_options, _positive_int
 
     p = subparsers.add_parser(
-        "denoise", help="denoise an image with a run fitted on image patches (gaussian kernel)",
+        "denoise", help="denoise an image with a run fitted on image patches",
         description="Cut the image into patches on the training store's grid, project them on "
-                    "the components, map them back by the fixed-point pre-image (Mika et al.) "
-                    "and average the overlapping patches.")
+                    "the components, map them back by a pre-image (--preimage) and average the "
+                    "overlapping patches.")
     p.add_argument("run_dir")
     p.add_argument("image", help="the noisy image (grey or colour; skimage:NAME for bundled ones)")
     p.add_argument("-o", "--out", required=True,
                    help="where to write the denoised image (8-bit by extension; .tif float, .npy)")
     p.add_argument("--reference", metavar="ORIG",
                    help="the clean image: print the SNR before and after")
-    p.add_argument("--iterations", type=_positive_int, metavar="N",
-                   help="fixed-point iterations per patch, at most (default 50)")
-    p.add_argument("--tol", type=float,
-                   help="stop a patch once its relative step is below this (1e-5)")
-    p.add_argument("--orthonormalize", action="store_true",
-                   help="project with the components' Gram matrix (one more pass; for runs "
-                        "stopped far from convergence)")
+    add_preimage_options(p)
     p.add_argument("--block", type=_positive_int, metavar="B", help="patches per block (2048)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -57,6 +51,37 @@ def add_parsers(subparsers) -> None:
     _add_cluster_options(p)
 
 
+def add_preimage_options(p: argparse.ArgumentParser) -> None:
+    """The pre-image options every reconstruction command shares (:mod:`dkha.apply.preimage`)."""
+    from dkha.cli import _positive_int
+
+    g = p.add_argument_group("pre-images")
+    g.add_argument("--preimage", choices=("fixed-point", "conformal", "gradient"),
+                   help="fixed-point (Mika et al.; the default for gaussian kernels), conformal "
+                        "(Honeine's conformal-map linear solve; any kernel, the default "
+                        "otherwise) or gradient (Honeine §5.3; gaussian)")
+    g.add_argument("--iterations", type=_positive_int, metavar="N",
+                   help="fixed-point / gradient iterations per sample, at most (default 50)")
+    g.add_argument("--tol", type=float,
+                   help="stop a sample once its relative step is below this (1e-5)")
+    g.add_argument("--eta", type=float,
+                   help="conformal: the regularisation η of (P_m − η K_m⁻¹) (default 0; "
+                        "η > 0 needs a dictionary run)")
+    g.add_argument("--step", type=float,
+                   help="gradient: a fixed step size, no line search (default: Armijo steps)")
+    g.add_argument("--nonnegative", action="store_true",
+                   help="gradient: steps weighted by z and iterates kept ≥ 0 (Kallas et al.)")
+    g.add_argument("--orthonormalize", action="store_true",
+                   help="project with the components' Gram matrix (one more pass; for batch "
+                        "runs stopped far from convergence)")
+
+
+def preimage_kwargs(args) -> dict:
+    return {"method": args.preimage, "iterations": args.iterations, "tol": args.tol,
+            "eta": args.eta, "step": args.step, "nonnegative": args.nonnegative,
+            "orthonormalize": args.orthonormalize}
+
+
 def _cluster_kwargs(args) -> dict:
     return {"scheduler": args.scheduler, "scheduler_file": args.scheduler_file,
             "workers": args.workers}
@@ -71,17 +96,17 @@ def cmd_denoise(args: argparse.Namespace) -> int:
 
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
-    res = denoise_image(args.run_dir, args.image, reference=args.reference,
-                        iterations=args.iterations, tol=args.tol,
-                        orthonormalize=args.orthonormalize, block=args.block,
-                        verbose=sys.stderr.isatty() and not args.json, **_cluster_kwargs(args))
+    res = denoise_image(args.run_dir, args.image, reference=args.reference, block=args.block,
+                        verbose=sys.stderr.isatty() and not args.json, **preimage_kwargs(args),
+                        **_cluster_kwargs(args))
     save_image(res.image, args.out)
     summary = {"out": args.out, **res.summary()}
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"{res.n_patches} patches of {res.patch}×{res.patch} (step {res.step}): "
-              f"{res.converged} pre-images converged within {res.iterations} iterations")
+              f"{res.converged} {res.method} pre-images converged within {res.iterations} "
+              "iterations")
         if res.snr_noisy is not None:
             print(f"SNR noisy    {res.snr_noisy:.2f} dB\nSNR denoised {res.snr_denoised:.2f} dB "
                   f"({res.snr_denoised - res.snr_noisy:+.2f} dB)")

@@ -1,9 +1,10 @@
 """Image denoising by kernel PCA: patches → projection → pre-image → overlapping average.
 
-The run must be fitted on image patches (``dkha ingest images``), with a gaussian kernel. The
-image to denoise is cut into patches on the same grid as the training store (its ``patch`` and
-``step`` attrs), each patch is projected on the components and mapped back to pixel space by the
-fixed-point pre-image (:mod:`dkha.apply.preimage`, started from the noisy patch itself), and the
+The run (batch or online) must be fitted on image patches (``dkha ingest images``). The image to
+denoise is cut into patches on the same grid as the training store (its ``patch`` and ``step``
+attrs), each patch is projected on the components and mapped back to pixel space by a pre-image
+(:mod:`dkha.apply.preimage`: the fixed point for gaussian kernels by default, started from the
+noisy patch itself; or the conformal map, or the gradient iteration), and the
 reconstructed patches are averaged where they overlap (Kim, Franz & Schölkopf 2005; Schraudolph
 et al. 2006 §5.2). Patches are processed ``block`` at a time, so memory stays bounded by a block
 of patches against the training set.
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from dkha.apply.preimage import (check_gaussian, engine_sums, expansion, fixed_point)
 from dkha.errors import InputError, ParameterError
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,12 @@ class DenoiseResult:
         SNR in dB of the input and of the result against the reference (None without one).
     n_patches, patch, step : int
     iterations : int
-        The most fixed-point iterations any block needed.
+        The most pre-image iterations any block needed.
     converged, undefined : int
         Patches whose pre-image converged / whose fixed-point step was undefined.
     seconds : float
+    method : str
+        The pre-image method.
     """
 
     image: np.ndarray
@@ -65,11 +67,12 @@ class DenoiseResult:
     converged: int
     undefined: int
     seconds: float
+    method: str = "fixed-point"
 
     def summary(self) -> dict:
         return {k: getattr(self, k) for k in ("snr_noisy", "snr_denoised", "n_patches", "patch",
                                               "step", "iterations", "converged", "undefined",
-                                              "seconds")}
+                                              "seconds", "method")}
 
 
 def snr(clean: np.ndarray, x: np.ndarray) -> float:
@@ -126,32 +129,93 @@ def _as_image(image, what: str) -> np.ndarray:
 def _load_run(run) -> xr.Dataset:
     from dkha import result
 
-    ds = run if isinstance(run, xr.Dataset) else result.load(run)
-    if "mk" not in ds or ds["alpha"].dims[1] != "sample":
-        raise InputError("denoising needs a batch run (alpha over the training samples, with mk); "
-                         "this one is an online (dictionary) run")
-    return ds
+    return run if isinstance(run, xr.Dataset) else result.load(run)
 
 
-def denoise_image(run, image, *, reference=None, iterations: int | None = None,
-                  tol: float | None = None, orthonormalize: bool = False,
-                  block: int | None = None, client=None, scheduler: str | None = None,
-                  scheduler_file: str | None = None, workers: int | None = None,
-                  verbose: bool = False) -> DenoiseResult:
+def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *,
+                        block: int | None = None, desc: str = "patches", verbose: bool = False
+                        ) -> tuple[np.ndarray, dict]:
+    """Cut ``image`` into ``patch×patch`` windows on the grid of ``step`` (:func:`patch_positions`),
+    map each block of windows through ``reconstruct`` and average the overlaps.
+
+    ``reconstruct(P)`` takes ``(n, patch²)`` windows and returns a
+    :class:`~dkha.apply.preimage.PreimageResult` (or anything with ``Z``, ``iterations``,
+    ``converged``, ``undefined``). Returns the averaged image (not clipped) and the counts.
+    """
+    from skimage.util import view_as_windows
+
+    block = DEFAULT_BLOCK_PATCHES if block is None else int(block)
+    if block < 1:
+        raise ParameterError(f"block must be positive, got {block}")
+    rows = patch_positions(image.shape[0], patch, step)
+    cols = patch_positions(image.shape[1], patch, step)
+    corners = np.stack(np.meshgrid(rows, cols, indexing="ij"), axis=-1).reshape(-1, 2)
+    windows = view_as_windows(np.ascontiguousarray(image), (patch, patch))
+    total = np.zeros_like(image, dtype=np.float64)
+    count = np.zeros_like(total)
+    stats = {"n_patches": len(corners), "iterations": 0, "converged": 0, "undefined": 0}
+    bar = None
+    if verbose:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(corners), desc=desc, unit="patch")
+    try:
+        for a in range(0, len(corners), block):
+            pos = corners[a:a + block]
+            res = reconstruct(windows[pos[:, 0], pos[:, 1]].reshape(len(pos), -1))
+            stats["iterations"] = max(stats["iterations"], int(res.iterations))
+            stats["converged"] += int(np.sum(res.converged))
+            stats["undefined"] += int(np.sum(res.undefined))
+            Zp = np.asarray(res.Z).reshape(len(pos), patch, patch)
+            for (r, c), z in zip(pos, Zp):
+                total[r:r + patch, c:c + patch] += z
+                count[r:r + patch, c:c + patch] += 1.0
+            if bar is not None:
+                bar.update(len(pos))
+    finally:
+        if bar is not None:
+            bar.close()
+    if stats["undefined"]:
+        log.warning("%d of %d patches had an undefined fixed-point step (kept their last iterate)",
+                    stats["undefined"], len(corners))
+    return total / count, stats
+
+
+def check_patch_run(ds: xr.Dataset) -> tuple[int, int]:
+    """``(patch, step)`` of a run fitted on image patches; refuses other runs."""
+    patch, step = patch_geometry(ds)
+    if patch * patch != int(ds.attrs["n_features"]):
+        raise InputError(f"the run has {ds.attrs['n_features']} features, "
+                         f"not {patch}×{patch} patches")
+    return patch, step
+
+
+def denoise_image(run, image, *, reference=None, method: str | None = None,
+                  iterations: int | None = None, tol: float | None = None,
+                  eta: float | None = None, step: float | None = None, nonnegative: bool = False,
+                  orthonormalize: bool = False, block: int | None = None, client=None,
+                  scheduler: str | None = None, scheduler_file: str | None = None,
+                  workers: int | None = None, verbose: bool = False) -> DenoiseResult:
     """Denoise a grey image with the kernel principal components of a run.
 
     Parameters
     ----------
     run : str or xarray.Dataset
-        A run directory (or its loaded components dataset) fitted on image patches with a
-        gaussian kernel.
+        A run directory (or its loaded components dataset) fitted on image patches: a batch run,
+        or a dictionary (online) run.
     image : str or ndarray (H, W)
         The noisy image: a path (or ``skimage:NAME``) read as grey in [0, 1], or an array.
     reference : str or ndarray, optional
         The clean image, to report the SNR before and after.
+    method : {"fixed-point", "conformal", "gradient"}, optional
+        The pre-image (:mod:`dkha.apply.preimage`); default fixed-point for a gaussian kernel,
+        conformal otherwise.
     iterations, tol : optional
-        Fixed-point iterations per patch (at most) and the relative step that stops them
+        Iterations per patch (at most) and the relative step that stops them
         (:data:`dkha.apply.preimage.DEFAULT_ITERATIONS`, ``DEFAULT_TOL``).
+    eta, step, nonnegative : optional
+        The conformal map's regularisation; the gradient method's fixed step and
+        non-negativity (:func:`dkha.apply.preimage.solve`).
     orthonormalize : bool, default False
         Project orthogonally onto the span of the components using their Gram matrix
         ``A K' Aᵀ`` (one more blockwise pass over the training set), rather than assuming them
@@ -172,70 +236,30 @@ def denoise_image(run, image, *, reference=None, iterations: int | None = None,
     >>> res = denoise_image("run", "noisy.png", reference="clean.png")  # doctest: +SKIP
     >>> res.snr_noisy, res.snr_denoised                                   # doctest: +SKIP
     """
-    from skimage.util import view_as_windows
-
+    from dkha.apply.preimage import RunPreimages, check_options
     from dkha.cluster import client_for
-    from dkha.evaluate import projections
-    from dkha.transform import engine_for_run, kernel_of
+    from dkha.transform import kernel_of
 
     t0 = time.perf_counter()
     ds = _load_run(run)
-    check_gaussian(kernel_of(ds))
-    patch, step = patch_geometry(ds)
+    check_options(method, kernel_of(ds), eta=eta, step=step, nonnegative=nonnegative)
+    patch, step_ = check_patch_run(ds)
     noisy = _as_image(image, "image")
     clean = None if reference is None else _as_image(reference, "reference")
     if clean is not None and clean.shape != noisy.shape:
         raise InputError(f"the reference has shape {clean.shape}, the image {noisy.shape}")
-    if patch * patch != int(ds.attrs["n_features"]):
-        raise InputError(f"the run has {ds.attrs['n_features']} features, "
-                         f"not {patch}×{patch} patches")
-    block = DEFAULT_BLOCK_PATCHES if block is None else int(block)
-    if block < 1:
-        raise ParameterError(f"block must be positive, got {block}")
-    rows = patch_positions(noisy.shape[0], patch, step)
-    cols = patch_positions(noisy.shape[1], patch, step)
-    corners = np.stack(np.meshgrid(rows, cols, indexing="ij"), axis=-1).reshape(-1, 2)
-    windows = view_as_windows(np.ascontiguousarray(noisy), (patch, patch))
-    alpha = np.ascontiguousarray(ds["alpha"].values)
-    total = np.zeros_like(noisy)
-    count = np.zeros_like(noisy)
-    n_iter = n_conv = n_undef = 0
-    bar = None
-    if verbose:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(corners), desc="denoise", unit="patch")
     with client_for(scheduler, scheduler_file, workers, client) as c:
-        engine = engine_for_run(ds, c)
-        gram = projections(engine, alpha) @ alpha.T if orthonormalize else None
-        sums = engine_sums(engine, alpha)
-        for a in range(0, len(corners), block):
-            pos = corners[a:a + block]
-            P = windows[pos[:, 0], pos[:, 1]].reshape(len(pos), -1)
-            beta = engine.transform(P, alpha)
-            res = fixed_point(sums, expansion(alpha, beta, gram=gram), P,
-                              iterations=iterations, tol=tol)
-            n_iter = max(n_iter, res.iterations)
-            n_conv += int(res.converged.sum())
-            n_undef += int(res.undefined.sum())
-            Zp = res.Z.reshape(len(pos), patch, patch)
-            for (r, s), z in zip(pos, Zp):
-                total[r:r + patch, s:s + patch] += z
-                count[r:r + patch, s:s + patch] += 1.0
-            if bar is not None:
-                bar.update(len(pos))
-    if bar is not None:
-        bar.close()
-    out = np.clip(total / count, 0.0, 1.0)
-    if n_undef:
-        log.warning("%d of %d patches had an undefined fixed-point step (kept their last iterate)",
-                    n_undef, len(corners))
+        pre = RunPreimages(ds, c, method=method, orthonormalize=orthonormalize,
+                           iterations=iterations, tol=tol, eta=eta, step=step,
+                           nonnegative=nonnegative)
+        out, stats = reconstruct_patches(noisy, patch, step_, pre, block=block, desc="denoise",
+                                         verbose=verbose)
+    out = np.clip(out, 0.0, 1.0)
     return DenoiseResult(
         image=out, noisy=noisy,
         snr_noisy=None if clean is None else snr(clean, noisy),
         snr_denoised=None if clean is None else snr(clean, out),
-        n_patches=len(corners), patch=patch, step=step, iterations=n_iter, converged=n_conv,
-        undefined=n_undef, seconds=time.perf_counter() - t0)
+        patch=patch, step=step_, seconds=time.perf_counter() - t0, method=pre.method, **stats)
 
 
 def save_image(img: np.ndarray, path: str) -> None:

@@ -2,8 +2,15 @@
 
 Denoising by kernel PCA projects a sample's image onto the leading components and asks for the
 input-space point ``z`` whose image is closest to that projection (Mika et al. 1999, Kim et al.
-2005). This module is the one home of pre-image methods; it holds the fixed-point iteration of
-Mika et al. for the gaussian kernel.
+2005). This module is the one home of pre-image methods (:data:`METHODS`):
+
+* ``fixed-point`` — Mika et al.'s iteration (gaussian kernel; the default for it);
+* ``conformal`` — Honeine's conformal-map linear solve (§5.3 of Honeine 2012, any kernel);
+* ``gradient`` — ascent on ``⟨PΦ(x), Φ(z)⟩`` (Honeine §5.3, gaussian kernel), with the
+  non-negativity option of Kallas et al. (steps weighted by ``z``, iterates kept ≥ 0).
+
+All of them see the training set through the same two blockwise reductions, so they run alike on
+an in-memory array, a dictionary, or a data store on the cluster (:class:`Training`).
 
 The projection as an expansion over the training samples
 --------------------------------------------------------
@@ -35,6 +42,37 @@ run for many samples at once (rows of ``Z``), summing numerator and denominator 
 training samples. The denominator is ``f(z) = ⟨PΦ(x), Φ(z)⟩``; where it is not clearly positive
 the step is undefined (the iteration can jump far away): such samples keep their current ``z`` and
 are reported as not converged.
+
+Dictionary (online) runs
+------------------------
+For a run over a dictionary ``D`` (``m`` members) the components are ``w_i = Σ_q A[i, q] Φ(d_q)``
+and the projection ``y = A (k(D, x) − K_m β̄)`` is relative to the running mean
+``μ = Σ_q β̄_q Φ(d_q)``; eq. 22 of Honeine gives ``PΦ(x) + μ = Σ_q (β̃ᵀA + β̄ᵀ)_q Φ(d_q)``, with
+``β̃ = G⁻¹ y``, ``G = A K_m Aᵀ`` (cheap: ``m × m``). dkha writes it in the same factored form by
+appending ``β̄`` as one more row of ``A`` with weight 1 and no offset (:func:`dictionary_expansion`).
+
+The gradient iteration (gaussian kernel)
+----------------------------------------
+``∇f(z) = (1/σ²) Σ_j γ_j k(z, x_j)(x_j − z) = (num − den·z)/σ²`` with the fixed-point sums. Each
+iteration evaluates ``f`` and ``∇f`` at the candidate points ``z + s·d`` in one blockwise pass,
+``d = ∇f`` (or ``z ⊙ ∇f`` and the candidate clipped at 0 with ``nonnegative``); a candidate that
+does not raise ``f`` (Armijo, ``c = 1e-4``) is refused and the sample's step ``s`` shrinks 4×, an
+accepted one lets it grow 2×. ``s`` starts at ``σ²`` (``s∇f`` is then the weighted mean
+displacement ``num − den·z``). With a fixed ``step`` there is no line search: ``z ← z + step·d``
+(Honeine's experiments: step 100 weighted by ``z``, a single iteration). Stops when the accepted
+step is below ``tol·‖z‖``, or the step size below ``tol²·σ²``.
+
+The conformal map (any kernel)
+------------------------------
+Honeine & Richard's conformal map preserves inner products between input and feature space; for
+``PΦ(x) = Σ_j γ_j Φ(x_j)`` it gives the linear system (Honeine 2012, §5.3)::
+
+    X_mᵀ z = (P_m − η K_m⁻¹) γ,      P_m = X_mᵀ X_m
+
+solved in the least-squares sense: ``z = X_m γ − η (X_mᵀ)⁺ K_m⁻¹ γ``. With ``η = 0`` this is
+``Σ_j γ_j x_j``, which needs only ``A X`` and ``Σ_j x_j`` (one blockwise pass over a store, then
+a product per sample); ``η > 0`` needs ``K_m⁻¹``, so the samples in memory (dictionaries).
+No iteration: it is rough where the projection is far from the data (the paper's "roughly").
 """
 
 from __future__ import annotations
@@ -55,6 +93,8 @@ DEFAULT_TOL = 1e-5
 DEFAULT_BLOCK = 4096  # training samples per block of kernel values
 # |Σ γ k| below this fraction of Σ |γ k| makes the fixed-point step undefined
 DENOMINATOR_FLOOR = 1e-8
+METHODS = ("fixed-point", "conformal", "gradient")
+ARMIJO = 1e-4
 
 
 @dataclass(frozen=True)
@@ -117,13 +157,49 @@ def expansion(alpha: np.ndarray, projections: np.ndarray, *, gram: np.ndarray | 
     return Expansion(np.ascontiguousarray(beta), offset)
 
 
+def dictionary_expansion(alpha: np.ndarray, mean_coefficient: np.ndarray, projections: np.ndarray,
+                         kernel_matrix: np.ndarray) -> tuple[Expansion, np.ndarray]:
+    """The expansion of ``PΦ(x) + μ`` over a dictionary (Honeine eq. 22), and the extended
+    coefficients it is over: ``γ = β̃ᵀA + β̄ᵀ`` as ``[β̃, 1] · [A; β̄ᵀ]`` with no offset.
+
+    ``β̃ = G⁻¹ y`` with ``G = A K_m Aᵀ``: the orthogonal projection whatever the components' norms.
+    """
+    alpha = np.asarray(alpha, dtype=np.float64)
+    y = np.atleast_2d(np.asarray(projections, dtype=np.float64))
+    if y.shape[1] != alpha.shape[0]:
+        raise InputError(f"projections of shape {y.shape} do not match "
+                         f"{alpha.shape[0]} components")
+    gram = alpha @ kernel_matrix @ alpha.T
+    beta = np.linalg.lstsq(gram, y.T, rcond=None)[0].T
+    weights = np.hstack([beta, np.ones((len(beta), 1))])
+    extended = np.vstack([alpha, np.asarray(mean_coefficient, dtype=np.float64)[None, :]])
+    return Expansion(np.ascontiguousarray(weights), np.zeros(len(beta))), extended
+
+
+def default_method(kernel: Kernel) -> str:
+    """``fixed-point`` for the gaussian kernel, ``conformal`` (the one that applies) otherwise."""
+    return "fixed-point" if kernel.name == "gaussian" else "conformal"
+
+
+def check_method(method: str | None, kernel: Kernel) -> str:
+    """The pre-image method to use (``None``: :func:`default_method`); a one-line
+    :class:`ParameterError` where it does not apply to ``kernel``."""
+    if method is None:
+        return default_method(kernel)
+    if method not in METHODS:
+        raise ParameterError(f"unknown pre-image method {method!r}; choose one of "
+                             f"{', '.join(METHODS)}")
+    if method in ("fixed-point", "gradient") and kernel.name != "gaussian":
+        what = ("the fixed-point pre-image (Mika et al.)" if method == "fixed-point"
+                else "the gradient pre-image (Honeine §5.3)")
+        raise ParameterError(f"{what} needs a gaussian kernel; this run used {kernel.describe()}. "
+                             "Use --preimage conformal, or fit with --kernel gaussian.")
+    return method
+
+
 def check_gaussian(kernel: Kernel) -> None:
     """Raise :class:`ParameterError` unless ``kernel`` is gaussian (the fixed point needs it)."""
-    if kernel.name != "gaussian":
-        raise ParameterError(
-            f"the fixed-point pre-image (Mika et al.) needs a gaussian kernel; this run used "
-            f"{kernel.describe()}. Fit with --kernel gaussian to denoise."
-        )
+    check_method("fixed-point", kernel)
 
 
 # --- one block of the iteration: a pure function of blocks and scalars (runs on workers) -------
@@ -214,6 +290,77 @@ def engine_sums(engine, alpha: np.ndarray, *, block: int | None = None) -> Calla
     return sums
 
 
+def _store_group_moments(path: str, cols: tuple, alpha_group: np.ndarray):
+    """Worker task: ``A[:, J] X[J]`` and ``Σ_{j∈J} x_j`` over one column group of a store."""
+    from dkha.rows import _group_rows
+
+    X = _group_rows(path, cols)
+    return alpha_group @ X, X.sum(axis=0)
+
+
+@dataclass
+class Training:
+    """The training samples a pre-image expansion is over, seen through blockwise reductions.
+
+    Attributes
+    ----------
+    kernel : Kernel
+    alpha : ndarray (r, l)
+        The coefficients the expansions' weights multiply (extended by ``β̄`` for dictionaries).
+    sums : callable
+        ``sums(Z, expansion) → (Σ_j w_j x_j, Σ_j w_j, Σ_j |w_j|)``, ``w_j = γ_j k(z, x_j)``.
+    moments : callable
+        ``moments() → (A X, Σ_j x_j)`` (computed once, on first use).
+    samples : ndarray (l, d) or None
+        The samples themselves when they are in memory (dictionaries, small problems): the
+        conformal map's ``η`` term needs them.
+    """
+
+    kernel: Kernel
+    alpha: np.ndarray
+    sums: Callable
+    moments: Callable
+    samples: np.ndarray | None = None
+
+    @classmethod
+    def from_array(cls, X: np.ndarray, kernel: Kernel, alpha: np.ndarray, *,
+                   block: int | None = None) -> "Training":
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        alpha = np.ascontiguousarray(alpha, dtype=np.float64)
+        return cls(kernel, alpha, array_sums(X, kernel, alpha, block=block),
+                   _once(lambda: (alpha @ X, X.sum(axis=0))), X)
+
+    @classmethod
+    def from_engine(cls, engine, alpha: np.ndarray, *, block: int | None = None) -> "Training":
+        """A data store on the cluster: each reduction is one task per column group."""
+        alpha = np.ascontiguousarray(alpha, dtype=np.float64)
+
+        def moments():
+            futs = [engine.client.submit(_store_group_moments, engine.store.path, cols,
+                                         np.ascontiguousarray(alpha[:, cols[0][0]:cols[-1][1]]),
+                                         pure=False) for cols in engine.column_groups]
+            M = np.zeros((alpha.shape[0], engine.store.n_features))
+            total = np.zeros(engine.store.n_features)
+            for f in futs:  # fixed order: reproducible sums
+                m, t = f.result()
+                M += m
+                total += t
+            return M, total
+
+        return cls(engine.kernel, alpha, engine_sums(engine, alpha, block=block), _once(moments))
+
+
+def _once(func: Callable) -> Callable:
+    cache: list = []
+
+    def wrapper():
+        if not cache:
+            cache.append(func())
+        return cache[0]
+
+    return wrapper
+
+
 # --- the iteration ------------------------------------------------------------------------------
 
 
@@ -252,12 +399,7 @@ def fixed_point(sums: Callable, expansion_: Expansion, start: np.ndarray, *,
     ``w_j = γ_j k(z, x_j)`` (:func:`array_sums`, :func:`engine_sums`). Converged samples leave
     the active set, so later iterations cost less.
     """
-    iterations = DEFAULT_ITERATIONS if iterations is None else int(iterations)
-    tol = DEFAULT_TOL if tol is None else float(tol)
-    if iterations < 0:
-        raise ParameterError(f"iterations must be non-negative, got {iterations}")
-    if not tol > 0:
-        raise ParameterError(f"tol must be positive, got {tol}")
+    iterations, tol = _check_iteration(iterations, tol)
     Z = np.array(start, dtype=np.float64, ndmin=2)
     n = len(Z)
     if len(expansion_) != n:
@@ -289,33 +431,220 @@ def fixed_point(sums: Callable, expansion_: Expansion, start: np.ndarray, *,
                           agreement=agreement)
 
 
+def _check_iteration(iterations, tol) -> tuple[int, float]:
+    iterations = DEFAULT_ITERATIONS if iterations is None else int(iterations)
+    tol = DEFAULT_TOL if tol is None else float(tol)
+    if iterations < 0:
+        raise ParameterError(f"iterations must be non-negative, got {iterations}")
+    if not tol > 0:
+        raise ParameterError(f"tol must be positive, got {tol}")
+    return iterations, tol
+
+
+def gradient(sums: Callable, expansion_: Expansion, start: np.ndarray, sigma: float, *,
+             iterations: int | None = None, tol: float | None = None, step: float | None = None,
+             nonnegative: bool = False) -> PreimageResult:
+    """Gradient ascent on ``f(z) = ⟨PΦ(x), Φ(z)⟩`` (gaussian kernel of width ``sigma``), for all
+    rows at once (module docstring: line search, ``step``, ``nonnegative``)."""
+    iterations, tol = _check_iteration(iterations, tol)
+    if step is not None and not float(step) > 0:
+        raise ParameterError(f"step must be positive, got {step}")
+    s2 = float(sigma) ** 2
+    Z = np.array(start, dtype=np.float64, ndmin=2)
+    if nonnegative:
+        np.maximum(Z, 0.0, out=Z)
+    n, dim = Z.shape
+    if len(expansion_) != n:
+        raise InputError(f"{len(expansion_)} expansions for {n} starting points")
+    num, f, _ = sums(Z, expansion_)
+    G = (num - f[:, None] * Z) / s2
+    s = np.full(n, s2 if step is None else float(step))
+    converged = np.zeros(n, dtype=bool)
+    active = np.arange(n)
+    done = 0
+    for it in range(iterations):
+        if not len(active):
+            break
+        done = it + 1
+        Za, Ga = Z[active], G[active]
+        D = Za * Ga if nonnegative else Ga
+        C = Za + s[active, None] * D
+        if nonnegative:
+            np.maximum(C, 0.0, out=C)
+        num_c, f_c, _ = sums(C, expansion_.take(active))
+        if step is None:
+            ok = f_c >= f[active] + ARMIJO * np.einsum("ij,ij->i", Ga, C - Za)
+        else:
+            ok = np.ones(len(active), dtype=bool)
+        move = np.linalg.norm(C - Za, axis=1)
+        scale = np.maximum(np.linalg.norm(Za, axis=1), np.sqrt(dim) * 1e-8)
+        acc = active[ok]
+        Z[acc], f[acc] = C[ok], f_c[ok]
+        G[acc] = (num_c[ok] - f_c[ok, None] * C[ok]) / s2
+        if step is None:
+            s[acc] *= 2.0
+            s[active[~ok]] /= 4.0
+        conv = (ok & (move <= tol * scale)) | (s[active] <= tol * tol * s2)
+        converged[active[conv]] = True
+        active = active[~conv]
+        log.debug("gradient iteration %d: %d active", done, len(active))
+    return PreimageResult(Z=Z, converged=converged, undefined=np.zeros(n, dtype=bool),
+                          iterations=done, agreement=f)
+
+
+def conformal(training: Training, expansion_: Expansion, *, eta: float = 0.0) -> PreimageResult:
+    """Honeine's conformal-map pre-images ``z = X_m γ − η (X_mᵀ)⁺ K_m⁻¹ γ`` (module docstring).
+
+    ``agreement`` is NaN: nothing here evaluates ``⟨PΦ(x), Φ(z)⟩``.
+    """
+    eta = float(eta)
+    if not (np.isfinite(eta) and eta >= 0):
+        raise ParameterError(f"eta must be a non-negative number, got {eta}")
+    M, total = training.moments()
+    Z = expansion_.weights @ M + expansion_.offset[:, None] * total[None, :]
+    if eta:
+        X = training.samples
+        if X is None:
+            raise ParameterError(
+                "the conformal map with eta > 0 needs K_m⁻¹ of the samples the components are "
+                "expanded over: available for dictionary (online) runs; use --eta 0 for batch runs")
+        K = training.kernel.block(X, X)
+        gamma = expansion_.dense(training.alpha)
+        W = np.linalg.solve(K, gamma.T)                    # K_m⁻¹ γ, m × n
+        Z -= eta * np.linalg.lstsq(X, W, rcond=None)[0].T   # X is X_mᵀ (m × d)
+    n = len(Z)
+    return PreimageResult(Z=Z, converged=np.ones(n, dtype=bool), undefined=np.zeros(n, dtype=bool),
+                          iterations=0, agreement=np.full(n, np.nan))
+
+
+def check_options(method: str | None, kernel: Kernel, *, eta: float | None = None,
+                  step: float | None = None, nonnegative: bool = False) -> str:
+    """:func:`check_method`, and refuse options that belong to another method."""
+    method = check_method(method, kernel)
+    if eta is not None and method != "conformal":
+        raise ParameterError(f"--eta applies to the conformal pre-image, not {method}")
+    if (step is not None or nonnegative) and method != "gradient":
+        raise ParameterError(f"--step and --nonnegative apply to the gradient pre-image, "
+                             f"not {method}")
+    return method
+
+
+def solve(method: str | None, training: Training, expansion_: Expansion, start: np.ndarray, *,
+          iterations: int | None = None, tol: float | None = None, eta: float | None = None,
+          step: float | None = None, nonnegative: bool = False) -> PreimageResult:
+    """Pre-images by ``method`` (:data:`METHODS`; ``None``: the kernel's default).
+
+    ``start`` seeds the iterative methods (for denoising, the noisy samples); ``eta`` is the
+    conformal map's regularisation; ``step`` and ``nonnegative`` are the gradient method's.
+    Options that do not belong to the method are refused.
+    """
+    method = check_options(method, training.kernel, eta=eta, step=step, nonnegative=nonnegative)
+    if method == "conformal":
+        return conformal(training, expansion_, eta=0.0 if eta is None else eta)
+    if method == "gradient":
+        return gradient(training.sums, expansion_, start, training.kernel["sigma"],
+                        iterations=iterations, tol=tol, step=step, nonnegative=nonnegative)
+    return fixed_point(training.sums, expansion_, start, iterations=iterations, tol=tol)
+
+
 def preimages(X_train: np.ndarray, kernel: Kernel, alpha: np.ndarray, projections: np.ndarray,
-              start: np.ndarray, *, gram: np.ndarray | None = None, iterations: int | None = None,
-              tol: float | None = None, block: int | None = None) -> PreimageResult:
-    """Fixed-point pre-images of ``PΦ(x)`` for an in-memory training set.
+              start: np.ndarray, *, method: str | None = None, gram: np.ndarray | None = None,
+              iterations: int | None = None, tol: float | None = None, eta: float | None = None,
+              step: float | None = None, nonnegative: bool = False, block: int | None = None
+              ) -> PreimageResult:
+    """Pre-images of ``PΦ(x)`` for an in-memory training set.
 
     Parameters
     ----------
     X_train : ndarray (l, d)
         The training samples the components are expanded over.
     kernel : Kernel
-        Must be gaussian.
     alpha : ndarray (r, l)
     projections : ndarray (n, r)
         ``β`` of the samples to reconstruct (centered with the training ``mk``, ``mkm``).
     start : ndarray (n, d)
-        Starting points; for denoising, the noisy samples themselves.
+        Starting points of the iterative methods; for denoising, the noisy samples themselves.
+    method : {"fixed-point", "conformal", "gradient"}, optional
+        Default: fixed-point for the gaussian kernel, conformal otherwise.
     gram : ndarray (r, r), optional
         ``A K' Aᵀ``, for the orthogonal projection when the components are not orthonormal.
     iterations, tol, block :
         At most ``iterations`` steps, stopping a sample once ``‖Δz‖ ≤ tol·‖z‖``; ``block``
         training samples per kernel block.
+    eta, step, nonnegative :
+        The conformal map's regularisation; the gradient method's fixed step and
+        non-negativity.
 
     See Also
     --------
     dkha.apply.denoise.denoise_image : the same on a run directory, on the Dask cluster.
     """
-    check_gaussian(kernel)
-    exp = expansion(alpha, projections, gram=gram)
-    return fixed_point(array_sums(X_train, kernel, alpha, block=block), exp, start,
-                       iterations=iterations, tol=tol)
+    training = Training.from_array(X_train, kernel, alpha, block=block)
+    return solve(method, training, expansion(alpha, projections, gram=gram), start,
+                 iterations=iterations, tol=tol, eta=eta, step=step, nonnegative=nonnegative)
+
+
+class RunPreimages:
+    """Project samples on a run's components and map the projections back to input space: the
+    step that denoising (images, vectors) and hyperresolution share.
+
+    Batch runs: projections and the pre-image reductions run on the cluster against the
+    training store (:class:`Training.from_engine`). Dictionary (online) runs: the dictionary is
+    in memory and the projection is Honeine's eq. 22 (:func:`dictionary_expansion`).
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The run's components (:func:`dkha.result.load`).
+    client : distributed.Client
+    method : {"fixed-point", "conformal", "gradient"}, optional
+        Default: fixed-point for a gaussian kernel, conformal otherwise.
+    orthonormalize : bool
+        Batch runs: project with the Gram matrix ``A K' Aᵀ`` (one more pass). Dictionary runs
+        always do (``A K_m Aᵀ`` is small).
+    iterations, tol, eta, step, nonnegative :
+        As :func:`solve`; options of another method are refused here, before any work.
+    """
+
+    def __init__(self, ds, client, *, method: str | None = None, orthonormalize: bool = False,
+                 iterations: int | None = None, tol: float | None = None,
+                 eta: float | None = None, step: float | None = None, nonnegative: bool = False):
+        from dkha.transform import kernel_of
+
+        kernel = kernel_of(ds)
+        self.method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative)
+        if eta is not None and "dictionary" not in ds and float(eta) > 0:
+            raise ParameterError(
+                "the conformal map with --eta > 0 needs K_m⁻¹ of the samples the components are "
+                "expanded over: available for dictionary (online) runs; use --eta 0 for batch runs")
+        self.options = {"iterations": iterations, "tol": tol, "eta": eta, "step": step,
+                        "nonnegative": nonnegative}
+        alpha = np.ascontiguousarray(ds["alpha"].values, dtype=np.float64)
+        if "dictionary" in ds:
+            from dkha.online import project as project_online
+
+            D = np.ascontiguousarray(ds["dictionary"].values, dtype=np.float64)
+            mean = ds["mean_coefficient"].values
+            Km = kernel.block(D, D)
+            small = ds[["alpha", "dictionary", "mean_coefficient"]].load()
+            small.attrs = dict(ds.attrs)
+            extended = dictionary_expansion(alpha, mean, np.zeros((1, len(alpha))), Km)[1]
+            self.project = lambda P: project_online(small, P)
+            self.expand = lambda y: dictionary_expansion(alpha, mean, y, Km)[0]
+            self.training = Training.from_array(D, kernel, extended)
+        else:
+            from dkha.evaluate import projections
+            from dkha.transform import engine_for_run
+
+            engine = engine_for_run(ds, client)
+            gram = projections(engine, alpha) @ alpha.T if orthonormalize else None
+            self.project = lambda P: engine.transform(P, alpha)
+            self.expand = lambda y: expansion(alpha, y, gram=gram)
+            self.training = Training.from_engine(engine, alpha)
+
+    def __call__(self, P: np.ndarray, start: np.ndarray | None = None) -> PreimageResult:
+        """Pre-images of the projections of the rows of ``P`` (started from ``start``, default
+        ``P`` itself)."""
+        P = np.ascontiguousarray(P, dtype=np.float64)
+        return solve(self.method, self.training, self.expand(self.project(P)),
+                     P if start is None else start, **self.options)
