@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--projections", choices=("coordinator", "workers"),
                    help="where block projections are computed (dkha.projections): from kernel "
                         "rows shipped to the coordinator, or on the workers from replicas")
+    p.add_argument("--cache-rows", action="store_true", default=None,
+                   help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
+                        "bytes): kernels computed once, not once a pass (dkha.row-cache)")
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
     p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="write the complete state to RUN_DIR/checkpoints every N passes "
@@ -156,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "over the training store")
     p.add_argument("--variance-samples", type=_positive_int, metavar="N",
                    help="estimate the variance on a seeded sample of N rows (huge stores)")
+    p.add_argument("--cache-rows", action="store_true", default=None,
+                   help="keep the kernel's tiles in worker memory while evaluating (pays when "
+                        "the eigenvalues are recomputed: every Krylov iteration is a pass)")
     _add_cluster_options(p)
 
     # transform
@@ -207,6 +213,7 @@ def cmd_fit(args) -> int:
         mu=args.mu, xi=args.xi, rho0=args.rho0, passes=args.passes, steps=args.steps,
         seed=args.seed, evaluate_every=args.evaluate_every, block_rows=args.block,
         prefetch=args.prefetch, init=args.init, tol=args.tol, projections=args.projections,
+        cache_rows=args.cache_rows,
         verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
         **_cluster_kwargs(args))
     for name in ("gamma", "tau", "nu", "max_members", "center"):
@@ -290,7 +297,7 @@ def cmd_evaluate(args) -> int:
     eig = ds.attrs.get("top_eigenvalues")
     r = ds.sizes["component"]
     with client_for(**_cluster_kwargs(args)) as client:
-        engine = engine_for_run(ds, client)
+        engine = engine_for_run(ds, client, cache_rows=args.cache_rows)
         ev = evaluate(engine, ds["alpha"].values,
                       None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
         out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 import tempfile
 import weakref
 
@@ -89,6 +90,11 @@ class KernelHebbianPCA:
         Where the block projections ``S̃ K'_Pᵀ`` are computed (``dkha.projections``): on the
         coordinator from shipped kernel rows, or on the workers from replicas of the
         coefficients (coordinator-math.md §4; equal up to rounding, less traffic).
+    cache_rows : bool, optional
+        Keep the kernel's upper-triangle tiles on the workers (``dkha.row-cache``; about
+        ``4·l²`` bytes, refused above half the workers' memory): kernels are computed once, not
+        once a pass, which pays from the second pass on (Krylov, many KHA passes, evaluations).
+        Results equal the uncached run's up to rounding.
     init : {"random", "nystrom:M"}, default "random"
         Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))``, or the Nyström solution from
         ``M`` seeded random landmark rows (then refined; the default ``eta0`` is 20× smaller,
@@ -111,7 +117,11 @@ class KernelHebbianPCA:
         Eq. 13 estimates of the eigenvalues of ``K'``.
     mk_, mkm_ : the centering row and its mean.
     history_ : list of dict
-        ``pass, step, error, error_min, excess, wall_time`` per evaluation.
+        ``pass, step, error, error_min, excess, wall_time`` per evaluation (``wall_time``: seconds
+        of the passes so far, evaluations excluded).
+    timings_ : dict
+        Seconds spent before the first pass: ``centering`` (the MK row; with ``cache_rows`` also
+        the kernel tiles) and ``init`` (the Nyström start).
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
@@ -138,7 +148,8 @@ class KernelHebbianPCA:
                  rho0: float = 0.0, passes: int | None = None, steps: int | None = None,
                  seed: int = 0, evaluate_every: int = 1, block_rows: int | None = None,
                  prefetch: int | None = None, init: str = "random", tol: float | None = None,
-                 projections: str | None = None, scheduler: str | None = None,
+                 projections: str | None = None, cache_rows: bool | None = None,
+                 scheduler: str | None = None,
                  scheduler_file: str | None = None, workers: int | None = None, client=None,
                  verbose: bool = False):
         self.n_components = n_components
@@ -159,6 +170,7 @@ class KernelHebbianPCA:
         self.block_rows = block_rows
         self.prefetch = prefetch
         self.projections = projections
+        self.cache_rows = cache_rows
         self.init = init
         self.tol = tol
         self.scheduler = scheduler
@@ -294,12 +306,17 @@ class KernelHebbianPCA:
         with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client, \
                 blas_threads_for(client):
             engine = RowEngine(store, kernel, client, block_rows=self.block_rows,
-                               prefetch=self.prefetch, projections=self.projections)
+                               prefetch=self.prefetch, projections=self.projections,
+                               cache_rows=self.cache_rows)
             A_init = None
+            t0 = time.perf_counter()
             if ck is None:
                 engine.compute_mk()
+            t1 = time.perf_counter()
             if p["landmarks"] and ck is None:
                 A_init, _ = nystrom_coefficients(engine, p["r"], p["landmarks"], seed=self.seed)
+            # seconds before the first pass (history wall times count the passes only)
+            self.timings_ = {"centering": t1 - t0, "init": time.perf_counter() - t1}
             if p["algorithm"] == "krylov":
                 res = run_krylov(engine, p["r"], seed=self.seed, A_init=A_init,
                                  tol=self.tol if self.tol is not None else 1e-8,

@@ -159,25 +159,46 @@ def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm
     return center_block(K, mk[index], mk[a:b], mkm)
 
 
-def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple):
+def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+                   tile: np.ndarray | None = None):
+    """``K'[I, J]``, computed, or centered from a copy of the cached tile ``K[I, J]``."""
     a, b = gi[0][0], gi[-1][1]
     c, d = gj[0][0], gj[-1][1]
-    XI = _group_rows(path, gi)
-    XJ = XI if gi == gj else _group_rows(path, gj)
-    return center_block(kernel.block(XI, XJ), mk[a:b], mk[c:d], mkm), (a, b), (c, d)
+    if tile is not None:
+        K = np.array(tile)
+    else:
+        XI = _group_rows(path, gi)
+        K = kernel.block(XI, XI if gi == gj else _group_rows(path, gj))
+    return center_block(K, mk[a:b], mk[c:d], mkm), (a, b), (c, d)
 
 
 def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
-                 V: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """``K'[I, J] V[J]`` and, off the diagonal, ``K'[J, I] V[I]`` (K' is symmetric)."""
-    K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
-    return K @ V[c:d], (None if gi == gj else K.T @ V[a:b])
+                 V: np.ndarray, tile: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``K'[I, J] V[J]`` and, off the diagonal, ``K'[J, I] V[I]`` (K' is symmetric).
+
+    From a cached tile the centering is applied to the products, not the tile (no copy):
+    ``K'[I, J] V[J] = K V[J] − 1 (mk[J]ᵀ V[J]) − (mk[I] − mkm) (1ᵀ V[J])``.
+    """
+    if tile is None:
+        K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
+        return K @ V[c:d], (None if gi == gj else K.T @ V[a:b])
+    a, b = gi[0][0], gi[-1][1]
+    c, d = gj[0][0], gj[-1][1]
+
+    def centered(K, mk_out, V_in, mk_in):
+        out = K @ V_in
+        out -= mk_in @ V_in
+        out -= np.outer(mk_out - mkm, V_in.sum(axis=0))
+        return out
+
+    to_i = centered(tile, mk[a:b], V[c:d], mk[c:d])
+    return to_i, (None if gi == gj else centered(tile.T, mk[c:d], V[a:b], mk[a:b]))
 
 
 def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
-                  C: np.ndarray) -> np.ndarray:
+                  C: np.ndarray, tile: np.ndarray | None = None) -> np.ndarray:
     """``[‖K'[I,J]‖², ‖K'[I,J] − C[:,I]ᵀ C[:,J]‖²]``, doubled off the diagonal (both halves)."""
-    K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
+    K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj, tile)
     out = np.empty(2)
     out[0] = np.einsum("ij,ij->", K, K)
     K -= C[:, a:b].T @ C[:, c:d]
@@ -185,9 +206,46 @@ def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tup
     return out if gi == gj else 2.0 * out
 
 
-def dense_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple) -> np.ndarray:
+def dense_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+               tile: np.ndarray | None = None) -> np.ndarray:
     """``K'[I, J]`` (small stores only)."""
-    return _centered_tile(path, kernel, mk, mkm, gi, gj)[0]
+    return _centered_tile(path, kernel, mk, mkm, gi, gj, tile)[0]
+
+
+# --- the kernel tile cache (worker side): uncentered tiles K[I, J], I ≤ J, kept as task results ---
+
+
+def kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
+    """The uncentered tile ``K[I, J]`` (read-only: the cache hands it to many tasks)."""
+    XI = _group_rows(path, gi)
+    K = kernel.block(XI, XI if gi == gj else _group_rows(path, gj))
+    K.setflags(write=False)
+    return K
+
+
+def tile_sums(K: np.ndarray, diagonal: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`mk_tile`'s sums from a cached tile."""
+    return K.sum(axis=0), (None if diagonal else K.sum(axis=1))
+
+
+def tile_take(K: np.ndarray, rows_i: np.ndarray, rows_j: np.ndarray | None
+              ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A block's rows from a cached tile ``K[I, J]``: ``K[rows_i, :]`` (rows of the block in
+    ``I``) and, off the diagonal, ``K[:, rows_j]ᵀ = K[J-rows, I]`` (rows of the block in ``J``)."""
+    a = K[rows_i] if len(rows_i) else None
+    b = np.ascontiguousarray(K[:, rows_j].T) if rows_j is not None and len(rows_j) else None
+    return a, b
+
+
+def assemble_rows(pieces: list, places: list, index: np.ndarray, mk: np.ndarray, mkm: float
+                  ) -> np.ndarray:
+    """``K'[index, :]`` from :func:`tile_take` pieces; ``places[k]`` is ``(positions, c, d)``
+    for each non-empty piece in order: its rows go to ``out[positions, c:d]``."""
+    out = np.empty((len(index), len(mk)))
+    flat = [p for pair in pieces for p in pair if p is not None]
+    for piece, (pos, c, d) in zip(flat, places):
+        out[pos, c:d] = piece
+    return center_block(out, mk[index], mk, mkm)
 
 
 def project_rows(path: str, kernel: Kernel, Xnew: np.ndarray, mk: np.ndarray, mkm: float,
@@ -410,6 +468,12 @@ class RowEngine:
     projections : {"coordinator", "workers"}, optional
         Where a batch solver's block projections are computed (module docstring); default
         ``dkha.projections``.
+    cache_rows : bool, optional
+        Keep the kernel on the workers (default ``dkha.row-cache``): the upper-triangle tiles
+        ``K[I, J]``, ``I ≤ J``, are computed once (the MK row comes from their sums) and every
+        later row block, product ``K' V`` and residual reads them instead of recomputing kernels.
+        Needs about ``4·l²`` bytes of worker memory (refused above half of what the workers
+        have). Row mode only: worker-side projections compute their own rows.
 
     Attributes
     ----------
@@ -421,7 +485,7 @@ class RowEngine:
 
     def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
                  prefetch: int | None = None, column_groups: int | None = None,
-                 projections: str | None = None):
+                 projections: str | None = None, cache_rows: bool | None = None):
         from dkha.cluster import total_threads
 
         self.projections = str(config.get("projections", projections))
@@ -444,6 +508,13 @@ class RowEngine:
         threads = total_threads(client)
         n_tiles = max(2 * threads, -(-store.n_samples // tile_rows))
         self.tile_groups = _groups_of_chunks(store, n_tiles, max_rows=tile_rows)
+        self.cache_rows = bool(config.get("row-cache", cache_rows))
+        self._tiles: dict | None = None
+        if self.cache_rows:
+            # fewer, larger tiles: a row block takes one piece from each tile it meets, so the
+            # tasks per block grow with the tile count; about 4 tiles a thread keeps all busy
+            self.tile_groups = _groups_of_chunks(store, max(1, int(np.ceil(np.sqrt(8 * threads)))))
+            self._check_cache_memory()
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
@@ -453,6 +524,43 @@ class RowEngine:
     def n_samples(self) -> int:
         return self.store.n_samples
 
+    # -- the kernel tile cache --
+    def cache_bytes(self) -> int:
+        """Bytes of worker memory the tile cache takes (upper triangle, diagonal tiles whole)."""
+        b = [g[-1][1] - g[0][0] for g in self.tile_groups]
+        return 8 * sum(b[i] * b[j] for i in range(len(b)) for j in range(i, len(b)))
+
+    def _check_cache_memory(self) -> None:
+        import psutil
+
+        workers = self.client.scheduler_info().get("workers", {}).values()
+        limits = [w.get("memory_limit") or 0 for w in workers]
+        total = sum(m if m else psutil.virtual_memory().total for m in limits) or 1
+        need = self.cache_bytes()
+        if need > 0.5 * total:
+            raise ParameterError(
+                f"the row cache needs {need / 2**30:.1f} GiB of worker memory (the kernel's upper "
+                f"triangle at l = {self.n_samples}) but the workers have {total / 2**30:.1f} GiB; "
+                "run without --cache-rows (kernels are then recomputed each pass) or on more workers")
+
+    def _tile_futures(self) -> dict:
+        """The cached tiles ``{(i, j): future of K[I, J]}``, ``i ≤ j``, submitted on first use."""
+        if self._tiles is None:
+            path, g = self.store.path, self.tile_groups
+            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.kernel, g[i], g[j],
+                                                      pure=False)
+                           for i in range(len(g)) for j in range(i, len(g))}
+        return self._tiles
+
+    def _tile(self, i: int, j: int):
+        return self._tile_futures()[(i, j)] if self.cache_rows else None
+
+    def release_cache(self) -> None:
+        """Drop the cached tiles from the workers."""
+        if self._tiles is not None:
+            self.client.cancel(list(self._tiles.values()))
+            self._tiles = None
+
     # -- MK row --
     def compute_mk(self) -> tuple[np.ndarray, float]:
         """The MK row ``mk_j = (1/l) Σ_i k(x_i, x_j)`` and ``mkm``: one pass over chunk pairs."""
@@ -460,8 +568,11 @@ class RowEngine:
         futures = []
         for i, gi in enumerate(groups):
             for j in range(i, len(groups)):
-                futures.append(((i, j), self.client.submit(mk_tile, path, self.kernel, gi, groups[j],
-                                                           pure=False)))
+                if self.cache_rows:
+                    fut = self.client.submit(tile_sums, self._tile(i, j), i == j, pure=False)
+                else:
+                    fut = self.client.submit(mk_tile, path, self.kernel, gi, groups[j], pure=False)
+                futures.append(((i, j), fut))
         l = self.n_samples
         mk = np.zeros(l)
         bounds = [(g[0][0], g[-1][1]) for g in groups]
@@ -518,10 +629,33 @@ class RowEngine:
         """Futures of ``K'[index, J]`` for each column group ``J`` (in column order)."""
         mk = self._need_mk()
         path = self.store.path
+        if self.cache_rows:
+            return [self._submit_cached_rows(np.asarray(index), mk, priority)]
         XP = self.client.submit(take_rows, path, self.all_ranges, index, priority=priority, pure=False)
         return [self.client.submit(centered_rows, path, self.kernel, XP, mk, self.mkm, index, cols,
                                    priority=priority, pure=False)
                 for cols in self.column_groups]
+
+    def _submit_cached_rows(self, index: np.ndarray, mk, priority: int):
+        """``K'[index, :]`` assembled from the cached tiles: one take per tile the block meets."""
+        bounds = [self._bounds(g) for g in self.tile_groups]
+        starts = np.array([a for a, _ in bounds])
+        group = np.searchsorted(starts, index, side="right") - 1
+        pieces, places = [], []
+        for (i, j), tile in self._tile_futures().items():
+            in_i = np.flatnonzero(group == i)
+            in_j = np.flatnonzero(group == j) if i != j else None
+            if not len(in_i) and (in_j is None or not len(in_j)):
+                continue
+            pieces.append(self.client.submit(tile_take, tile, index[in_i] - bounds[i][0],
+                                             None if in_j is None else index[in_j] - bounds[j][0],
+                                             priority=priority, pure=False))
+            if len(in_i):
+                places.append((in_i, *bounds[j]))
+            if in_j is not None and len(in_j):
+                places.append((in_j, *bounds[i]))
+        return self.client.submit(assemble_rows, pieces, places, index, mk, self.mkm,
+                                  priority=priority, pure=False)
 
     def rows(self, index: np.ndarray) -> np.ndarray:
         """``K'[index, :]`` (blocking)."""
@@ -659,7 +793,8 @@ class RowEngine:
         g = self.tile_groups
         pairs = self._pairs()
         futs = [self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
-                                   g[i], g[j], Vf, pure=False) for i, j in pairs]
+                                   g[i], g[j], Vf, tile=self._tile(i, j), pure=False)
+                for i, j in pairs]
         out = np.zeros((self.n_samples, V.shape[1]))
         for (i, j), fut in zip(pairs, futs):  # fixed order: reproducible sums
             to_i, to_j = fut.result()
@@ -677,7 +812,8 @@ class RowEngine:
         Cf = self.put(C)
         g = self.tile_groups
         futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
-                                   g[i], g[j], Cf, pure=False) for i, j in self._pairs()]
+                                   g[i], g[j], Cf, tile=self._tile(i, j), pure=False)
+                for i, j in self._pairs()]
         tot = np.zeros(2)
         for f in futs:
             tot += f.result()
@@ -689,7 +825,7 @@ class RowEngine:
         g = self.tile_groups
         pairs = self._pairs()
         futs = [self.client.submit(dense_pair, self.store.path, self.kernel, mk, self.mkm,
-                                   g[i], g[j], pure=False) for i, j in pairs]
+                                   g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
         out = np.empty((self.n_samples, self.n_samples))
         for (i, j), fut in zip(pairs, futs):
             K = fut.result()

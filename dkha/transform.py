@@ -22,13 +22,13 @@ def kernel_of(ds: xr.Dataset):
     return make_kernel(ds.attrs["kernel"], **ds.attrs.get("kernel_parameters", {}))
 
 
-def engine_for_run(ds: xr.Dataset, client) -> RowEngine:
+def engine_for_run(ds: xr.Dataset, client, cache_rows: bool | None = None) -> RowEngine:
     """The row engine of a batch run's training store and kernel, with the run's centering."""
     store = open_store(ds.attrs["store"])
     if store.n_samples != ds.sizes["sample"]:
         raise InputError(f"the training store {store.path} now holds {store.n_samples} samples; "
                          f"the run was fitted on {ds.sizes['sample']}")
-    engine = RowEngine(store, kernel_of(ds), client)
+    engine = RowEngine(store, kernel_of(ds), client, cache_rows=cache_rows)
     engine.set_mk(ds["mk"].values, float(ds.attrs["mkm"]))
     return engine
 

@@ -193,3 +193,21 @@ def test_nonpositive_eta0_refused(digits_store, eta0):
                              scheduler=UNREACHABLE)
     with pytest.raises(ParameterError, match="eta0 must be a positive number"):
         model.fit(digits_store.path)
+
+
+@pytest.mark.parametrize("algorithm", ["kha-smd", "krylov"])
+def test_row_cache_fit_equals_uncached(runs, oracle, digits_store, client, seed, algorithm):
+    """``cache_rows=True`` (kernel tiles kept on the workers) changes only rounding."""
+    if algorithm == "krylov":
+        plain = model_for("krylov", seed, client, tol=1e-10).fit(digits_store.path)
+    else:
+        plain = runs[algorithm][0]
+    cached = model_for(algorithm, seed, client, cache_rows=True,
+                       **({"tol": 1e-10} if algorithm == "krylov" else {})).fit(digits_store.path)
+    if algorithm == "krylov":  # eigenvectors up to sign
+        signs = np.sign(np.sum(cached.alpha_ * plain.alpha_, axis=1, keepdims=True))
+        np.testing.assert_allclose(cached.alpha_ * signs, plain.alpha_, atol=1e-8 * np.abs(plain.alpha_).max())
+    else:
+        np.testing.assert_allclose(cached.alpha_, plain.alpha_, rtol=0, atol=1e-9 * np.abs(plain.alpha_).max())
+    E, _, excess = dense_errors(oracle, cached.alpha_)
+    assert cached.history_[-1]["excess"] == pytest.approx(excess, rel=1e-8, abs=1e-12)

@@ -79,6 +79,42 @@ def test_centered_rows_dense_products(stores, oracle, client, chunk, groups, see
     assert res2 == pytest.approx(np.sum((Kc - C.T @ C) ** 2), rel=REL)
 
 
+@pytest.mark.parametrize("chunk", [17, 64, 300])
+def test_row_cache(stores, oracle, client, chunk, seed):
+    """The cached-tile path (``cache_rows``) gives the same MK row, rows, products and residuals;
+    the stream delivers rows in order; the cache can be released and rebuilt."""
+    _, Kc = oracle["gaussian"]
+    l = len(Kc)
+    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, cache_rows=True, prefetch=3)
+    mk, mkm = engine.compute_mk()
+    assert_rel(mk, oracle["gaussian"][0].mean(axis=0))
+    assert engine.cache_bytes() >= 8 * l * (l + 1) // 2
+    rng = np.random.default_rng(seed)
+    idx = np.concatenate([[299, 0], rng.choice(l, size=37), [5, 5]])
+    assert_rel(engine.rows(idx), Kc[idx])
+    blocks = [(k, rng.permutation(l)[:50]) for k in range(6)]
+    for (tag, i, rows), (want_tag, want_i) in zip(engine.stream(blocks), blocks):
+        assert tag == want_tag and np.array_equal(i, want_i)
+        assert_rel(rows, Kc[want_i])
+    assert_rel(engine.dense(), Kc)
+    V = rng.normal(size=(l, 3))
+    assert_rel(engine.matmat(V), Kc @ V, scale=(np.abs(Kc) @ np.abs(V)).max())
+    C = rng.normal(size=(4, l)) * 0.05
+    frob2, res2 = engine.residual(C)
+    assert frob2 == pytest.approx(np.sum(Kc**2), rel=REL)
+    assert res2 == pytest.approx(np.sum((Kc - C.T @ C) ** 2), rel=REL)
+    engine.release_cache()
+    assert_rel(engine.rows(idx[:5]), Kc[idx[:5]])
+
+
+def test_row_cache_refused_when_too_big(stores, client, monkeypatch):
+    from dkha.errors import ParameterError
+
+    monkeypatch.setattr(RowEngine, "cache_bytes", lambda self: 2**60)
+    with pytest.raises(ParameterError, match="row cache needs"):
+        RowEngine(stores[64], kernel_of("gaussian"), client, cache_rows=True)
+
+
 def test_residual_near_the_optimum(stores, oracle, client):
     """With C from the top eigenpairs the residual is the tail ‖K'‖² − Σ λ_i²."""
     _, Kc = oracle["gaussian"]
