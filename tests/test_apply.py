@@ -360,6 +360,43 @@ def test_run_preimages_on_the_cluster_match_in_memory(photo, photo_run, client):
         preimage.RunPreimages(ds, client, method="conformal", eta=1.0)
 
 
+def test_superresolve(photo, photo_run, client, tmp_path, capsys):
+    """×2 from a 22×22 block-mean image: the windows of the replicated image mapped back by the
+    in-memory fixed point (pixel (0, 0) is covered by the first window only); PSNR by its
+    formula; the command writes a 44×44 image."""
+    from dkha.apply import superresolve as sr
+
+    clean, _ = photo
+    run_dir, _, store = photo_run
+    low = sr.downscale(clean, 2)
+    np.testing.assert_allclose(low[0, 0], clean[:2, :2].mean())
+    up = sr.upscale(low, 2)
+    np.testing.assert_array_equal(up[:2, :2], np.full((2, 2), low[0, 0]))
+    res = sr.superresolve(run_dir, low, factor=2, reference=clean, client=client, block=100)
+    assert res.image.shape == clean.shape and res.converged == res.n_patches == 18**2
+    assert res.psnr_upscaled == pytest.approx(-10 * np.log10(np.mean((clean - up) ** 2)))
+    ds = result.load(run_dir)
+    from dkha.transform import project
+
+    P = up[:11, :11].reshape(1, -1)
+    ref = preimage.preimages(store.read(), make_kernel("gaussian", **ds.attrs["kernel_parameters"]),
+                             ds["alpha"].values, project(ds, P, client=client), P)
+    assert res.image[0, 0] == pytest.approx(np.clip(ref.Z[0, 0], 0, 1), abs=1e-6)
+    bil = sr.superresolve(run_dir, low, factor=2, upscaling="bilinear", step=3, client=client)
+    assert bil.step == 3 and bil.psnr is None and bil.image.shape == clean.shape
+    from skimage.io import imsave
+
+    out = str(tmp_path / "high.npy")
+    imsave(tmp_path / "low.tif", low.astype(np.float32), check_contrast=False)
+    assert run_command(["superresolve", run_dir, str(tmp_path / "low.tif"), "--factor", "2",
+                        "-o", out, "--json", "--workers", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "fixed-point" and summary["factor"] == 2
+    np.testing.assert_allclose(np.load(out), res.image, atol=1e-5)  # input saved as float32
+    with pytest.raises(ParameterError, match="unknown upscaling"):
+        sr.superresolve(run_dir, low, factor=2, upscaling="nearest", client=client)
+
+
 def test_denoise_refuses_bad_runs(photo, client, tmp_path):
     _, noisy = photo
     X = extract_patches(noisy, 11, 2)[:60]

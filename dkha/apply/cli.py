@@ -1,6 +1,7 @@
 """The ``dkha denoise`` and ``dkha cluster`` commands.
 
-    dkha denoise RUN_DIR NOISY.png -o CLEAN.png [--reference ORIG.png] [--iterations N] [--json]
+    dkha denoise RUN_DIR NOISY.png -o CLEAN.png [--reference ORIG.png] [--preimage M] [--json]
+    dkha superresolve RUN_DIR LOW.png --factor F -o HIGH.png [--reference ORIG.png] [--json]
     dkha cluster RUN_DIR --k 10 -o LABELS.zarr [--json]
 
 :func:`add_parsers` adds both to the ``dkha`` command's subparsers; :data:`COMMANDS` maps their
@@ -35,6 +36,32 @@ def add_parsers(subparsers) -> None:
     _add_cluster_options(p)
 
     p = subparsers.add_parser(
+        "superresolve", help="scale an image up with a run fitted on high-resolution patches "
+                             "(Kim et al. §4.2)",
+        description="Scale the low-resolution image up by FACTOR (pixel replication or "
+                    "bilinear), cut it into overlapping windows of the training patches' size, "
+                    "project them on the components, map them back by a pre-image (--preimage) "
+                    "and average the overlaps.")
+    p.add_argument("run_dir")
+    p.add_argument("image", help="the low-resolution image (skimage:NAME for bundled ones)")
+    p.add_argument("--factor", type=_positive_int, required=True, metavar="F",
+                   help="scale factor (integer)")
+    p.add_argument("-o", "--out", required=True,
+                   help="where to write the image (8-bit by extension; .tif float, .npy)")
+    p.add_argument("--upscaling", choices=("replicate", "bilinear"), default="replicate",
+                   help="how the image is first scaled up (default: pixel replication, the "
+                        "paper's); the pre-images start from it")
+    p.add_argument("--step", dest="window_step", type=_positive_int, metavar="S",
+                   help="window grid in pixels (default: the training store's step)")
+    p.add_argument("--reference", metavar="ORIG",
+                   help="the original high-resolution image: print the PSNR")
+    add_preimage_options(p, gradient_step="--gradient-step")
+    p.add_argument("--block", type=_positive_int, metavar="B", help="windows per block (2048)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_cluster_options(p)
+
+    p = subparsers.add_parser(
         "cluster", help="spectral clustering (Ng, Jordan & Weiss) of a run's training samples",
         description="k-means on the row-normalised projections of the training samples on the "
                     "components; with labels in the store, prints the variation of information "
@@ -51,8 +78,9 @@ def add_parsers(subparsers) -> None:
     _add_cluster_options(p)
 
 
-def add_preimage_options(p: argparse.ArgumentParser) -> None:
-    """The pre-image options every reconstruction command shares (:mod:`dkha.apply.preimage`)."""
+def add_preimage_options(p: argparse.ArgumentParser, *, gradient_step: str = "--step") -> None:
+    """The pre-image options every reconstruction command shares (:mod:`dkha.apply.preimage`);
+    ``gradient_step`` names the gradient step option where ``--step`` means something else."""
     from dkha.cli import _positive_int
 
     g = p.add_argument_group("pre-images")
@@ -67,7 +95,7 @@ def add_preimage_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eta", type=float,
                    help="conformal: the regularisation η of (P_m − η K_m⁻¹) (default 0; "
                         "η > 0 needs a dictionary run)")
-    g.add_argument("--step", type=float,
+    g.add_argument(gradient_step, dest="step", type=float,
                    help="gradient: a fixed step size, no line search (default: Armijo steps)")
     g.add_argument("--nonnegative", action="store_true",
                    help="gradient: steps weighted by z and iterates kept ≥ 0 (Kallas et al.)")
@@ -114,6 +142,38 @@ def cmd_denoise(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_superresolve(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    from dkha.apply.denoise import save_image
+    from dkha.apply.superresolve import superresolve
+    from dkha.errors import RunDirectoryError
+
+    if os.path.lexists(args.out) and not args.overwrite:
+        raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
+    kw = preimage_kwargs(args)
+    kw["gradient_step"] = kw.pop("step")
+    res = superresolve(args.run_dir, args.image, factor=args.factor, upscaling=args.upscaling,
+                       reference=args.reference, step=args.window_step, block=args.block,
+                       verbose=sys.stderr.isatty() and not args.json, **kw,
+                       **_cluster_kwargs(args))
+    save_image(res.image, args.out)
+    summary = {"out": args.out, **res.summary()}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{res.upscaled.shape[0] // res.factor}×{res.upscaled.shape[1] // res.factor} → "
+              f"{res.image.shape[0]}×{res.image.shape[1]} ({res.upscaling} ×{res.factor}): "
+              f"{res.n_patches} windows of {res.patch}×{res.patch} (step {res.step}), "
+              f"{res.converged} {res.method} pre-images converged")
+        if res.psnr is not None:
+            print(f"PSNR {res.upscaling:9s} {res.psnr_upscaled:.2f} dB\n"
+                  f"PSNR dkha      {res.psnr:.2f} dB ({res.psnr - res.psnr_upscaled:+.2f} dB)")
+        print(f"saved {args.out}")
+    return 0
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     import os
 
@@ -141,4 +201,4 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"denoise": cmd_denoise, "cluster": cmd_cluster}
+COMMANDS = {"denoise": cmd_denoise, "superresolve": cmd_superresolve, "cluster": cmd_cluster}
