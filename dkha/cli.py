@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("-o", "--out", required=True)
     im.add_argument("--patch", type=_positive_int, default=11)
     im.add_argument("--step", type=_positive_int, default=2)
+    im.add_argument("--max-samples", type=_positive_int, metavar="N",
+                    help="stop after N patches (the remaining images are not read)")
     im.add_argument("--chunk-rows", type=_positive_int)
     im.add_argument("--overwrite", action="store_true")
 
@@ -124,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-rows", action="store_true", default=None,
                    help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
                         "bytes): kernels computed once, not once a pass (dkha.row-cache)")
+    p.add_argument("--center-sample", type=_positive_int, metavar="N",
+                   help="estimate the centering (MK) row from a seeded sample of N columns "
+                        "instead of the exact O(l²n) pass: approximate, recorded in the run")
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
     p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="write the complete state to RUN_DIR/checkpoints every N passes "
@@ -187,7 +192,8 @@ def cmd_ingest(args) -> int:
                           overwrite=args.overwrite)
     else:
         st = ingest_images(args.images, args.out, patch=args.patch, step=args.step,
-                           chunk_rows=args.chunk_rows, overwrite=args.overwrite)
+                           chunk_rows=args.chunk_rows, max_samples=args.max_samples,
+                           overwrite=args.overwrite)
     print(f"{st.path}: {st.n_samples} samples × {st.n_features} features "
           f"in chunks of {st.chunk_rows} rows")
     return 0
@@ -199,7 +205,21 @@ def _fit_summary(model, run_dir: str) -> dict:
             "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
             "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
                                                    ("pass", "step", "error", "error_min", "excess")},
-            "fit_seconds": last.get("wall_time")}
+            "fit_seconds": last.get("wall_time"), **_centering(model.attrs_)}
+
+
+def _centering(attrs) -> dict:
+    """How a run was centered, for summaries: exact, or from a sample of N columns."""
+    n = attrs.get("center_sample")
+    return {"centering": "exact" if n is None else "sample", "center_sample": n}
+
+
+def _centering_line(attrs, n_samples: int) -> str | None:
+    n = attrs.get("center_sample")
+    if n is None:
+        return None
+    return (f"centering: approximate, the MK row estimated from a sample of {n} of the "
+            f"{n_samples} columns (--center-sample); E and E_min use that centering")
 
 
 def cmd_fit(args) -> int:
@@ -214,6 +234,7 @@ def cmd_fit(args) -> int:
         seed=args.seed, evaluate_every=args.evaluate_every, block_rows=args.block,
         prefetch=args.prefetch, init=args.init, tol=args.tol, projections=args.projections,
         cache_rows=args.cache_rows,
+        center_sample=args.center_sample,
         verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
         **_cluster_kwargs(args))
     for name in ("gamma", "tau", "nu", "max_members", "center"):
@@ -228,6 +249,9 @@ def cmd_fit(args) -> int:
     else:
         print(f"{summary['algorithm']}: {summary['n_components']} components of "
               f"{summary['n_samples']} samples, {summary['kernel']}")
+        line = _centering_line(model.attrs_, model.n_samples_)
+        if line:
+            print(line)
         if model.history_:
             print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
                   f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
@@ -259,6 +283,9 @@ def _fit_online(args) -> int:
             raise_param(f"--{name} applies to the batch algorithms, not {args.algorithm}")
     if args.init != "random":
         raise_param(f"--init applies to the batch algorithms, not {args.algorithm}")
+    if args.center_sample is not None:
+        raise_param(f"--center-sample applies to the batch algorithms, not {args.algorithm} "
+                    "(see --center/--no-center)")
     kwargs = dict(algorithm=args.algorithm, kernel=args.kernel, sigma=args.sigma,
                   degree=args.degree, offset=args.offset, kernel_gamma=args.kernel_gamma,
                   eta0=args.eta0, gamma=args.gamma, tau=args.tau, nu=args.nu,
@@ -301,12 +328,16 @@ def cmd_evaluate(args) -> int:
         ev = evaluate(engine, ds["alpha"].values,
                       None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
         out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),
-               "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client)}
+               "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client),
+               **_centering(ds.attrs)}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"E(A)   = {ev.error:.10g}\nE_min  = {ev.error_min:.10g}\nexcess = {ev.excess:.6e}")
         _print_variance(out)
+        line = _centering_line(ds.attrs, int(ds.sizes["sample"]))
+        if line:
+            print(line)
     return 0
 
 

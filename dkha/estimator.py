@@ -104,6 +104,11 @@ class KernelHebbianPCA:
         Stop once an evaluation's excess error ``E/E_min − 1`` is at most ``tol`` (evaluations
         every ``evaluate_every`` passes, at least every pass when ``tol`` is set). For
         ``algorithm="krylov"``, the relative residual tolerance of the eigenvectors.
+    center_sample : int, optional
+        Estimate the centering row (the MK row) from a seeded sample of this many columns
+        instead of computing it exactly (an ``O(l² n)`` pass): explicitly approximate, recorded
+        in the run (attrs ``centering="sample"``, ``center_sample``) and reported by
+        ``dkha evaluate``. Either row is cached in the data store (``dkha.mk-cache``).
     scheduler, scheduler_file, workers, client :
         Where the kernel rows are computed (see :func:`dkha.cluster.client_for`).
     verbose : bool, default False
@@ -149,6 +154,7 @@ class KernelHebbianPCA:
                  seed: int = 0, evaluate_every: int = 1, block_rows: int | None = None,
                  prefetch: int | None = None, init: str = "random", tol: float | None = None,
                  projections: str | None = None, cache_rows: bool | None = None,
+                 center_sample: int | None = None,
                  scheduler: str | None = None,
                  scheduler_file: str | None = None, workers: int | None = None, client=None,
                  verbose: bool = False):
@@ -171,6 +177,7 @@ class KernelHebbianPCA:
         self.prefetch = prefetch
         self.projections = projections
         self.cache_rows = cache_rows
+        self.center_sample = center_sample
         self.init = init
         self.tol = tol
         self.scheduler = scheduler
@@ -239,7 +246,14 @@ class KernelHebbianPCA:
             if passes < 1:
                 raise ParameterError(f"passes must be positive, got {self.passes}")
             n_steps = passes * n_samples
-        return {"algorithm": algorithm, "r": int(r), "eta0": eta0, "mu": mu, "xi": xi,
+        center_sample = self.center_sample
+        if center_sample is not None:
+            if (not isinstance(center_sample, (int, np.integer))
+                    or not 1 <= center_sample <= n_samples):
+                raise ParameterError(f"center_sample must be an integer in 1..{n_samples} (the "
+                                     f"number of samples), got {center_sample!r}")
+            center_sample = int(center_sample)
+        return {"center_sample": center_sample, "algorithm": algorithm, "r": int(r), "eta0": eta0, "mu": mu, "xi": xi,
                 "rho0": rho0, "n_steps": n_steps, "landmarks": landmarks}
 
     def run_attrs(self, store: DataStore, kernel, p: dict) -> dict:
@@ -250,7 +264,9 @@ class KernelHebbianPCA:
                  "n_steps": p["n_steps"], "passes": p["n_steps"] / store.n_samples,
                  "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
                  "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-                 "init": str(self.init), "tol": self.tol, "dkha_version": dkha.__version__}
+                 "init": str(self.init), "tol": self.tol, "dkha_version": dkha.__version__,
+                 "centering": "exact" if p["center_sample"] is None else "sample",
+                 "center_sample": p["center_sample"]}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
         return attrs
 
@@ -311,7 +327,7 @@ class KernelHebbianPCA:
             A_init = None
             t0 = time.perf_counter()
             if ck is None:
-                engine.compute_mk()
+                engine.compute_mk(center_sample=p["center_sample"], seed=self.seed)
             t1 = time.perf_counter()
             if p["landmarks"] and ck is None:
                 A_init, _ = nystrom_coefficients(engine, p["r"], p["landmarks"], seed=self.seed)

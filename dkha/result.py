@@ -4,7 +4,8 @@
 
 * ``alpha (component, sample)`` float64 — the coefficient matrix ``A``;
 * ``eigenvalue (component)`` — eq. 13 estimates (eigenvalues of ``K'``, not divided by ``l``);
-* ``mk (sample)`` and attr ``mkm`` — the centering;
+* ``mk (sample)`` and attr ``mkm`` — the centering (attrs ``centering``: ``"exact"``, or
+  ``"sample"`` for a row estimated from ``center_sample`` columns);
 * history over ``evaluation``: ``pass``, ``step``, ``error``, ``error_min``, ``excess``,
   ``wall_time`` (seconds of fitting, evaluations excluded);
 * attrs: algorithm, kernel and its parameters, hyper-parameters, seed, data store path,
@@ -28,7 +29,7 @@ HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
 # attrs that identify a run: a directory holding a run that differs in any of these is "different"
 IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
                   "rho0", "n_steps", "seed", "store", "init", "nu", "gamma", "tau", "max_members",
-                  "centered")
+                  "centered", "center_sample")
 
 
 def history_dataset(history: list[dict]) -> dict:

@@ -151,6 +151,11 @@ def mk_tile(path: str, kernel: Kernel, rows_i: tuple, rows_j: tuple) -> tuple[np
     return K.sum(axis=0), K.sum(axis=1)
 
 
+def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> np.ndarray:
+    """Row sums of ``K[I, S]`` for the sampled samples ``XS`` (the estimated MK row)."""
+    return kernel.block(_group_rows(path, rows_i), XS).sum(axis=1)
+
+
 def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm: float,
                   index: np.ndarray, cols: tuple) -> np.ndarray:
     """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``)."""
@@ -562,8 +567,49 @@ class RowEngine:
             self._tiles = None
 
     # -- MK row --
-    def compute_mk(self) -> tuple[np.ndarray, float]:
-        """The MK row ``mk_j = (1/l) Σ_i k(x_i, x_j)`` and ``mkm``: one pass over chunk pairs."""
+    centering: dict | None = None   # what compute_mk made the row in use: method, parameters
+
+    def compute_mk(self, *, center_sample: int | None = None, seed: int = 0,
+                   cache: bool | None = None) -> tuple[np.ndarray, float]:
+        """The MK row ``mk_j = (1/l) Σ_i k(x_i, x_j)`` and ``mkm = (1/l) Σ_j mk_j``.
+
+        Exact by default: one pass over the tiles ``I ≤ J`` (``O(l² n)``). With
+        ``center_sample=N``, an explicitly approximate row from a seeded sample ``S`` of ``N``
+        columns, ``mk_j ≈ (1/N) Σ_{i∈S} k(x_i, x_j)`` (``O(l N n)``; at ``N = l`` it is the exact
+        row up to rounding). Either row is cached in the data store (``cache``, default
+        ``dkha.mk-cache``), keyed by the kernel, its parameters, the method and the content of
+        ``X`` (:func:`dkha.store.centering_key`), and read back instead of recomputed.
+        ``self.centering`` describes the row in use.
+        """
+        from dkha.store import centering_key, read_centering, write_centering
+
+        l = self.n_samples
+        centering = {"kernel": self.kernel.name, "parameters": self.kernel.param_dict,
+                     "centering": "exact"}
+        if center_sample is not None:
+            if not 1 <= int(center_sample) <= l:
+                raise ParameterError(f"center_sample must lie in 1..{l} (the number of samples), "
+                                     f"got {center_sample}")
+            centering.update(centering="sample", center_sample=int(center_sample), seed=int(seed))
+        key = None
+        if bool(config.get("mk-cache", cache)):
+            key = centering_key(self.store, centering)
+            cached = read_centering(self.store, key)
+            if cached is not None:
+                self.set_mk(*cached)
+                self.centering = dict(centering, cached=True)
+                return self.mk, self.mkm
+        t0 = time.perf_counter()
+        mk = self._mk_pass() if center_sample is None else self._mk_sample(int(center_sample), seed)
+        log.info("%s MK row in %.1f s", centering["centering"], time.perf_counter() - t0)
+        self.set_mk(mk, float(mk.mean()))
+        self.centering = dict(centering, cached=False)
+        if key is not None:
+            write_centering(self.store, key, self.mk, self.mkm)
+        return self.mk, self.mkm
+
+    def _mk_pass(self) -> np.ndarray:
+        """The exact MK row: one pass over chunk pairs (tiles ``I ≤ J``)."""
         path, groups = self.store.path, self.tile_groups
         futures = []
         for i, gi in enumerate(groups):
@@ -583,9 +629,23 @@ class RowEngine:
             if rowsum is not None:
                 c, d = bounds[i]
                 mk[c:d] += rowsum
-        mk /= l
-        self.set_mk(mk, float(mk.mean()))
-        return self.mk, self.mkm
+        return mk / l
+
+    def _mk_sample(self, n: int, seed: int) -> np.ndarray:
+        """The MK row estimated from ``n`` seeded random columns (pieces of ≤ ``dkha.tile-rows``)."""
+        l = self.n_samples
+        sample = np.sort(np.random.default_rng([int(seed), 4]).choice(l, size=n, replace=False))
+        piece = int(config.get("tile-rows"))
+        parts = [self.put(self.store.read_rows(sample[a:a + piece])) for a in range(0, n, piece)]
+        groups = self.tile_groups
+        futures = [[self.client.submit(mk_sample_tile, self.store.path, self.kernel, g, part,
+                                       pure=False) for part in parts] for g in groups]
+        mk = np.zeros(l)
+        for g, futs in zip(groups, futures):      # fixed order: reproducible sums
+            a, b = g[0][0], g[-1][1]
+            for fut in futs:
+                mk[a:b] += fut.result()
+        return mk / n
 
     def set_mk(self, mk: np.ndarray, mkm: float) -> None:
         self.mk = np.asarray(mk, dtype=np.float64)

@@ -7,11 +7,18 @@ and ``NaN`` as fill value (a missing chunk reads as NaN and is caught by the fin
 never silently read as zeros).
 
 Ingest never holds a whole corpus: arrays are copied chunk by chunk from a memory map, images
-are cut into patches one image at a time and appended.
+are cut into patches one band of patch rows at a time and appended.
+
+A store also caches the centering rows computed on it (:func:`read_centering`,
+:func:`write_centering`): sub-group ``centering`` holds one array ``mk (sample)`` per kernel,
+parameters and centering method, keyed by a hash of those and of the content of ``X``, so the
+``O(l² n)`` MK pass is paid once per data set and kernel.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -152,6 +159,19 @@ class DataStore:
                     f"of X, first at rows {rows[0]}..{rows[min(len(rows), 5) - 1]} "
                     f"(chunk rows {a}..{b - 1}); clean the data or re-ingest it"
                 )
+
+    def content_checksum(self) -> str:
+        """SHA-256 of ``X`` as stored: its metadata and the stored bytes of every chunk, file by
+        file in name order. Any change to the data changes it; copying the store does not."""
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(self.path)
+        root = root.rstrip("/")
+        digest = hashlib.sha256()
+        for name in sorted(fs.find(f"{root}/X")):
+            digest.update(name[len(root):].encode())
+            digest.update(fs.cat_file(name))
+        return digest.hexdigest()
 
     def sample(self, n: int, seed: int) -> np.ndarray:
         """A seeded random sample of ``min(n, n_samples)`` rows (sorted index order)."""
@@ -450,43 +470,70 @@ def patch_grid(shape: tuple[int, int], patch: int, step: int) -> tuple[int, int]
     return (shape[0] - patch) // step + 1, (shape[1] - patch) // step + 1
 
 
-def extract_patches(img: np.ndarray, patch: int, step: int) -> np.ndarray:
-    """Patches of ``patch×patch`` pixels on a grid of ``step``, row-major, as rows."""
+def _patch_windows(img: np.ndarray, patch: int, step: int) -> np.ndarray:
+    """The ``grid rows × grid cols × patch × patch`` view of an image's patches (no copy)."""
     from skimage.util import view_as_windows
 
     if img.shape[0] < patch or img.shape[1] < patch:
         raise InputError(f"image of shape {img.shape} is smaller than a {patch}×{patch} patch")
-    win = view_as_windows(np.ascontiguousarray(img), (patch, patch), step=step)
-    return win.reshape(-1, patch * patch)
+    return view_as_windows(np.ascontiguousarray(img), (patch, patch), step=step)
+
+
+def extract_patches(img: np.ndarray, patch: int, step: int) -> np.ndarray:
+    """Patches of ``patch×patch`` pixels on a grid of ``step``, row-major, as rows."""
+    return _patch_windows(img, patch, step).reshape(-1, patch * patch)
+
+
+def patch_bands(img: np.ndarray, patch: int, step: int, rows: int) -> Iterator[np.ndarray]:
+    """:func:`extract_patches` in pieces of whole grid rows, about ``rows`` patches each (at
+    least one grid row): an image's patches are never all held at once."""
+    win = _patch_windows(img, patch, step)
+    per_band = max(1, rows // win.shape[1])
+    for a in range(0, win.shape[0], per_band):
+        yield win[a:a + per_band].reshape(-1, patch * patch)
 
 
 def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, step: int = 2,
-                  chunk_rows: int | None = None, overwrite: bool = False) -> DataStore:
+                  chunk_rows: int | None = None, max_samples: int | None = None,
+                  overwrite: bool = False) -> DataStore:
     """Cut grey-scale images into patches and store them as samples.
 
     Each image is read, converted to grey in [0, 1], cut into ``patch×patch`` patches on a grid
-    of ``step`` pixels, and appended, one image at a time. Attrs record, per image, its path,
-    shape, the patch grid and the range of samples it produced, so patches can be put back.
-    An item may also be a 2-d array or a ``.npy`` file of one: taken as grey values as they are
-    (no rescaling — a noisy image keeps values outside [0, 1]).
+    of ``step`` pixels, and appended a band of grid rows at a time (memory: one image and one
+    chunk of patches). ``max_samples`` stops after that many patches (the remaining images are
+    not read). Attrs record, per image, its path, shape, the patch grid and the range of samples
+    it produced, so patches can be put back. An item may also be a 2-d array or a ``.npy`` file
+    of one: taken as grey values as they are (no rescaling — a noisy image keeps values outside
+    [0, 1]).
     """
     if patch < 1 or step < 1:
         raise ParameterError(f"patch and step must be positive, got patch={patch}, step={step}")
+    if max_samples is not None and max_samples < 1:
+        raise ParameterError(f"max_samples must be positive, got {max_samples}")
     if paths is None or len(paths) == 0:
         raise InputError("no images given")
     writer = StoreWriter(out, patch * patch, chunk_rows=chunk_rows, overwrite=overwrite)
     images = []
     try:
         for i, p in enumerate(paths):
+            first = writer.n + writer._buffered
+            if max_samples is not None and first >= max_samples:
+                break
             img, name = _grey_values(p, i)
-            P = extract_patches(img, patch, step)
+            for band in patch_bands(img, patch, step, writer.chunk_rows):
+                if max_samples is not None:
+                    band = band[:max_samples - (writer.n + writer._buffered)]
+                if len(band):
+                    writer.append(band)
             images.append({"path": name, "shape": list(img.shape),
                            "grid": list(patch_grid(img.shape, patch, step)),
-                           "first_sample": writer.n + writer._buffered, "n_samples": len(P)})
-            writer.append(P)
-            log.info("ingested %s: %d patches", name, len(P))
-        return writer.commit({"source": {"kind": "images", "images": images}, "patch": patch,
-                              "step": step, "scaling": "grey, [0, 1] (skimage img_as_float)"})
+                           "first_sample": first, "n_samples": writer.n + writer._buffered - first})
+            log.info("ingested %s: %d patches", name, images[-1]["n_samples"])
+        attrs = {"source": {"kind": "images", "images": images}, "patch": patch, "step": step,
+                 "scaling": "grey, [0, 1] (skimage img_as_float)"}
+        if max_samples is not None:
+            attrs["max_samples"] = int(max_samples)
+        return writer.commit(attrs)
     except BaseException:
         writer.abort()
         raise
@@ -510,6 +557,107 @@ def _grey_values(item, i: int) -> tuple[np.ndarray, str]:
             raise InputError(f"image {name} holds NaN or inf")
         return img, name
     return read_grey_image(str(item)), str(item)
+
+
+# --- cached centering rows ------------------------------------------------------------------------
+
+CENTERING_GROUP = "centering"
+
+
+def centering_key(store: DataStore, description: dict) -> tuple[str, dict]:
+    """The cache entry name and identity of a centering row of ``store``.
+
+    ``description`` names the kernel, its parameters and the centering method (JSON values);
+    the identity adds the data's shape and :meth:`DataStore.content_checksum`, and the name is a
+    hash of the identity's canonical JSON.
+    """
+    identity = json.loads(json.dumps(
+        {"data": store.content_checksum(), "n_samples": store.n_samples,
+         "n_features": store.n_features, **description},
+        sort_keys=True, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+    name = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+    return name, identity
+
+
+def _row_checksum(mk: np.ndarray, mkm: float) -> str:
+    return hashlib.sha256(np.ascontiguousarray(mk, dtype="<f8").tobytes()
+                          + np.float64(mkm).tobytes()).hexdigest()
+
+
+def read_centering(store: DataStore, key: tuple[str, dict]) -> tuple[np.ndarray, float] | None:
+    """The cached ``(mk, mkm)`` of entry ``key`` (:func:`centering_key`), or ``None``.
+
+    An entry is used only if its identity equals ``key``'s, its shape is ``(n_samples,)`` and its
+    values match the checksum written with them; otherwise it is ignored (and logged).
+    """
+    name, identity = key
+    where = f"{store.path.rstrip('/')}/{CENTERING_GROUP}/{name}"
+    try:
+        arr = zarr.open_array(where, mode="r")
+    except Exception:  # noqa: BLE001 - no such entry (zarr raises several kinds)
+        return None
+    attrs = dict(arr.attrs)
+    try:
+        if attrs.get("identity") != identity:
+            raise ValueError("it was written for other data or another kernel")
+        if arr.shape != (store.n_samples,):
+            raise ValueError(f"its shape is {arr.shape}, the store holds {store.n_samples} samples")
+        mk = np.asarray(arr[:], dtype=np.float64)
+        mkm = float(attrs["mkm"])
+        if _row_checksum(mk, mkm) != attrs.get("sha256"):
+            raise ValueError("its values do not match their checksum")
+    except Exception as exc:  # noqa: BLE001 - a damaged entry is recomputed, never used
+        log.warning("ignoring the cached centering row %s (%s); computing it again", where, exc)
+        return None
+    log.info("centering row read from the cache %s", where)
+    return mk, mkm
+
+
+def write_centering(store: DataStore, key: tuple[str, dict], mk: np.ndarray, mkm: float) -> bool:
+    """Save ``(mk, mkm)`` as entry ``key`` in the store (written aside, then renamed into place).
+
+    Entries of other data contents (stale: ``X`` changed since) are removed. Returns ``False``,
+    with a logged warning, where the store cannot be written (read-only, or an object-store URL,
+    where a rename is not atomic): the row is then used but not kept.
+    """
+    name, identity = key
+    if _is_url(store.path):
+        log.warning("the centering row is not cached in %s: stores at URLs are read-only to dkha",
+                    store.path)
+        return False
+    group_dir = os.path.join(store.path, CENTERING_GROUP)
+    if not os.access(store.path, os.W_OK) or (os.path.isdir(group_dir)
+                                               and not os.access(group_dir, os.W_OK)):
+        log.warning("the centering row is not cached: the data store %s is read-only (it is "
+                    "computed again by every fit)", store.path)
+        return False
+    tmp = os.path.join(group_dir, f".{name}.{uuid.uuid4().hex}.tmp")
+    try:
+        zarr.open_group(group_dir, mode="a")
+        arr = zarr.create_array(tmp, shape=(store.n_samples,), dtype="f8",
+                                chunks=(min(store.n_samples, 1 << 20),), compressors=_codecs(),
+                                fill_value=np.nan, dimension_names=["sample"])
+        arr[:] = mk
+        arr.attrs.update({"identity": identity, "mkm": float(mkm),
+                          "sha256": _row_checksum(mk, mkm)})
+        replace_directory(tmp, os.path.join(group_dir, name))
+        for entry in os.listdir(group_dir):
+            path = os.path.join(group_dir, entry)
+            if entry in (name, "zarr.json") or entry.startswith(".") or not os.path.isdir(path):
+                continue    # (".…tmp": another writer's entry in the making)
+            try:
+                other = dict(zarr.open_array(path, mode="r").attrs).get("identity", {})
+            except Exception:  # noqa: BLE001 - a leftover temporary or a broken entry
+                other = {}
+            if other.get("data") != identity["data"]:
+                shutil.rmtree(path, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.warning("the centering row is not cached in %s (%s); it is computed again by every "
+                    "fit", store.path, exc)
+        return False
+    log.info("centering row cached in %s", os.path.join(group_dir, name))
+    return True
 
 
 def iter_blocks(n: int, size: int) -> Iterable[tuple[int, int]]:

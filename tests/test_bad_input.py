@@ -91,6 +91,8 @@ CASES = [
     ("unknown kernel", ["fit", "{d}/good.zarr", "-o", "{d}/r12", "--kernel", "cosine"], "unknown kernel", "r12"),
     ("eta0 ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r13", "--eta0", "-1"], "eta0 must be a positive", "r13"),
     ("xi outside [0, 1]", ["fit", "{d}/good.zarr", "-o", "{d}/r14", "--xi", "1.5"], "xi must lie in", "r14"),
+    ("--center-sample above l", ["fit", "{d}/good.zarr", "-o", "{d}/r18", "--center-sample", "301"], "center_sample must be an integer in 1..300", "r18"),
+    ("--center-sample with an online algorithm", ["fit", "{d}/good.zarr", "-o", "{d}/r19", "--algorithm", "on-kha", "--center-sample", "10"], "applies to the batch algorithms", "r19"),
     ("bad --init", ["fit", "{d}/good.zarr", "-o", "{d}/r15", "--init", "nystrom:abc"], "init", "r15"),
     ("run dir holds a different run", ["fit", "{d}/good.zarr", "-o", "{d}/run", "--components", "3"], "different run", None),
     ("run dir is a file", ["fit", "{d}/good.zarr", "-o", "{d}/afile"], "not a directory", None),
