@@ -162,6 +162,40 @@ def test_ingest_png_files(tmp_path, seed):
     assert s.n_samples == 94 and s.chunk_rows == 7 and s.n_chunks == 14
 
 
+def test_ingest_images_max_samples(tmp_path):
+    import skimage.data
+
+    s = ingest_images(["skimage:camera", "skimage:moon", "skimage:coins"], tmp_path / "m.zarr",
+                      patch=11, step=16, chunk_rows=100, max_samples=1500)
+    want = np.concatenate([direct_patches(getattr(skimage.data, n)() / 255.0, 11, 16)
+                           for n in ("camera", "moon")])[:1500]
+    np.testing.assert_allclose(s.read(), want, rtol=0, atol=1e-15)
+    images = s.attrs["source"]["images"]
+    assert [(im["path"], im["first_sample"], im["n_samples"]) for im in images] == [
+        ("skimage:camera", 0, 1024), ("skimage:moon", 1024, 476)]     # coins never read
+    assert s.attrs["max_samples"] == 1500
+
+
+def test_ingest_images_streams(tmp_path, seed):
+    """An image's patches (84 MB here) are never held at once: peak allocations stay near a
+    few chunks of patches (2 MB each) and the image (2.9 MB)."""
+    import tracemalloc
+
+    img = np.random.default_rng(seed).random((600, 600))
+    np.save(tmp_path / "img.npy", img)
+    tracemalloc.start()
+    try:
+        s = ingest_images([str(tmp_path / "img.npy")], tmp_path / "big.zarr", patch=11, step=2,
+                          chunk_rows=2048)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    all_patches = s.n_samples * s.n_features * 8
+    assert s.n_samples == 295 * 295
+    assert peak < 20e6 < all_patches / 4, f"peak {peak / 1e6:.1f} MB"
+    np.testing.assert_array_equal(s.read(s.n_samples - 7), direct_patches(img, 11, 2)[-7:])
+
+
 @pytest.mark.filterwarnings("ignore:The legacy `DICOM` plugin:DeprecationWarning")  # imageio
 def test_ingest_images_bad_inputs(tmp_path):
     import skimage.io
