@@ -196,6 +196,53 @@ def _json_default(o):
     return str(o)
 
 
+def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
+             checkpoint_every: int = 0, exact: dict | None = None,
+             identity=None) -> tuple[Checkpointer | None, Checkpoint | None, dict]:
+    """Prepare ``run_dir`` for a fit: returns ``(checkpointer, checkpoint, meta)``.
+
+    ``checkpointer`` is ``None`` without a run directory; ``checkpoint`` the one to resume from
+    (``resume``), whose saved ``attrs`` (the run's identifying ``identity`` keys) and ``exact``
+    settings (those a bit-identical continuation also needs, e.g. the block size) must equal the
+    current ones, else the resume is refused listing the differences. Without ``resume`` a
+    directory holding a different run, or checkpoints of an unfinished one, is refused unless
+    ``overwrite`` (then the checkpoints are removed). ``meta`` goes into every checkpoint written.
+    """
+    from dkha import result
+    from dkha.errors import ParameterError, RunDirectoryError
+
+    if checkpoint_every and int(checkpoint_every) < 0:
+        raise ParameterError(f"checkpoint_every must be a positive number, got {checkpoint_every}")
+    if (checkpoint_every or resume) and run_dir is None:
+        raise ParameterError("checkpoints and --resume need a run directory")
+    attrs = result.jsonable(attrs)
+    exact = result.jsonable(exact or {})
+    meta = {"attrs": attrs, "exact": exact}
+    if run_dir is None:
+        return None, None, meta
+    checkpointer = Checkpointer(run_dir)
+    if resume:
+        if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+            raise RunDirectoryError(f"cannot resume: {run_dir} is not a directory")
+        ck = checkpointer.require_latest()
+        keys = tuple(identity if identity is not None else
+                     result.IDENTITY_ATTRS + ("n_samples", "n_features"))
+        diffs = differences(ck.meta.get("attrs", {}), attrs, keys)
+        diffs += differences(ck.meta.get("exact", {}), exact, tuple(exact))
+        if diffs:
+            raise ParameterError(f"cannot resume {run_dir} with different settings or data: "
+                                 + "; ".join(diffs))
+        return checkpointer, ck, meta
+    result.check_run_dir(run_dir, attrs, overwrite)
+    if checkpointer.latest() is not None:
+        if not overwrite:
+            raise RunDirectoryError(
+                f"{run_dir} holds checkpoints of an unfinished run; pass --resume to "
+                "continue it or --overwrite to start over")
+        checkpointer.clear()
+    return checkpointer, None, meta
+
+
 def differences(saved: dict, current: dict, keys) -> list[str]:
     """``key: saved → current`` for each identifying attr that differs."""
     out = []

@@ -130,9 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimate the centering (MK) row from a seeded sample of N columns "
                         "instead of the exact O(l²n) pass: approximate, recorded in the run")
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
-    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+    c = p.add_mutually_exclusive_group()
+    c.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="write the complete state to RUN_DIR/checkpoints every N passes "
                         "(SIGTERM also checkpoints, then exits with code 75)")
+    c.add_argument("--checkpoint-steps", type=_positive_int, metavar="N",
+                   help="write the complete state at the first block boundary after every N "
+                        "steps")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR's run from its newest valid checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -242,7 +246,8 @@ def cmd_fit(args) -> int:
             raise_param(f"--{name.replace('_', '-')} applies to the online algorithms "
                         f"({', '.join(ONLINE)}), not {args.algorithm}")
     model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
-              checkpoint_every=args.checkpoint_every or 0, resume=args.resume)
+              checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
+              checkpoint_steps=args.checkpoint_steps or 0)
     summary = _fit_summary(model, args.out)
     if args.json:
         print(json.dumps(summary))
@@ -276,8 +281,6 @@ def _fit_online(args) -> int:
     steps = args.steps
     if steps is None and args.passes is not None:
         steps = args.passes * n_samples
-    if args.checkpoint_every or args.resume:
-        raise_param(f"--checkpoint-every and --resume apply to the batch algorithms, not {args.algorithm}")
     for name in ("mu", "xi", "tol"):
         if getattr(args, name) is not None:
             raise_param(f"--{name} applies to the batch algorithms, not {args.algorithm}")
@@ -296,8 +299,12 @@ def _fit_online(args) -> int:
                   verbose=not args.quiet and sys.stderr.isatty())
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     model = OnlineKernelPCA(args.components, **kwargs)
+    # --checkpoint-every counts passes; the online estimator counts steps
+    checkpoint = (args.checkpoint_every * n_samples if args.checkpoint_every
+                  else args.checkpoint_steps or 0)
     model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
-              ac_reference=args.evaluate_every >= 0)
+              ac_reference=args.evaluate_every >= 0, checkpoint_every=checkpoint,
+              resume=args.resume)
     ds = model.to_dataset()
     summary = {"run_dir": args.out, "algorithm": args.algorithm,
                "members": int(ds.sizes.get("member", 0))}

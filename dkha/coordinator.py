@@ -46,7 +46,8 @@ STOP = threading.Event()
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
               verbose: bool = False, A_init: np.ndarray | None = None,
               tol: float | None = None, checkpointer=None, checkpoint_every: int = 0,
-              checkpoint_meta: dict | None = None, resume=None) -> BatchResult:
+              checkpoint_meta: dict | None = None, resume=None,
+              checkpoint_steps: int = 0) -> BatchResult:
     """Fit ``solver`` for ``n_steps`` steps over ``engine``'s kernel rows.
 
     ``evaluate_every``: evaluate (eq. 22) every that many passes and at the end; 0 evaluates only
@@ -54,7 +55,8 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
     excess error is at most ``tol`` (evaluating at least every pass).
 
     ``checkpointer`` (a :class:`dkha.checkpoint.Checkpointer`) writes the complete state every
-    ``checkpoint_every`` passes, and at the next block boundary when :data:`STOP` is set (then
+    ``checkpoint_every`` passes, at the first block boundary after every ``checkpoint_steps``
+    steps, and at the next block boundary when :data:`STOP` is set (then
     :class:`~dkha.errors.Interrupted` is raised). ``resume``: a loaded checkpoint to continue
     from; the continued run equals the uninterrupted one bit for bit.
     """
@@ -83,7 +85,7 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
         A1 = initial_coefficients(r, l, schedule.init_generator(seed)) if A_init is None else A_init
         solver.start(A1, C=projections(engine, A1) if solver.needs_projection else None)
 
-    def save_checkpoint():
+    def save_checkpoint(pass_end_pending: bool = False):
         arrays, scalars = state_to_arrays(solver.state)
         out = {f"state.{k}": v for k, v in arrays.items()}
         out["mk"] = engine.mk
@@ -91,7 +93,8 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
             out["top_eigenvalues"] = np.asarray(eig_top)
         meta = dict(checkpoint_meta or {}, mkm=engine.mkm, history=history,
                     fit_seconds=fit_seconds, state_scalars=scalars,
-                    state_class=type(solver.state).__name__, n_steps=n_steps)
+                    state_class=type(solver.state).__name__, n_steps=n_steps,
+                    pass_end_pending=pass_end_pending)
         checkpointer.save(solver.state.t, out, meta)
 
     def record(pass_index: int, C=None):
@@ -114,6 +117,8 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
     n_passes = -(-n_steps // l)
     # a resume mid-pass continues that pass (its eigenvalue refresh already happened)
     current_pass = start_step // l if start_step % l else -1
+    if resume is not None and start_step and resume.meta.get("pass_end_pending"):
+        current_pass = start_step // l - 1   # saved between a pass's last block and its end work
     t0 = time.perf_counter()
     tagged = ((k, idx) for k, _, idx in
               schedule.blocks(seed, l, n_steps, engine.block_rows, start_step=start_step))
@@ -131,13 +136,19 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
                 t0 = time.perf_counter()
             solver.begin_pass()
             current_pass = k
+        t_before = solver.state.t
         solver.apply_block(idx, rows)
         if bar is not None:
             bar.update(len(idx))
+        if (checkpointer is not None and checkpoint_steps > 0 and solver.state.t < n_steps
+                and solver.state.t // checkpoint_steps > t_before // checkpoint_steps):
+            fit_seconds += time.perf_counter() - t0
+            save_checkpoint(pass_end_pending=solver.state.t % l == 0)
+            t0 = time.perf_counter()
         if STOP.is_set() and solver.state.t < n_steps:
             fit_seconds += time.perf_counter() - t0
             if checkpointer is not None:
-                save_checkpoint()
+                save_checkpoint(pass_end_pending=solver.state.t % l == 0)
                 raise Interrupted(f"stopped at step {solver.state.t} (pass {k + 1}); checkpoint "
                                   f"written: continue with `dkha fit ... --resume`")
             raise Interrupted(f"stopped at step {solver.state.t} (pass {k + 1}); no checkpoint "

@@ -14,7 +14,7 @@ import numpy as np
 import dkha
 from dkha import config, result, schedule
 from dkha.cluster import blas_threads_for, client_for
-from dkha.checkpoint import Checkpointer, differences
+from dkha.checkpoint import open_fit
 from dkha.errors import ParameterError, RunDirectoryError
 from dkha.kernels import make_kernel, median_distance
 from dkha.rows import RowEngine
@@ -271,13 +271,15 @@ class KernelHebbianPCA:
         return attrs
 
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
-            checkpoint_every: int = 0, resume: bool = False) -> "KernelHebbianPCA":
+            checkpoint_every: int = 0, resume: bool = False,
+            checkpoint_steps: int = 0) -> "KernelHebbianPCA":
         """Fit on ``X`` (a data store path, a :class:`DataStore` or an array).
 
         With ``run_dir``, the components are saved there (``components.zarr``); a directory
         holding a different run is refused before any work unless ``overwrite``.
         ``checkpoint_every``: write the complete state to ``run_dir/checkpoints`` every that many
-        passes (and on SIGTERM via :data:`dkha.coordinator.STOP`). ``resume``: continue from the
+        passes, ``checkpoint_steps``: at the first block boundary after every that many steps
+        (and on SIGTERM via :data:`dkha.coordinator.STOP`). ``resume``: continue from the
         newest valid checkpoint; the result equals the uninterrupted run bit for bit. Resuming
         with other settings or data is refused with the list of differences.
         """
@@ -288,33 +290,18 @@ class KernelHebbianPCA:
         kernel = resolve_kernel(store, self.kernel, self.seed, sigma=self.sigma,
                                 degree=self.degree, offset=self.offset, gamma=self.gamma)
         attrs = self.run_attrs(store, kernel, p)
-        checkpointer, ck = None, None
-        if checkpoint_every and int(checkpoint_every) < 0:
-            raise ParameterError(f"checkpoint_every must be a positive number of passes, got {checkpoint_every}")
-        if (checkpoint_every or resume) and run_dir is None:
-            raise ParameterError("checkpoints and --resume need a run directory")
-        if run_dir is not None:
-            if "://" not in store.path:
-                real_run, real_store = os.path.realpath(run_dir), os.path.realpath(store.path)
-                if real_run == real_store or real_run.startswith(real_store + os.sep):
-                    raise RunDirectoryError(f"the run directory {run_dir} is inside the data store "
-                                            f"{store.path} being read; write the run elsewhere")
-            checkpointer = Checkpointer(run_dir)
-            if resume:
-                ck = checkpointer.require_latest()
-                diffs = differences(ck.meta.get("attrs", {}), result.jsonable(attrs),
-                                    result.IDENTITY_ATTRS + ("n_samples", "n_features"))
-                if diffs:
-                    raise ParameterError(f"cannot resume {run_dir} with different settings or data: "
-                                         + "; ".join(diffs))
-            else:
-                result.check_run_dir(run_dir, attrs, overwrite)
-                if checkpointer.latest() is not None:
-                    if not overwrite:
-                        raise RunDirectoryError(
-                            f"{run_dir} holds checkpoints of an unfinished run; pass --resume to "
-                            "continue it or --overwrite to start over")
-                    checkpointer.clear()
+        if run_dir is not None and "://" not in store.path:
+            real_run, real_store = os.path.realpath(run_dir), os.path.realpath(store.path)
+            if real_run == real_store or real_run.startswith(real_store + os.sep):
+                raise RunDirectoryError(f"the run directory {run_dir} is inside the data store "
+                                        f"{store.path} being read; write the run elsewhere")
+        # what else a bit-identical continuation needs: the blocks and where they are projected
+        exact = {"block_rows": int(config.get("block-rows", self.block_rows)),
+                 "projections": str(config.get("projections", self.projections)),
+                 "evaluate_every": int(self.evaluate_every)}
+        checkpointer, ck, checkpoint_meta = open_fit(
+            run_dir, attrs, overwrite=overwrite, resume=resume,
+            checkpoint_every=checkpoint_every or checkpoint_steps, exact=exact)
         store.check_finite()
         from dkha.coordinator import run_batch, run_krylov
         from dkha.solvers.nystrom import nystrom_coefficients
@@ -344,7 +331,8 @@ class KernelHebbianPCA:
                                 evaluate_every=self.evaluate_every, verbose=self.verbose,
                                 A_init=A_init, tol=self.tol, checkpointer=checkpointer,
                                 checkpoint_every=int(checkpoint_every or 0),
-                                checkpoint_meta={"attrs": result.jsonable(attrs)}, resume=ck)
+                                checkpoint_meta=checkpoint_meta, resume=ck,
+                                checkpoint_steps=int(checkpoint_steps or 0))
         self.alpha_ = res.alpha
         self.eigenvalues_ = res.eigenvalue
         self.mk_, self.mkm_ = engine.mk, engine.mkm

@@ -325,7 +325,8 @@ class OnlineKernelPCA:
 
     # -- fitting --
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
-            ac_reference=None) -> "OnlineKernelPCA":
+            ac_reference=None, checkpoint_every: int = 0, resume: bool = False
+            ) -> "OnlineKernelPCA":
         """Stream ``steps`` samples of ``X`` (a data store path, a :class:`DataStore` or an
         array) in the seeded random order.
 
@@ -338,7 +339,20 @@ class OnlineKernelPCA:
             Record the AC index in the history: an :class:`~dkha.ac_index.ACReference`, an
             array of reference samples, or ``True`` for exact KPCA on (a seeded subset of up to
             2000 samples of) the data, uncentered as eq. 62.
+        checkpoint_every : int, optional
+            Write the complete state (:meth:`OnlineKHA.snapshot`) to ``run_dir/checkpoints`` at
+            the first block boundary after every that many steps, and at the next block boundary
+            when :data:`dkha.coordinator.STOP` is set (SIGTERM in the CLI; then
+            :class:`~dkha.errors.Interrupted` is raised).
+        resume : bool
+            Continue from the newest valid checkpoint in ``run_dir``: the result (alpha,
+            dictionary, history) equals the uninterrupted run's bit for bit. Resuming with other
+            settings or data is refused with the list of differences.
         """
+        from dkha.checkpoint import open_fit
+        from dkha.coordinator import STOP
+        from dkha.errors import Interrupted
+
         source = resolve_source(X)
         p = self._validated()
         kernel = self._kernel(source)
@@ -346,8 +360,13 @@ class OnlineKernelPCA:
         n_steps = l if self.steps is None else int(self.steps)
         store_path = _store_path(source)
         attrs = self._attrs(p, kernel, store_path, l, n, n_steps)
-        if run_dir is not None:
-            result.check_run_dir(run_dir, attrs, overwrite)
+        every = n_steps if self.evaluate_every is None else int(self.evaluate_every)
+        # the block boundaries (hence the rounding) depend on these too
+        exact = {"block_rows": p["block_rows"], "evaluate_every": every,
+                 "ac_reference": _describe_reference(ac_reference)}
+        checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
+                                             checkpoint_every=checkpoint_every, exact=exact)
+        ck_every = int(checkpoint_every or 0)
         reference = self._reference(ac_reference, source, kernel, p["r"])
         self.solver_ = self._new_solver(p, n, kernel)
         self.kernel_ = kernel
@@ -358,11 +377,43 @@ class OnlineKernelPCA:
         self._reference_ = reference
         self._params_ = p
         self._variance_sample_ = source.sample(EIGENVALUE_SAMPLES, self.seed)
-        every = n_steps if self.evaluate_every is None else int(self.evaluate_every)
+        if ck is not None:
+            self.solver_.restore({k[len("state."):]: v for k, v in ck.arrays.items()
+                                  if k.startswith("state.")}, ck.meta["state_scalars"])
+            self.history_ = list(ck.meta["history"])
+            self.wall_time_ = float(ck.meta["fit_seconds"])
+            self.stream_stats_ = dict(ck.meta["stream_stats"])
+            log.info("resuming at step %d from %s", self.solver_.state.step, ck.path)
+
+        def save_checkpoint():
+            arrays, scalars = self.solver_.snapshot()
+            meta = dict(ck_meta, history=self.history_, fit_seconds=self.wall_time_,
+                        stream_stats=self.stream_stats_, state_scalars=scalars,
+                        n_steps=n_steps)
+            checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
+
+        def between_blocks(t: int, last: int) -> int:
+            """Checkpoint (and stop on request) between blocks; returns the last checkpoint."""
+            stopping = STOP.is_set()
+            due = checkpointer is not None and ck_every > 0 and t // ck_every > last // ck_every
+            if (due or stopping) and checkpointer is not None and t < n_steps:
+                save_checkpoint()
+                last = t
+            if stopping and t < n_steps:
+                raise Interrupted(
+                    f"stopped at step {t} (pass {t // l + 1}); " +
+                    ("checkpoint written: continue with `dkha fit ... --resume`"
+                     if checkpointer is not None else
+                     "no checkpoint (fit with a run directory to make runs resumable)"))
+            return last
+
+        start = self.solver_.state.step
+        last_checkpoint = start
         bar = _progress(self.verbose, n_steps, p["algorithm"])
+        if bar is not None and start:
+            bar.update(start)
         try:
             with coordinator_threads():
-                start = 0
                 while start < n_steps:
                     stop = min(n_steps, (start // every + 1) * every)
                     t0 = time.perf_counter()
@@ -372,11 +423,17 @@ class OnlineKernelPCA:
                         self.solver_.apply_block(rows, idx)
                         if bar is not None:
                             bar.update(len(idx))
+                        t = self.solver_.state.step
+                        if t < stop:  # a segment's end checkpoints after its history entry
+                            self.wall_time_ += time.perf_counter() - t0
+                            last_checkpoint = between_blocks(t, last_checkpoint)
+                            t0 = time.perf_counter()
                     self.wall_time_ += time.perf_counter() - t0
                     start = stop
                     entry = self._record(source.n_samples)
                     if bar is not None and np.isfinite(entry["ac_index"]):
                         bar.set_postfix(ac=f"{entry['ac_index']:.3f}", members=entry["members"])
+                    last_checkpoint = between_blocks(stop, last_checkpoint)
         finally:
             if bar is not None:
                 bar.close()
@@ -385,6 +442,7 @@ class OnlineKernelPCA:
         self.attrs_ = attrs
         if run_dir is not None:
             self.save(run_dir)
+            checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
     def partial_fit(self, X, y=None) -> "OnlineKernelPCA":
@@ -576,6 +634,20 @@ def _positive(name: str, value) -> float:
     if not (np.isfinite(v) and v > 0):
         raise ParameterError(f"{name} must be a positive number, got {value!r}")
     return v
+
+
+def _describe_reference(ac_reference) -> str | None:
+    """What a checkpoint records of the AC reference (arrays by a digest of their bytes)."""
+    if ac_reference is None or ac_reference is False:
+        return None
+    if ac_reference is True:
+        return "data"
+    if isinstance(ac_reference, ACReference):
+        return "ACReference"
+    import hashlib
+
+    arr = np.ascontiguousarray(ac_reference, dtype=np.float64)
+    return f"array {arr.shape} sha256 {hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
 
 
 def _store_path(source) -> str:

@@ -17,6 +17,11 @@ from tests.processes import subprocess_env
 
 FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "8",
        "--seed", "2", "--evaluate-every", "2", "--checkpoint-every", "1", "--block", "32", "--quiet"]
+# an online algorithm: checkpoints every 300 steps, i.e. mid-pass and between evaluations
+ONLINE_FIT = ["--algorithm", "on-kha", "--components", "4", "--sigma", "4", "--nu", "0.05",
+              "--passes", "8", "--seed", "3", "--evaluate-every", "2", "--checkpoint-steps",
+              "300", "--block", "32", "--quiet"]
+SETTINGS = {"kha-smd": FIT, "on-kha": ONLINE_FIT}
 
 
 def _env():
@@ -43,10 +48,23 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(store, tmp_path_factory):
-    run = str(tmp_path_factory.mktemp("r") / "full")
-    subprocess.run(_cmd("fit", store, "-o", run, *FIT), check=True, env=_env(), timeout=300)
-    return _alpha(run)
+def full_runs(store, tmp_path_factory):
+    """``get(algorithm)``: the uninterrupted run's ``(alpha, dataset, fitting window)``."""
+    done = {}
+
+    def get(algorithm):
+        if algorithm not in done:
+            run = str(tmp_path_factory.mktemp("r") / "full")
+            window = _fitting_window(_cmd("fit", store, "-o", run, *SETTINGS[algorithm]), run)
+            done[algorithm] = (*_alpha(run), window)
+        return done[algorithm]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(full_runs):
+    return full_runs("kha-smd")[:2]
 
 
 def _checkpoint_steps(run):
@@ -54,31 +72,65 @@ def _checkpoint_steps(run):
     return sorted(n for n in os.listdir(d) if n.startswith("step-")) if os.path.isdir(d) else []
 
 
-def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(store, uninterrupted, tmp_path):
-    alpha_ref, ds_ref = uninterrupted
+def _fitting_window(cmd, run) -> float:
+    """Run ``cmd`` to the end; the seconds from its first checkpoint to its saved result."""
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    first = None
+    while proc.poll() is None and not os.path.exists(os.path.join(run, "components.zarr")):
+        if first is None and _checkpoint_steps(run):
+            first = time.time()
+        time.sleep(0.02)
+    end = time.time()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert first is not None, "no checkpoint was seen"
+    return end - first
+
+
+@pytest.mark.parametrize("algorithm", ["kha-smd", "on-kha"])
+def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(store, full_runs, algorithm,
+                                                                 tmp_path):
+    fit = SETTINGS[algorithm]
+    alpha_ref, ds_ref, window = full_runs(algorithm)
     rng = np.random.default_rng(7)
-    for trial in range(2):
+    resumed = 0
+    for trial in range(4):
         run = str(tmp_path / f"killed{trial}")
-        proc = subprocess.Popen(_cmd("fit", store, "-o", run, *FIT), env=_env(),
+        t0 = time.time()
+        proc = subprocess.Popen(_cmd("fit", store, "-o", run, *fit), env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # wait for the first checkpoint, then kill at a random later moment
-        deadline = time.time() + 120
+        # a random moment of the run after its first checkpoint (before it, there is nothing
+        # to resume): mid-block, mid-evaluation or mid-way through writing a checkpoint
         while not _checkpoint_steps(run):
             assert proc.poll() is None, "the fit ended before its first checkpoint"
-            assert time.time() < deadline
-            time.sleep(0.05)
-        time.sleep(float(rng.uniform(0.0, 1.5)))
+            assert time.time() < t0 + 120
+            time.sleep(0.02)
+        time.sleep(float(rng.uniform(0.0, window)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if os.path.exists(os.path.join(run, "components.zarr")):
             continue  # it had finished: nothing to resume
-        subprocess.run(_cmd("fit", store, "-o", run, *FIT, "--resume"), check=True, env=_env(),
+        subprocess.run(_cmd("fit", store, "-o", run, *fit, "--resume"), check=True, env=_env(),
                        timeout=300)
         alpha, ds = _alpha(run)
         assert np.array_equal(alpha, alpha_ref)
         # the history has no gap and no duplicate
+        assert list(ds["step"].values) == list(ds_ref["step"].values)
         assert list(ds["pass"].values) == list(ds_ref["pass"].values)
-        assert np.array_equal(ds["excess"].values, ds_ref["excess"].values)
+        if algorithm == "on-kha":
+            assert np.array_equal(ds["dictionary"].values, ds_ref["dictionary"].values)
+            assert np.array_equal(ds["member_step"].values, ds_ref["member_step"].values)
+            assert np.array_equal(ds["ac_index"].values, ds_ref["ac_index"].values)
+            assert np.array_equal(ds["members"].values, ds_ref["members"].values)
+        else:
+            assert np.array_equal(ds["excess"].values, ds_ref["excess"].values)
+        assert not os.path.exists(os.path.join(run, "checkpoints")), "spent checkpoints removed"
+        resumed += 1
+        if resumed == 2:
+            break
+    print(f"{algorithm}: fitting window {window:.1f} s, {resumed} kills resumed")
+    assert resumed >= 1, "every kill came after the fit had finished"
 
 
 def test_sigterm_checkpoints_mid_pass_and_exits_75(store, uninterrupted, tmp_path):
@@ -147,3 +199,37 @@ def test_corrupted_newest_checkpoint_falls_back_and_still_matches(store, uninter
     assert p.returncode == 0, p.stderr
     assert "damaged" in p.stderr
     assert np.array_equal(_alpha(run)[0], alpha_ref)
+
+
+def test_online_sigterm_exits_75_and_resume_refuses_other_settings(store, full_runs, tmp_path):
+    alpha_ref, ds_ref, _ = full_runs("on-kha")
+    run = str(tmp_path / "term")
+    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *ONLINE_FIT), env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not _checkpoint_steps(run):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert "resume" in err and "Traceback" not in err
+    assert not os.path.exists(os.path.join(run, "components.zarr"))
+    changed = list(ONLINE_FIT)
+    changed[changed.index("--nu") + 1] = "0.1"
+    changed[changed.index("--block") + 1] = "64"
+    p = subprocess.run(_cmd("fit", store, "-o", run, *changed, "--resume"), env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "different settings" in p.stderr and "nu: 0.05" in p.stderr
+    assert "block_rows: 32" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    p = subprocess.run(_cmd("fit", store, "-o", run, *ONLINE_FIT, "--resume"), env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    alpha, ds = _alpha(run)
+    assert np.array_equal(alpha, alpha_ref)
+    assert np.array_equal(ds["dictionary"].values, ds_ref["dictionary"].values)
+    assert list(ds["step"].values) == list(ds_ref["step"].values)
+    p = subprocess.run(_cmd("fit", store, "-o", str(tmp_path / "nothing"), *ONLINE_FIT,
+                            "--resume"), env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "no run directory" in p.stderr

@@ -283,6 +283,44 @@ class OnlineKHA:
         new.m, new.count, new.step = st.m, st.count, st.step
         self.state = new
 
+    # -- checkpoints --
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The complete state as arrays (the ``m`` members in use) and JSON scalars.
+
+        With :meth:`restore` a run continues bit for bit: the dictionary, the Cholesky factor
+        ``L``, the coefficients ``B = Lᵀ A``, the running mean, the member records, the step (the
+        stream position and, through it, the step size) and the allocated capacity.
+        """
+        st = self.state
+        m = st.m
+        arrays = {"B": st.B[:, :m], "L": st.L[:m, :m], "cbar": st.cbar[:m],
+                  "dictionary": st.dictionary[:m], "member_index": st.member_index[:m],
+                  "member_step": st.member_step[:m], "a_init": self.a_init}
+        return arrays, {"m": int(m), "count": int(st.count), "step": int(st.step),
+                        "capacity": int(st.capacity)}
+
+    def restore(self, arrays: dict[str, np.ndarray], scalars: dict) -> None:
+        """Continue from a :meth:`snapshot` (of a solver with the same settings)."""
+        m = int(scalars["m"])
+        shapes = {"B": (self.r, m), "L": (m, m), "cbar": (m,), "dictionary": (m, self.n_features),
+                  "member_index": (m,), "member_step": (m,), "a_init": (self.r,)}
+        for name, shape in shapes.items():
+            if arrays[name].shape != shape:
+                raise ValueError(f"checkpoint array {name} has shape {arrays[name].shape}, "
+                                 f"expected {shape}")
+        if not np.array_equal(arrays["a_init"], self.a_init):
+            raise ValueError("checkpoint of a run with other initial coefficients")
+        st = self._allocate(max(int(scalars["capacity"]), m))
+        st.B[:, :m] = arrays["B"]
+        st.L[:m, :m] = arrays["L"]
+        st.cbar[:m] = arrays["cbar"]
+        st.dictionary[:m] = arrays["dictionary"]
+        st.member_index[:m] = arrays["member_index"]
+        st.member_step[:m] = arrays["member_step"]
+        st.m, st.count, st.step = m, int(scalars["count"]), int(scalars["step"])
+        self.state = st
+        self._factor_copy = None
+
     # -- the block step --
     def coordinates(self, X: np.ndarray) -> np.ndarray:
         """``c = L⁻¹ k(D_m, x)`` for each row of ``X``, as an ``(m, len(X))`` array."""
