@@ -189,10 +189,10 @@ class Checkpointer:
 
 
 def _json_default(o):
-    if hasattr(o, "item"):
-        return o.item()
     if isinstance(o, np.ndarray):
         return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
     return str(o)
 
 

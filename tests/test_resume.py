@@ -123,6 +123,8 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(store, full_run
             assert np.array_equal(ds["member_step"].values, ds_ref["member_step"].values)
             assert np.array_equal(ds["ac_index"].values, ds_ref["ac_index"].values)
             assert np.array_equal(ds["members"].values, ds_ref["members"].values)
+            assert np.array_equal(ds["explained_variance"].values,
+                                  ds_ref["explained_variance"].values, equal_nan=True)
         else:
             assert np.array_equal(ds["excess"].values, ds_ref["excess"].values)
         assert not os.path.exists(os.path.join(run, "checkpoints")), "spent checkpoints removed"
