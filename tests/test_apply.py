@@ -397,6 +397,70 @@ def test_superresolve(photo, photo_run, client, tmp_path, capsys):
         sr.superresolve(run_dir, low, factor=2, upscaling="nearest", client=client)
 
 
+def test_denoise_store_of_vectors(client, tmp_path, seed, capsys):
+    """A store of noisy vectors denoised blockwise (one task per chunk) equals the in-memory
+    pre-images of each sample, for a batch run and for a dictionary run; the command dispatches
+    on a store and prints the MSE before and after."""
+    from dkha.online import OnlineKernelPCA
+
+    rng = np.random.default_rng(seed)
+    Q = np.linalg.qr(rng.standard_normal((6, 2)))[0]
+    t = rng.uniform(0, 2 * np.pi, 210)
+    clean = np.c_[np.cos(t), np.sin(t)] @ Q.T
+    noisy = clean + 0.1 * rng.standard_normal(clean.shape)
+    train = ingest_array(noisy[:150], tmp_path / "train.zarr", chunk_rows=40)
+    ingest_array(noisy[150:], tmp_path / "noisy.zarr", chunk_rows=25, labels=np.arange(60))
+    ingest_array(clean[150:], tmp_path / "clean.zarr", chunk_rows=25)
+    sigma = 1.0
+    alpha, mk, mkm, _, _ = exact_kpca(noisy[:150], sigma, 4)
+    ds = result.build_dataset(alpha, np.zeros(4), [], {
+        "algorithm": "exact", "kernel": "gaussian", "kernel_parameters": {"sigma": sigma},
+        "store": str(train.path), "n_samples": 150, "n_features": 6}, mk=mk, mkm=mkm)
+    run_dir = str(tmp_path / "run")
+    result.save(ds, run_dir)
+    out = str(tmp_path / "den.zarr")
+    summary = denoise.denoise_store(run_dir, str(tmp_path / "noisy.zarr"), out, client=client)
+    assert summary["chunks"] == 3 and summary["method"] == "fixed-point"
+    got = xr.open_zarr(out)
+    beta = project_dense(noisy[150:], noisy[:150], sigma, alpha, mk, mkm)
+    kernel = make_kernel("gaussian", sigma=sigma)
+    ref = preimage.preimages(noisy[:150], kernel, alpha, beta, noisy[150:])
+    np.testing.assert_allclose(got["X"].values, ref.Z, atol=1e-8)
+    np.testing.assert_array_equal(got["label"].values, np.arange(60))
+    assert denoise.store_mse(str(tmp_path / "clean.zarr"), out) < 0.5 * np.mean(
+        (noisy[150:] - clean[150:]) ** 2)
+    conf = denoise.denoise_store(run_dir, str(tmp_path / "noisy.zarr"), out, client=client,
+                                 method="conformal", overwrite=True)
+    assert conf["method"] == "conformal"
+    np.testing.assert_allclose(xr.open_zarr(out)["X"].values,
+                               preimage.preimages(noisy[:150], kernel, alpha, beta, noisy[150:],
+                                                  method="conformal").Z, atol=1e-10)
+    # a dictionary run: the tasks rebuild RunPreimages from the small dataset
+    OnlineKernelPCA(3, sigma=sigma, steps=600, center=True, nu=0.05).fit(
+        train, run_dir=str(tmp_path / "online"))
+    ods = result.load(str(tmp_path / "online"))
+    denoise.denoise_store(ods, str(tmp_path / "noisy.zarr"), out, client=client, method="gradient",
+                          overwrite=True)
+    np.testing.assert_allclose(xr.open_zarr(out)["X"].values,
+                               preimage.RunPreimages(ods, None, method="gradient")(noisy[150:]).Z,
+                               atol=1e-10)
+    # the command: a directory input is a store of vectors
+    out2 = str(tmp_path / "den2.zarr")
+    assert run_command(["denoise", run_dir, str(tmp_path / "noisy.zarr"), "-o", out2,
+                        "--reference", str(tmp_path / "clean.zarr"), "--json",
+                        "--workers", "1"]) == 0
+    s2 = json.loads(capsys.readouterr().out)
+    assert s2["mse_denoised"] == pytest.approx(float(np.mean((ref.Z - clean[150:]) ** 2)),
+                                               rel=1e-8)
+    from dkha.errors import RunDirectoryError
+
+    with pytest.raises(RunDirectoryError, match="already exists"):
+        denoise.denoise_store(run_dir, str(tmp_path / "noisy.zarr"), out2, client=client)
+    with pytest.raises(RunDirectoryError, match="input of this denoising"):
+        denoise.denoise_store(run_dir, str(tmp_path / "noisy.zarr"), str(tmp_path / "noisy.zarr"),
+                              client=client, overwrite=True)
+
+
 def test_denoise_refuses_bad_runs(photo, client, tmp_path):
     _, noisy = photo
     X = extract_patches(noisy, 11, 2)[:60]

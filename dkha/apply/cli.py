@@ -19,16 +19,22 @@ def add_parsers(subparsers) -> None:
     from dkha.cli import _add_cluster_options, _positive_int
 
     p = subparsers.add_parser(
-        "denoise", help="denoise an image with a run fitted on image patches",
-        description="Cut the image into patches on the training store's grid, project them on "
-                    "the components, map them back by a pre-image (--preimage) and average the "
-                    "overlapping patches.")
+        "denoise", help="denoise an image (run fitted on its patches) or a data store of vectors",
+        description="Images: cut the image into patches on the training store's grid, project "
+                    "them on the components, map them back by a pre-image (--preimage) and "
+                    "average the overlapping patches. Data stores (a directory, e.g. NOISY.zarr): "
+                    "project and pre-image every sample, blockwise on the cluster (one task per "
+                    "chunk), and write the result as a data store.")
     p.add_argument("run_dir")
-    p.add_argument("image", help="the noisy image (grey or colour; skimage:NAME for bundled ones)")
+    p.add_argument("image", metavar="INPUT",
+                   help="the noisy image (grey or colour; skimage:NAME for bundled ones), or a "
+                        "data store (.zarr) of noisy vectors")
     p.add_argument("-o", "--out", required=True,
-                   help="where to write the denoised image (8-bit by extension; .tif float, .npy)")
+                   help="where to write the denoised image (8-bit by extension; .tif float, "
+                        ".npy) or data store (for a store input)")
     p.add_argument("--reference", metavar="ORIG",
-                   help="the clean image: print the SNR before and after")
+                   help="the clean image (SNR before and after) or clean data store (mean "
+                        "squared error before and after)")
     add_preimage_options(p)
     p.add_argument("--block", type=_positive_int, metavar="B", help="patches per block (2048)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
@@ -122,6 +128,8 @@ def cmd_denoise(args: argparse.Namespace) -> int:
     from dkha.apply.denoise import denoise_image, save_image
     from dkha.errors import RunDirectoryError
 
+    if os.path.isdir(args.image):
+        return _denoise_vectors(args)
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
     res = denoise_image(args.run_dir, args.image, reference=args.reference, block=args.block,
@@ -138,6 +146,34 @@ def cmd_denoise(args: argparse.Namespace) -> int:
         if res.snr_noisy is not None:
             print(f"SNR noisy    {res.snr_noisy:.2f} dB\nSNR denoised {res.snr_denoised:.2f} dB "
                   f"({res.snr_denoised - res.snr_noisy:+.2f} dB)")
+        print(f"saved {args.out}")
+    return 0
+
+
+def _denoise_vectors(args: argparse.Namespace) -> int:
+    """``dkha denoise RUN NOISY.zarr -o CLEAN.zarr``: a store of plain vectors."""
+    from dkha.apply.denoise import denoise_store, store_mse
+    from dkha.errors import ParameterError
+
+    if args.block is not None:
+        raise ParameterError("--block applies to images; a store is processed chunk by chunk")
+    kw = preimage_kwargs(args)
+    if kw.pop("orthonormalize"):
+        raise ParameterError("--orthonormalize applies to images, not data stores")
+    summary = denoise_store(args.run_dir, args.image, args.out, overwrite=args.overwrite, **kw,
+                            **_cluster_kwargs(args))
+    if args.reference is not None:
+        summary["mse_noisy"] = store_mse(args.reference, args.image)
+        summary["mse_denoised"] = store_mse(args.reference, args.out)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{summary['n_samples']} samples × {summary['n_features']} features "
+              f"({summary['chunks']} chunks): {summary['method']} pre-images")
+        if args.reference is not None:
+            cut = 1.0 - summary["mse_denoised"] / summary["mse_noisy"]
+            print(f"MSE noisy    {summary['mse_noisy']:.6g}\nMSE denoised "
+                  f"{summary['mse_denoised']:.6g} ({cut:+.1%} reduction)")
         print(f"saved {args.out}")
     return 0
 

@@ -262,6 +262,124 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
         patch=patch, step=step_, seconds=time.perf_counter() - t0, method=pre.method, **stats)
 
 
+def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
+                  iterations: int | None = None, tol: float | None = None,
+                  eta: float | None = None, step: float | None = None, nonnegative: bool = False,
+                  overwrite: bool = False, client=None, scheduler: str | None = None,
+                  scheduler_file: str | None = None, workers: int | None = None):
+    """Denoise every sample of a data store of plain vectors; write them as a data store.
+
+    Blockwise on the cluster: one task per chunk of ``noisy``; each projects its samples on the
+    components (against the training store's chunks, cached per worker, or the dictionary of an
+    online run) and takes their pre-images started from the samples themselves (Schraudolph et
+    al. §5.4: motion-capture frames; Mika et al.). The output ``X (sample, feature)`` has the
+    input's chunks (and its labels), is written aside and renamed into place, and is itself a
+    data store (``dkha fit``, ``dkha transform`` read it).
+
+    Parameters
+    ----------
+    run : str or xarray.Dataset
+        A run directory or its components (batch or online), fitted on vectors of the same
+        dimension.
+    noisy, out : str
+        The input store and where to write the result (refused when it exists, unless
+        ``overwrite``; never one of the inputs).
+    method, iterations, tol, eta, step, nonnegative :
+        The pre-image (:func:`dkha.apply.preimage.solve`).
+    client, scheduler, scheduler_file, workers :
+        Where it runs (:func:`dkha.cluster.client_for`).
+
+    Returns
+    -------
+    dict
+        ``n_samples``, ``n_features``, ``chunks``, ``method``, ``seconds``.
+    """
+    import dask.array as da
+
+    from dkha.apply.preimage import check_options
+    from dkha.cluster import client_for
+    from dkha.errors import RunDirectoryError
+    from dkha.store import consolidate, open_store, replace_directory
+    from dkha.transform import kernel_of
+
+    t0 = time.perf_counter()
+    ds = _load_run(run)
+    kernel = kernel_of(ds)
+    options = {"iterations": iterations, "tol": tol, "eta": eta, "step": step,
+               "nonnegative": nonnegative}
+    method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative)
+    if eta is not None and float(eta) > 0 and "dictionary" not in ds:
+        from dkha.apply.preimage import RunPreimages
+
+        RunPreimages(ds, None, method=method, eta=eta)  # the one-line refusal
+    if os.path.lexists(out) and not overwrite:
+        raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
+    if os.path.abspath(out) in (os.path.abspath(noisy), os.path.abspath(ds.attrs["store"])):
+        raise RunDirectoryError(f"{out} is an input of this denoising; write elsewhere")
+    src = open_store(noisy, check_finite=True)
+    if src.n_features != int(ds.attrs["n_features"]):
+        raise InputError(f"{noisy} has {src.n_features} features; the run was fitted on "
+                         f"{ds.attrs['n_features']}")
+    X = da.from_zarr(src.array())
+    if "dictionary" in ds:
+        small = ds[["alpha", "dictionary", "mean_coefficient"]].load()
+        small.attrs = dict(ds.attrs)
+        Z = X.map_blocks(_denoise_dictionary_chunk, small, method, options, dtype=np.float64)
+    else:
+        train = open_store(ds.attrs["store"])
+        groups = tuple((train.chunk_bounds(i),) for i in range(train.n_chunks))
+        Z = X.map_blocks(_denoise_store_chunk, train.path, kernel, ds["mk"].values,
+                         float(ds.attrs["mkm"]), groups, np.ascontiguousarray(ds["alpha"].values),
+                         method, options, dtype=np.float64)
+    data = {"X": (("sample", "feature"), Z)}
+    labels = src.labels()
+    if labels is not None:
+        data["label"] = ("sample", da.from_array(labels, chunks=X.chunks[0]))
+    res = xr.Dataset(data)
+    res.attrs = {"source": os.path.abspath(noisy), "denoised_by": "dkha denoise",
+                 "run_store": ds.attrs["store"], "algorithm": ds.attrs["algorithm"],
+                 "preimage": method}
+    tmp = out + ".tmp"
+    with client_for(scheduler, scheduler_file, workers, client):
+        res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
+    consolidate(tmp)
+    replace_directory(tmp, out)
+    return {"out": out, "n_samples": src.n_samples, "n_features": src.n_features,
+            "chunks": src.n_chunks, "method": method, "seconds": time.perf_counter() - t0}
+
+
+def store_mse(reference: str, other: str) -> float:
+    """Mean squared error per feature, ``mean((reference − other)²)``, chunk by chunk."""
+    from dkha.store import open_store
+
+    a, b = open_store(reference), open_store(other)
+    if (a.n_samples, a.n_features) != (b.n_samples, b.n_features):
+        raise InputError(f"{reference} holds {a.n_samples} × {a.n_features} values, {other} "
+                         f"{b.n_samples} × {b.n_features}")
+    total = 0.0
+    for start, stop, A in a.iter_chunks():
+        total += float(np.sum((A - b.read(start, stop)) ** 2))
+    return total / (a.n_samples * a.n_features)
+
+
+def _denoise_store_chunk(Xc, path, kernel, mk, mkm, groups, alpha, method, options):
+    """Worker task: pre-images of one chunk of samples against a batch run's training store."""
+    from dkha.apply.preimage import Training, expansion, solve
+    from dkha.rows import project_rows
+
+    Xc = np.ascontiguousarray(Xc, dtype=np.float64)
+    beta = project_rows(path, kernel, Xc, mk, mkm, groups, alpha)
+    training = Training.from_chunks(path, kernel, groups, alpha)
+    return solve(method, training, expansion(alpha, beta), Xc, **options).Z
+
+
+def _denoise_dictionary_chunk(Xc, small, method, options):
+    """Worker task: pre-images of one chunk of samples with a dictionary run."""
+    from dkha.apply.preimage import RunPreimages
+
+    return RunPreimages(small, None, method=method, **options)(Xc).Z
+
+
 def save_image(img: np.ndarray, path: str) -> None:
     """Write a grey image in [0, 1] (8-bit PNG/JPEG..., or float TIFF/.npy by extension)."""
     img = np.clip(np.asarray(img, dtype=np.float64), 0.0, 1.0)

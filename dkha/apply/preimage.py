@@ -349,6 +349,33 @@ class Training:
 
         return cls(engine.kernel, alpha, engine_sums(engine, alpha, block=block), _once(moments))
 
+    @classmethod
+    def from_chunks(cls, path: str, kernel: Kernel, groups: tuple, alpha: np.ndarray, *,
+                    block: int | None = None) -> "Training":
+        """A data store read inside one task (chunks from the per-process cache): the reductions
+        run here, group after group, for tasks that pre-image a whole block of samples."""
+        block = DEFAULT_BLOCK if block is None else int(block)
+
+        def sums(Z: np.ndarray, exp: Expansion):
+            num = np.zeros_like(Z)
+            den = np.zeros(len(Z))
+            mag = np.zeros(len(Z))
+            for cols in groups:
+                a, b = cols[0][0], cols[-1][1]
+                n_, d_, m_ = _store_group_sums(path, kernel, cols, Z, exp.weights, alpha[:, a:b],
+                                               exp.offset, block)
+                num += n_
+                den += d_
+                mag += m_
+            return num, den, mag
+
+        def moments():
+            parts = [_store_group_moments(path, cols, alpha[:, cols[0][0]:cols[-1][1]])
+                     for cols in groups]
+            return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+        return cls(kernel, alpha, sums, _once(moments))
+
 
 def _once(func: Callable) -> Callable:
     cache: list = []
