@@ -369,6 +369,7 @@ class OnlineKernelPCA:
         ck_every = int(checkpoint_every or 0)
         reference = self._reference(ac_reference, source, kernel, p["r"])
         self.solver_ = self._new_solver(p, n, kernel)
+        self.solver_.stream_length = l
         self.kernel_ = kernel
         self.n_features_in_ = n
         self.history_ = []

@@ -239,7 +239,8 @@ def test_smd_log_gain(rng):
     out = np.empty(r)
     compiled.smd_log_gain(rho, y, z, gab, MU, out)
     L = np.tril(np.outer(y, y))
-    np.testing.assert_allclose(out, rho + MU * (y * z - np.diag(L @ gab)), rtol=1e-14)
+    np.testing.assert_allclose(out, rho + np.maximum(MU * (y * z - np.diag(L @ gab)),
+                                                     np.log(0.5)), rtol=1e-14)
 
 
 def test_smd_gram_update_follows_the_definitions(rng):
@@ -273,7 +274,8 @@ def twin_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, star
         y = yz[:r]
         if smd:
             z = yz[r:]
-            rho_new = rho + mu * (y * z - np.diag(np.tril(np.outer(y, y)) @ gab))
+            rho_new = rho + np.maximum(mu * (y * z - np.diag(np.tril(np.outer(y, y)) @ gab)),
+                                       np.log(0.5))
             d = np.exp(rho_new) * eta[j]
             a, cb = d * y, d * (y + xi * z)
             G, c = g_matrix(a, cb, y, z, xi), np.concatenate([a, cb])
@@ -284,7 +286,7 @@ def twin_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, star
         if np.linalg.cond(Tn, 1) > cond_limit:
             if not fresh:
                 Y[j:] += Kpp[j:, start:j] @ U[start:j]
-                return j, True, fresh
+                return j, True, fresh, 0, -1
         if smd:
             rho[:] = rho_new
             M, NA = m_matrix(a, y), na_matrix(a, cb, y, z, xi)
@@ -307,7 +309,7 @@ def twin_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, star
         U[j] = solve_triangular(T, c, lower=True)
         S[:, p] += U[j]
         fresh = False
-    return len(index), False, fresh
+    return len(index), False, fresh, 0, -1
 
 
 @pytest.fixture(scope="module")

@@ -43,13 +43,16 @@ def paper_kha_step(A, Kc, p, eta):
     return A + np.diag(eta) @ gamma                            # (11)
 
 
-def paper_smd_step(A, B, rho, Kc, p, eta, mu, xi):
-    """Eqs. 16, 19/20 (= 21) and 15, with the full ``K'``; returns new ``A, B, ρ`` and gains."""
+def paper_smd_step(A, B, rho, Kc, p, eta, mu, xi, floor=True):
+    """Eqs. 16, 19/20 (= 21) and 15, with the full ``K'``; returns new ``A, B, ρ`` and gains.
+
+    ``floor``: SMD's safeguard on eq. 16 (each step multiplies a gain by at least ½)."""
     l = len(Kc)
     kp, e = Kc[:, p], unit(l, p)
     y = A @ kp                                                 # (7)
     gamma = np.outer(y, e) - lt(np.outer(y, y)) @ A            # (9)
-    rho = rho + mu * np.diag(gamma @ Kc @ B.T)                 # (16)
+    # (16), with SMD's safeguard: each step multiplies a gain by at least 1/2
+    rho = rho + np.maximum(mu * np.diag(gamma @ Kc @ B.T), np.log(0.5) if floor else -np.inf)
     gains = np.exp(rho) * eta
     d_gamma = (np.outer(B @ kp, e) - lt(np.outer(y, y)) @ B
                - lt(np.outer(B @ kp, y) + np.outer(y, kp) @ B.T) @ A)  # (20)

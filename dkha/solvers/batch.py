@@ -30,7 +30,7 @@ import numpy as np
 
 from dkha.errors import NumericalError, ParameterError
 from dkha.solvers import reference
-from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, FactoredState
+from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
 ENGINES = ("factored", "reference")
@@ -189,17 +189,20 @@ class BatchKHA:
         st = self.state
         if isinstance(st, FactoredState):
             eta = self.block_gains(st.t, len(index))
-            if isinstance(rows, np.ndarray):
-                st.apply_block(index, rows, eta, mu=self.mu, xi=self.xi)
-            else:
-                if self.replicas is None:
-                    raise ValueError("a block of projections needs the replicas of its stream "
-                                     "attached (RowEngine.stream(..., solver=...))")
-                Y, kpp = self.replicas.projections(rows)
-                ops: list = []
-                st.apply_block(index, None, eta, mu=self.mu, xi=self.xi, projections=Y,
-                               kpp=kpp, ops=ops)
-                self.replicas.record_block(rows, ops)
+            try:
+                if isinstance(rows, np.ndarray):
+                    st.apply_block(index, rows, eta, mu=self.mu, xi=self.xi)
+                else:
+                    if self.replicas is None:
+                        raise ValueError("a block of projections needs the replicas of its "
+                                         "stream attached (RowEngine.stream(..., solver=...))")
+                    Y, kpp = self.replicas.projections(rows)
+                    ops: list = []
+                    st.apply_block(index, None, eta, mu=self.mu, xi=self.xi, projections=Y,
+                                   kpp=kpp, ops=ops)
+                    self.replicas.record_block(rows, ops)
+            except BadStep as bad:
+                raise self.diverged(st.t + bad.j, bad.quantity, bad.component) from None
             st.t += len(index)
             self.check_finite()
             if self.replicas is not None and st.t % self.l == 0:     # a pass end
@@ -210,12 +213,37 @@ class BatchKHA:
         smd = self.algorithm == "kha-smd"
         for j, p in enumerate(index):
             eta = self.base_gain(st.t)
+            kp = rows[j]
+            y = st.A @ kp
             if smd:
-                reference.smd_step(st.A, st.B, st.C, st.rho, int(p), rows[j], eta, self.mu, self.xi)
+                z = st.B @ kp
+                d = reference.smd_step(st.A, st.B, st.C, st.rho, int(p), kp, eta, self.mu,
+                                       self.xi)
+                bad = reference.guard(y, st.A @ kp, kp[p], d, rho=st.rho, z=z,
+                                      state=(("A", st.A), ("B", st.B)))
             else:
-                reference.step(st.A, int(p), rows[j], eta, st.C)
+                reference.step(st.A, int(p), kp, eta, st.C)
+                bad = reference.guard(y, st.A @ kp, kp[p], eta, state=(("A", st.A),))
+            if bad is not None:
+                raise self.diverged(st.t, *bad)
             st.t += 1
         self.check_finite()
+
+    def diverged(self, t: int, quantity: str, component: int) -> NumericalError:
+        """The error for a bad step after ``t`` steps (:func:`reference.guard`'s findings)."""
+        i = f" of component {component}" if component >= 0 else ""
+        what = {"A": f"non-finite coefficients A{i}",
+                "B": f"non-finite values in SMD's B = dA/dρ{i}",
+                "gain": f"a non-finite gain{i}",
+                "A runaway": f"runaway growth: component {component} passed "
+                             f"{reference.RUNAWAY:g} times unit norm",
+                "gain runaway": f"runaway growth of the gain{i}: e^ρ passed "
+                                f"{reference.RUNAWAY:g}",
+                "Gram": "non-finite values in SMD's Gram matrices"}.get(quantity, quantity)
+        return NumericalError(
+            f"{self.algorithm} diverged at step {t + 1} (pass {t // self.l + 1}): {what}; the "
+            f"step was not kept and nothing of it was checkpointed; lower eta0 (now {self.eta0})"
+            + (f" or mu (now {self.mu})" if self.algorithm == "kha-smd" else ""))
 
     def check_finite(self) -> None:
         """Raise :class:`NumericalError` if the state holds non-finite values (a diverged run)."""

@@ -21,12 +21,33 @@ Every product with ``M`` or ``N_A`` is a prefix sum over rows (or columns), ``O(
 
 All arrays are float64 and C-contiguous (``index`` int64), as normalised by the caller; results are
 written into the arrays passed in. Every function has a plain NumPy twin in tests/test_factored.py.
+
+Numerical guards. Each step is checked before its results are kept (:func:`step_problem`,
+``O(m²)`` next to the step's ``O(m³)`` conditioning test): the projections ``y = A k'_p`` before
+and ``y⁺ = A' k'_p = M y + κ a`` after the step (``κ = K'[p, p]``), ``z = B k'_p``, the new
+log-gains and gains, the new ``T`` and column update. A step is bad when any of them is not
+finite, when ``|y_i| > RUNAWAY·√κ`` (then component ``i``'s feature-space norm ``‖w_i‖ ≥ |y_i|/√κ``
+exceeds ``RUNAWAY``; KHA converges to unit norms) or when a gain factor ``e^{ρ_i}`` exceeds
+``RUNAWAY``. The block loops stop at the first bad step and report it (``GUARD_*`` codes);
+:mod:`dkha.solvers.reference` applies the same definition to the per-step form.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+RUNAWAY = 1e6             # a component's norm, or a gain factor e^ρ, past this is a runaway
+LOG_RUNAWAY = np.log(RUNAWAY)
+LOG_HALF = np.log(0.5)    # SMD's safeguard: each step multiplies a gain by at least 1/2
+# what a bad step showed (the block loops return it with the component)
+GUARD_OK = 0
+GUARD_A = 1               # non-finite A (its projections, T, the column update)
+GUARD_B = 2               # non-finite B = ∂A/∂ρ (SMD)
+GUARD_GAIN = 3            # non-finite log-gains or gains
+GUARD_A_RUNAWAY = 4       # ‖w_i‖ > RUNAWAY
+GUARD_GAIN_RUNAWAY = 5    # e^{ρ_i} > RUNAWAY
+GUARD_GRAM = 6            # non-finite Gram matrices (SMD)
 
 # ---------------------------------------------------------------------------------------------
 # Structured products: M X, G X, X Mᵀ, X N_Aᵀ
@@ -193,13 +214,15 @@ def finish_projections(Y, U, Kpp, start, stop):
 
 @njit(cache=True, nogil=True)
 def smd_log_gain(rho, y, z, gab, mu, out):
-    """Eq. 16: ``out = ρ + μ (y ⊙ z − diag(L · C Bᵀ))``, ``L = tril(y yᵀ)``, ``gab = C Bᵀ``."""
+    """Eq. 16 with SMD's safeguard: ``out = ρ + max(μ (y ⊙ z − diag(L · C Bᵀ)), log ½)``,
+    ``L = tril(y yᵀ)``, ``gab = C Bᵀ``: a step multiplies each gain ``e^ρ`` by at least ½ (the
+    multiplicative form's ``max(½, 1 + μ …)``, in the log-gains Algorithm 1 adapts)."""
     r = rho.shape[0]
     for i in range(r):
         s = 0.0
         for k in range(i + 1):
             s += y[k] * gab[k, i]
-        out[i] = rho[i] + mu * (y[i] * z[i] - y[i] * s)
+        out[i] = rho[i] + max(mu * (y[i] * z[i] - y[i] * s), LOG_HALF)
 
 
 @njit(cache=True, nogil=True)
@@ -236,6 +259,48 @@ def smd_gram_update(gaa, gab, a, cb, y, z, kappa, xi):
 
 
 # ---------------------------------------------------------------------------------------------
+# Numerical guards
+
+
+@njit(cache=True, nogil=True)
+def projection_problem(y, a, kappa, before):
+    """Guard code and component for ``y = A k'_p`` and, unless ``before``, ``y⁺ = M y + κ a``."""
+    r = y.shape[0]
+    bound2 = RUNAWAY * RUNAWAY * kappa
+    acc = 0.0
+    for i in range(r):
+        v = y[i]
+        if not before:
+            acc += v * v                     # (M y)_i = y_i − a_i Σ_{k≤i} y_k²
+            v = v - a[i] * acc + kappa * a[i]
+        if not np.isfinite(v):
+            return GUARD_A, i
+        if kappa > 0.0 and v * v > bound2:
+            return GUARD_A_RUNAWAY, i
+    return GUARD_OK, -1
+
+
+@njit(cache=True, nogil=True)
+def lower_nonfinite(T):
+    """Whether the lower triangle of ``T`` holds a non-finite value."""
+    for i in range(T.shape[0]):
+        for k in range(i + 1):
+            if not np.isfinite(T[i, k]):
+                return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def all_finite(X):
+    """Whether every entry of the 2-d ``X`` is finite."""
+    for i in range(X.shape[0]):
+        for k in range(X.shape[1]):
+            if not np.isfinite(X[i, k]):
+                return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
 # The block loops
 
 
@@ -264,10 +329,11 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
     index : (b,) ``P``; eta : (b, r) the gains of each step;
     fresh : whether ``T`` is the identity; cond_limit : fold before ``cond(T)`` exceeds this.
 
-    Returns ``(stop, fold, fresh)``: steps ``start..stop-1`` were taken, and ``fresh`` says whether
-    ``T`` is still the identity. When ``fold`` is true the caller must fold ``T`` (``Y[stop:]``
-    has been brought up to date in the current basis) and call again from ``stop`` with
-    ``fresh=True``. A step whose own ``M`` is too ill-conditioned to be factored (checked with
+    Returns ``(stop, fold, fresh, guard, component)``: steps ``start..stop-1`` were taken, and
+    ``fresh`` says whether ``T`` is still the identity. When ``fold`` is true the caller must fold
+    ``T`` (``Y[stop:]`` has been brought up to date in the current basis) and call again from
+    ``stop`` with ``fresh=True``. A ``guard`` other than ``GUARD_OK`` says step ``stop`` is bad
+    (see the module docstring) and was not kept; the state is then unusable. A step whose own ``M`` is too ill-conditioned to be factored (checked with
     ``T = I``) is taken directly on ``S̃`` and ``C̃`` instead (``O(r l)`` by prefix sums; rare).
 
     ``direct_log`` : (b, 1 + 2r) or (0, 0). When it has rows, row ``j`` records step ``j``: column
@@ -290,6 +356,14 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
         lower_matvec(T, yt, y)
         for i in range(r):
             a[i] = eta[j, i] * y[i]
+            if not np.isfinite(eta[j, i]):
+                return j, False, fresh, GUARD_GAIN, i
+        kappa = Kpp[j, j]
+        guard, comp = projection_problem(y, a, kappa, True)
+        if guard == GUARD_OK:
+            guard, comp = projection_problem(y, a, kappa, False)
+        if guard != GUARD_OK:
+            return j, False, fresh, guard, comp
         apply_m(T, a, y, Tn)
         p = index[j]
         if logged:
@@ -297,7 +371,7 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
         if cond_lower(Tn) > cond_limit:
             if not fresh:
                 finish_projections(Y, U, Kpp, start, j)
-                return j, True, fresh
+                return j, True, fresh, GUARD_OK, -1
             # T = I and M itself is ill-conditioned: take the step directly
             if logged:
                 direct_log[j, 0] = 1.0
@@ -320,14 +394,21 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
                 for i in range(r):
                     Y[jj, i] += a[i] * Kpp[jj, j]
             U[j] = 0.0
+            if not all_finite(S):
+                return j, False, fresh, GUARD_A, -1
             continue
+        solve_lower(Tn, a, delta)
+        for i in range(r):
+            if not np.isfinite(delta[i]):
+                return j, False, fresh, GUARD_A, i
+        if lower_nonfinite(Tn):
+            return j, False, fresh, GUARD_A, -1
         T[:, :] = Tn
-        solve_lower(T, a, delta)
         for i in range(r):
             U[j, i] = delta[i]
             S[i, p] += delta[i]
         fresh = False
-    return b, False, fresh
+    return b, False, fresh, GUARD_OK, -1
 
 
 @njit(cache=True, nogil=True)
@@ -353,7 +434,7 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
     ``C̃ += U_A K'_P`` (``U_A = U[:, :r]``).
 
     ``direct_log`` : (b, 1 + 4r) or (0, 0), as in :func:`kha_block_logged`, a direct step's row
-    holding ``1, a, c_B, y, z`` (which define its ``G``).
+    holding ``1, a, c_B, y, z`` (which define its ``G``). Returns as :func:`kha_block_logged`.
     """
     m = T.shape[0]
     r = m // 2
@@ -379,6 +460,21 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
             cb[i] = d * (y[i] + xi * z[i])
             c[i] = a[i]
             c[r + i] = cb[i]
+        kappa = Kpp[j, j]
+        guard, comp = projection_problem(y, a, kappa, True)
+        if guard != GUARD_OK:
+            return j, False, fresh, guard, comp
+        for i in range(r):
+            if not np.isfinite(z[i]):
+                return j, False, fresh, GUARD_B, i
+            if not (np.isfinite(rho_new[i]) and np.isfinite(eta[j, i])
+                    and np.isfinite(np.exp(rho_new[i]) * eta[j, i])):
+                return j, False, fresh, GUARD_GAIN, i
+            if rho_new[i] > LOG_RUNAWAY:
+                return j, False, fresh, GUARD_GAIN_RUNAWAY, i
+        guard, comp = projection_problem(y, a, kappa, False)
+        if guard != GUARD_OK:
+            return j, False, fresh, guard, comp
         apply_g(T, a, cb, y, z, xi, Tn)
         p = index[j]
         direct = False
@@ -387,7 +483,7 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
         if cond_lower(Tn) > cond_limit:
             if not fresh:
                 finish_projections(Y, U, Kpp, start, j)
-                return j, True, fresh
+                return j, True, fresh, GUARD_OK, -1
             direct = True
             if logged:
                 direct_log[j, 0] = 1.0
@@ -398,6 +494,8 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
                     direct_log[j, 1 + 3 * r + i] = z[i]
         rho[:] = rho_new
         smd_gram_update(gaa, gab, a, cb, y, z, Kpp[j, j], xi)
+        if not (all_finite(gaa) and all_finite(gab)):
+            return j, False, fresh, GUARD_GRAM, -1
         if direct:
             # T = I and G itself is ill-conditioned: take the step directly
             apply_g(S, a, cb, y, z, xi, S)
@@ -415,11 +513,18 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
                 for i in range(m):
                     Y[jj, i] += c[i] * Kpp[jj, j]
             U[j] = 0.0
+            if not all_finite(S):
+                return j, False, fresh, GUARD_A, -1
             continue
+        solve_lower(Tn, c, delta)
+        for i in range(m):
+            if not np.isfinite(delta[i]):
+                return j, False, fresh, GUARD_A if i < r else GUARD_B, i % r
+        if lower_nonfinite(Tn):
+            return j, False, fresh, GUARD_A, -1
         T[:, :] = Tn
-        solve_lower(T, c, delta)
         for i in range(m):
             U[j, i] = delta[i]
             S[i, p] += delta[i]
         fresh = False
-    return b, False, fresh
+    return b, False, fresh, GUARD_OK, -1

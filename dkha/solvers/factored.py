@@ -40,6 +40,19 @@ from dkha.solvers import compiled
 
 DEFAULT_FOLD_CONDITION = 1e3
 _EMPTY = np.zeros((0, 0))
+# the compiled loops' guard codes, named as :func:`dkha.solvers.reference.guard` names them
+GUARD_NAMES = {compiled.GUARD_A: "A", compiled.GUARD_B: "B", compiled.GUARD_GAIN: "gain",
+               compiled.GUARD_A_RUNAWAY: "A runaway",
+               compiled.GUARD_GAIN_RUNAWAY: "gain runaway", compiled.GUARD_GRAM: "Gram"}
+
+
+class BadStep(ArithmeticError):
+    """Step ``j`` of a block was bad (``quantity``, ``component``: see
+    :func:`dkha.solvers.reference.guard`); it was not kept, and the state is unusable."""
+
+    def __init__(self, j: int, quantity: str, component: int):
+        super().__init__(f"bad step {j}: {quantity} (component {component})")
+        self.j, self.quantity, self.component = int(j), quantity, int(component)
 
 
 def lower_times_inplace(T: np.ndarray, X: np.ndarray) -> None:
@@ -179,7 +192,8 @@ class FactoredState:
                     kpp: np.ndarray | None = None, ops: list | None = None) -> None:
         """Take one step per entry of ``index`` (``rows[j] = K'[index[j], :]``, gains ``eta[j]``).
 
-        Does not advance ``t``; the caller owns the step count and the gains.
+        Does not advance ``t``; the caller owns the step count and the gains. Raises
+        :class:`BadStep` at the first step the guards find bad (compiled module docstring).
 
         With ``projections`` (``b×m``, ``Y₀ᵀ = K'_P S̃ᵀ`` on the current ``S̃``, computed elsewhere)
         and ``kpp`` (``K'[P, P]``), ``rows`` is not needed; the block's effect on ``S̃`` and ``C̃``
@@ -215,14 +229,16 @@ class FactoredState:
         start = 0
         while start < b:
             if self.smd:
-                stop, fold, self._fresh = compiled.smd_block_logged(
+                stop, fold, self._fresh, guard, comp = compiled.smd_block_logged(
                     self.T, self.S_tilde, C_arg, self.gram_aa, self.gram_ab, self.rho, rows, Y, U,
                     Kpp, index, eta, float(mu), float(xi), start, self._fresh, self.fold_condition,
                     direct_log)
             else:
-                stop, fold, self._fresh = compiled.kha_block_logged(
+                stop, fold, self._fresh, guard, comp = compiled.kha_block_logged(
                     self.T, self.S_tilde, C_arg, rows, Y, U, Kpp, index, eta, start,
                     self._fresh, self.fold_condition, direct_log)
+            if guard != compiled.GUARD_OK:
+                raise BadStep(stop, GUARD_NAMES[guard], comp)
             if ops is not None:
                 _record_steps(ops, U, direct_log, start, stop, r, self.smd, float(xi))
             if fold:

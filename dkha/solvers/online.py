@@ -58,12 +58,14 @@ from scipy.linalg.blas import dtrsm
 
 from dkha.errors import NumericalError, ParameterError
 from dkha.kernels import Kernel
+from dkha.solvers.compiled import RUNAWAY
 
 ALGORITHMS = ("on-kha", "oo-kha", "okpca")
 _ALGORITHM_CODE = {"on-kha": 0, "oo-kha": 1, "okpca": 2}
 RATE_EXPONENTIAL = 0  # η = η0 γ^s
 RATE_SEARCH_THEN_CONVERGE = 1  # η = η0 / (1 + s/τ)
 
+RUNAWAY2 = RUNAWAY * RUNAWAY  # a component's squared norm past this is a runaway
 DEFAULT_ETA0 = 0.05
 DEFAULT_GAMMA = 0.999995
 DEFAULT_NU = 1e-3
@@ -95,7 +97,7 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, step, capacity,
                  B, L, cbar, a_init, C0, Kbb, kdiag, joined):  # pragma: no cover - compiled
-    """Run the steps of one block of samples; return ``(m, count, step, n_joined)``.
+    """Run the steps of one block of samples; return ``(m, count, step, n_joined, bad)``.
 
     ``B (r, capacity)`` coefficients in Cholesky coordinates, ``L (capacity, capacity)`` the
     Cholesky factor, ``cbar (capacity,)`` the running mean of the coordinates (centered runs);
@@ -104,6 +106,11 @@ def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, s
     kernel among the block's samples (the kernel vector against members that join within the
     block), ``kdiag (b,)`` their ``k(x, x)``. ``joined`` receives the block positions of the
     samples that joined the dictionary. ``rate_param`` is ``γ`` or ``τ`` per ``rate_kind``.
+
+    Guard: after each update the feature-space norm of every component, ``‖w_k‖ = ‖B_k‖``, must
+    be finite and at most ``RUNAWAY`` (ON-KHA, which normalises it: finite and non-zero). Otherwise the
+    loop stops at that step (``step`` is its 0-based index) and ``bad`` is the component ``k``;
+    the state is then unusable. ``bad`` is ``-1`` when every step was good.
     """
     r = B.shape[0]
     b = kdiag.shape[0]
@@ -173,28 +180,35 @@ def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, s
             # okpca: B_k += η y_k (u − Σ_{i≤k} y_i B_i)
             for k in range(r):
                 yk = y[k]
+                nrm = 0.0
                 for q in range(m):
                     s[q] += yk * B[k, q]
                     B[k, q] += eta * yk * (u[q] - s[q])
+                    nrm += B[k, q] * B[k, q]
+                if not nrm <= RUNAWAY2:  # ‖w_k‖ = ‖B_k‖ non-finite or past RUNAWAY
+                    return m, count, step, n_joined, k
         else:
             # oo-kha / on-kha: B_k += η y_k (u − 2 Σ_{i<k} y_i B_i − y_k B_k)
             for k in range(r):
                 yk = y[k]
+                nrm = 0.0
                 for q in range(m):
                     bq = B[k, q]
-                    B[k, q] = bq + eta * yk * (u[q] - 2.0 * s[q] - yk * bq)
+                    bn = bq + eta * yk * (u[q] - 2.0 * s[q] - yk * bq)
+                    B[k, q] = bn
                     s[q] += yk * bq
-            if algorithm == 0:
-                for k in range(r):
-                    nrm = 0.0
+                    nrm += bn * bn
+                if algorithm != 0 and not nrm <= RUNAWAY2:
+                    return m, count, step, n_joined, k
+                if algorithm == 0:
+                    # ON-KHA normalises: its norm must be finite and non-zero
+                    if not (np.isfinite(nrm) and nrm > 0.0):
+                        return m, count, step, n_joined, k
+                    nrm = 1.0 / np.sqrt(nrm)
                     for q in range(m):
-                        nrm += B[k, q] * B[k, q]
-                    if nrm > 0.0:
-                        nrm = 1.0 / np.sqrt(nrm)
-                        for q in range(m):
-                            B[k, q] *= nrm
+                        B[k, q] *= nrm
         step += 1
-    return m, count, step, n_joined
+    return m, count, step, n_joined, -1
 
 
 @dataclass
@@ -258,6 +272,7 @@ class OnlineKHA:
             raise ValueError(f"a_init must have shape ({self.r},)")
         self.state = self._allocate(min(self.max_members, 64))
         self._factor_copy: tuple[int, np.ndarray] | None = None  # (m, Fortran copy of L[:m,:m])
+        self.stream_length: int | None = None  # samples per pass, when known (for messages)
 
     # -- storage --
     def _allocate(self, capacity: int) -> OnlineState:
@@ -364,7 +379,7 @@ class OnlineKHA:
         else:
             rate_kind, rate_param = RATE_EXPONENTIAL, (1.0 if self.gamma is None else self.gamma)
         step0 = st.step
-        m, count, step, n_joined = online_block(
+        m, count, step, n_joined, bad = online_block(
             _ALGORITHM_CODE[self.algorithm], self.center, rate_kind, self.eta0, rate_param,
             self.nu, st.m, st.count, st.step, st.capacity, st.B, st.L, st.cbar, self.a_init,
             C0, Kbb, kdiag, joined)
@@ -373,6 +388,13 @@ class OnlineKHA:
         st.member_index[m0:m] = sample_index[pos]
         st.member_step[m0:m] = step0 + pos
         st.m, st.count, st.step = int(m), int(count), int(step)
+        if bad >= 0:
+            where = "" if self.stream_length is None else \
+                f" (pass {step // self.stream_length + 1})"
+            raise NumericalError(
+                f"{self.algorithm} diverged at step {step + 1}{where}: component {bad}'s "
+                f"feature-space norm became non-finite or passed {RUNAWAY:g}; the step was not "
+                f"kept and nothing of it was checkpointed; lower eta0 (now {self.eta0})")
         if not np.isfinite(st.B[:, :m]).all():
             raise NumericalError(
                 f"{self.algorithm} diverged: non-finite coefficients by step {st.step}; "

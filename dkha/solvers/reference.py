@@ -5,12 +5,19 @@ readable documentation of the updates. With ``y = A k'_p``, ``L = lt(y yᵀ)`` a
 
 * KHA, KHA/t, KHA/et (eq. 8/11): ``A ← A + D (y e_pᵀ − L A)``; ``C = A K'`` kept by eq. 18
   when the gains need eigenvalues (KHA/et).
-* KHA-SMD (Algorithm 1; eqs. 16, 21, 15, 18 in that order), ``z = B k'_p``, ``d = e^ρ ⊙ η``.
+* KHA-SMD (Algorithm 1; eqs. 16, 21, 15, 18 in that order), ``z = B k'_p``, ``d = e^ρ ⊙ η``,
+  with SMD's safeguard on eq. 16: ``ρ ← ρ + max(μ (…), log ½)``, so that a step multiplies each
+  gain by at least ½.
+
+:func:`guard` is the per-step definition of a bad step (non-finite values, runaway growth) that
+the compiled loops (:mod:`dkha.solvers.compiled`) also apply.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from dkha.solvers.compiled import LOG_HALF, RUNAWAY
 
 
 def step(A: np.ndarray, p: int, kp: np.ndarray, d: np.ndarray, C: np.ndarray | None = None) -> np.ndarray:
@@ -33,7 +40,7 @@ def smd_step(A: np.ndarray, B: np.ndarray, C: np.ndarray, rho: np.ndarray, p: in
     L = np.tril(np.outer(y, y))
     # eq. 16 with eq. 17: diag(Γ K' Bᵀ) = y ⊙ z − diag(L C Bᵀ)
     CBt = C @ B.T
-    rho += mu * (y * z - np.einsum("ij,ji->i", L, CBt))
+    rho += np.maximum(mu * (y * z - np.einsum("ij,ji->i", L, CBt)), LOG_HALF)
     d = np.exp(rho) * eta
     Lz = np.tril(np.outer(z, y) + np.outer(y, z))
     # eq. 21 (with the new rho), from the pre-update A and B
@@ -47,3 +54,46 @@ def smd_step(A: np.ndarray, B: np.ndarray, C: np.ndarray, rho: np.ndarray, p: in
     C += np.outer(d * y, kp)
     B[...] = Bn
     return d
+
+
+def guard(y: np.ndarray, y_after: np.ndarray, kappa: float, gains: np.ndarray,
+          rho: np.ndarray | None = None, z: np.ndarray | None = None,
+          state=()) -> tuple[str, int] | None:
+    """What makes a step bad, or ``None``: ``(quantity, component)``.
+
+    ``y = A k'_p`` before the step and ``y_after = A' k'_p`` after it, ``kappa = K'[p, p]``, the
+    step's ``gains``; for SMD the new log-gains ``rho`` and ``z = B k'_p``; ``state`` the arrays
+    the step produced (``(name, array)`` pairs). Bad: a non-finite value; ``|y_i| > RUNAWAY √κ``
+    before or after the step (then ``‖w_i‖ ≥ |y_i| / √κ > RUNAWAY``: KHA's components converge
+    to unit norm); a gain factor ``e^{ρ_i} > RUNAWAY``. The checks run in this order.
+    """
+    smd = rho is not None
+    if not smd and not np.isfinite(gains).all():
+        return "gain", int(np.flatnonzero(~np.isfinite(gains))[0])
+    bad = _projection(y, kappa)
+    if bad is not None:
+        return bad
+    if smd:
+        for i in range(len(y)):
+            if not np.isfinite(z[i]):
+                return "B", i
+            if not (np.isfinite(rho[i]) and np.isfinite(gains[i])):
+                return "gain", i
+            if rho[i] > np.log(RUNAWAY):
+                return "gain runaway", i
+    bad = _projection(y_after, kappa)
+    if bad is not None:
+        return bad
+    for name, arr in state:
+        if not np.isfinite(arr).all():
+            return name, -1
+    return None
+
+
+def _projection(y, kappa):
+    for i, v in enumerate(y):
+        if not np.isfinite(v):
+            return "A", i
+        if kappa > 0 and v * v > RUNAWAY * RUNAWAY * kappa:
+            return "A runaway", i
+    return None
