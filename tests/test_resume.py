@@ -235,3 +235,37 @@ def test_online_sigterm_exits_75_and_resume_refuses_other_settings(store, full_r
     p = subprocess.run(_cmd("fit", store, "-o", str(tmp_path / "nothing"), *ONLINE_FIT,
                             "--resume"), env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "no run directory" in p.stderr
+
+
+def test_checkpoint_right_after_a_pass_resumes_with_that_pass_evaluated(digits_store, client,
+                                                                         tmp_path, monkeypatch):
+    """A checkpoint written between a pass's last block and its end-of-pass work (evaluation,
+    eigenvalue refresh) — by --checkpoint-steps or SIGTERM — resumes that work first."""
+    from dkha import KernelHebbianPCA
+    from dkha.checkpoint import Checkpointer
+
+    l = digits_store.n_samples
+    kw = dict(algorithm="kha-et", sigma=4.0, passes=3, block_rows=40, evaluate_every=1,
+              client=client)
+    full = KernelHebbianPCA(3, **kw).fit(digits_store, run_dir=str(tmp_path / "full"))
+
+    class Killed(Exception):
+        pass
+
+    save = Checkpointer.save
+
+    def save_then_die(self, step, arrays, meta):
+        save(self, step, arrays, meta)
+        assert step == l and meta["pass_end_pending"]
+        raise Killed
+
+    run = str(tmp_path / "run")
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    with pytest.raises(Killed):
+        KernelHebbianPCA(3, **kw).fit(digits_store, run_dir=run, checkpoint_steps=l)
+    monkeypatch.setattr(Checkpointer, "save", save)
+    resumed = KernelHebbianPCA(3, **kw).fit(digits_store, run_dir=run, resume=True)
+    assert np.array_equal(resumed.alpha_, full.alpha_)
+    assert [h["pass"] for h in resumed.history_] == [h["pass"] for h in full.history_] \
+        == [0, 1, 2, 3]
+    assert [h["excess"] for h in resumed.history_] == [h["excess"] for h in full.history_]
