@@ -59,50 +59,43 @@ def test_mk_row(stores, oracle, client, chunk, groups, name):
     assert engine.mk is mk or np.array_equal(engine.mk, mk)
 
 
-@pytest.mark.parametrize("chunk,groups", LAYOUTS)
-def test_centered_rows_dense_products(stores, oracle, client, chunk, groups, seed):
-    _, Kc = oracle["gaussian"]
+def check_rows_and_products(engine, Kc, rng):
+    """Rows (any order, repeats, both ends), the dense K', K'V and the residuals against Kc."""
     l = len(Kc)
-    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, column_groups=groups)
-    rng = np.random.default_rng(seed)
-    # any order, repeats, both ends
     idx = np.concatenate([[299, 0], rng.choice(l, size=37), [5, 5]])
     assert_rel(engine.rows(idx), Kc[idx])
     assert_rel(engine.dense(), Kc)
-
     V = rng.normal(size=(l, 3))
     assert_rel(engine.matmat(V), Kc @ V, scale=(np.abs(Kc) @ np.abs(V)).max())
-
     C = rng.normal(size=(4, l)) * 0.05
     frob2, res2 = engine.residual(C)
     assert frob2 == pytest.approx(np.sum(Kc**2), rel=REL)
     assert res2 == pytest.approx(np.sum((Kc - C.T @ C) ** 2), rel=REL)
+    return idx
+
+
+@pytest.mark.parametrize("chunk,groups", LAYOUTS)
+def test_centered_rows_dense_products(stores, oracle, client, chunk, groups, seed):
+    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, column_groups=groups)
+    check_rows_and_products(engine, oracle["gaussian"][1], np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("chunk", [17, 64, 300])
 def test_row_cache(stores, oracle, client, chunk, seed):
     """The cached-tile path (``cache_rows``) gives the same MK row, rows, products and residuals;
     the stream delivers rows in order; the cache can be released and rebuilt."""
-    _, Kc = oracle["gaussian"]
+    K, Kc = oracle["gaussian"]
     l = len(Kc)
     engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, cache_rows=True, prefetch=3)
-    mk, mkm = engine.compute_mk()
-    assert_rel(mk, oracle["gaussian"][0].mean(axis=0))
+    mk, mkm = engine.compute_mk(cache=False)  # from the tiles' sums, not a cached row
+    assert_rel(mk, K.mean(axis=0))
     assert engine.cache_bytes() >= 8 * l * (l + 1) // 2
     rng = np.random.default_rng(seed)
-    idx = np.concatenate([[299, 0], rng.choice(l, size=37), [5, 5]])
-    assert_rel(engine.rows(idx), Kc[idx])
     blocks = [(k, rng.permutation(l)[:50]) for k in range(6)]
     for (tag, i, rows), (want_tag, want_i) in zip(engine.stream(blocks), blocks):
         assert tag == want_tag and np.array_equal(i, want_i)
         assert_rel(rows, Kc[want_i])
-    assert_rel(engine.dense(), Kc)
-    V = rng.normal(size=(l, 3))
-    assert_rel(engine.matmat(V), Kc @ V, scale=(np.abs(Kc) @ np.abs(V)).max())
-    C = rng.normal(size=(4, l)) * 0.05
-    frob2, res2 = engine.residual(C)
-    assert frob2 == pytest.approx(np.sum(Kc**2), rel=REL)
-    assert res2 == pytest.approx(np.sum((Kc - C.T @ C) ** 2), rel=REL)
+    idx = check_rows_and_products(engine, Kc, rng)
     engine.release_cache()
     assert_rel(engine.rows(idx[:5]), Kc[idx[:5]])
 
