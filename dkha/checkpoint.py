@@ -171,6 +171,14 @@ class Checkpointer:
             arrays = {k: z[k] for k in z.files}
         return Checkpoint(path=path, step=int(meta["step"]), meta=meta, arrays=arrays)
 
+    def at_step(self, step: int) -> Checkpoint | None:
+        """The valid checkpoint written at ``step`` (one of the ``keep`` newest), or None."""
+        path = os.path.join(self.dir, f"{PREFIX}{int(step):012d}")
+        try:
+            return self._load(path) if os.path.isdir(path) else None
+        except (OSError, ValueError, KeyError):
+            return None
+
     def require_latest(self) -> Checkpoint:
         """:meth:`latest`, or a clear error when the run has no usable checkpoint."""
         if not os.path.isdir(self.run_dir):

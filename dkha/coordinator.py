@@ -7,28 +7,34 @@ coordinator only applies the sequential updates.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dkha import schedule
-from dkha.evaluate import evaluate, projections, top_eigenvalues
+from dkha.errors import NumericalError
+from dkha.evaluate import evaluate, evaluate_many, projections, projections_many, top_eigenvalues
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
+from dkha.solvers.factored import FactoredState
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class BatchResult:
-    alpha: np.ndarray
-    eigenvalue: np.ndarray
+    alpha: np.ndarray | None
+    eigenvalue: np.ndarray | None
     history: list = field(default_factory=list)
     top_eigenvalues: np.ndarray | None = None
     wall_time: float = 0.0
     stream_stats: dict = field(default_factory=dict)
+    #: why a model of a shared stream stopped without a result (it diverged); None otherwise
+    failure: str | None = None
 
 
 def _progress(verbose: bool, total: int, desc: str):
@@ -59,126 +65,258 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
     steps, and at the next block boundary when :data:`STOP` is set (then
     :class:`~dkha.errors.Interrupted` is raised). ``resume``: a loaded checkpoint to continue
     from; the continued run equals the uninterrupted one bit for bit.
-    """
-    from dkha.checkpoint import state_from_arrays, state_to_arrays
-    from dkha.errors import Interrupted
 
-    if tol is not None and evaluate_every < 1:
+    One model of :func:`run_batches`; a diverged run raises :class:`~dkha.errors.NumericalError`.
+    """
+    res = run_batches(engine, [solver], n_steps=n_steps, seed=seed,
+                      evaluate_every=evaluate_every, verbose=verbose, A_init=A_init, tol=tol,
+                      checkpointers=None if checkpointer is None else [checkpointer],
+                      checkpoint_every=checkpoint_every,
+                      checkpoint_metas=None if checkpoint_meta is None else [checkpoint_meta],
+                      resumes=None if resume is None else [resume],
+                      checkpoint_steps=checkpoint_steps)[0]
+    if res.failure is not None:
+        raise NumericalError(res.failure)
+    return res
+
+
+@dataclass
+class _Model:
+    """One solver of a shared stream and what belongs to it alone."""
+
+    solver: BatchKHA
+    tol: float | None
+    checkpointer: object = None
+    meta: dict | None = None
+    history: list = field(default_factory=list)
+    active: bool = True          # still taking steps (false once converged or diverged)
+    failure: str | None = None
+
+
+def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
+                evaluate_every: int = 1, verbose: bool = False,
+                A_init: np.ndarray | None = None, tol: float | Sequence | None = None,
+                checkpointers: Sequence | None = None, checkpoint_every: int = 0,
+                checkpoint_metas: Sequence[dict] | None = None,
+                resumes: Sequence | None = None, checkpoint_steps: int = 0) -> list[BatchResult]:
+    """Fit several batch solvers over one stream of ``engine``'s kernel rows, one result each.
+
+    Every block of centered rows is computed once and applied by every solver in turn, in the
+    same schedule (``seed``, ``n_steps``); each model's coefficients equal those of its fit
+    alone (:func:`run_batch`). The solvers share the number of components and the initial
+    coefficients (``A_init``, or the seeded random start), so the start's ``C = A K'`` and the
+    pass-0 evaluation are computed once; later evaluations of all models share one pass for
+    ``C`` and one for the residuals (:func:`dkha.evaluate.evaluate_many`).
+
+    ``tol`` (one value or one per solver): a model stops taking steps at its first evaluation
+    with an excess error at most its ``tol``; the stream stops when no model is left. A model
+    whose state becomes non-finite is set aside with a ``failure`` message in its result while
+    the others go on. ``checkpointers``, ``checkpoint_metas`` and ``resumes`` are one per solver
+    (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
+    checkpoints must all be at the same step.
+    """
+    from dkha.checkpoint import state_from_arrays
+    from dkha.errors import Interrupted, ParameterError
+
+    solvers = list(solvers)
+    if not solvers:
+        raise ParameterError("no models to fit")
+    if len({s.r for s in solvers}) > 1:
+        raise ParameterError("models fitted together need the same number of components, got "
+                             + ", ".join(str(s.r) for s in solvers))
+    tols = list(tol) if isinstance(tol, (list, tuple)) else [tol] * len(solvers)
+    if any(t is not None for t in tols) and evaluate_every < 1:
         evaluate_every = 1
-    l, r = engine.n_samples, solver.r
-    history: list[dict] = []
+    models = [_Model(s, t) for s, t in zip(solvers, tols)]
+    for m, ck, meta in zip(models, checkpointers or [None] * len(models),
+                           checkpoint_metas or [None] * len(models)):
+        m.checkpointer, m.meta = ck, meta
+    l, r = engine.n_samples, solvers[0].r
     eig_top: np.ndarray | None = None
     fit_seconds = 0.0
-    if resume is not None:
-        arrays = {k[len("state."):]: v for k, v in resume.arrays.items() if k.startswith("state.")}
-        engine.set_mk(resume.arrays["mk"], float(resume.meta["mkm"]))
-        solver.start(np.zeros((r, l)), C=np.zeros((r, l)) if solver.needs_projection else None)
-        solver.state = state_from_arrays(type(solver.state), arrays, resume.meta["state_scalars"])
-        history = list(resume.meta["history"])
-        fit_seconds = float(resume.meta["fit_seconds"])
-        if "top_eigenvalues" in resume.arrays:
-            eig_top = resume.arrays["top_eigenvalues"]
-        log.info("resuming at step %d from %s", solver.state.t, resume.path)
+    C1 = None
+    if resumes is not None:
+        steps = {ck.step for ck in resumes}
+        if len(steps) > 1:
+            raise ParameterError(f"the checkpoints to resume are at different steps "
+                                 f"({', '.join(map(str, sorted(steps)))})")
+        first = resumes[0]
+        engine.set_mk(first.arrays["mk"], float(first.meta["mkm"]))
+        for m, ck in zip(models, resumes):
+            s = m.solver
+            arrays = {k[len("state."):]: v for k, v in ck.arrays.items() if k.startswith("state.")}
+            s.start(np.zeros((r, l)), C=np.zeros((r, l)) if s.needs_projection else None)
+            s.state = state_from_arrays(type(s.state), arrays, ck.meta["state_scalars"])
+            m.history = list(ck.meta["history"])
+            log.info("resuming %s at step %d from %s", s.algorithm, s.state.t, ck.path)
+        fit_seconds = float(first.meta["fit_seconds"])
+        if "top_eigenvalues" in first.arrays:
+            eig_top = first.arrays["top_eigenvalues"]
     else:
         if engine.mk is None:
             engine.compute_mk()
         A1 = initial_coefficients(r, l, schedule.init_generator(seed)) if A_init is None else A_init
-        solver.start(A1, C=projections(engine, A1) if solver.needs_projection else None)
+        C1 = projections(engine, A1) if any(s.needs_projection for s in solvers) else None
+        for s in solvers:
+            s.start(A1, C=C1 if s.needs_projection else None)
 
-    def save_checkpoint(pass_end_pending: bool = False):
-        arrays, scalars = state_to_arrays(solver.state)
-        out = {f"state.{k}": v for k, v in arrays.items()}
-        out["mk"] = engine.mk
-        if eig_top is not None:
-            out["top_eigenvalues"] = np.asarray(eig_top)
-        meta = dict(checkpoint_meta or {}, mkm=engine.mkm, history=history,
-                    fit_seconds=fit_seconds, state_scalars=scalars,
-                    state_class=type(solver.state).__name__, n_steps=n_steps,
-                    pass_end_pending=pass_end_pending)
-        checkpointer.save(solver.state.t, out, meta)
+    def save_checkpoints(pass_end_pending: bool = False):
+        for m in models:
+            if m.checkpointer is not None and m.failure is None:
+                save_checkpoint(m.checkpointer, m.solver, engine.mk, engine.mkm, history=m.history,
+                                top_eigenvalues=eig_top, fit_seconds=fit_seconds, meta=m.meta,
+                                n_steps=n_steps, pass_end_pending=pass_end_pending)
 
-    def record(pass_index: int, C=None):
+    def record(which: list[_Model], Cs=None, shared_start: bool = False):
+        """Evaluate ``which`` (one pass for C unless given, one for the residuals)."""
         nonlocal eig_top
+        if not which:
+            return
         if eig_top is None:
             eig_top = top_eigenvalues(engine, r, seed=seed)
-        ev = evaluate(engine, solver.A, eig_top, C=C)
-        history.append({"pass": pass_index, "step": solver.state.t, "error": ev.error,
-                        "error_min": ev.error_min, "excess": ev.excess, "wall_time": fit_seconds})
-        log.info("pass %d step %d: excess error %.3e", pass_index, solver.state.t, ev.excess)
-        return ev
+        if shared_start:     # every model still holds the one start: one evaluation serves all
+            evs = evaluate_many(engine, [which[0].solver.A], eig_top, Cs=Cs) * len(which)
+        else:
+            evs = evaluate_many(engine, [m.solver.A for m in which], eig_top, Cs=Cs)
+        for m, ev in zip(which, evs):
+            t = m.solver.state.t
+            pass_index = -(-t // l)
+            m.history.append({"pass": pass_index, "step": t, "error": ev.error,
+                              "error_min": ev.error_min, "excess": ev.excess,
+                              "wall_time": fit_seconds})
+            log.info("%s pass %d step %d: excess error %.3e", m.solver.algorithm, pass_index, t,
+                     ev.excess)
+            if m.tol is not None and ev.excess <= m.tol and m.active:
+                m.active = False
+                log.info("%s: excess error %.3e ≤ tol %.3e after pass %d: stopping",
+                         m.solver.algorithm, ev.excess, m.tol, pass_index)
 
-    if evaluate_every > 0 and resume is None:
-        record(0)
-    converged = tol is not None and history and history[-1]["excess"] <= tol
-    bar = _progress(verbose, n_steps, solver.algorithm)
-    start_step = solver.state.t
+    def active() -> list[_Model]:
+        return [m for m in models if m.active]
+
+    def set_aside(m: _Model, exc: NumericalError) -> None:
+        m.active, m.failure = False, str(exc)
+        log.warning("%s set aside: %s", m.solver.algorithm, exc)
+
+    def postfix():
+        if bar is not None:
+            shown = [m.history[-1]["excess"] for m in models if m.history]
+            if shown:
+                bar.set_postfix(excess=f"{min(shown):.2e}")
+
+    if evaluate_every > 0 and resumes is None:
+        record(active(), Cs=None if C1 is None else [C1], shared_start=True)
+    desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
+    bar = _progress(verbose, n_steps, desc)
+    start_step = solvers[0].state.t
     if bar is not None and start_step:
         bar.update(start_step)
     n_passes = -(-n_steps // l)
     # a resume mid-pass continues that pass (its eigenvalue refresh already happened)
     current_pass = start_step // l if start_step % l else -1
-    if resume is not None and start_step and resume.meta.get("pass_end_pending"):
+    if resumes is not None and start_step and resumes[0].meta.get("pass_end_pending"):
         current_pass = start_step // l - 1   # saved between a pass's last block and its end work
     t0 = time.perf_counter()
     tagged = ((k, idx) for k, _, idx in
               schedule.blocks(seed, l, n_steps, engine.block_rows, start_step=start_step))
-    for k, idx, rows in ([] if converged else engine.stream(tagged, solver=solver)):
-        if k != current_pass:
-            if current_pass >= 0:
-                fit_seconds += time.perf_counter() - t0
-                _end_of_pass(current_pass, evaluate_every, n_passes, record, bar)
-                if tol is not None and history and history[-1]["excess"] <= tol:
-                    log.info("excess error %.3e ≤ tol %.3e after pass %d: stopping",
-                             history[-1]["excess"], tol, current_pass + 1)
-                    break
-                if checkpointer is not None and checkpoint_every > 0 and k % checkpoint_every == 0:
-                    save_checkpoint()
-                t0 = time.perf_counter()
-            solver.begin_pass()
-            current_pass = k
-        t_before = solver.state.t
-        solver.apply_block(idx, rows)
-        if bar is not None:
-            bar.update(len(idx))
-        if (checkpointer is not None and checkpoint_steps > 0 and solver.state.t < n_steps
-                and solver.state.t // checkpoint_steps > t_before // checkpoint_steps):
-            fit_seconds += time.perf_counter() - t0
-            save_checkpoint(pass_end_pending=solver.state.t % l == 0)
-            t0 = time.perf_counter()
-        if STOP.is_set() and solver.state.t < n_steps:
-            fit_seconds += time.perf_counter() - t0
-            if checkpointer is not None:
-                save_checkpoint(pass_end_pending=solver.state.t % l == 0)
-                raise Interrupted(f"stopped at step {solver.state.t} (pass {k + 1}); checkpoint "
-                                  f"written: continue with `dkha fit ... --resume`")
-            raise Interrupted(f"stopped at step {solver.state.t} (pass {k + 1}); no checkpoint "
-                              "(fit with a run directory to make runs resumable)")
-    fit_seconds += time.perf_counter() - t0
-    last_pass = solver.state.t / l
-    # final evaluation (always, unless evaluate_every < 0)
-    C = projections(engine, solver.A)
-    if evaluate_every >= 0:
-        pass_label = int(np.ceil(last_pass))
-        if not history or history[-1]["step"] != solver.state.t:
-            ev = record(pass_label, C=C)
+    if len(models) == 1:
+        blocks = engine.stream(tagged, solver=solvers[0])
+    else:
+        for s in solvers:   # e.g. resumed from a state saved mid-pass with C̃ on the replicas
+            if isinstance(s.state, FactoredState) and s.state.c_stale:
+                s.state.set_c_tilde(engine.matmat(s.state.S_tilde[:r].T).T)
+        blocks = engine.stream(tagged)
+    # closed here, not when the traceback of an interruption lets go of it (the client
+    # may be gone by then)
+    with contextlib.closing(blocks):
+        for k, idx, rows in ([] if not active() else blocks):
+            if k != current_pass:
+                if current_pass >= 0:
+                    fit_seconds += time.perf_counter() - t0
+                    done = current_pass + 1
+                    if evaluate_every > 0 and done % evaluate_every == 0 and done < n_passes:
+                        record(active())
+                        postfix()
+                    if not active():
+                        break
+                    if checkpoint_every > 0 and k % checkpoint_every == 0:
+                        save_checkpoints()
+                    t0 = time.perf_counter()
+                for m in active():
+                    try:
+                        m.solver.begin_pass()
+                    except NumericalError as exc:
+                        set_aside(m, exc)
+                current_pass = k
+            t_before = active()[0].solver.state.t
+            for m in active():
+                try:
+                    m.solver.apply_block(idx, rows)
+                except NumericalError as exc:
+                    set_aside(m, exc)
+            if not active():
+                break
             if bar is not None:
-                bar.set_postfix(excess=f"{ev.excess:.2e}")
+                bar.update(len(idx))
+            t = active()[0].solver.state.t
+            if (checkpoint_steps > 0 and t < n_steps
+                    and t // checkpoint_steps > t_before // checkpoint_steps):
+                fit_seconds += time.perf_counter() - t0
+                save_checkpoints(pass_end_pending=t % l == 0)
+                t0 = time.perf_counter()
+            if STOP.is_set() and t < n_steps:
+                fit_seconds += time.perf_counter() - t0
+                if any(m.checkpointer is not None for m in models):
+                    save_checkpoints(pass_end_pending=t % l == 0)
+                    raise Interrupted(f"stopped at step {t} (pass {k + 1}); checkpoint "
+                                      f"written: continue with `dkha fit ... --resume`")
+                raise Interrupted(f"stopped at step {t} (pass {k + 1}); no checkpoint "
+                                  "(fit with a run directory to make runs resumable)")
+    fit_seconds += time.perf_counter() - t0
+    # final evaluation (always, unless evaluate_every < 0) and eq. 13 eigenvalues: one pass for C
+    done = [m for m in models if m.failure is None]
+    Cs = projections_many(engine, [m.solver.A for m in done]) if done else []
+    if evaluate_every >= 0:
+        last = [(m, C) for m, C in zip(done, Cs)
+                if not m.history or m.history[-1]["step"] != m.solver.state.t]
+        record([m for m, _ in last], Cs=[C for _, C in last])
+        postfix()
     if bar is not None:
         bar.close()
-    lam = eigenvalue_estimate(solver.A, C)
-    return BatchResult(alpha=solver.A.copy(), eigenvalue=lam, history=history,
-                       top_eigenvalues=eig_top, wall_time=fit_seconds,
-                       stream_stats={"blocks": engine.stats.blocks,
-                                     "wait_seconds": engine.stats.wait_seconds,
-                                     "bytes_received": engine.stats.bytes_received})
+    stats = {"blocks": engine.stats.blocks, "wait_seconds": engine.stats.wait_seconds,
+             "bytes_received": engine.stats.bytes_received}
+    results, Cs = [], iter(Cs)
+    for m in models:
+        if m.failure is not None:
+            results.append(BatchResult(alpha=None, eigenvalue=None, history=m.history,
+                                       top_eigenvalues=eig_top, wall_time=fit_seconds,
+                                       stream_stats=stats, failure=m.failure))
+            continue
+        A = m.solver.A
+        results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, next(Cs)),
+                                   history=m.history, top_eigenvalues=eig_top,
+                                   wall_time=fit_seconds, stream_stats=stats))
+    return results
 
 
-def _end_of_pass(k: int, evaluate_every: int, n_passes: int, record, bar) -> None:
-    done = k + 1
-    if evaluate_every > 0 and done % evaluate_every == 0 and done < n_passes:
-        ev = record(done)
-        if bar is not None:
-            bar.set_postfix(excess=f"{ev.excess:.2e}")
+def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, *,
+                    history: list, top_eigenvalues: np.ndarray | None, fit_seconds: float,
+                    meta: dict | None, n_steps: int, pass_end_pending: bool = False) -> str:
+    """Write ``solver``'s complete state (with the centering ``mk``, ``mkm``) as a checkpoint.
+
+    ``pass_end_pending``: written after a pass's last block but before its end-of-pass work
+    (evaluation, pass checkpoint), which a resume then does first."""
+    from dkha.checkpoint import state_to_arrays
+
+    arrays, scalars = state_to_arrays(solver.state)
+    out = {f"state.{k}": v for k, v in arrays.items()}
+    out["mk"] = mk
+    if top_eigenvalues is not None:
+        out["top_eigenvalues"] = np.asarray(top_eigenvalues)
+    meta = dict(meta or {}, mkm=mkm, history=history, fit_seconds=fit_seconds,
+                state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
+                pass_end_pending=pass_end_pending)
+    return checkpointer.save(solver.state.t, out, meta)
 
 
 def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, tol: float = 1e-8,

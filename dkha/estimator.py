@@ -8,14 +8,15 @@ import shutil
 import time
 import tempfile
 import weakref
+from collections.abc import Sequence
 
 import numpy as np
 
 import dkha
 from dkha import config, result, schedule
 from dkha.cluster import blas_threads_for, client_for
-from dkha.checkpoint import open_fit
-from dkha.errors import ParameterError, RunDirectoryError
+from dkha.checkpoint import Checkpointer, open_fit
+from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
 from dkha.kernels import make_kernel, median_distance
 from dkha.rows import RowEngine
 from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
@@ -281,80 +282,37 @@ class KernelHebbianPCA:
         passes, ``checkpoint_steps``: at the first block boundary after every that many steps
         (and on SIGTERM via :data:`dkha.coordinator.STOP`). ``resume``: continue from the
         newest valid checkpoint; the result equals the uninterrupted run bit for bit. Resuming
-        with other settings or data is refused with the list of differences.
+        with other settings or data is refused with the list of differences; more passes (or
+        steps) than the checkpointed run asked for continue it.
         """
-        store, tmp = resolve_store(X)
-        if tmp is not None:
-            self._tmp_finalizer = weakref.finalize(self, shutil.rmtree, tmp, True)
-        p = self._validated(store.n_samples)
-        kernel = resolve_kernel(store, self.kernel, self.seed, sigma=self.sigma,
-                                degree=self.degree, offset=self.offset, gamma=self.gamma)
-        attrs = self.run_attrs(store, kernel, p)
-        if run_dir is not None and "://" not in store.path:
-            real_run, real_store = os.path.realpath(run_dir), os.path.realpath(store.path)
-            if real_run == real_store or real_run.startswith(real_store + os.sep):
-                raise RunDirectoryError(f"the run directory {run_dir} is inside the data store "
-                                        f"{store.path} being read; write the run elsewhere")
-        # what else a bit-identical continuation needs: the blocks and where they are projected
-        exact = {"block_rows": int(config.get("block-rows", self.block_rows)),
-                 "projections": str(config.get("projections", self.projections)),
-                 "evaluate_every": int(self.evaluate_every)}
-        checkpointer, ck, checkpoint_meta = open_fit(
-            run_dir, attrs, overwrite=overwrite, resume=resume,
-            checkpoint_every=checkpoint_every or checkpoint_steps, exact=exact)
-        store.check_finite()
-        from dkha.coordinator import run_batch, run_krylov
-        from dkha.solvers.nystrom import nystrom_coefficients
-
-        with client_for(self.scheduler, self.scheduler_file, self.workers, self.client) as client, \
-                blas_threads_for(client):
-            engine = RowEngine(store, kernel, client, block_rows=self.block_rows,
-                               prefetch=self.prefetch, projections=self.projections,
-                               cache_rows=self.cache_rows)
-            A_init = None
-            t0 = time.perf_counter()
-            if ck is None:
-                engine.compute_mk(center_sample=p["center_sample"], seed=self.seed)
-            t1 = time.perf_counter()
-            if p["landmarks"] and ck is None:
-                A_init, _ = nystrom_coefficients(engine, p["r"], p["landmarks"], seed=self.seed)
-            # seconds before the first pass (history wall times count the passes only)
-            self.timings_ = {"centering": t1 - t0, "init": time.perf_counter() - t1}
-            if p["algorithm"] == "krylov":
-                res = run_krylov(engine, p["r"], seed=self.seed, A_init=A_init,
-                                 tol=self.tol if self.tol is not None else 1e-8,
-                                 with_evaluation=self.evaluate_every >= 0)
-            else:
-                solver = BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"],
-                                  mu=p["mu"], xi=p["xi"], rho0=p["rho0"])
-                res = run_batch(engine, solver, n_steps=p["n_steps"], seed=self.seed,
-                                evaluate_every=self.evaluate_every, verbose=self.verbose,
-                                A_init=A_init, tol=self.tol, checkpointer=checkpointer,
-                                checkpoint_every=int(checkpoint_every or 0),
-                                checkpoint_meta=checkpoint_meta, resume=ck,
-                                checkpoint_steps=int(checkpoint_steps or 0))
-        self.alpha_ = res.alpha
-        self.eigenvalues_ = res.eigenvalue
-        self.mk_, self.mkm_ = engine.mk, engine.mkm
-        self.history_ = res.history
-        self.kernel_ = kernel
-        self.store_ = store
-        self.n_samples_ = store.n_samples
-        self.n_features_in_ = store.n_features
-        self.stream_stats_ = res.stream_stats
-        self.attrs_ = dict(attrs, top_eigenvalues=None if res.top_eigenvalues is None
-                           else [float(v) for v in res.top_eigenvalues])
-        if run_dir is not None:
-            self.save(run_dir)
-            checkpointer.clear()  # the run is complete: its checkpoints are spent
+        fit_together([self], X, run_dirs=None if run_dir is None else [run_dir],
+                     overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
+                     checkpoint_steps=checkpoint_steps)
         return self
 
     def to_dataset(self):
         return result.build_dataset(self.alpha_, self.eigenvalues_, self.history_, self.attrs_,
                                     mk=self.mk_, mkm=self.mkm_)
 
-    def save(self, run_dir: str) -> str:
-        return result.save(self.to_dataset(), run_dir)
+    def save(self, run_dir: str, *, resumable: bool = False) -> str:
+        """Write the components to ``run_dir/components.zarr``.
+
+        ``resumable``: also write the final state as a checkpoint, so that ``fit(...,
+        resume=True)`` with more passes continues this run exactly where it ended.
+        """
+        out = result.save(self.to_dataset(), run_dir)
+        if resumable:
+            from dkha.coordinator import save_checkpoint
+
+            fin = self._final
+            checkpointer = Checkpointer(run_dir)
+            checkpointer.clear()
+            save_checkpoint(checkpointer, fin["solver"], self.mk_, self.mkm_,
+                            history=self.history_, top_eigenvalues=fin["top_eigenvalues"],
+                            fit_seconds=fin["fit_seconds"],
+                            meta=self._final["meta"],
+                            n_steps=int(self.attrs_["n_steps"]))
+        return out
 
     def transform(self, X) -> np.ndarray:
         """Projections of new samples on the components, ``(n, n_components)``."""
@@ -365,4 +323,218 @@ class KernelHebbianPCA:
                        workers=self.workers)
 
 
-__all__ = ["KernelHebbianPCA", "ALGORITHMS", "resolve_store", "resolve_kernel", "schedule"]
+#: settings that every model of one shared kernel stream must agree on
+SHARED_SETTINGS = ("n_components", "kernel", "sigma", "degree", "offset", "gamma", "passes",
+                   "steps", "seed", "evaluate_every", "block_rows", "prefetch", "init",
+                   "projections", "cache_rows", "center_sample", "scheduler", "scheduler_file",
+                   "workers", "client")
+
+
+class _TemporaryStore:
+    """The directory of a store ingested from an array, removed when no model needs it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._finalizer = weakref.finalize(self, shutil.rmtree, path, True)
+
+
+def _check_shared(models: Sequence[KernelHebbianPCA]) -> None:
+    first = models[0]
+    for i, m in enumerate(models[1:], start=1):
+        for name in SHARED_SETTINGS:
+            a, b = getattr(first, name), getattr(m, name)
+            if a is not b and a != b:
+                raise ParameterError(
+                    f"models fitted together share one kernel stream and must agree on {name}: "
+                    f"model 0 has {a!r}, model {i} has {b!r}")
+    if len(models) > 1 and any(m.algorithm == "krylov" for m in models):
+        raise ParameterError("krylov does not stream kernel rows; fit it on its own")
+
+
+def _common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> list:
+    """The checkpoints to resume several models from: the newest step that all of them hold (a
+    stop between two models' checkpoints leaves some a step ahead), at most ``n_steps``."""
+    step = min(ck.step for ck in cks)
+    out = []
+    for c, ck in zip(checkpointers, cks):
+        if ck.step != step:
+            ck = c.at_step(step)
+            if ck is None:
+                raise InputError(f"cannot resume {c.run_dir}: the models' checkpoints are at "
+                                 f"different steps and none at step {step} is left")
+        if ck.step > n_steps:
+            raise ParameterError(f"cannot resume {c.run_dir}: its checkpoint is at step {ck.step}, "
+                                 f"beyond the {n_steps} steps asked for; ask for more passes")
+        out.append(ck)
+    return out
+
+
+def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
+    """Directory names for models fitted together: ``<algorithm>``, with ``-eta0=<value>`` where
+    the algorithm appears with several base gains and ``-mu=<value>`` where KHA-SMD appears with
+    several meta-gains."""
+    def eta0(m):
+        return m.eta0 if m.eta0 is not None else DEFAULT_ETA0.get(m.algorithm)
+
+    def mu(m):
+        return m.mu if m.mu is not None else DEFAULT_MU
+
+    names = []
+    for m in models:
+        same = [o for o in models if o.algorithm == m.algorithm]
+        name = str(m.algorithm)
+        if len({eta0(o) for o in same}) > 1:
+            name += f"-eta0={eta0(m):g}"
+        if m.algorithm == "kha-smd" and len({mu(o) for o in same}) > 1:
+            name += f"-mu={mu(m):g}"
+        names.append(name)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ParameterError(f"the same model is asked for twice ({', '.join(twice)}); give each "
+                             "model its own algorithm, eta0 or mu")
+    return names
+
+
+def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[str] | None = None,
+                 overwrite: bool = False, checkpoint_every: int = 0, resume: bool = False,
+                 checkpoint_steps: int = 0, skip_diverged: bool = False) -> list[KernelHebbianPCA]:
+    """Fit several batch models in one pass over the kernel rows: each block of centered rows
+    is computed once and applied by every model (:func:`dkha.coordinator.run_batches`).
+
+    The models may differ in ``algorithm``, ``eta0``, ``mu``, ``xi``, ``rho0``, ``tol`` and
+    ``verbose``; everything that shapes the kernel stream (:data:`SHARED_SETTINGS`: data,
+    kernel, number of components, schedule, evaluations, cluster) must agree. Each model ends
+    as if fitted alone (the same ``alpha_``; evaluations share kernel passes, so their figures
+    agree up to rounding), and with ``run_dirs`` (one per model) each is saved as a complete run
+    directory, with checkpoints and ``resume`` as in :meth:`KernelHebbianPCA.fit` (resuming with
+    more passes than the checkpointed run continues it).
+
+    A model that diverges is set aside while the others go on: with ``skip_diverged`` its
+    ``failure_`` says why and it has no ``alpha_``; otherwise, once the others are saved,
+    :class:`~dkha.errors.NumericalError` names it. Returns ``models``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dkha import KernelHebbianPCA, fit_together
+    >>> X = np.random.default_rng(0).normal(size=(200, 5))
+    >>> models = [KernelHebbianPCA(4, algorithm=a, sigma=3.0, passes=2)
+    ...           for a in ("kha-t", "kha-et", "kha-smd")]
+    >>> [m.alpha_.shape for m in fit_together(models, X)]
+    [(4, 200), (4, 200), (4, 200)]
+    """
+    from dkha.coordinator import run_batches, run_krylov
+    from dkha.solvers.nystrom import nystrom_coefficients
+
+    models = list(models)
+    if not models:
+        raise ParameterError("no models to fit")
+    if run_dirs is not None:
+        run_dirs = [os.fspath(d) for d in run_dirs]
+        if len(run_dirs) != len(models):
+            raise ParameterError(f"{len(models)} models but {len(run_dirs)} run directories")
+        if len(set(map(os.path.realpath, run_dirs))) < len(run_dirs):
+            raise ParameterError("models fitted together need a run directory each")
+    _check_shared(models)
+    first = models[0]
+    store, tmp = resolve_store(X)
+    tmp_store = None if tmp is None else _TemporaryStore(tmp)
+    params = [m._validated(store.n_samples) for m in models]
+    p0 = params[0]
+    kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
+                            degree=first.degree, offset=first.offset, gamma=first.gamma)
+    attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, params)]
+    if len(models) > 1 and str(config.get("projections", first.projections)) == "workers":
+        raise ParameterError("projections on the workers follow one model per stream; fit "
+                             "several models together with projections='coordinator'")
+    # what else a bit-identical continuation needs: the blocks and where they are projected
+    exact = {"block_rows": int(config.get("block-rows", first.block_rows)),
+             "projections": str(config.get("projections", first.projections)),
+             "evaluate_every": int(first.evaluate_every)}
+    # a longer run continues a shorter one exactly: the step count does not identify a run
+    identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
+                                                                            "n_features")
+    if run_dirs is not None:
+        if "://" not in store.path:
+            real_store = os.path.realpath(store.path)
+            for run_dir in run_dirs:
+                real_run = os.path.realpath(run_dir)
+                if real_run == real_store or real_run.startswith(real_store + os.sep):
+                    raise RunDirectoryError(f"the run directory {run_dir} is inside the data "
+                                            f"store {store.path} being read; write the run elsewhere")
+        if not resume:      # every directory refused or accepted before any is cleared
+            for run_dir, a in zip(run_dirs, attrs):
+                result.check_run_dir(run_dir, a, overwrite)
+    opened = [open_fit(d, a, overwrite=overwrite, resume=resume,
+                       checkpoint_every=checkpoint_every or checkpoint_steps, exact=exact,
+                       identity=identity)
+              for d, a in zip(run_dirs or [None] * len(models), attrs)]
+    checkpointers = None if run_dirs is None else [o[0] for o in opened]
+    metas = [o[2] for o in opened]
+    cks = None
+    if resume:
+        cks = _common_step(checkpointers, [o[1] for o in opened], p0["n_steps"])
+    store.check_finite()
+    with client_for(first.scheduler, first.scheduler_file, first.workers, first.client) as client, \
+            blas_threads_for(client):
+        engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
+                           prefetch=first.prefetch, projections=first.projections,
+                           cache_rows=first.cache_rows)
+        A_init = None
+        t0 = time.perf_counter()
+        if cks is None:
+            engine.compute_mk(center_sample=p0["center_sample"], seed=first.seed)
+        t1 = time.perf_counter()
+        if p0["landmarks"] and cks is None:
+            A_init, _ = nystrom_coefficients(engine, p0["r"], p0["landmarks"], seed=first.seed)
+        # seconds before the first pass (history wall times count the passes only)
+        timings = {"centering": t1 - t0, "init": time.perf_counter() - t1}
+        if p0["algorithm"] == "krylov":
+            results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
+                                  tol=first.tol if first.tol is not None else 1e-8,
+                                  with_evaluation=first.evaluate_every >= 0)]
+            solvers = [None]
+        else:
+            solvers = [BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"],
+                                mu=p["mu"], xi=p["xi"], rho0=p["rho0"]) for p in params]
+            results = run_batches(
+                engine, solvers, n_steps=p0["n_steps"], seed=first.seed,
+                evaluate_every=first.evaluate_every, verbose=any(m.verbose for m in models),
+                A_init=A_init, tol=[m.tol for m in models], checkpointers=checkpointers,
+                checkpoint_every=int(checkpoint_every or 0), checkpoint_metas=metas, resumes=cks,
+                checkpoint_steps=int(checkpoint_steps or 0))
+    failures = []
+    for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
+        m._tmp_store = tmp_store
+        m.timings_ = dict(timings)
+        m.failure_ = res.failure
+        m.history_ = res.history
+        m.kernel_ = kernel
+        m.store_ = store
+        m.n_samples_ = store.n_samples
+        m.n_features_in_ = store.n_features
+        m.stream_stats_ = res.stream_stats
+        if res.failure is not None:
+            failures.append(f"{a['algorithm']} (eta0={a['eta0']:g}"
+                            + (f", mu={a['mu']:g}" if a["algorithm"] == "kha-smd" else "")
+                            + f"): {res.failure}")
+            continue
+        m.alpha_ = res.alpha
+        m.eigenvalues_ = res.eigenvalue
+        m.mk_, m.mkm_ = engine.mk, engine.mkm
+        m.attrs_ = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
+                        else [float(v) for v in res.top_eigenvalues])
+        m._final = {"solver": solver, "top_eigenvalues": res.top_eigenvalues,
+                    "fit_seconds": res.wall_time, "meta": metas[i]}
+        if run_dirs is not None:
+            m.save(run_dirs[i])
+            checkpointers[i].clear()  # the run is complete: its checkpoints are spent
+    if failures and not skip_diverged:
+        if len(models) == 1:
+            raise NumericalError(results[0].failure)
+        raise NumericalError(f"{len(failures)} of {len(models)} models diverged (the others "
+                             "were completed): " + "; ".join(failures))
+    return models
+
+
+__all__ = ["KernelHebbianPCA", "fit_together", "ALGORITHMS", "resolve_store", "resolve_kernel", "schedule"]

@@ -75,7 +75,21 @@ def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxit
 
 def projections(engine, A: np.ndarray) -> np.ndarray:
     """``C = A K'`` (``r × l``), one blockwise pass."""
-    return engine.matmat(np.ascontiguousarray(A.T)).T.copy()
+    return projections_many(engine, [A])[0]
+
+
+def projections_many(engine, As: list[np.ndarray]) -> list[np.ndarray]:
+    """``C = A K'`` for each coefficient matrix of ``As``: one blockwise pass for all of them
+    (the stacked ``[A_1; A_2; …]ᵀ`` multiplied by ``K'``)."""
+    if not As:
+        return []
+    V = np.ascontiguousarray(np.concatenate([np.asarray(A, dtype=np.float64) for A in As]).T)
+    KV = engine.matmat(V)
+    out, start = [], 0
+    for A in As:
+        out.append(KV[:, start:start + A.shape[0]].T.copy())
+        start += A.shape[0]
+    return out
 
 
 def evaluate(engine, A: np.ndarray, eigenvalues: np.ndarray | None = None, *,
@@ -84,18 +98,28 @@ def evaluate(engine, A: np.ndarray, eigenvalues: np.ndarray | None = None, *,
 
     ``eigenvalues`` (the top ``r`` of ``K'``) may be passed to skip their computation.
     """
-    r = A.shape[0]
-    if C is None:
-        C = projections(engine, A)
-    frob2, res2 = engine.residual(C)
+    return evaluate_many(engine, [A], eigenvalues, Cs=None if C is None else [C])[0]
+
+
+def evaluate_many(engine, As: list[np.ndarray], eigenvalues: np.ndarray | None = None, *,
+                  Cs: list[np.ndarray] | None = None) -> list[Evaluation]:
+    """:func:`evaluate` for several coefficient matrices, sharing the kernel passes: one pass
+    for all their ``C = A K'`` (unless ``Cs`` are given) and one for all their residuals."""
+    if Cs is None:
+        Cs = projections_many(engine, As)
+    frob2, res2 = engine.residuals(Cs)
+    r = max(A.shape[0] for A in As)
     if eigenvalues is None:
         eigenvalues = top_eigenvalues(engine, r)
-    emin2 = frob2 - float(np.sum(np.asarray(eigenvalues[:r]) ** 2))
-    error = float(np.sqrt(max(res2, 0.0)))
-    error_min = float(np.sqrt(max(emin2, 0.0)))
-    excess = error / error_min - 1.0 if error_min > 0 else float("inf")
-    return Evaluation(error=error, error_min=error_min, excess=excess, frobenius=float(np.sqrt(frob2)))
-
+    out = []
+    for A, res in zip(As, res2):
+        emin2 = frob2 - float(np.sum(np.asarray(eigenvalues[:A.shape[0]]) ** 2))
+        error = float(np.sqrt(max(res, 0.0)))
+        error_min = float(np.sqrt(max(emin2, 0.0)))
+        excess = error / error_min - 1.0 if error_min > 0 else float("inf")
+        out.append(Evaluation(error=error, error_min=error_min, excess=excess,
+                              frobenius=float(np.sqrt(frob2))))
+    return out
 
 # --- explained variance (Honeine 2012, eq. 23) --------------------------------------------------
 

@@ -201,13 +201,16 @@ def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tupl
 
 
 def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
-                  C: np.ndarray, tile: np.ndarray | None = None) -> np.ndarray:
-    """``[‖K'[I,J]‖², ‖K'[I,J] − C[:,I]ᵀ C[:,J]‖²]``, doubled off the diagonal (both halves)."""
+                  Cs: tuple, tile: np.ndarray | None = None) -> np.ndarray:
+    """``[‖K'[I,J]‖², ‖K'[I,J] − C[:,I]ᵀ C[:,J]‖² for each C of Cs]``, doubled off the diagonal
+    (both halves)."""
     K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj, tile)
-    out = np.empty(2)
+    out = np.empty(1 + len(Cs))
     out[0] = np.einsum("ij,ij->", K, K)
-    K -= C[:, a:b].T @ C[:, c:d]
-    out[1] = np.einsum("ij,ij->", K, K)
+    R = np.empty_like(K) if len(Cs) > 1 else K
+    for m, C in enumerate(Cs):
+        np.subtract(K, C[:, a:b].T @ C[:, c:d], out=R)
+        out[1 + m] = np.einsum("ij,ij->", R, R)
     return out if gi == gj else 2.0 * out
 
 
@@ -867,17 +870,22 @@ class RowEngine:
 
     def residual(self, C: np.ndarray) -> tuple[float, float]:
         """``(‖K'‖²_F, ‖K' − CᵀC‖²_F)`` in one blockwise pass (direct form, no cancellation)."""
-        C = np.ascontiguousarray(C, dtype=np.float64)
+        frob2, (res2,) = self.residuals([C])
+        return frob2, res2
+
+    def residuals(self, Cs: list[np.ndarray]) -> tuple[float, list[float]]:
+        """``‖K'‖²_F`` and ``‖K' − CᵀC‖²_F`` for each ``C`` of ``Cs``, all in one blockwise pass."""
+        Cs = tuple(np.ascontiguousarray(C, dtype=np.float64) for C in Cs)
         mk = self._need_mk()
-        Cf = self.put(C)
+        Cf = self.put(Cs)
         g = self.tile_groups
         futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
                                    g[i], g[j], Cf, tile=self._tile(i, j), pure=False)
                 for i, j in self._pairs()]
-        tot = np.zeros(2)
+        tot = np.zeros(1 + len(Cs))
         for f in futs:
             tot += f.result()
-        return float(tot[0]), float(tot[1])
+        return float(tot[0]), [float(v) for v in tot[1:]]
 
     def dense(self) -> np.ndarray:
         """``K'`` whole: only for small stores (dense E_min, tests)."""
