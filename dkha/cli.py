@@ -4,6 +4,8 @@
     dkha ingest array SRC.npy -o STORE.zarr [--labels L.npy] [--chunk-rows N]
     dkha ingest images IMG... -o STORE.zarr --patch 11 --step 2
     dkha fit STORE.zarr -o RUN_DIR --algorithm kha-smd --components R ...
+    dkha fit STORE.zarr -o RUN_DIR --algorithm kha-t,kha-et,kha-smd --eta0 0.5,0.2,0.2
+    dkha tune STORE.zarr -o TUNE_DIR --algorithm kha-smd --passes 3
     dkha evaluate RUN_DIR [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
 
@@ -32,6 +34,24 @@ def _positive_int(s: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
     return v
+
+
+def _float_list(s: str) -> list[float]:
+    """``0.1,0.2,0.5`` → ``[0.1, 0.2, 0.5]`` (one value or one per model)."""
+    try:
+        return [float(v) for v in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or a comma-separated list of "
+                                         f"numbers, got {s!r}") from None
+
+
+def _add_kernel_options(p: argparse.ArgumentParser) -> None:
+    k = p.add_argument_group("kernel")
+    k.add_argument("--kernel", default="gaussian", help="gaussian, laplacian, polynomial, sigmoid")
+    k.add_argument("--sigma", type=float, help="gaussian/laplacian width (default: median distance)")
+    k.add_argument("--degree", type=int, help="polynomial degree (default 1: dot product)")
+    k.add_argument("--offset", type=float, help="polynomial / sigmoid offset")
+    k.add_argument("--kernel-gamma", type=float, help="sigmoid slope")
 
 
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:
@@ -85,17 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("-o", "--out", required=True, metavar="RUN_DIR")
     p.add_argument("--algorithm", default="kha-smd",
-                   help=f"one of {', '.join(ALGORITHMS + ('krylov',) + ONLINE)}")
+                   help=f"one of {', '.join(ALGORITHMS + ('krylov',) + ONLINE)}; a comma-separated "
+                        "list of batch algorithms (with --eta0/--mu lists) fits several models in "
+                        "one pass over the kernel rows, each in RUN_DIR/<algorithm>[-eta0=V][-mu=V]")
     p.add_argument("--components", "-r", type=_positive_int, default=8)
-    k = p.add_argument_group("kernel")
-    k.add_argument("--kernel", default="gaussian", help="gaussian, laplacian, polynomial, sigmoid")
-    k.add_argument("--sigma", type=float, help="gaussian/laplacian width (default: median distance)")
-    k.add_argument("--degree", type=int, help="polynomial degree (default 1: dot product)")
-    k.add_argument("--offset", type=float, help="polynomial / sigmoid offset")
-    k.add_argument("--kernel-gamma", type=float, help="sigmoid slope")
-    g = p.add_argument_group("gains")
-    g.add_argument("--eta0", type=float, help="base gain (default per algorithm)")
-    g.add_argument("--mu", type=float, help="SMD meta-gain (default 0.2)")
+    _add_kernel_options(p)
+    g = p.add_argument_group("gains (a list gives one value per model; one value serves all)")
+    g.add_argument("--eta0", type=_float_list, metavar="ETA0[,ETA0...]",
+                   help="base gain (default per algorithm)")
+    g.add_argument("--mu", type=_float_list, metavar="MU[,MU...]", help="SMD meta-gain (default 0.2)")
     g.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
     g.add_argument("--rho0", type=float, default=0.0,
                    help="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)")
@@ -139,6 +157,42 @@ def build_parser() -> argparse.ArgumentParser:
                         "steps")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR's run from its newest valid checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_cluster_options(p)
+
+    # tune
+    p = sub.add_parser("tune", help="try the {1,2,5}×10^b grid of eta0 (and mu) in one kernel "
+                                    "stream; keep the best run of each algorithm")
+    p.add_argument("store")
+    p.add_argument("-o", "--out", required=True, metavar="TUNE_DIR",
+                   help="gets tune.json (every setting's excess error) and TUNE_DIR/<algorithm>, "
+                        "the best run (resumable: continue it with dkha fit ... --resume)")
+    p.add_argument("--algorithm", default="kha-smd",
+                   help="batch algorithm(s) to tune, comma-separated (default kha-smd)")
+    p.add_argument("--eta0", type=_float_list, metavar="ETA0[,ETA0...]",
+                   help="values to try (default 0.01,0.02,0.05,…,5: {1,2,5}×10^b, b = −2…0)")
+    p.add_argument("--mu", type=_float_list, metavar="MU[,MU...]",
+                   help="kha-smd: meta-gains to try with every eta0 (default 0.01,…,0.5,1)")
+    p.add_argument("--passes", type=_positive_int, default=3,
+                   help="passes of every setting, judged by the excess error after them (default 3)")
+    p.add_argument("--components", "-r", type=_positive_int, default=8)
+    _add_kernel_options(p)
+    p.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
+    p.add_argument("--rho0", type=float, default=0.0, help="SMD initial log-gain (default 0)")
+    p.add_argument("--init", default="random", metavar="random|nystrom:M")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--evaluate-every", type=int, default=0, metavar="N",
+                   help="also evaluate every N passes (default 0: only at the end)")
+    p.add_argument("--block", type=_positive_int, metavar="B", help="rows per block (dkha.block-rows)")
+    p.add_argument("--prefetch", type=_positive_int, metavar="D", help="blocks computed ahead")
+    p.add_argument("--cache-rows", action="store_true", default=None,
+                   help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
+                        "bytes): kernels computed once, not once a pass (dkha.row-cache)")
+    p.add_argument("--center-sample", type=_positive_int, metavar="N",
+                   help="estimate the centering (MK) row from a seeded sample of N columns "
+                        "instead of the exact O(l²n) pass: approximate, recorded in the run")
+    p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_cluster_options(p)
@@ -226,25 +280,53 @@ def _centering_line(attrs, n_samples: int) -> str | None:
             f"{n_samples} columns (--center-sample); E and E_min use that centering")
 
 
-def cmd_fit(args) -> int:
-    if args.algorithm in ONLINE:
-        return _fit_online(args)
+def _model_settings(args) -> list[dict]:
+    """``(algorithm, eta0, mu)`` of each model from ``--algorithm``/``--eta0``/``--mu`` lists
+    (a single value serves every model)."""
+    lists = {"algorithm": [a.strip() for a in args.algorithm.split(",")],
+             "eta0": args.eta0 or [None], "mu": args.mu or [None]}
+    k = max(len(v) for v in lists.values())
+    for name, v in lists.items():
+        if len(v) not in (1, k):
+            raise_param(f"--{name} gives {len(v)} values for {k} models; give one value or one "
+                        "per model")
+    return [{name: v[i] if len(v) > 1 else v[0] for name, v in lists.items()} for i in range(k)]
+
+
+def _batch_model(args, algorithm: str, eta0, mu, **overrides):
+    """The :class:`KernelHebbianPCA` that ``dkha fit``'s (or ``dkha tune``'s) options describe."""
     from dkha.estimator import KernelHebbianPCA
 
-    model = KernelHebbianPCA(
-        args.components, algorithm=args.algorithm, kernel=args.kernel, sigma=args.sigma,
-        degree=args.degree, offset=args.offset, gamma=args.kernel_gamma, eta0=args.eta0,
-        mu=args.mu, xi=args.xi, rho0=args.rho0, passes=args.passes, steps=args.steps,
-        seed=args.seed, evaluate_every=args.evaluate_every, block_rows=args.block,
-        prefetch=args.prefetch, init=args.init, tol=args.tol, projections=args.projections,
-        cache_rows=args.cache_rows,
+    kwargs = dict(
+        algorithm=algorithm, kernel=args.kernel, sigma=args.sigma, degree=args.degree,
+        offset=args.offset, gamma=args.kernel_gamma, eta0=eta0, mu=mu, xi=args.xi,
+        rho0=args.rho0, passes=args.passes, steps=getattr(args, "steps", None), seed=args.seed,
+        evaluate_every=args.evaluate_every, block_rows=args.block, prefetch=args.prefetch,
+        init=args.init, tol=getattr(args, "tol", None),
+        projections=getattr(args, "projections", None), cache_rows=args.cache_rows,
         center_sample=args.center_sample,
         verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
         **_cluster_kwargs(args))
+    kwargs.update(overrides)
+    return KernelHebbianPCA(args.components, **kwargs)
+
+
+def _check_no_online_options(args, algorithm: str) -> None:
     for name in ("gamma", "tau", "nu", "max_members", "center"):
         if getattr(args, name) is not None:
             raise_param(f"--{name.replace('_', '-')} applies to the online algorithms "
-                        f"({', '.join(ONLINE)}), not {args.algorithm}")
+                        f"({', '.join(ONLINE)}), not {algorithm}")
+
+
+def cmd_fit(args) -> int:
+    settings = _model_settings(args)
+    if len(settings) > 1:
+        return _fit_many(args, settings)
+    args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
+    if args.algorithm in ONLINE:
+        return _fit_online(args)
+    model = _batch_model(args, args.algorithm, args.eta0, args.mu)
+    _check_no_online_options(args, args.algorithm)
     model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
               checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
               checkpoint_steps=args.checkpoint_steps or 0)
@@ -261,6 +343,93 @@ def cmd_fit(args) -> int:
             print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
                   f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
+    return 0
+
+
+def _fit_many(args, settings: list[dict]) -> int:
+    """Several batch models in one pass over the kernel rows, one run directory each."""
+    from dkha.errors import NumericalError, RunDirectoryError
+    from dkha.estimator import fit_together, run_names
+
+    for s in settings:
+        if s["algorithm"] in ONLINE or s["algorithm"] == "krylov":
+            raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
+                        "(kha, kha-t, kha-et, kha-smd) to fit several together")
+    _check_no_online_options(args, settings[0]["algorithm"])
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise RunDirectoryError(f"{args.out} exists and is not a directory")
+    models = [_batch_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]
+    run_dirs = [os.path.join(args.out, name) for name in run_names(models)]
+    fit_together(models, args.store, run_dirs=run_dirs, overwrite=args.overwrite,
+                 checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
+                 checkpoint_steps=args.checkpoint_steps or 0, skip_diverged=True)
+    summaries = []
+    for m, d in zip(models, run_dirs):
+        if m.failure_ is None:
+            summaries.append(_fit_summary(m, d))
+        else:
+            summaries.append({"run_dir": d, "algorithm": m.algorithm, "diverged": m.failure_})
+    if args.json:
+        print(json.dumps(summaries))
+    else:
+        seconds = next((s["fit_seconds"] for s in summaries if s.get("fit_seconds")), None)
+        print(f"{len(models)} models in one pass over the kernel rows"
+              + (f" ({seconds:.1f} s of fitting)" if seconds else ""))
+        for s in summaries:
+            shown = ("diverged" if "diverged" in s else
+                     f"excess {s['excess']:.3e}" if s.get("excess") is not None else "saved")
+            print(f"  {s['run_dir']}: {shown}")
+    failed = [s for s in summaries if "diverged" in s]
+    if failed:
+        raise NumericalError(f"{len(failed)} of {len(models)} models diverged ("
+                             + ", ".join(os.path.basename(s["run_dir"]) for s in failed)
+                             + "): lower their eta0 (or mu); the others were saved")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from dkha.tune import tune
+
+    algorithms = [a.strip() for a in args.algorithm.split(",")]
+    proto = _batch_model(args, algorithms[0], None, None, projections="coordinator", tol=None)
+    shared = {k: v for k, v in proto.__dict__.items()
+              if k not in ("algorithm", "eta0", "mu", "passes", "steps")}
+    summary = tune(args.store, algorithms, eta0=args.eta0, mu=args.mu, passes=args.passes,
+                   tune_dir=args.out, overwrite=args.overwrite, **shared)
+    if args.json:
+        print(json.dumps(summary, default=float))
+        return 0
+    print(f"{summary['settings']} settings, {args.passes} passes each, in one pass over the "
+          f"kernel rows ({summary['seconds']:.1f} s); excess error E/E_min − 1 after "
+          f"{args.passes} passes:")
+    print(f"  {'algorithm':10s} {'eta0':>8s} {'mu':>8s}  excess")
+    for row in summary["grid"]:
+        mu = "" if row["mu"] is None else f"{row['mu']:g}"
+        shown = "diverged" if row["excess"] is None else f"{row['excess']:.3e}"
+        print(f"  {row['algorithm']:10s} {row['eta0']:>8g} {mu:>8s}  {shown}"
+              + ("  ← best" if row.get("best") else ""))
+    options = {"sigma": "--sigma", "degree": "--degree", "offset": "--offset",
+               "gamma": "--kernel-gamma"}
+    kernel = " ".join(f"{options[k]} {v!r}" for k, v in summary["kernel_parameters"].items()
+                      if k in options)
+    for a, b in summary["best"].items():
+        gains = f"--eta0 {b['eta0']:g}" + ("" if b["mu"] is None else f" --mu {b['mu']:g}")
+        print(f"chosen {a}: {gains} (excess {b['excess']:.3e}), kept in {b['run_dir']}")
+        if b["at_edge"]:
+            print(f"  note: {' and '.join(b['at_edge'])} at the end of the grid; a wider range "
+                  f"(--{' / --'.join(b['at_edge'])}) may do better")
+        print(f"  continue: dkha fit {args.store} -o {b['run_dir']} --algorithm {a} {gains} "
+              f"--components {args.components} --kernel {args.kernel} {kernel} --seed {args.seed}"
+              + (f" --init {args.init}" if args.init != "random" else "")
+              + (f" --xi {args.xi:g}" if args.xi is not None else "")
+              + (f" --rho0 {args.rho0:g}" if args.rho0 else "")
+              + (f" --block {args.block}" if args.block else "")
+              + (f" --center-sample {args.center_sample}" if args.center_sample else "")
+              + f" --evaluate-every {args.evaluate_every} --passes N --resume")
+    for a in summary["algorithms"]:
+        if a not in summary["best"]:
+            print(f"{a}: every setting diverged")
+    print(f"summary: {os.path.join(args.out, 'tune.json')}")
     return 0
 
 
@@ -454,8 +623,8 @@ def cmd_demo(args) -> int:
     return 0
 
 
-COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, "fit": cmd_fit, "evaluate": cmd_evaluate,
-            "transform": cmd_transform, "run": cmd_run}
+COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, "fit": cmd_fit, "tune": cmd_tune,
+            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run}
 
 
 def _quiet_distributed(level: int) -> None:
