@@ -30,11 +30,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]     # this checkout's dkha, then the shared data
-from _data import patch_store, peak_rss_mb  # noqa: E402
+from _data import patch_store, peak_rss_mb
 
-import dkha  # noqa: E402
-from dkha import KernelHebbianPCA, fit_together  # noqa: E402
-from dkha.cluster import client_for  # noqa: E402
+import dkha
+from dkha import KernelHebbianPCA, fit_together
+from dkha.cluster import client_for
 
 ALGORITHMS = {"kha-t": {"eta0": 0.5}, "kha-et": {"eta0": 0.2}, "kha-smd": {"eta0": 0.2, "mu": 0.2}}
 

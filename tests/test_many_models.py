@@ -115,7 +115,7 @@ def test_stop_then_resume_together_is_bit_identical(digits_store, client, seed, 
     finally:
         coordinator.STOP.clear()
     monkeypatch.setattr(BatchKHA, "apply_block", original)
-    steps = {sorted(os.listdir(os.path.join(r, "checkpoints")))[-1] for r in runs}
+    steps = {max(os.listdir(os.path.join(r, "checkpoints"))) for r in runs}
     assert len(steps) == 1
     resumed = fit_together([make(client, seed, a) for a in GAINS], digits_store, run_dirs=runs,
                            resume=True)
@@ -141,7 +141,8 @@ def test_cli_fit_lists_and_tune(digits_store, client, seed, tmp_path, capsys):
     assert main(["tune", digits_store.path, "-o", tune_dir, "--eta0", "0.1,0.2,1e4",
                  "--mu", "0.1,0.5", "--passes", "2", "--json", *common]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary == json.load(open(os.path.join(tune_dir, "tune.json")))
+    with open(os.path.join(tune_dir, "tune.json")) as f:
+        assert summary == json.load(f)
     grid = summary["grid"]
     assert len(grid) == 6 and sum(r["excess"] is None for r in grid) == 2   # eta0 = 1e4 diverged
     scored = [r for r in grid if r["excess"] is not None]
