@@ -148,7 +148,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
             s.start(np.zeros((r, l)), C=np.zeros((r, l)) if s.needs_projection else None)
             s.state = state_from_arrays(type(s.state), arrays, ck.meta["state_scalars"])
             m.history = list(ck.meta["history"])
-            log.info("resuming %s at step %d from %s", s.algorithm, s.state.t, ck.path)
+            log.info("resuming at step %d from %s", s.state.t, ck.path)
         fit_seconds = float(first.meta["fit_seconds"])
         if "top_eigenvalues" in first.arrays:
             eig_top = first.arrays["top_eigenvalues"]
