@@ -297,16 +297,17 @@ def _batch_model(args, algorithm: str, eta0, mu, **overrides):
     """The :class:`KernelHebbianPCA` that ``dkha fit``'s (or ``dkha tune``'s) options describe."""
     from dkha.estimator import KernelHebbianPCA
 
-    kwargs = dict(
-        algorithm=algorithm, kernel=args.kernel, sigma=args.sigma, degree=args.degree,
-        offset=args.offset, gamma=args.kernel_gamma, eta0=eta0, mu=mu, xi=args.xi,
-        rho0=args.rho0, passes=args.passes, steps=getattr(args, "steps", None), seed=args.seed,
-        evaluate_every=args.evaluate_every, block_rows=args.block, prefetch=args.prefetch,
-        init=args.init, tol=getattr(args, "tol", None),
-        projections=getattr(args, "projections", None), cache_rows=args.cache_rows,
-        center_sample=args.center_sample,
-        verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
-        **_cluster_kwargs(args))
+    kwargs = {
+        "algorithm": algorithm, "kernel": args.kernel, "sigma": args.sigma,
+        "degree": args.degree, "offset": args.offset, "gamma": args.kernel_gamma, "eta0": eta0,
+        "mu": mu, "xi": args.xi, "rho0": args.rho0, "passes": args.passes,
+        "steps": getattr(args, "steps", None), "seed": args.seed,
+        "evaluate_every": args.evaluate_every, "block_rows": args.block,
+        "prefetch": args.prefetch, "init": args.init, "tol": getattr(args, "tol", None),
+        "projections": getattr(args, "projections", None), "cache_rows": args.cache_rows,
+        "center_sample": args.center_sample,
+        "verbose": not args.quiet and sys.stderr.isatty() or args.verbose > 0,
+        **_cluster_kwargs(args)}
     kwargs.update(overrides)
     return KernelHebbianPCA(args.components, **kwargs)
 
