@@ -345,7 +345,9 @@ class Runner:
             from dkha.online import OnlineKernelPCA
 
             model = OnlineKernelPCA(r, algorithm=f["algorithm"], verbose=self.verbose, **opts)
-            model.fit(store["store"], run_dir=run, overwrite=True,
+            # online: checkpoint_every counts steps, as the estimator's evaluate_every does
+            model.fit(store["store"], run_dir=run, overwrite=not resume, resume=resume,
+                      checkpoint_every=int(f.get("checkpoint_every", 0)),
                       ac_reference=self.p.evaluate.get("ac_index", True))
             ds = model.to_dataset()
             res = {"run_dir": run, "members": int(ds.sizes.get("member", 0))}

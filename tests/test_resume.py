@@ -72,6 +72,19 @@ def _checkpoint_steps(run):
     return sorted(n for n in os.listdir(d) if n.startswith("step-")) if os.path.isdir(d) else []
 
 
+def _start(store, run, fit, *, pipe=False, checkpoints=1, poll=0.02):
+    """Start ``dkha fit`` into ``run``; return its process once ``checkpoints`` are written."""
+    out = subprocess.PIPE if pipe else subprocess.DEVNULL
+    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *fit), env=_env(), stdout=out,
+                            stderr=out, text=True)
+    deadline = time.time() + 120
+    while len(_checkpoint_steps(run)) < checkpoints:
+        assert proc.poll() is None, "the fit ended before its checkpoint"
+        assert time.time() < deadline
+        time.sleep(poll)
+    return proc
+
+
 def _fitting_window(cmd, run) -> float:
     """Run ``cmd`` to the end; the seconds from its first checkpoint to its saved result."""
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -97,15 +110,9 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(store, full_run
     resumed = 0
     for trial in range(4):
         run = str(tmp_path / f"killed{trial}")
-        t0 = time.time()
-        proc = subprocess.Popen(_cmd("fit", store, "-o", run, *fit), env=_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # a random moment of the run after its first checkpoint (before it, there is nothing
         # to resume): mid-block, mid-evaluation or mid-way through writing a checkpoint
-        while not _checkpoint_steps(run):
-            assert proc.poll() is None, "the fit ended before its first checkpoint"
-            assert time.time() < t0 + 120
-            time.sleep(0.02)
+        proc = _start(store, run, fit)
         time.sleep(float(rng.uniform(0.0, window)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -138,12 +145,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(store, full_run
 def test_sigterm_checkpoints_mid_pass_and_exits_75(store, uninterrupted, tmp_path):
     alpha_ref, _ = uninterrupted
     run = str(tmp_path / "term")
-    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *FIT), env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not _checkpoint_steps(run):
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    proc = _start(store, run, FIT, pipe=True)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -158,12 +160,7 @@ def test_sigterm_checkpoints_mid_pass_and_exits_75(store, uninterrupted, tmp_pat
 
 def test_resume_refuses_other_settings_and_missing_runs(store, tmp_path):
     run = str(tmp_path / "other")
-    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *FIT), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not _checkpoint_steps(run):
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    proc = _start(store, run, FIT)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     changed = [a if a != "2" else "3" for a in FIT]  # another seed
@@ -184,12 +181,7 @@ def test_resume_refuses_other_settings_and_missing_runs(store, tmp_path):
 def test_corrupted_newest_checkpoint_falls_back_and_still_matches(store, uninterrupted, tmp_path):
     alpha_ref, _ = uninterrupted
     run = str(tmp_path / "corrupt")
-    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *FIT), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while len(_checkpoint_steps(run)) < 2:
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    proc = _start(store, run, FIT, checkpoints=2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     newest = os.path.join(run, "checkpoints", _checkpoint_steps(run)[-1], "state.npz")
@@ -206,12 +198,7 @@ def test_corrupted_newest_checkpoint_falls_back_and_still_matches(store, uninter
 def test_online_sigterm_exits_75_and_resume_refuses_other_settings(store, full_runs, tmp_path):
     alpha_ref, ds_ref, _ = full_runs("on-kha")
     run = str(tmp_path / "term")
-    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *ONLINE_FIT), env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not _checkpoint_steps(run):
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.02)
+    proc = _start(store, run, ONLINE_FIT, pipe=True)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err
