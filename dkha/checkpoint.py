@@ -189,7 +189,7 @@ class Checkpointer:
                 raise InputError(f"cannot resume {self.run_dir}: every checkpoint is damaged; "
                                  "start again without --resume (with --overwrite)")
             raise InputError(f"cannot resume {self.run_dir}: it holds no checkpoint "
-                             "(fit with --checkpoint-every N to write them)")
+                             "(fit with --checkpoint-every N or --checkpoint-steps N to write them)")
         return ck
 
     def clear(self) -> None:
