@@ -20,14 +20,18 @@ both engines' timings erratic (the reference's the most).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
 from numba import njit
 from threadpoolctl import threadpool_limits
 
-from dkha.solvers import compiled
-from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
+# this checkout's dkha, not an installed copy (python puts benchmarks/, not the root, on the path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dkha.solvers import compiled  # noqa: E402
+from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients  # noqa: E402
 
 
 def make_factor(l: int, rank: int, rng: np.random.Generator) -> np.ndarray:
@@ -122,7 +126,8 @@ def measure(args):
     A = initial_coefficients(r, l, rng)
     C = (A @ F) @ F.T
     blas = threadpool_info_line()
-    print(f"l = {l}, r = {r}, block = {b} rows; times per pass of l steps; {blas}")
+    print(f"l = {l}, r = {r}, block = {b} rows; times per pass of l steps; {blas}; "
+          f"dkha from {os.path.dirname(compiled.__file__)}")
 
     S = np.ascontiguousarray(rng.standard_normal((2 * r, l)))
     rows = F[:b] @ F.T

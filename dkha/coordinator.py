@@ -196,7 +196,9 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
 
     def set_aside(m: _Model, exc: NumericalError) -> None:
         m.active, m.failure = False, str(exc)
-        log.warning("%s set aside: %s", m.solver.algorithm, exc)
+        # alone, the model's error is raised (and shown once); beside others, it is a warning
+        log.log(logging.WARNING if len(models) > 1 else logging.INFO, "%s set aside: %s",
+                m.solver.algorithm, exc)
 
     def postfix():
         if bar is not None:
