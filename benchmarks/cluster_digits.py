@@ -27,6 +27,7 @@ import numpy as np
 from distributed import Client, LocalCluster
 from sklearn.datasets import load_digits
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 from dkha import KernelHebbianPCA
 from dkha.apply.clustering import cluster_run, score, spectral_clustering
 from dkha.evaluate import evaluate

@@ -27,6 +27,7 @@ import time
 import numpy as np
 from distributed import Client, LocalCluster
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 from dkha import KernelHebbianPCA, result
 from dkha.apply.denoise import denoise_image, snr
 from dkha.evaluate import evaluate

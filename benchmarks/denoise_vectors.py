@@ -25,6 +25,7 @@ import time
 import numpy as np
 from distributed import Client, LocalCluster
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
 from dkha import KernelHebbianPCA, result
 from dkha.apply.denoise import denoise_store, store_mse

@@ -10,8 +10,8 @@ each method in its own subprocess (its peak RSS measured there):
   components lie in the span of the M landmarks);
 * ``dkha-nystrom:M``: dkha's Nyström solution (Williams–Seeger on the exactly centered ``K'``,
   components over all samples: what ``--init nystrom:M`` starts from), MK row included;
-* ``smd-cold``: dkha KHA-SMD from the paper's random start (η0 = 5, μ = 1: the best of
-  ``dkha tune`` on 5000 of these patches); ``smd-nystrom``: dkha KHA-SMD from
+* ``smd-cold``: dkha KHA-SMD from the paper's random start (η0 = 0.05, μ = 0.2: the best of
+  ``dkha tune`` on these patches at l = 20 000); ``smd-nystrom``: dkha KHA-SMD from
   ``--init nystrom:1000`` (η0 = 0.001, μ = 0.01); ``krylov``: dkha's exact block-Krylov solver, stopped at the relative
   residual ``--krylov-tol`` (0.01: relative to λ1; the excess this leaves depends on the spectrum and is measured). A ``+cache`` suffix runs
   the method with ``cache_rows=True`` (kernel tiles kept in worker memory: computed once).
@@ -177,9 +177,10 @@ def main():
     ap.add_argument("--reference-tol", type=float, default=1e-7)
     ap.add_argument("--eta0-warm", type=float, default=0.001)
     ap.add_argument("--mu-warm", type=float, default=0.01)
-    # cold gains: `dkha tune` on 5000 of these patches (eta0 {1,2,5,10,20} × mu {0.2,1}, 3 passes)
-    ap.add_argument("--eta0-cold", type=float, default=5.0)
-    ap.add_argument("--mu-cold", type=float, default=1.0)
+    # cold gains: the best of `dkha tune` on these 20 000 patches (eta0 {0.02,0.05,0.1,0.2},
+    # mu 0.2, one pass; eta0 >= 0.5 diverged) — at l = 5000 the best had been eta0 5, mu 1
+    ap.add_argument("--eta0-cold", type=float, default=0.05)
+    ap.add_argument("--mu-cold", type=float, default=0.2)
     ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS)
     ap.add_argument("--workdir", default="/tmp/dkha-bench")
     ap.add_argument("--json", help="also write the results to this JSON file")

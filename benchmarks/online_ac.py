@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 from dkha.ac_index import ACReference
 from dkha.kernels import make_kernel
 from dkha.online import OnlineKernelPCA

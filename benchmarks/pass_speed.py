@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import patch_store, peak_rss_mb  # noqa: E402
 

@@ -30,6 +30,7 @@ import time
 import numpy as np
 from distributed import Client, LocalCluster
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
 from dkha import KernelHebbianPCA
 from dkha.apply.denoise import reconstruct_patches
