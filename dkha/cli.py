@@ -54,6 +54,22 @@ def _add_kernel_options(p: argparse.ArgumentParser) -> None:
     k.add_argument("--kernel-gamma", type=float, help="sigmoid slope")
 
 
+def _add_stream_options(p: argparse.ArgumentParser, projections: bool) -> None:
+    """How the kernel rows are streamed: blocks, prefetch, (projections), row cache, centering."""
+    p.add_argument("--block", type=_positive_int, metavar="B", help="rows per block (dkha.block-rows)")
+    p.add_argument("--prefetch", type=_positive_int, metavar="D", help="blocks computed ahead")
+    if projections:
+        p.add_argument("--projections", choices=("coordinator", "workers"),
+                       help="where block projections are computed (dkha.projections): from kernel "
+                            "rows shipped to the coordinator, or on the workers from replicas")
+    p.add_argument("--cache-rows", action="store_true", default=None,
+                   help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
+                        "bytes): kernels computed once, not once a pass (dkha.row-cache)")
+    p.add_argument("--center-sample", type=_positive_int, metavar="N",
+                   help="estimate the centering (MK) row from a seeded sample of N columns "
+                        "instead of the exact O(l²n) pass: approximate, recorded in the run")
+
+
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
     g.add_argument("--scheduler", metavar="ADDRESS",
@@ -136,17 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--evaluate-every", type=int, default=1, metavar="N",
                    help="evaluate every N passes (0: only at the end; -1: never)")
-    p.add_argument("--block", type=_positive_int, metavar="B", help="rows per block (dkha.block-rows)")
-    p.add_argument("--prefetch", type=_positive_int, metavar="D", help="blocks computed ahead")
-    p.add_argument("--projections", choices=("coordinator", "workers"),
-                   help="where block projections are computed (dkha.projections): from kernel "
-                        "rows shipped to the coordinator, or on the workers from replicas")
-    p.add_argument("--cache-rows", action="store_true", default=None,
-                   help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
-                        "bytes): kernels computed once, not once a pass (dkha.row-cache)")
-    p.add_argument("--center-sample", type=_positive_int, metavar="N",
-                   help="estimate the centering (MK) row from a seeded sample of N columns "
-                        "instead of the exact O(l²n) pass: approximate, recorded in the run")
+    _add_stream_options(p, projections=True)
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
     c = p.add_mutually_exclusive_group()
     c.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
@@ -184,14 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--evaluate-every", type=int, default=0, metavar="N",
                    help="also evaluate every N passes (default 0: only at the end)")
-    p.add_argument("--block", type=_positive_int, metavar="B", help="rows per block (dkha.block-rows)")
-    p.add_argument("--prefetch", type=_positive_int, metavar="D", help="blocks computed ahead")
-    p.add_argument("--cache-rows", action="store_true", default=None,
-                   help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
-                        "bytes): kernels computed once, not once a pass (dkha.row-cache)")
-    p.add_argument("--center-sample", type=_positive_int, metavar="N",
-                   help="estimate the centering (MK) row from a seeded sample of N columns "
-                        "instead of the exact O(l²n) pass: approximate, recorded in the run")
+    _add_stream_options(p, projections=False)
     p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
