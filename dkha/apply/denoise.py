@@ -132,6 +132,25 @@ def _load_run(run) -> xr.Dataset:
     return run if isinstance(run, xr.Dataset) else result.load(run)
 
 
+def preimage_patches(ds, image: np.ndarray, patch: int, grid: int, *, desc: str,
+                     block: int | None, verbose: bool, cluster: tuple, **preimage
+                     ) -> tuple[np.ndarray, dict]:
+    """``image``'s ``patch×patch`` windows (on the grid of ``grid``) replaced by the pre-images of their
+    projections on the run ``ds`` (:class:`~dkha.apply.preimage.RunPreimages` with ``preimage``
+    options), overlaps averaged, clipped to [0, 1]: denoising and hyperresolution.
+    ``cluster`` is ``(client, scheduler, scheduler_file, workers)``. Returns the image and the
+    counts of :func:`reconstruct_patches` with the pre-image ``method`` used."""
+    from dkha.apply.preimage import RunPreimages
+    from dkha.cluster import client_for
+
+    client, scheduler, scheduler_file, workers = cluster
+    with client_for(scheduler, scheduler_file, workers, client) as c:
+        pre = RunPreimages(ds, c, **preimage)
+        out, stats = reconstruct_patches(image, patch, grid, pre, block=block, desc=desc,
+                                         verbose=verbose)
+    return np.clip(out, 0.0, 1.0), dict(stats, method=pre.method)
+
+
 def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *,
                         block: int | None = None, desc: str = "patches", verbose: bool = False
                         ) -> tuple[np.ndarray, dict]:
@@ -236,8 +255,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
     >>> res = denoise_image("run", "noisy.png", reference="clean.png")  # doctest: +SKIP
     >>> res.snr_noisy, res.snr_denoised                                   # doctest: +SKIP
     """
-    from dkha.apply.preimage import RunPreimages, check_options
-    from dkha.cluster import client_for
+    from dkha.apply.preimage import check_options
     from dkha.transform import kernel_of
 
     t0 = time.perf_counter()
@@ -248,18 +266,16 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
     clean = None if reference is None else _as_image(reference, "reference")
     if clean is not None and clean.shape != noisy.shape:
         raise InputError(f"the reference has shape {clean.shape}, the image {noisy.shape}")
-    with client_for(scheduler, scheduler_file, workers, client) as c:
-        pre = RunPreimages(ds, c, method=method, orthonormalize=orthonormalize,
-                           iterations=iterations, tol=tol, eta=eta, step=step,
-                           nonnegative=nonnegative)
-        out, stats = reconstruct_patches(noisy, patch, step_, pre, block=block, desc="denoise",
-                                         verbose=verbose)
-    out = np.clip(out, 0.0, 1.0)
+    out, stats = preimage_patches(
+        ds, noisy, patch, step_, desc="denoise", block=block, verbose=verbose,
+        cluster=(client, scheduler, scheduler_file, workers), method=method,
+        orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta, step=step,
+        nonnegative=nonnegative)
     return DenoiseResult(
         image=out, noisy=noisy,
         snr_noisy=None if clean is None else snr(clean, noisy),
         snr_denoised=None if clean is None else snr(clean, out),
-        patch=patch, step=step_, seconds=time.perf_counter() - t0, method=pre.method, **stats)
+        patch=patch, step=step_, seconds=time.perf_counter() - t0, **stats)
 
 
 def denoise_store(run, noisy: str, out: str, *, method: str | None = None,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.denoise import _as_image, _load_run, check_patch_run, reconstruct_patches
+from dkha.apply.denoise import _as_image, _load_run, check_patch_run, preimage_patches
 from dkha.errors import InputError, ParameterError
 
 UPSCALING = ("replicate", "bilinear")
@@ -126,8 +126,7 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     block, client, scheduler, scheduler_file, workers, verbose :
         As :func:`dkha.apply.denoise.denoise_image`.
     """
-    from dkha.apply.preimage import RunPreimages, check_options
-    from dkha.cluster import client_for
+    from dkha.apply.preimage import check_options
     from dkha.transform import kernel_of
 
     t0 = time.perf_counter()
@@ -146,14 +145,12 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     if ref is not None and ref.shape != up.shape:
         raise InputError(f"the reference has shape {ref.shape}; the image scaled up {factor}× "
                          f"has {up.shape}")
-    with client_for(scheduler, scheduler_file, workers, client) as c:
-        pre = RunPreimages(ds, c, method=method, orthonormalize=orthonormalize,
-                           iterations=iterations, tol=tol, eta=eta, step=gradient_step,
-                           nonnegative=nonnegative)
-        out, stats = reconstruct_patches(up, patch, step, pre, block=block, desc="superresolve",
-                                         verbose=verbose)
-    out = np.clip(out, 0.0, 1.0)
+    out, stats = preimage_patches(
+        ds, up, patch, step, desc="superresolve", block=block, verbose=verbose,
+        cluster=(client, scheduler, scheduler_file, workers), method=method,
+        orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta,
+        step=gradient_step, nonnegative=nonnegative)
     return SuperresolveResult(
         image=out, upscaled=up, psnr_upscaled=None if ref is None else psnr(ref, up),
         psnr=None if ref is None else psnr(ref, out), factor=int(factor), patch=patch, step=step,
-        method=pre.method, upscaling=upscaling, seconds=time.perf_counter() - t0, **stats)
+        upscaling=upscaling, seconds=time.perf_counter() - t0, **stats)
