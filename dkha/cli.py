@@ -143,9 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     n = p.add_mutually_exclusive_group()
     n.add_argument("--passes", type=_positive_int, help="passes through the data (default 10)")
     n.add_argument("--steps", type=_positive_int, help="single-sample steps")
-    p.add_argument("--init", default="random", metavar="random|nystrom:M",
-                   help="initial coefficients: random (the paper's) or the Nyström solution "
-                        "from M landmark rows")
+    p.add_argument("--init", default="random", metavar="random|random:M|nystrom:M",
+                   help="initial coefficients: random (the paper's), the same on M random "
+                        "columns (KHA/et, SMD start from M kernel rows instead of a pass: for "
+                        "large data), or the Nyström solution from M landmark rows")
     p.add_argument("--tol", type=float,
                    help="stop once the excess error E/E_min − 1 is at most TOL (krylov: "
                         "relative residual tolerance)")

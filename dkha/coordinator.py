@@ -275,9 +275,13 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                 raise Interrupted(f"stopped at step {t} (pass {k + 1}); no checkpoint "
                                   "(fit with a run directory to make runs resumable)")
     fit_seconds += time.perf_counter() - t0
-    # final evaluation (always, unless evaluate_every < 0) and eq. 13 eigenvalues: one pass for C
+    # final evaluation (always, unless evaluate_every < 0) and eq. 13 eigenvalues: one pass for C;
+    # without an evaluation, the C = A K' a state keeps (KHA/et, SMD: eq. 18) instead of a pass
     done = [m for m in models if m.failure is None]
-    Cs = projections_many(engine, [m.solver.A for m in done]) if done else []
+    kept = [getattr(m.solver.state, "C", None) if evaluate_every < 0 else None for m in done]
+    missing = [m.solver.A for m, C in zip(done, kept) if C is None]
+    computed = iter(projections_many(engine, missing) if missing else [])
+    Cs = [next(computed) if C is None else np.array(C) for C in kept]
     if evaluate_every >= 0:
         last = [(m, C) for m, C in zip(done, Cs)
                 if not m.history or m.history[-1]["step"] != m.solver.state.t]

@@ -20,7 +20,7 @@ from dkha.errors import InputError, NumericalError, ParameterError, RunDirectory
 from dkha.kernels import make_kernel, median_distance
 from dkha.rows import RowEngine
 from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
-                                check_algorithm)
+                                check_algorithm, initial_coefficients)
 from dkha.store import DataStore, ingest_array, open_store
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,11 @@ class KernelHebbianPCA:
         ``4·l²`` bytes, refused above half the workers' memory): kernels are computed once, not
         once a pass, which pays from the second pass on (Krylov, many KHA passes, evaluations).
         Results equal the uncached run's up to rounding.
-    init : {"random", "nystrom:M"}, default "random"
-        Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))``, or the Nyström solution from
-        ``M`` seeded random landmark rows (then refined; the default ``eta0`` is 20× smaller,
+    init : {"random", "random:M", "nystrom:M"}, default "random"
+        Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))``; the same start on ``M`` seeded
+        random columns, ``N(0, 1/(r M))`` there and zero elsewhere (KHA/et and SMD then compute
+        ``C = A1 K'`` from ``M`` kernel rows instead of a pass over all ``l²`` entries: the start
+        for large ``l``); or the Nyström solution from ``M`` seeded random landmark rows (then refined; the default ``eta0`` is 20× smaller,
         suited to refinement). Recorded in the history as pass 0. With ``algorithm="krylov"``
         the Nyström vectors start the Krylov iteration.
     tol : float, optional
@@ -127,7 +129,8 @@ class KernelHebbianPCA:
         of the passes so far, evaluations excluded).
     timings_ : dict
         Seconds spent before the first pass: ``centering`` (the MK row; with ``cache_rows`` also
-        the kernel tiles) and ``init`` (the Nyström start).
+        the kernel tiles) and ``init`` (the Nyström start); and ``stream``, the seconds of the
+        passes (the block stream, evaluations excluded).
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
@@ -188,20 +191,21 @@ class KernelHebbianPCA:
         self.verbose = verbose
 
     # -- validation --
-    def _init(self, n_samples: int) -> int | None:
-        """Landmarks of ``init="nystrom:M"`` (None for a random start)."""
+    def _init(self, n_samples: int) -> tuple[str, int | None]:
+        """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``."""
         init = str(self.init)
         if init == "random":
-            return None
-        if init.startswith("nystrom:"):
+            return "random", None
+        kind, _, m = init.partition(":")
+        if kind in ("random", "nystrom"):
             try:
-                m = int(init.split(":", 1)[1])
+                m = int(m)
             except ValueError:
                 m = -1
             if not 0 < m < n_samples:
                 raise ParameterError(f"init {init!r}: M must be an integer in 1..{n_samples - 1}")
-            return m
-        raise ParameterError(f"unknown init {init!r}; use 'random' or 'nystrom:M'")
+            return kind, m
+        raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
 
     def _validated(self, n_samples: int) -> dict:
         if self.algorithm == "krylov":
@@ -217,7 +221,9 @@ class KernelHebbianPCA:
             raise ParameterError(f"n_components must be a positive integer, got {r!r}")
         if r >= n_samples:
             raise ParameterError(f"n_components ({r}) must be smaller than the number of samples ({n_samples})")
-        landmarks = self._init(n_samples)
+        init_kind, init_m = self._init(n_samples)
+        landmarks = init_m if init_kind == "nystrom" else None
+        support = init_m if init_kind == "random" else None
         if landmarks is not None and landmarks < r:
             raise ParameterError(f"init nystrom:{landmarks} needs at least as many landmarks as "
                                  f"components ({r})")
@@ -255,7 +261,7 @@ class KernelHebbianPCA:
                                      f"number of samples), got {center_sample!r}")
             center_sample = int(center_sample)
         return {"center_sample": center_sample, "algorithm": algorithm, "r": int(r), "eta0": eta0, "mu": mu, "xi": xi,
-                "rho0": rho0, "n_steps": n_steps, "landmarks": landmarks}
+                "rho0": rho0, "n_steps": n_steps, "landmarks": landmarks, "support": support}
 
     def run_attrs(self, store: DataStore, kernel, p: dict) -> dict:
         """The attrs saved with the components (also used to compare runs)."""
@@ -487,6 +493,10 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         t1 = time.perf_counter()
         if p0["landmarks"] and cks is None:
             A_init, _ = nystrom_coefficients(engine, p0["r"], p0["landmarks"], seed=first.seed)
+        elif p0["support"] and cks is None:
+            A_init = initial_coefficients(p0["r"], store.n_samples,
+                                          schedule.init_generator(first.seed),
+                                          support=p0["support"])
         # seconds before the first pass (history wall times count the passes only)
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1}
         if p0["algorithm"] == "krylov":
@@ -506,7 +516,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     failures = []
     for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
         m._tmp_store = tmp_store
-        m.timings_ = dict(timings)
+        m.timings_ = dict(timings, stream=res.wall_time)
         m.failure_ = res.failure
         m.history_ = res.history
         m.kernel_ = kernel

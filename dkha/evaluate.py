@@ -80,11 +80,21 @@ def projections(engine, A: np.ndarray) -> np.ndarray:
 
 def projections_many(engine, As: list[np.ndarray]) -> list[np.ndarray]:
     """``C = A K'`` for each coefficient matrix of ``As``: one blockwise pass for all of them
-    (the stacked ``[A_1; A_2; …]ᵀ`` multiplied by ``K'``)."""
+    (the stacked ``[A_1; A_2; …]ᵀ`` multiplied by ``K'``), or, where they are zero outside a few
+    columns ``S`` (a quarter of ``l`` or fewer), ``A[:, S] K'[S, :]`` from the ``|S|`` kernel rows
+    (e.g. the start ``init="random:M"``: ``M`` rows instead of ``l²/2`` tile entries)."""
     if not As:
         return []
     V = np.ascontiguousarray(np.concatenate([np.asarray(A, dtype=np.float64) for A in As]).T)
-    KV = engine.matmat(V)
+    columns = np.flatnonzero(np.any(V != 0, axis=1))
+    if 4 * len(columns) <= V.shape[0]:
+        KV = np.zeros(V.shape)
+        b = engine.block_rows
+        blocks = ((a, columns[a:a + b]) for a in range(0, len(columns), b))
+        for _, index, rows in engine.stream(blocks):
+            KV += rows.T @ V[index]
+    else:
+        KV = engine.matmat(V)
     out, start = [], 0
     for A in As:
         out.append(KV[:, start:start + A.shape[0]].T.copy())

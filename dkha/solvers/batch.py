@@ -46,9 +46,17 @@ def check_algorithm(algorithm: str) -> str:
     return algorithm
 
 
-def initial_coefficients(n_components: int, n_samples: int, rng: np.random.Generator) -> np.ndarray:
-    """``A1 ~ N(0, 1/(r l))`` (Algorithm 1, step 1d)."""
-    return rng.standard_normal((n_components, n_samples)) / np.sqrt(n_components * n_samples)
+def initial_coefficients(n_components: int, n_samples: int, rng: np.random.Generator, *,
+                         support: int | None = None) -> np.ndarray:
+    """``A1 ~ N(0, 1/(r l))`` (Algorithm 1, step 1d); with ``support=M``, ``N(0, 1/(r M))`` on
+    ``M`` random columns and zero elsewhere (the same norms; ``A1 K'`` from ``M`` kernel rows)."""
+    if support is None:
+        return rng.standard_normal((n_components, n_samples)) / np.sqrt(n_components * n_samples)
+    columns = np.sort(rng.choice(n_samples, size=int(support), replace=False))
+    A = np.zeros((n_components, n_samples))
+    A[:, columns] = rng.standard_normal((n_components, len(columns))) / np.sqrt(
+        n_components * len(columns))
+    return A
 
 
 def eigenvalue_estimate(A: np.ndarray, C: np.ndarray) -> np.ndarray:
