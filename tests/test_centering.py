@@ -125,7 +125,7 @@ def test_second_fit_reads_the_cache(store, client, seed, monkeypatch):
 
 
 def test_center_sample_error_shrinks_and_is_exact_at_l(store, client, dense_mk):
-    want, want_m = dense_mk(SIGMA)
+    want = dense_mk(SIGMA)[0]
     l = store.n_samples
     errors = {}
     for n in (10, 60, l):
