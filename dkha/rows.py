@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 import uuid
@@ -75,14 +76,28 @@ _CACHE_BYTES = 0
 _CACHE_LOCK = threading.Lock()
 
 
+def _store_token(path: str) -> tuple:
+    if "://" in path:
+        return ()
+    try:
+        st = os.stat(os.path.join(path, "X", "zarr.json"))
+    except OSError:
+        return ()
+    return (st.st_ino, st.st_mtime_ns)
+
+
 def load_rows(path: str, start: int, stop: int) -> np.ndarray:
     """Rows ``start:stop`` of a store's ``X`` (one chunk range), cached per process.
 
     The cache is an LRU bounded by ``dkha.cache-bytes``; a chunk is read from zarr once per
-    process, not once per block.
+    process, not once per block. For a local store the key includes the identity of ``X``'s
+    metadata file (inode and modification time), so a store written again at the same path
+    (``dkha ingest --overwrite`` replaces it by rename) is read afresh by long-lived workers.
+    Chunks rewritten in place by another program keep the old rows: call :func:`clear_cache`
+    on the workers (``client.run(clear_cache)``).
     """
     global _CACHE_BYTES
-    key = (path, start, stop)
+    key = (path, start, stop, _store_token(path))
     with _CACHE_LOCK:
         arr = _CACHE.get(key)
         if arr is not None:

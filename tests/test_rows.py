@@ -206,3 +206,16 @@ def test_stream_closed_early(stores, oracle, client):
     # the engine still serves rows afterwards
     assert_rel(engine.rows(np.array([299])), Kc[[299]])
     assert list(engine.stream(iter([]))) == []
+
+
+def test_chunk_cache_sees_a_store_written_again(tmp_path, digits):
+    """A store replaced at the same path (``ingest --overwrite``) is not served from the
+    per-process chunk cache of the old one."""
+    from dkha.rows import load_rows
+
+    X = np.array(digits[:100])
+    path = str(tmp_path / "again.zarr")
+    ingest_array(X, path, chunk_rows=50)
+    np.testing.assert_array_equal(load_rows(path, 0, 50), X[:50])
+    ingest_array(X + 1.0, path, chunk_rows=50, overwrite=True)
+    np.testing.assert_array_equal(load_rows(path, 0, 50), X[:50] + 1.0)
