@@ -24,10 +24,10 @@ import tempfile
 import time
 
 import numpy as np
-from distributed import Client, LocalCluster
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+from dkha.cluster import client_for
 from dkha import KernelHebbianPCA
 from dkha.apply.clustering import cluster_run, score, spectral_clustering
 from dkha.evaluate import evaluate
@@ -62,10 +62,7 @@ def main(argv=None) -> int:
     store = ingest_array(X, os.path.join(work, "digits.zarr"), labels=y, chunk_rows=512)
     r, k = args.components, args.clusters
     print(f"load_digits: {store.n_samples} samples, pixels x/8 − 1; r = {r}, k = {k}", flush=True)
-    cluster = LocalCluster(n_workers=1, threads_per_worker=os.cpu_count() or 1, processes=False,
-                           dashboard_address=None)
-    client = Client(cluster)
-    try:
+    with client_for() as client:   # the in-process cluster
         for sigma in args.sigma:
             C, lam, engine = exact(store, sigma, r, client)
             s = score(spectral_clustering(C.T, k, seed=0), y)
@@ -86,9 +83,6 @@ def main(argv=None) -> int:
         gap = res.vi - s["vi"]
         print(f"KHA-SMD − exact {gap:+.4f}; target (within 0.1): "
               f"{'met' if gap <= 0.1 else 'NOT met'}")
-    finally:
-        client.close()
-        cluster.close()
     return 0
 
 

@@ -25,9 +25,9 @@ import tempfile
 import time
 
 import numpy as np
-from distributed import Client, LocalCluster
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+from dkha.cluster import client_for
 from dkha import KernelHebbianPCA, result
 from dkha.apply.denoise import denoise_image, snr
 from dkha.evaluate import evaluate
@@ -108,12 +108,9 @@ def main(argv=None) -> int:
           f"{median:.4f} = {sigma:.4f}; r = {r}", flush=True)
     print(f"SNR noisy  {snr(clean, noisy):7.3f} dB", flush=True)
 
-    cluster = LocalCluster(n_workers=1, threads_per_worker=os.cpu_count() or 1, processes=False,
-                           dashboard_address=None)
-    client = Client(cluster)
     kernel = make_kernel("gaussian", sigma=sigma)
     out = {}
-    try:
+    with client_for() as client:   # the in-process cluster
         engine = RowEngine(store, kernel, client)
         lam = None
         if not args.no_exact:
@@ -156,9 +153,6 @@ def main(argv=None) -> int:
             ok = gain >= 2.5 and gap <= 0.3
             print(f"dkha − exact {-gap:+.3f} dB; target (gain ≥ 2.5 dB, within 0.3 dB of exact): "
                   f"{'met' if ok else 'NOT met'}")
-    finally:
-        client.close()
-        cluster.close()
     return 0
 
 

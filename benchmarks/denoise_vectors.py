@@ -23,10 +23,10 @@ import tempfile
 import time
 
 import numpy as np
-from distributed import Client, LocalCluster
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
+from dkha.cluster import client_for
 from dkha import KernelHebbianPCA, result
 from dkha.apply.denoise import denoise_store, store_mse
 from dkha.apply.preimage import preimages
@@ -85,10 +85,7 @@ def main(argv=None) -> int:
     t_exact = time.perf_counter() - t0
     mse_exact = float(np.mean((exact - clean_test) ** 2))
 
-    cluster = LocalCluster(n_workers=1, threads_per_worker=os.cpu_count() or 1, processes=False,
-                           dashboard_address=None)
-    client = Client(cluster)
-    try:
+    with client_for() as client:   # the in-process cluster
         t0 = time.perf_counter()
         run_dir = os.path.join(work, "run")
         model = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=args.passes,
@@ -98,9 +95,6 @@ def main(argv=None) -> int:
         t_fit = time.perf_counter() - t0
         out = os.path.join(work, "denoised.zarr")
         summary = denoise_store(run_dir, test.path, out, overwrite=True, client=client)
-    finally:
-        client.close()
-        cluster.close()
     mse_noisy = store_mse(os.path.join(work, "clean.zarr"), test.path)
     mse_dkha = store_mse(os.path.join(work, "clean.zarr"), out)
     excess = result.load(run_dir)["excess"].values[-1]

@@ -28,10 +28,10 @@ import tempfile
 import time
 
 import numpy as np
-from distributed import Client, LocalCluster
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
+from dkha.cluster import client_for
 from dkha import KernelHebbianPCA
 from dkha.apply.denoise import reconstruct_patches
 from dkha.apply.superresolve import downscale, psnr, superresolve, upscale
@@ -106,10 +106,7 @@ def main(argv=None) -> int:
     figures = {"pixel replication": psnr(orig, rep), "bicubic": psnr(orig, bicubic),
                "linear PCA": psnr(orig, np.clip(pca, 0, 1))}
 
-    cluster = LocalCluster(n_workers=1, threads_per_worker=os.cpu_count() or 1, processes=False,
-                           dashboard_address=None)
-    client = Client(cluster)
-    try:
+    with client_for() as client:   # the in-process cluster
         t0 = time.perf_counter()
         run_dir = os.path.join(work, "run")
         KernelHebbianPCA(r, algorithm=args.algorithm, sigma=sigma, passes=args.passes,
@@ -124,9 +121,6 @@ def main(argv=None) -> int:
                            step=args.step, client=client)
         figures["bilinear"] = bil.psnr_upscaled
         figures["dkha from bilinear"] = bil.psnr
-    finally:
-        client.close()
-        cluster.close()
     for name, v in figures.items():
         print(f"PSNR {name:18s} {v:7.3f} dB")
     print(f"({args.algorithm} fit in {t_fit:.0f} s; superresolution {res.seconds:.0f} s, "

@@ -157,13 +157,15 @@ def _group_rows(path: str, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def _kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
+    """The uncentered tile ``K[I, J]`` for chunk-range groups ``I`` and ``J`` (a new array)."""
+    XI = _group_rows(path, gi)
+    return kernel.block(XI, XI if gi == gj else _group_rows(path, gj))
+
+
 def mk_tile(path: str, kernel: Kernel, rows_i: tuple, rows_j: tuple) -> tuple[np.ndarray, np.ndarray | None]:
     """Column sums (over I) and, for an off-diagonal tile, row sums (over J) of ``K[I, J]``."""
-    XI = _group_rows(path, rows_i)
-    if rows_i == rows_j:
-        return kernel.block(XI, XI).sum(axis=0), None
-    K = kernel.block(XI, _group_rows(path, rows_j))
-    return K.sum(axis=0), K.sum(axis=1)
+    return tile_sums(_kernel_tile(path, kernel, rows_i, rows_j), rows_i == rows_j)
 
 
 def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> np.ndarray:
@@ -184,11 +186,7 @@ def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tu
     """``K'[I, J]``, computed, or centered from a copy of the cached tile ``K[I, J]``."""
     a, b = gi[0][0], gi[-1][1]
     c, d = gj[0][0], gj[-1][1]
-    if tile is not None:
-        K = np.array(tile)
-    else:
-        XI = _group_rows(path, gi)
-        K = kernel.block(XI, XI if gi == gj else _group_rows(path, gj))
+    K = np.array(tile) if tile is not None else _kernel_tile(path, kernel, gi, gj)
     return center_block(K, mk[a:b], mk[c:d], mkm), (a, b), (c, d)
 
 
@@ -240,14 +238,13 @@ def dense_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple,
 
 def kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
     """The uncentered tile ``K[I, J]`` (read-only: the cache hands it to many tasks)."""
-    XI = _group_rows(path, gi)
-    K = kernel.block(XI, XI if gi == gj else _group_rows(path, gj))
+    K = _kernel_tile(path, kernel, gi, gj)
     K.setflags(write=False)
     return K
 
 
 def tile_sums(K: np.ndarray, diagonal: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """:func:`mk_tile`'s sums from a cached tile."""
+    """Column sums and, off the diagonal, row sums of a tile ``K[I, J]`` (the MK row's parts)."""
     return K.sum(axis=0), (None if diagonal else K.sum(axis=1))
 
 

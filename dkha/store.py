@@ -377,12 +377,7 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
         data = src
     else:
         name = os.fspath(src)
-        if not os.path.exists(name):
-            raise StoreNotFoundError(f"no such file: {name}")
-        try:
-            data = np.load(name, mmap_mode="r", allow_pickle=False)
-        except Exception as exc:
-            raise InputError(f"{name} is not a readable .npy array ({exc})") from None
+        data = _load_npy(name, mmap=True)
     if data.ndim != 2:
         raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
     if data.dtype.kind not in "fiub":
@@ -391,12 +386,7 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
         raise InputError(f"{name} is empty (shape {data.shape})")
     lab = None
     if labels is not None:
-        if isinstance(labels, np.ndarray):
-            lab = labels
-        else:
-            if not os.path.exists(labels):
-                raise StoreNotFoundError(f"no such file: {labels}")
-            lab = np.load(labels, allow_pickle=False)
+        lab = labels if isinstance(labels, np.ndarray) else _load_npy(labels)
         if lab.shape != (data.shape[0],):
             raise InputError(f"labels must have shape ({data.shape[0]},), got {lab.shape}")
     writer = StoreWriter(out, data.shape[1], chunk_rows=chunk_rows, overwrite=overwrite,
@@ -539,18 +529,24 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
         raise
 
 
+def _load_npy(path, what: str = "file", mmap: bool = False) -> np.ndarray:
+    """A ``.npy`` array (never unpickled; memory-mapped with ``mmap``), or a one-line error."""
+    name = os.fspath(path)
+    if not os.path.exists(name):
+        raise StoreNotFoundError(f"no such {what}: {name}")
+    try:
+        return np.load(name, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except Exception as exc:
+        raise InputError(f"{name} is not a readable .npy array ({exc})") from None
+
+
 def _grey_values(item, i: int) -> tuple[np.ndarray, str]:
     """An image item of :func:`ingest_images` as a 2-d float array, and its name."""
     if isinstance(item, np.ndarray) or (isinstance(item, (str, os.PathLike))
                                         and os.fspath(item).endswith(".npy")):
         name = f"<array {i}>" if isinstance(item, np.ndarray) else os.fspath(item)
-        if isinstance(item, np.ndarray):
-            img = item
-        else:
-            if not os.path.exists(name):
-                raise StoreNotFoundError(f"no such image: {name}")
-            img = np.load(name, allow_pickle=False)
-        img = np.asarray(img, dtype=np.float64)
+        img = np.asarray(item if isinstance(item, np.ndarray) else _load_npy(name, "image"),
+                         dtype=np.float64)
         if img.ndim != 2:
             raise InputError(f"image {name} has shape {img.shape}; expected a 2-d grey picture")
         if not np.isfinite(img).all():

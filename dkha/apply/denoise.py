@@ -75,13 +75,19 @@ class DenoiseResult:
                                               "seconds", "method")}
 
 
+def squared_error(reference: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(reference, (reference − x)²)`` as float arrays; one-line error when the shapes differ."""
+    reference = np.asarray(reference, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    if reference.shape != x.shape:
+        raise InputError(f"the reference has shape {reference.shape}, the image {x.shape}")
+    return reference, (reference - x) ** 2
+
+
 def snr(clean: np.ndarray, x: np.ndarray) -> float:
     """``10 log10(Σ clean² / Σ (clean − x)²)`` in dB (``inf`` when ``x`` equals ``clean``)."""
-    clean = np.asarray(clean, dtype=np.float64)
-    x = np.asarray(x, dtype=np.float64)
-    if clean.shape != x.shape:
-        raise InputError(f"the reference has shape {clean.shape}, the image {x.shape}")
-    err = float(np.sum((clean - x) ** 2))
+    clean, sq = squared_error(clean, x)
+    err = float(np.sum(sq))
     sig = float(np.sum(clean**2))
     if err == 0.0:
         return float("inf")

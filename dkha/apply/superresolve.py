@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.denoise import _as_image, _load_run, check_patch_run, preimage_patches
+from dkha.apply.denoise import (_as_image, _load_run, check_patch_run, preimage_patches,
+                                 squared_error)
 from dkha.errors import InputError, ParameterError
 
 UPSCALING = ("replicate", "bilinear")
@@ -65,11 +66,7 @@ class SuperresolveResult:
 
 def psnr(reference: np.ndarray, x: np.ndarray) -> float:
     """``10 log10(1 / mean((reference − x)²))`` dB (peak 1: images in [0, 1])."""
-    reference = np.asarray(reference, dtype=np.float64)
-    x = np.asarray(x, dtype=np.float64)
-    if reference.shape != x.shape:
-        raise InputError(f"the reference has shape {reference.shape}, the image {x.shape}")
-    mse = float(np.mean((reference - x) ** 2))
+    mse = float(np.mean(squared_error(reference, x)[1]))
     return float("inf") if mse == 0.0 else float(-10.0 * np.log10(mse))
 
 
