@@ -203,6 +203,7 @@ class Runner:
         self.state = self._read_state()
         self.figures: dict = self.state.setdefault("figures", {})
         self._invalid = False
+        self.current_stage: str | None = None
 
     # -- state --
     def _read_state(self) -> dict:
@@ -231,6 +232,7 @@ class Runner:
         if done and done.get("hash") != h:
             self._invalid = True  # later stages depend on this one: run them again too
         log.info("stage %s: running", key)
+        self.current_stage = key
         t0 = time.perf_counter()
         self.state["stages"][key] = {"hash": h, "done": False, "started": time.time()}
         self._write_state()
@@ -255,7 +257,9 @@ class Runner:
         if self.p.report.get("enabled", True):
             from dkha.report import write_report
 
+            self.current_stage = "report"
             write_report(self)  # cheap: always rewritten
+        self.current_stage = None
         return self.state
 
     def _fit(self, name: str) -> dict:
@@ -404,6 +408,18 @@ class Runner:
         return out
 
 
+def _exit_code(exc: BaseException) -> int:
+    """The exit code a failed pipeline reports: a user's error its own, an interrupt 130, any
+    other failure (a bug, a missing module) 1."""
+    if isinstance(exc, DkhaError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    return 1
+
+
 def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
              cluster: dict | None = None, verbose: bool = False) -> tuple[int, dict]:
     """Run a pipeline file; returns ``(exit code, summary)``. Writes ``summary.json`` always."""
@@ -427,10 +443,15 @@ def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
                 summary["stages"] = {k: {"done": v.get("done"), "seconds": v.get("seconds")}
                                      for k, v in state["stages"].items()}
                 summary["figures"] = runner.figures
-            except DkhaError as exc:
-                code = exc.exit_code
-                summary["error"] = str(exc)
-                log.error("%s", exc)
+            except BaseException as exc:
+                # any failure, not only a user's error, must show in the exit code and summary
+                code = _exit_code(exc)
+                summary["error"] = str(exc) if isinstance(exc, DkhaError) else \
+                    f"{type(exc).__name__}: {exc}"
+                summary["failed_stage"] = runner.current_stage
+                summary["stages"] = {k: {"done": v.get("done"), "seconds": v.get("seconds")}
+                                     for k, v in runner.state["stages"].items()}
+                log.error("stage %s failed: %s", runner.current_stage, summary["error"])
                 raise
             finally:
                 summary["exit_code"] = code

@@ -181,3 +181,23 @@ def test_killed_mid_fit_then_rerun_resumes(tmp_path):
 def test_shipped_pipelines_are_valid(name):
     p = load(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pipelines", name))
     assert p.fits and p.name == name[:-5]
+
+
+def test_a_failing_stage_fails_the_run_and_its_summary(tmp_path, monkeypatch):
+    """Not only a user's error: any exception in a stage (here a missing module, as a report
+    without matplotlib once raised) makes the run exit non-zero and summary.json say where."""
+    from dkha import pipeline
+
+    def broken_fit(self, store, fit):
+        raise ModuleNotFoundError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(pipeline.Runner, "fit", broken_fit)
+    (tmp_path / "p.toml").write_text(TINY.format(passes=1))
+    with pytest.raises(ModuleNotFoundError):
+        pipeline.run_file(str(tmp_path / "p.toml"), runs_dir=str(tmp_path / "runs"))
+    summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
+    assert summary["exit_code"] == 1
+    assert summary["failed_stage"] == "fit:smd"
+    assert summary["error"] == "ModuleNotFoundError: No module named 'matplotlib'"
+    assert summary["stages"]["data"]["done"] is True
+    assert summary["stages"]["fit:smd"]["done"] is False
