@@ -136,17 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("online algorithms (on-kha, oo-kha, okpca)")
     o.add_argument("--gamma", type=float, help="learning-rate decay η(k) = γ·η(k−1)")
     o.add_argument("--tau", type=float, help="Honeine's η_t = η0 / (1 + t/τ)")
-    o.add_argument("--nu", type=float, help="dictionary threshold ν")
+    o.add_argument("--nu", type=float, help="dictionary threshold ν (default 0.1 × the data's "
+                                            "variance in feature space, on a seeded sample)")
     o.add_argument("--max-members", type=_positive_int, help="dictionary size cap")
     o.add_argument("--center", dest="center", action="store_true", default=None)
     o.add_argument("--no-center", dest="center", action="store_false")
     n = p.add_mutually_exclusive_group()
     n.add_argument("--passes", type=_positive_int, help="passes through the data (default 10)")
     n.add_argument("--steps", type=_positive_int, help="single-sample steps")
-    p.add_argument("--init", default="random", metavar="random|random:M|nystrom:M",
-                   help="initial coefficients: random (the paper's), the same on M random "
-                        "columns (KHA/et, SMD start from M kernel rows instead of a pass: for "
-                        "large data), or the Nyström solution from M landmark rows")
+    p.add_argument("--init", metavar="random|random:M|nystrom:M",
+                   help="initial coefficients: the Nyström solution from M landmark rows "
+                        "(default: M = 40·components, at least 400, at most the samples − 1), "
+                        "random (the paper's), or the same on M random columns (KHA/et, SMD "
+                        "start from M kernel rows instead of a pass: for large data)")
     p.add_argument("--tol", type=float,
                    help="stop once the excess error E/E_min − 1 is at most TOL (krylov: "
                         "relative residual tolerance)")
@@ -187,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_options(p)
     p.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
     p.add_argument("--rho0", type=float, default=0.0, help="SMD initial log-gain (default 0)")
-    p.add_argument("--init", default="random", metavar="random|nystrom:M")
+    p.add_argument("--init", metavar="random|random:M|nystrom:M",
+                   help="initial coefficients (default: dkha fit's Nyström start)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--evaluate-every", type=int, default=0, metavar="N",
                    help="also evaluate every N passes (default 0: only at the end)")
@@ -421,7 +424,7 @@ def cmd_tune(args) -> int:
                   f"(--{' / --'.join(b['at_edge'])}) may do better")
         print(f"  continue: dkha fit {args.store} -o {b['run_dir']} --algorithm {a} {gains} "
               f"--components {args.components} --kernel {args.kernel} {kernel} --seed {args.seed}"
-              + (f" --init {args.init}" if args.init != "random" else "")
+              + (f" --init {args.init}" if args.init is not None else "")
               + (f" --xi {args.xi:g}" if args.xi is not None else "")
               + (f" --rho0 {args.rho0:g}" if args.rho0 else "")
               + (f" --block {args.block}" if args.block else "")
@@ -454,7 +457,7 @@ def _fit_online(args) -> int:
     for name in ("mu", "xi", "tol"):
         if getattr(args, name) is not None:
             raise_param(f"--{name} applies to the batch algorithms, not {args.algorithm}")
-    if args.init != "random":
+    if args.init is not None:
         raise_param(f"--init applies to the batch algorithms, not {args.algorithm}")
     if args.center_sample is not None:
         raise_param(f"--center-sample applies to the batch algorithms, not {args.algorithm} "

@@ -19,7 +19,7 @@ import numpy as np
 from dkha import schedule
 from dkha.errors import NumericalError
 from dkha.evaluate import evaluate, evaluate_many, projections, projections_many, top_eigenvalues
-from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
+from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, feature_norm, initial_coefficients
 from dkha.solvers.factored import FactoredState
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                 A_init: np.ndarray | None = None, tol: float | Sequence | None = None,
                 checkpointers: Sequence | None = None, checkpoint_every: int = 0,
                 checkpoint_metas: Sequence[dict] | None = None,
-                resumes: Sequence | None = None, checkpoint_steps: int = 0) -> list[BatchResult]:
+                resumes: Sequence | None = None, checkpoint_steps: int = 0,
+                C_init: np.ndarray | None = None) -> list[BatchResult]:
     """Fit several batch solvers over one stream of ``engine``'s kernel rows, one result each.
 
     Every block of centered rows is computed once and applied by every solver in turn, in the
@@ -114,6 +115,9 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     the others go on. ``checkpointers``, ``checkpoint_metas`` and ``resumes`` are one per solver
     (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
     checkpoints must all be at the same step.
+
+    ``C_init``: ``A_init K'`` where the caller has it (it then serves the start of KHA/et and
+    SMD and the pass-0 evaluation instead of a pass).
     """
     from dkha.checkpoint import state_from_arrays
     from dkha.errors import Interrupted, ParameterError
@@ -156,9 +160,18 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         if engine.mk is None:
             engine.compute_mk()
         A1 = initial_coefficients(r, l, schedule.init_generator(seed)) if A_init is None else A_init
-        C1 = projections(engine, A1) if any(s.needs_projection for s in solvers) else None
+        C1 = C_init
+        if C1 is None and any(s.needs_projection for s in solvers):
+            C1 = projections(engine, A1)
         for s in solvers:
             s.start(A1, C=C1 if s.needs_projection else None)
+
+    unset = [s for s in solvers if s.feature_norm is None]
+    if unset:       # the gains' unit κ̄ from the centered diagonal (O(l n); no kernel rows)
+        kappa = feature_norm(engine.centered_diagonal())
+        log.info("gain unit: mean squared feature-space norm (weighted) %.4g", kappa)
+        for s in unset:
+            s.set_feature_norm(kappa)
 
     def save_checkpoints(pass_end_pending: bool = False):
         for m in models:

@@ -19,8 +19,9 @@ from dkha.checkpoint import Checkpointer, open_fit
 from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
 from dkha.kernels import make_kernel, median_distance
 from dkha.rows import RowEngine
-from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
-                                check_algorithm, initial_coefficients)
+from dkha.solvers.batch import (ALGORITHMS, DEFAULT_MU, DEFAULT_XI, BatchKHA, check_algorithm,
+                                default_eta0, default_landmarks, eigenvalue_estimate,
+                                initial_coefficients, start_deficit, warm_eta0)
 from dkha.store import DataStore, ingest_array, open_store
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,17 @@ class KernelHebbianPCA:
     degree, offset, gamma : optional
         Parameters of the polynomial and sigmoid kernels.
     eta0 : float, optional
-        Base gain. Defaults per algorithm: 0.05 (kha), 0.5 (kha-t), 0.2 (kha-et, kha-smd).
-    mu : float, default 0.2
-        SMD's meta-gain.
+        Base gain, dimensionless: the largest step ``d_i κ̄`` of GHA in feature space before
+        the decay ``l/(t + l)``, where ``κ̄`` is the mean squared feature-space norm of the
+        centered samples (:func:`~dkha.solvers.batch.feature_norm`; module docstring of
+        :mod:`dkha.solvers.batch`). Stable below about 2 on any data and kernel. Defaults
+        (:data:`~dkha.solvers.batch.DEFAULT_ETA0`, :data:`~dkha.solvers.batch.WARM_ETA0`):
+        from the Nyström start 0.0002 (kha), 0.0005 (kha-t), 0.01 (kha-et, kha-smd); from a
+        random start 0.05, 0.5, 0.2, 0.2. The applied gains are saved in the attrs
+        (``feature_norm``, ``gain`` = η0/κ̄, ``meta_gain`` = μ/κ̄).
+    mu : float, optional
+        SMD's meta-gain in units of ``1/κ̄`` (default 1 from the Nyström start, 0.2 from a
+        random one).
     xi : float, default 0.99
         SMD's decay factor.
     rho0 : float, default 0.0
@@ -96,13 +105,20 @@ class KernelHebbianPCA:
         ``4·l²`` bytes, refused above half the workers' memory): kernels are computed once, not
         once a pass, which pays from the second pass on (Krylov, many KHA passes, evaluations).
         Results equal the uncached run's up to rounding.
-    init : {"random", "random:M", "nystrom:M"}, default "random"
-        Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))``; the same start on ``M`` seeded
-        random columns, ``N(0, 1/(r M))`` there and zero elsewhere (KHA/et and SMD then compute
-        ``C = A1 K'`` from ``M`` kernel rows instead of a pass over all ``l²`` entries: the start
-        for large ``l``); or the Nyström solution from ``M`` seeded random landmark rows (then refined; the default ``eta0`` is 20× smaller,
-        suited to refinement). Recorded in the history as pass 0. With ``algorithm="krylov"``
-        the Nyström vectors start the Krylov iteration.
+    init : {None, "random", "random:M", "nystrom:M"}, default None
+        Initial coefficients. ``None``: the Nyström solution from
+        :func:`~dkha.solvers.batch.default_landmarks` ``(l, r)`` landmarks (``40 r``, at least
+        400, at most ``l − 1``; the random start where that is fewer than ``r``, and for
+        ``algorithm="krylov"``). ``"random"``: the paper's ``A1 ~ N(0, 1/(r l))``;
+        ``"random:M"``: the same start on ``M`` seeded random columns, ``N(0, 1/(r M))`` there
+        and zero elsewhere (KHA/et and SMD then compute ``C = A1 K'`` from ``M`` kernel rows
+        instead of a pass over all ``l²`` entries: the start for large ``l``);
+        ``"nystrom:M"``: the Nyström solution from ``M`` seeded random landmark rows. A Nyström
+        start is scaled to unit feature-space norms (one pass for ``C = A K'``, which also
+        serves the pass-0 evaluation) and refined with the smaller default gains of
+        :data:`~dkha.solvers.batch.WARM_ETA0`. Recorded in the history as pass 0 and in the
+        attrs as resolved (e.g. ``"nystrom:640"``). With ``algorithm="krylov"`` the Nyström
+        vectors start the Krylov iteration.
     tol : float, optional
         Stop once an evaluation's excess error ``E/E_min − 1`` is at most ``tol`` (evaluations
         every ``evaluate_every`` passes, at least every pass when ``tol`` is set). For
@@ -156,7 +172,7 @@ class KernelHebbianPCA:
                  eta0: float | None = None, mu: float | None = None, xi: float | None = None,
                  rho0: float = 0.0, passes: int | None = None, steps: int | None = None,
                  seed: int = 0, evaluate_every: int = 1, block_rows: int | None = None,
-                 prefetch: int | None = None, init: str = "random", tol: float | None = None,
+                 prefetch: int | None = None, init: str | None = None, tol: float | None = None,
                  projections: str | None = None, cache_rows: bool | None = None,
                  center_sample: int | None = None,
                  scheduler: str | None = None,
@@ -192,7 +208,13 @@ class KernelHebbianPCA:
 
     # -- validation --
     def _init(self, n_samples: int) -> tuple[str, int | None]:
-        """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``."""
+        """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
+        (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
+        if self.init is None and self.algorithm == "krylov":
+            return "random", None
+        if self.init is None:
+            m = default_landmarks(n_samples, int(self.n_components))
+            return ("nystrom", m) if m else ("random", None)
         init = str(self.init)
         if init == "random":
             return "random", None
@@ -227,14 +249,14 @@ class KernelHebbianPCA:
         if landmarks is not None and landmarks < r:
             raise ParameterError(f"init nystrom:{landmarks} needs at least as many landmarks as "
                                  f"components ({r})")
-        default_eta0 = DEFAULT_ETA0.get(algorithm, 0.0) / (20.0 if landmarks else 1.0)
-        eta0 = default_eta0 if self.eta0 is None else float(self.eta0)
+        # None from a Nyström start: it follows from the start (fit_together, warm_eta0)
+        eta0 = default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None else float(self.eta0)
         if self.tol is not None and not (np.isfinite(self.tol) and self.tol > 0):
             raise ParameterError(f"tol must be a positive number, got {self.tol}")
         mu = DEFAULT_MU if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
-        if algorithm != "krylov" and not (np.isfinite(eta0) and eta0 > 0):
+        if algorithm != "krylov" and eta0 is not None and not (np.isfinite(eta0) and eta0 > 0):
             raise ParameterError(f"eta0 must be a positive number, got {eta0}")
         if not (np.isfinite(mu) and mu >= 0):
             raise ParameterError(f"mu must be a non-negative number, got {mu}")
@@ -261,7 +283,9 @@ class KernelHebbianPCA:
                                      f"number of samples), got {center_sample!r}")
             center_sample = int(center_sample)
         return {"center_sample": center_sample, "algorithm": algorithm, "r": int(r), "eta0": eta0, "mu": mu, "xi": xi,
-                "rho0": rho0, "n_steps": n_steps, "landmarks": landmarks, "support": support}
+                "rho0": rho0, "n_steps": n_steps, "landmarks": landmarks, "support": support,
+                "init": (f"nystrom:{landmarks}" if landmarks else
+                         f"random:{support}" if support else "random")}
 
     def run_attrs(self, store: DataStore, kernel, p: dict) -> dict:
         """The attrs saved with the components (also used to compare runs)."""
@@ -271,7 +295,7 @@ class KernelHebbianPCA:
                  "n_steps": p["n_steps"], "passes": p["n_steps"] / store.n_samples,
                  "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
                  "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-                 "init": str(self.init), "tol": self.tol, "dkha_version": dkha.__version__,
+                 "init": p["init"], "tol": self.tol, "dkha_version": dkha.__version__,
                  "centering": "exact" if p["center_sample"] is None else "sample",
                  "center_sample": p["center_sample"]}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
@@ -380,7 +404,7 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
     the algorithm appears with several base gains and ``-mu=<value>`` where KHA-SMD appears with
     several meta-gains."""
     def eta0(m):
-        return m.eta0 if m.eta0 is not None else DEFAULT_ETA0.get(m.algorithm)
+        return m.eta0 if m.eta0 is not None else default_eta0(m.algorithm, warm=m.init is None)
 
     def mu(m):
         return m.mu if m.mu is not None else DEFAULT_MU
@@ -390,7 +414,7 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
         same = [o for o in models if o.algorithm == m.algorithm]
         name = str(m.algorithm)
         if len({eta0(o) for o in same}) > 1:
-            name += f"-eta0={eta0(m):g}"
+            name += "-eta0=" + ("auto" if eta0(m) is None else f"{eta0(m):g}")
         if m.algorithm == "kha-smd" and len({mu(o) for o in same}) > 1:
             name += f"-mu={mu(m):g}"
         names.append(name)
@@ -430,7 +454,8 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     [(4, 200), (4, 200), (4, 200)]
     """
     from dkha.coordinator import run_batches, run_krylov
-    from dkha.solvers.nystrom import nystrom_coefficients
+    from dkha.evaluate import projections
+    from dkha.solvers.nystrom import nystrom_coefficients, unit_norm_components
 
     models = list(models)
     if not models:
@@ -491,12 +516,25 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         if cks is None:
             engine.compute_mk(center_sample=p0["center_sample"], seed=first.seed)
         t1 = time.perf_counter()
+        C_init = None
         if p0["landmarks"] and cks is None:
-            A_init, _ = nystrom_coefficients(engine, p0["r"], p0["landmarks"], seed=first.seed)
+            A_init, s = nystrom_coefficients(engine, p0["r"], p0["landmarks"], seed=first.seed)
+            if p0["algorithm"] != "krylov":     # unit norms: one pass for C = A K'
+                A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
+                deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
+                log.info("Nyström start: eigenvalue deficit %.3g", deficit)
+                for p, meta in zip(params, metas):
+                    if p["eta0"] is None:
+                        p["eta0"] = warm_eta0(p["algorithm"], deficit)
+                    meta["start_deficit"] = deficit
         elif p0["support"] and cks is None:
             A_init = initial_coefficients(p0["r"], store.n_samples,
                                           schedule.init_generator(first.seed),
                                           support=p0["support"])
+        for p, meta, ck in zip(params, metas, cks or [None] * len(params)):
+            if p["eta0"] is None and ck is not None:    # resumed: the gain the run started with
+                meta["start_deficit"] = float(ck.meta["start_deficit"])
+                p["eta0"] = warm_eta0(p["algorithm"], meta["start_deficit"])
         # seconds before the first pass (history wall times count the passes only)
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1}
         if p0["algorithm"] == "krylov":
@@ -506,13 +544,14 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
             solvers = [None]
         else:
             solvers = [BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"],
-                                mu=p["mu"], xi=p["xi"], rho0=p["rho0"]) for p in params]
+                                mu=p["mu"], xi=p["xi"], rho0=p["rho0"], feature_norm=None)
+                       for p in params]
             results = run_batches(
                 engine, solvers, n_steps=p0["n_steps"], seed=first.seed,
                 evaluate_every=first.evaluate_every, verbose=any(m.verbose for m in models),
                 A_init=A_init, tol=[m.tol for m in models], checkpointers=checkpointers,
                 checkpoint_every=int(checkpoint_every or 0), checkpoint_metas=metas, resumes=cks,
-                checkpoint_steps=int(checkpoint_steps or 0))
+                checkpoint_steps=int(checkpoint_steps or 0), C_init=C_init)
     failures = []
     for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
         m._tmp_store = tmp_store
@@ -525,7 +564,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         m.n_features_in_ = store.n_features
         m.stream_stats_ = res.stream_stats
         if res.failure is not None:
-            failures.append(f"{a['algorithm']} (eta0={a['eta0']:g}"
+            failures.append(f"{a['algorithm']} (eta0={params[i]['eta0']:g}"
                             + (f", mu={a['mu']:g}" if a["algorithm"] == "kha-smd" else "")
                             + f"): {res.failure}")
             continue
@@ -534,6 +573,9 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         m.mk_, m.mkm_ = engine.mk, engine.mkm
         m.attrs_ = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
                         else [float(v) for v in res.top_eigenvalues])
+        if solver is not None:      # the gains as applied (eta0 and mu are in units of κ̄)
+            m.attrs_.update(solver.effective_gains(), eta0_applied=solver.eta0,
+                            start_deficit=metas[i].get("start_deficit"))
         m._final = {"solver": solver, "top_eigenvalues": res.top_eigenvalues,
                     "fit_seconds": res.wall_time, "meta": metas[i]}
         if run_dirs is not None:

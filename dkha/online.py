@@ -47,7 +47,8 @@ from dkha.errors import InputError, ParameterError
 from dkha.evaluate import variance_of
 from dkha.kernels import Kernel, make_kernel, median_distance
 from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
-                                 DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
+                                 INIT_STD, NU_RELATIVE, OnlineKHA, check_algorithm,
+                                 sample_scales)
 from dkha.store import DataStore, open_store
 
 log = logging.getLogger(__name__)
@@ -167,14 +168,20 @@ class OnlineKernelPCA:
         Kernel parameters (``kernel_gamma`` is the sigmoid's slope; ``gamma`` is the learning
         rate decay). ``sigma=None`` uses the median distance between samples.
     eta0 : float, default 0.05
-        Initial step size.
+        Initial step size in units of ``1/κ̄``, ``κ̄ = Σ k(x,x)² / Σ k(x,x)`` on the seeded
+        sample (GHA's step condition in feature space; ``κ̄ = 1`` for the gaussian and laplacian
+        kernels, so there it is the step size itself). The applied step size is saved in the
+        attrs as ``gain`` (with ``feature_norm`` = κ̄).
     gamma : float, optional
         Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17). Default 0.999995 when
         ``tau`` is not given either.
     tau : float, optional
         Honeine's search-then-converge step size ``η = η0 / (1 + s/τ)`` (eq. 20) instead.
-    nu : float, default 1e-3
+    nu : float, optional
         ALD threshold: a sample joins the dictionary when ``ε² = k(x,x) − κᵀK_m⁻¹κ ≥ nu``.
+        Default: 0.1 × the data's variance in feature space, ``trace(K')/n`` on a seeded sample
+        of up to ``dkha.median-sample`` rows (:func:`~dkha.solvers.online.sample_scales`),
+        recorded in the attrs; 1797 digits then keep about 360 members, not 1717.
     max_members : int, default 2000
         Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).
     center : bool, default False
@@ -230,7 +237,7 @@ class OnlineKernelPCA:
                  kernel: str = "gaussian", sigma: float | None = None, degree: int | None = None,
                  offset: float | None = None, kernel_gamma: float | None = None,
                  eta0: float = DEFAULT_ETA0, gamma: float | None = None, tau: float | None = None,
-                 nu: float = DEFAULT_NU, max_members: int = DEFAULT_MAX_MEMBERS,
+                 nu: float | None = None, max_members: int = DEFAULT_MAX_MEMBERS,
                  center: bool = False, steps: int | None = None, seed: int = 0,
                  evaluate_every: int | None = None, block_rows: int | None = None,
                  prefetch: int | None = None, verbose: bool = False):
@@ -270,7 +277,7 @@ class OnlineKernelPCA:
             gamma = DEFAULT_GAMMA if self.gamma is None else float(self.gamma)
             if not (np.isfinite(gamma) and 0.0 < gamma <= 1.0):
                 raise ParameterError(f"gamma must lie in (0, 1], got {self.gamma}")
-        nu = _positive("nu", self.nu)
+        nu = None if self.nu is None else _positive("nu", self.nu)
         mm = self.max_members
         if not isinstance(mm, (int, np.integer)) or isinstance(mm, bool) or mm < 1:
             raise ParameterError(f"max_members must be a positive integer, got {mm!r}")
@@ -303,17 +310,36 @@ class OnlineKernelPCA:
             log.info("sigma by the median-distance heuristic: %g", k["sigma"])
         return k
 
+    def _scaled(self, p: dict, source, kernel: Kernel) -> dict:
+        """``p`` with the scales read off a seeded sample of the data (the sigma heuristic's):
+        the default ``nu`` (:data:`NU_RELATIVE` × the variance in feature space) and the unit of
+        ``eta0`` (:func:`~dkha.solvers.online.sample_scales`)."""
+        sample = source.sample(int(config.get("median-sample")), self.seed)
+        variance, unit = sample_scales(kernel.block(sample, sample))
+        p = dict(p, feature_norm=unit, gain=p["eta0"] / unit)
+        if p["nu"] is None:
+            if not (np.isfinite(variance) and variance > 0):
+                raise ParameterError(
+                    f"the default nu needs the data's spread in feature space, and the {len(sample)} "
+                    "sample(s) it was measured on coincide there (a first partial_fit batch of "
+                    "one sample, duplicates, or a kernel width far too large); give nu")
+            p["nu"] = NU_RELATIVE * variance
+            log.info("nu = %g × the variance in feature space %.4g = %.4g", NU_RELATIVE,
+                     variance, p["nu"])
+        return p
+
     def _new_solver(self, p: dict, n_features: int, kernel: Kernel) -> OnlineKHA:
         a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
         return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
-                         max_members=p["max_members"], eta0=p["eta0"], gamma=p["gamma"],
+                         max_members=p["max_members"], eta0=p["gain"], gamma=p["gamma"],
                          tau=p["tau"], center=p["center"], a_init=a_init)
 
     def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
                n_steps: int) -> dict:
         attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
                  "kernel_parameters": kernel.param_dict, "n_components": p["r"], "nu": p["nu"],
-                 "max_members": p["max_members"], "eta0": p["eta0"], "gamma": p["gamma"],
+                 "max_members": p["max_members"], "eta0": p["eta0"],
+                 "feature_norm": p["feature_norm"], "gain": p["gain"], "gamma": p["gamma"],
                  "tau": p["tau"],
                  "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gamma**s"),
                  "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
@@ -354,8 +380,8 @@ class OnlineKernelPCA:
         from dkha.errors import Interrupted
 
         source = resolve_source(X)
-        p = self._validated()
         kernel = self._kernel(source)
+        p = self._scaled(self._validated(), source, kernel)
         l, n = source.n_samples, source.n_features
         n_steps = l if self.steps is None else int(self.steps)
         store_path = _store_path(source)
@@ -460,8 +486,8 @@ class OnlineKernelPCA:
             raise InputError("partial_fit: the data holds NaN or inf")
         first_call = not hasattr(self, "solver_")
         if first_call:
-            p = self._validated()
             kernel = self._kernel(ArraySource(X))
+            p = self._scaled(self._validated(), ArraySource(X), kernel)
             self.solver_ = self._new_solver(p, X.shape[1], kernel)
             self.kernel_ = kernel
             self.n_features_in_ = X.shape[1]

@@ -168,6 +168,11 @@ def mk_tile(path: str, kernel: Kernel, rows_i: tuple, rows_j: tuple) -> tuple[np
     return tile_sums(_kernel_tile(path, kernel, rows_i, rows_j), rows_i == rows_j)
 
 
+def diagonal_rows(path: str, kernel: Kernel, ranges: tuple) -> np.ndarray:
+    """``k(x, x)`` for the rows of the chunk ranges ``ranges``."""
+    return kernel.diagonal(_group_rows(path, ranges))
+
+
 def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> np.ndarray:
     """Row sums of ``K[I, S]`` for the sampled samples ``XS`` (the estimated MK row)."""
     return kernel.block(_group_rows(path, rows_i), XS).sum(axis=1)
@@ -661,6 +666,20 @@ class RowEngine:
             for fut in futs:
                 mk[a:b] += fut.result()
         return mk / n
+
+    def centered_diagonal(self) -> np.ndarray:
+        """``K'[p, p] = k(x_p, x_p) − 2 mk_p + mkm`` for every sample: ``‖Φ'(x_p)‖²``.
+
+        For the gaussian and laplacian kernels ``k(x, x) = 1`` needs no data; otherwise one task
+        per column group reads its chunks (``O(l n)``, no kernel rows)."""
+        self._need_mk()
+        if self.kernel.name in ("gaussian", "laplacian"):
+            diagonal = np.ones(self.n_samples)
+        else:
+            futures = [self.client.submit(diagonal_rows, self.store.path, self.kernel, g,
+                                          pure=False) for g in self.column_groups]
+            diagonal = np.concatenate(self.gather(futures, "the kernel's diagonal"))
+        return diagonal - 2.0 * self.mk + self.mkm
 
     def set_mk(self, mk: np.ndarray, mkm: float) -> None:
         self.mk = np.asarray(mk, dtype=np.float64)

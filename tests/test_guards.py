@@ -88,7 +88,7 @@ def fit(Kc, algorithm, engine, *, eta0, mu=0.2, rho0=0.0, passes=3, block=16):
 
 @pytest.mark.parametrize("algorithm,eta0,mu,what", [
     ("kha", 5.0, 0.0, "runaway growth: component"),          # a gain far too large
-    ("kha-smd", 0.2, 50.0, "runaway growth of the gain"),    # a meta-gain far too large
+    ("kha-smd", 2.0, 50.0, "runaway growth of the gain"),    # a meta-gain far too large
 ])
 def test_a_diverging_gain_stops_at_its_first_bad_step(kc, algorithm, eta0, mu, what):
     want = first_bad_step(kc, algorithm, eta0, mu, 0.0, passes=3)
@@ -102,10 +102,10 @@ def test_a_diverging_gain_stops_at_its_first_bad_step(kc, algorithm, eta0, mu, w
 
 
 def test_smd_safeguard_floors_each_gain_multiplier_at_one_half(kc60):
-    """ρ0 = 3 (gains × 20) with μ = 1: SMD cuts gains as fast as the safeguard allows, which is
+    """ρ0 = 3 (gains × 20) with μ = 1 and η0 = 0.45: SMD cuts gains as fast as the safeguard allows, which is
     what keeps this run finite; the compiled engine follows the per-step reference exactly."""
     l = len(kc60)
-    ref = BatchKHA("kha-smd", R, l, eta0=0.2, mu=1.0, xi=XI, rho0=3.0, engine="reference")
+    ref = BatchKHA("kha-smd", R, l, eta0=0.45, mu=1.0, xi=XI, rho0=3.0, engine="reference")
     A0 = initial_coefficients(R, l, schedule.init_generator(0))
     ref.start(A0, C=A0 @ kc60)
     ref.begin_pass()
@@ -117,7 +117,7 @@ def test_smd_safeguard_floors_each_gain_multiplier_at_one_half(kc60):
         assert np.all(change >= np.log(0.5) - 1e-15)        # every multiplier e^Δρ ≥ ½
         floored += int(np.sum(change <= np.log(0.5) + 1e-15))
     assert floored >= 3
-    fac = fit(kc60, "kha-smd", "factored", eta0=0.2, mu=1.0, rho0=3.0, passes=1)
+    fac = fit(kc60, "kha-smd", "factored", eta0=0.45, mu=1.0, rho0=3.0, passes=1)
     assert np.isfinite(fac.A).all()
     np.testing.assert_allclose(fac.A, ref.A, rtol=1e-8, atol=1e-10 * np.abs(ref.A).max())
     np.testing.assert_allclose(fac.state.rho, ref.state.rho, rtol=1e-9)
@@ -127,7 +127,7 @@ def test_smd_safeguard_floors_each_gain_multiplier_at_one_half(kc60):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for t, p in enumerate(schedule.pass_permutation(0, 0, l)):
-            A, B, rho, _ = paper_smd_step(A, B, rho, kc60, p, et_gain(lam, t, l, 0.2), 1.0, XI,
+            A, B, rho, _ = paper_smd_step(A, B, rho, kc60, p, et_gain(lam, t, l, 0.45), 1.0, XI,
                                           floor=False)
     assert not np.isfinite(A).all()
 
@@ -136,7 +136,8 @@ def test_cli_reports_the_bad_step_exits_3_and_keeps_only_good_checkpoints(digits
                                                                           tmp_path):
     run = str(tmp_path / "run")
     p = subprocess.run(dkha_command("fit", digits_store.path, "-o", run, "--algorithm", "kha",
-                                    "--eta0", "5", "--components", "4", "--sigma", "4",
+                                    "--eta0", "3", "--components", "4", "--sigma", "4",
+                                    "--init", "random",
                                     "--passes", "2", "--checkpoint-steps", "8", "--block", "8",
                                     "--quiet"),
                        env=subprocess_env(), capture_output=True, text=True, timeout=300)

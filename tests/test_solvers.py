@@ -67,9 +67,17 @@ def eigenvalue_estimates(A, Kc):
     return np.array([np.linalg.norm(AK[i]) / np.linalg.norm(A[i]) for i in range(len(A))])
 
 
-def et_gain(lam, t, l, eta0):
-    """Eq. 12: ``[η_t]_i = ‖λ‖ / λ_i · l / (t + l) · η0``."""
-    return np.linalg.norm(lam) / lam * (l / (t + l)) * eta0
+def et_gain(lam, t, l, eta0, kappa=1.0):
+    """Eq. 12, ``[η_t]_i = ‖λ‖ / λ_i · l / (t + l) · η̃0``, with dkha's base gain
+    ``η̃0 = η0 λ_min / (‖λ‖ κ̄)``: the largest gain is ``η0/κ̄ · l/(t + l)``."""
+    base = eta0 * lam.min() / (np.linalg.norm(lam) * kappa)
+    return np.linalg.norm(lam) / lam * (l / (t + l)) * base
+
+
+def kappa_bar(Kc):
+    """The gains' unit written out: ``Σ K'_pp² / Σ K'_pp`` over the dense diagonal."""
+    d = np.diag(Kc)
+    return float(np.sum(d * d) / np.sum(d))
 
 
 def rel_err(a, b):
@@ -135,8 +143,9 @@ def test_reference_smd_step_is_algorithm_1(problem, A0, seed, rho0):
 # --- BatchKHA: gains through its public behaviour -----------------------------------------------
 
 
-def one_step(algorithm, A, Kc, p, t0, *, eta0, rho0=0.0):
-    solver = BatchKHA(algorithm, R, len(Kc), eta0=eta0, mu=MU, xi=XI, rho0=rho0)
+def one_step(algorithm, A, Kc, p, t0, *, eta0, rho0=0.0, feature_norm=1.0):
+    solver = BatchKHA(algorithm, R, len(Kc), eta0=eta0, mu=MU, xi=XI, rho0=rho0,
+                      feature_norm=feature_norm)
     solver.start(A, C=A @ Kc, t=t0)
     solver.begin_pass()
     solver.apply_block(np.array([p]), Kc[[p]])
@@ -146,19 +155,21 @@ def one_step(algorithm, A, Kc, p, t0, *, eta0, rho0=0.0):
 
 @pytest.mark.parametrize("t0", [0, 17, 250])
 def test_gain_kha_is_constant(problem, A0, t0):
-    got = one_step("kha", A0, problem, 11, t0, eta0=0.05)
-    want = paper_kha_step(A0, problem, 11, np.full(R, 0.05))
+    kappa = kappa_bar(problem)
+    got = one_step("kha", A0, problem, 11, t0, eta0=0.05, feature_norm=kappa)
+    want = paper_kha_step(A0, problem, 11, np.full(R, 0.05 / kappa))
     assert rel_err(got, want) < 1e-13
 
 
 @pytest.mark.parametrize("t0", [0, 17, 250])
 def test_gain_kha_t_decays(problem, A0, t0):
     l = len(problem)
-    got = one_step("kha-t", A0, problem, 11, t0, eta0=0.5)
-    want = paper_kha_step(A0, problem, 11, np.full(R, 0.5 * l / (t0 + l)))
+    kappa = kappa_bar(problem)
+    got = one_step("kha-t", A0, problem, 11, t0, eta0=0.5, feature_norm=kappa)
+    want = paper_kha_step(A0, problem, 11, np.full(R, 0.5 / kappa * l / (t0 + l)))
     assert rel_err(got, want) < 1e-13
     if t0:  # and is not the constant gain
-        assert rel_err(got, paper_kha_step(A0, problem, 11, np.full(R, 0.5))) > 1e-3
+        assert rel_err(got, paper_kha_step(A0, problem, 11, np.full(R, 0.5 / kappa))) > 1e-3
 
 
 @pytest.mark.parametrize("t0", [0, 17, 250])
@@ -166,9 +177,14 @@ def test_gain_kha_et_is_eq_12(problem, A0, t0):
     Kc, l = problem, len(problem)
     lam = eigenvalue_estimates(A0, Kc)
     assert lam.max() / lam.min() > 1.05  # the gains differ per component
-    got = one_step("kha-et", A0, Kc, 11, t0, eta0=0.2)
-    want = paper_kha_step(A0, Kc, 11, et_gain(lam, t0, l, 0.2))
+    kappa = kappa_bar(Kc)
+    got = one_step("kha-et", A0, Kc, 11, t0, eta0=0.2, feature_norm=kappa)
+    want = paper_kha_step(A0, Kc, 11, et_gain(lam, t0, l, 0.2, kappa))
     assert rel_err(got, want) < 1e-12
+    # the largest gain is η0/κ̄ · l/(t + l), that of the component with the smallest λ
+    gains = et_gain(lam, t0, l, 0.2, kappa)
+    assert gains.max() == pytest.approx(0.2 / kappa * l / (t0 + l), rel=1e-14)
+    assert np.argmax(gains) == np.argmin(lam)
 
 
 @pytest.mark.parametrize("rho0", [0.0, 0.7])
@@ -186,7 +202,7 @@ def test_gain_kha_smd_first_step(problem, A0, rho0):
 # --- BatchKHA over blocks against the reference steps one by one --------------------------------
 
 
-def reference_run(algorithm, A0, Kc, n_steps, run_seed, *, eta0, rho0=0.0):
+def reference_run(algorithm, A0, Kc, n_steps, run_seed, *, eta0, rho0=0.0, kappa=1.0):
     """Reference steps one at a time over the schedule; λ (eq. 13) from the exact A K' at the
     first step of each pass. Returns A and (for SMD) the log-gains."""
     l = len(Kc)
@@ -201,13 +217,13 @@ def reference_run(algorithm, A0, Kc, n_steps, run_seed, *, eta0, rho0=0.0):
         if t % l == 0:
             lam = eigenvalue_estimates(A, Kc)
         if algorithm == "kha":
-            eta = np.full(R, eta0)
+            eta = np.full(R, eta0 / kappa)
         elif algorithm == "kha-t":
-            eta = np.full(R, eta0 * l / (t + l))
+            eta = np.full(R, eta0 / kappa * l / (t + l))
         else:
-            eta = et_gain(lam, t, l, eta0)
+            eta = et_gain(lam, t, l, eta0, kappa)
         if algorithm == "kha-smd":
-            reference.smd_step(A, B, C, rho, int(p), Kc[p].copy(), eta, MU, XI)
+            reference.smd_step(A, B, C, rho, int(p), Kc[p].copy(), eta, MU / kappa, XI)
         else:
             reference.step(A, int(p), Kc[p].copy(), eta, C)
     return A, rho
@@ -220,7 +236,8 @@ def test_batch_blocks_match_reference_steps(problem, A0, seed, algorithm, eta0, 
     Kc, l = problem, len(problem)
     n_steps = 150  # two and a half passes
     rho0 = 0.1
-    solver = BatchKHA(algorithm, R, l, eta0=eta0, mu=MU, xi=XI, rho0=rho0)
+    kappa = kappa_bar(Kc)     # η0 and μ in units of κ̄, written out in the reference
+    solver = BatchKHA(algorithm, R, l, eta0=eta0, mu=MU, xi=XI, rho0=rho0, feature_norm=kappa)
     solver.start(A0, C=A0 @ Kc)
     current = -1
     for k, first, idx in schedule.blocks(seed, l, n_steps, block_rows):
@@ -231,7 +248,8 @@ def test_batch_blocks_match_reference_steps(problem, A0, seed, algorithm, eta0, 
         solver.apply_block(idx, Kc[idx])
     assert solver.state.t == n_steps
 
-    want, rho = reference_run(algorithm, A0, Kc, n_steps, seed, eta0=eta0, rho0=rho0)
+    want, rho = reference_run(algorithm, A0, Kc, n_steps, seed, eta0=eta0, rho0=rho0,
+                              kappa=kappa)
     assert rel_err(want, A0) > 0.1
     if algorithm == "kha-smd":
         assert np.abs(rho - rho0).max() > 0.05

@@ -4,13 +4,28 @@
 where the gains need eigenvalue estimates) and consumes blocks of centered kernel rows
 ``K'[P, :]`` in schedule order. The gains live here, in one place:
 
-* ``kha``      ``η_t = η0`` (eq. 8/10)
-* ``kha-t``    ``η_t = η0 · l / (t + l)``
-* ``kha-et``   ``[η_t]_i = ‖λ‖ / λ_i · l / (t + l) · η0`` (eq. 12), ``λ`` by eq. 13 from the
-               exact ``C = A K'`` once per pass (at the pass's first step)
-* ``kha-smd``  ``e^ρ ⊙ η_t`` with ``η_t`` the KHA/et gain and ``ρ`` adapted by eq. 16
+* ``kha``      ``η_t = η0 / κ̄`` (eq. 8/10)
+* ``kha-t``    ``η_t = η0 / κ̄ · l / (t + l)``
+* ``kha-et``   ``[η_t]_i = η0 / κ̄ · λ_r / λ_i · l / (t + l)`` (eq. 12 with its base gain
+               ``η0 λ_r / (‖λ‖ κ̄)``), ``λ`` by eq. 13 from the exact ``C = A K'`` once per pass
+               (at the pass's first step), ``λ_r`` the smallest
+* ``kha-smd``  ``e^ρ ⊙ η_t`` with ``η_t`` the KHA/et gain and ``ρ`` adapted by eq. 16 with the
+               meta-gain ``μ / κ̄``
 
 ``t`` counts the steps taken before the current one (0 at the first step).
+
+**Gains without units.** ``κ̄`` (:func:`feature_norm`) is the squared feature-space norm of the
+centered samples, ``K'[p, p] = ‖Φ'(x_p)‖²``, averaged with the weights ``K'[p, p]``:
+``Σ K'[p, p]² / Σ K'[p, p]``. Every update is GHA's in feature space,
+``w_i ← w_i + d_i y_i (Φ'(x_p) − Σ_{j≤i} y_j w_j)``; for a unit component it changes the squared
+norm by ``d_i y_i² (d_i ‖Φ'(x_p)‖² − 2)`` (plus the deflation terms), so GHA is stable only
+while ``d_i ‖Φ'(x_p)‖² < 2`` on the samples that carry the component (weights ``y_i²``, which
+grow with ``K'[p, p]``). With the gains above the largest step ``d_i κ̄`` is ``η0 · l/(t + l)``
+for every algorithm and data set: ``η0`` is that dimensionless step, stable below about 2 on
+any data, kernel, width, ``l`` and ``r``, and the whole fit is invariant under ``k → c·k``
+(``μ``'s units are those of ``y z``, ``κ̄``). KHA/et's eq. 12 equalises the components' rates
+(``d_i λ_i`` the same for all ``i``); normalising by its largest gain keeps the smallest
+component within the step condition where ``‖λ‖ / λ_r`` reaches 10–100 after the first pass.
 
 Two engines apply the steps: ``"factored"`` (the default), the exact factored form of
 coordinator-math.md §3 with its in-block loop compiled (:mod:`dkha.solvers.factored`), and
@@ -34,8 +49,65 @@ from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
 ENGINES = ("factored", "reference")
-DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.5, "kha-et": 0.2, "kha-smd": 0.2}
-DEFAULT_MU = 0.2
+#: default η0 (units of κ̄, see the module docstring) from the paper's random start ...
+DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.2, "kha-et": 1.0, "kha-smd": 1.0}
+DEFAULT_MU = 0.3
+#: ... and from a Nyström start, per unit of the start's eigenvalue deficit (:func:`warm_eta0`)
+WARM_ETA0 = {"kha": 0.02, "kha-t": 0.02, "kha-et": 2.0, "kha-smd": 2.0}
+WARM_ETA0_MAX = 0.05
+
+
+def default_eta0(algorithm: str, *, warm: bool) -> float | None:
+    """The default ``η0`` of ``algorithm`` from a random start; ``None`` from a Nyström start,
+    where it follows from the start (:func:`warm_eta0`)."""
+    return None if warm else DEFAULT_ETA0.get(algorithm, 0.0)
+
+
+def start_deficit(nystrom_eigenvalues: np.ndarray, eigenvalues: np.ndarray) -> float:
+    """``δ = mean_i (λ_i − s_i) / λ_i``: how far the Nyström eigenvalues ``s`` fall short of
+    the eq. 13 estimates ``λ`` of the same components on the exact ``K'``.
+
+    The Nyström approximation ``K'_M ⪯ K'`` misses a part of ``K'`` along each of its
+    components, and that part is what a refinement has to add; ``δ`` is 0 for an exact start
+    (e.g. ``l − 1`` landmarks) and the start's excess error is about ``δ²`` (within a factor of
+    a few; on digits, standardized tables and patches, 50 to 1500 landmarks)."""
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    s = np.asarray(nystrom_eigenvalues, dtype=np.float64)
+    return float(np.clip(np.mean((lam - s) / lam), 0.0, 1.0))
+
+
+def warm_eta0(algorithm: str, deficit: float) -> float:
+    """The default ``η0`` from a Nyström start with eigenvalue deficit ``δ``
+    (:func:`start_deficit`): ``WARM_ETA0[algorithm] · δ``, at most :data:`WARM_ETA0_MAX`, at
+    least 1e-8.
+
+    KHA's steps add noise in proportion to the gain: a refinement step should be about as
+    large as the start's error, not larger (a start better than the noise of the steps would
+    only get worse). KHA/et and SMD take ``2 δ``; KHA and KHA/t, whose single gain is the top
+    components' too (they carry most of ``E``), a hundredth of that."""
+    return float(np.clip(WARM_ETA0[algorithm] * deficit, 1e-8, WARM_ETA0_MAX))
+
+
+
+
+def default_landmarks(n_samples: int, n_components: int) -> int | None:
+    """Landmarks of the default Nyström start: ``40 r``, at least 400, at most ``l − 1``; ``None``
+    where that leaves fewer than ``r`` (then the random start)."""
+    m = min(n_samples - 1, max(40 * n_components, 400))
+    return m if m >= n_components else None
+
+
+def feature_norm(diagonal: np.ndarray) -> float:
+    """``κ̄ = Σ K'[p, p]² / Σ K'[p, p]``: the squared feature-space norm of the centered samples,
+    weighted as GHA's step condition weighs them (module docstring); ``diagonal`` is ``K'[p, p]``
+    for every sample (:meth:`dkha.rows.RowEngine.centered_diagonal`)."""
+    kappa = np.maximum(np.asarray(diagonal, dtype=np.float64), 0.0)
+    total = kappa.sum()
+    if not (np.isfinite(total) and total > 0):
+        raise ParameterError("the centered kernel's diagonal is zero: every sample maps to the "
+                             "same point in feature space (duplicate samples, or a kernel width "
+                             "far too large); choose another kernel or width")
+    return float((kappa * kappa).sum() / total)
 DEFAULT_XI = 0.99
 
 
@@ -88,6 +160,10 @@ class BatchKHA:
     eta0, mu, xi, rho0 : float
         ``eta0`` the base gain; ``mu`` SMD's meta-gain, ``xi`` its decay, ``rho0`` the initial
         log-gain (Algorithm 1 prints ρ0 = 1; 0 converges much better, see the docs).
+    feature_norm : float or None, default 1.0
+        ``κ̄`` (:func:`feature_norm`): ``eta0`` and ``mu`` are in its units (module docstring).
+        1.0 takes them as raw gains; ``None`` leaves it to the coordinator, which sets it from
+        the row engine (:meth:`set_feature_norm`) before the first step.
     engine : {"factored", "reference"}
         ``"factored"`` (default) the exact factored form, ``O(r l)`` per step in two GEMMs per
         block plus ``O(r² + b r)`` compiled work per step; ``"reference"`` the ``O(r² l)``
@@ -98,7 +174,8 @@ class BatchKHA:
 
     def __init__(self, algorithm: str, n_components: int, n_samples: int, *, eta0: float,
                  mu: float = DEFAULT_MU, xi: float = DEFAULT_XI, rho0: float = 0.0,
-                 engine: str = "factored", fold_condition: float = DEFAULT_FOLD_CONDITION):
+                 engine: str = "factored", fold_condition: float = DEFAULT_FOLD_CONDITION,
+                 feature_norm: float | None = 1.0):
         if engine not in ENGINES:
             raise ParameterError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         self.engine = engine
@@ -110,6 +187,9 @@ class BatchKHA:
         self.mu = float(mu)
         self.xi = float(xi)
         self.rho0 = float(rho0)
+        self.feature_norm = None
+        if feature_norm is not None:
+            self.set_feature_norm(feature_norm)
         self.state: BatchState | FactoredState | None = None
         self.replicas = None     # a stream's dkha.rows.WorkerReplicas while one is attached
 
@@ -166,25 +246,52 @@ class BatchKHA:
     def detach_replicas(self) -> None:
         self.replicas = None
 
+    def set_feature_norm(self, value: float) -> None:
+        """Set ``κ̄``, the unit of ``eta0`` and ``mu`` (:func:`feature_norm`)."""
+        value = float(value)
+        if not (np.isfinite(value) and value > 0):
+            raise ParameterError(f"feature_norm must be a positive number, got {value}")
+        self.feature_norm = value
+
+    @property
+    def meta_gain(self) -> float:
+        """SMD's meta-gain as applied, ``μ / κ̄``."""
+        return self.mu / self._unit()
+
+    def effective_gains(self) -> dict:
+        """What the gains were in the kernel's own units: ``feature_norm`` (κ̄), ``gain``
+        (``η0/κ̄``, the largest ``d_i`` before the decay ``l/(t + l)``) and, for SMD,
+        ``meta_gain`` (``μ/κ̄``)."""
+        out = {"feature_norm": self.feature_norm, "gain": self.eta0 / self._unit()}
+        if self.algorithm == "kha-smd":
+            out["meta_gain"] = self.meta_gain
+        return out
+
+    def _unit(self) -> float:
+        if self.feature_norm is None:
+            raise ValueError("the gains' unit κ̄ is not set: call set_feature_norm first")
+        return self.feature_norm
+
+    def component_gains(self) -> np.ndarray:
+        """``η_t · (t + l)/l`` per component: the gains of step ``t`` without the decay."""
+        eta0 = self.eta0 / self._unit()
+        if self.algorithm in ("kha", "kha-t"):
+            return np.full(self.r, eta0)
+        lam = self.state.lam
+        return lam.min() / lam * eta0
+
     def base_gain(self, t: int) -> np.ndarray:
         """``η_t`` (before SMD's ``e^ρ``) for the step after ``t`` steps."""
-        decay = self.l / (t + self.l)
         if self.algorithm == "kha":
-            return np.full(self.r, self.eta0)
-        if self.algorithm == "kha-t":
-            return np.full(self.r, self.eta0 * decay)
-        lam = self.state.lam
-        return np.linalg.norm(lam) / lam * decay * self.eta0
+            return self.component_gains()
+        return self.component_gains() * (self.l / (t + self.l))
 
     def block_gains(self, t: int, n_steps: int) -> np.ndarray:
         """``base_gain`` of the ``n_steps`` steps from step ``t`` on, as an ``n_steps×r`` array."""
-        decay = (self.l / (t + np.arange(n_steps) + self.l))[:, None]
+        gains = self.component_gains()[None, :]
         if self.algorithm == "kha":
-            return np.full((n_steps, self.r), self.eta0)
-        if self.algorithm == "kha-t":
-            return np.repeat(self.eta0 * decay, self.r, axis=1)
-        lam = self.state.lam
-        return (np.linalg.norm(lam) / lam)[None, :] * decay * self.eta0
+            return np.repeat(gains, n_steps, axis=0)
+        return (self.l / (t + np.arange(n_steps) + self.l))[:, None] * gains
 
     def apply_block(self, index: np.ndarray, rows) -> None:
         """Apply one step per entry of ``index``; ``rows[j] = K'[index[j], :]``.
@@ -199,14 +306,14 @@ class BatchKHA:
             eta = self.block_gains(st.t, len(index))
             try:
                 if isinstance(rows, np.ndarray):
-                    st.apply_block(index, rows, eta, mu=self.mu, xi=self.xi)
+                    st.apply_block(index, rows, eta, mu=self.meta_gain, xi=self.xi)
                 else:
                     if self.replicas is None:
                         raise ValueError("a block of projections needs the replicas of its "
                                          "stream attached (RowEngine.stream(..., solver=...))")
                     Y, kpp = self.replicas.projections(rows)
                     ops: list = []
-                    st.apply_block(index, None, eta, mu=self.mu, xi=self.xi, projections=Y,
+                    st.apply_block(index, None, eta, mu=self.meta_gain, xi=self.xi, projections=Y,
                                    kpp=kpp, ops=ops)
                     self.replicas.record_block(rows, ops)
             except BadStep as bad:
@@ -225,7 +332,7 @@ class BatchKHA:
             y = st.A @ kp
             if smd:
                 z = st.B @ kp
-                d = reference.smd_step(st.A, st.B, st.C, st.rho, int(p), kp, eta, self.mu,
+                d = reference.smd_step(st.A, st.B, st.C, st.rho, int(p), kp, eta, self.meta_gain,
                                        self.xi)
                 bad = reference.guard(y, st.A @ kp, kp[p], d, rho=st.rho, z=z,
                                       state=(("A", st.A), ("B", st.B)))

@@ -166,6 +166,7 @@ class FactoredState:
         self.T = np.eye(F.shape[0])
         self._fresh = True
         self.folds += 1
+        self._cache.clear()     # snapshots taken before the fold differ in rounding
         return F
 
     def resync_grams(self) -> None:

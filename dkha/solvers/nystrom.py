@@ -55,6 +55,22 @@ def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float 
     return A, s
 
 
+def unit_norm_components(A: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``A`` and ``C = A K'`` with each component scaled to unit feature-space norm,
+    ``‖w_i‖² = (A K' Aᵀ)_ii = Σ_j A_ij C_ij``.
+
+    The Nyström components have unit norm only under the Nyström approximation of ``K'``. A
+    component whose norm is off by ``δ`` adds about ``λ_i² δ²`` to ``E(A)²``, and KHA/et and SMD,
+    which give the top components the smallest gains, take passes to correct it: on 1797 digits
+    (σ = 4, r = 16, 300 landmarks) the scaling alone takes the start from excess 1.7e-3 to 3.5e-4.
+    """
+    norms = np.sqrt(np.einsum("ij,ij->i", A, C))
+    if not np.all(np.isfinite(norms) & (norms > 0)):
+        raise ParameterError("a Nyström component has zero norm in feature space; use more "
+                             "landmarks or fewer components")
+    return A / norms[:, None], C / norms[:, None]
+
+
 def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
                         X0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise LOBPCG."""

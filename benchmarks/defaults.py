@@ -1,0 +1,289 @@
+"""Defaults that need no tuning: the default fit against the best of the paper's gain grid.
+
+For each data set of a panel assembled from what scikit-learn and scikit-image ship, this prints
+the excess error ``E/E_min − 1`` after the default number of passes of the default fit
+(``dkha fit DATA -o RUN --components 16``: KHA-SMD from the default Nyström start with the
+default gains; the data set's kernel options where it is not the gaussian with the median
+width), and the same for ``--algorithm kha-t`` and ``--algorithm kha-et``, each next to the best
+setting of the paper's ``{1, 2, 5}×10^b`` grid of η0 (× μ for KHA-SMD) for the same passes and
+start. Every model of a data set — the three defaults and the whole grid — is fitted in one
+kernel stream (:func:`dkha.estimator.fit_together`, the machinery of ``dkha tune``).
+
+Targets (issue 14): no default fit fails or diverges; every default excess ≤ 1e-3 on the
+gaussian kernels; every default within 3× of its grid's best.
+
+The panel (``--data`` picks a subset; ``--small`` divides the patch counts by 4):
+
+* ``patches8-5k``, ``patches11-5k``, ``patches8-20k``, ``patches11-20k``: 8×8 and 11×11 patches
+  of several photographs (a seeded sample spread over each image, pixels in [0, 1]);
+* ``digits``: load_digits with pixels ``x/8 − 1``; ``digits-std``: each pixel standardized
+  (``x/16`` would be ``x/8 − 1`` again under the median width);
+* ``cancer``, ``wine``: standardized breast-cancer and wine tables;
+* ``digits-s0.5``, ``patches11-s3``: σ = 0.5× and 3× the median distance;
+* ``digits-poly``: polynomial kernel ``(x·y + 1)³`` on ``x/16``; ``cancer-laplace``: the
+  laplacian kernel with the median width.
+
+``--timing`` also prints, on ``--timing-samples`` (20 000) 11×11 patches of camera (r = 20), the
+seconds of the default fit to its first evaluation with excess ≤ 1e-3 (fit stopped there by
+``tol``; centering, start and passes, evaluations excluded, and the whole call with them) beside
+scikit-learn's exact ``KernelPCA`` (arpack) on the same data, in one run; and the seconds from
+starting ``dkha fit`` on that store to its first line of output.
+
+    python benchmarks/defaults.py [--data digits,cancer] [--small] [--passes N]
+                                  [--coarse] [--timing] [--timing-samples N]
+
+Run on a shared machine, compare ratios measured within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha, not an installed copy
+
+import numpy as np  # noqa: E402
+
+from dkha.cluster import client_for  # noqa: E402
+from dkha.estimator import KernelHebbianPCA, fit_together  # noqa: E402
+from dkha.kernels import median_distance  # noqa: E402
+from dkha.store import extract_patches, ingest_array, open_store, read_grey_image  # noqa: E402
+from dkha.tune import grid  # noqa: E402
+
+R = 16
+TARGET = 1e-3
+ALGORITHMS = ("kha-t", "kha-et", "kha-smd")
+PHOTOS_A = ("camera", "coins", "astronaut", "moon")
+PHOTOS_B = ("chelsea", "coffee", "rocket", "brick")
+
+
+def patch_sample(n: int, patch: int, photos, seed: int = 0) -> np.ndarray:
+    """``n`` patches spread over ``photos`` (a seeded sample of each image's patches on a grid
+    of 2, the same number from each)."""
+    rng = np.random.default_rng([seed, patch, n])
+    per = -(-n // len(photos))
+    parts = []
+    for name in photos:
+        P = extract_patches(read_grey_image(f"skimage:{name}"), patch, 2)
+        parts.append(P[np.sort(rng.choice(len(P), size=min(per, len(P)), replace=False))])
+    X = np.concatenate(parts)
+    return X[np.sort(rng.choice(len(X), size=n, replace=False))]
+
+
+def standardized(X: np.ndarray) -> np.ndarray:
+    sd = X.std(axis=0)
+    return (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+
+
+def panel(small: bool) -> dict:
+    """``name → (builder, kernel options, is gaussian)``; builders return the array."""
+    from sklearn.datasets import load_breast_cancer, load_digits, load_wine
+
+    k = 4 if small else 1
+    digits = lambda: load_digits().data / 8.0 - 1.0        # noqa: E731
+    median = lambda X: median_distance(X[np.random.default_rng(0).choice(   # noqa: E731
+        len(X), size=min(1000, len(X)), replace=False)])
+    return {
+        "patches8-5k": (lambda: patch_sample(5000 // k, 8, PHOTOS_A), {}, True),
+        "patches11-5k": (lambda: patch_sample(5000 // k, 11, PHOTOS_B), {}, True),
+        "patches8-20k": (lambda: patch_sample(20000 // k, 8, PHOTOS_B), {}, True),
+        "patches11-20k": (lambda: patch_sample(20000 // k, 11, PHOTOS_A), {}, True),
+        "digits": (digits, {}, True),
+        "digits-std": (lambda: standardized(load_digits().data), {}, True),
+        "cancer": (lambda: standardized(load_breast_cancer().data), {}, True),
+        "wine": (lambda: standardized(load_wine().data), {}, True),
+        "digits-s0.5": (digits, {"sigma_times_median": 0.5}, True),
+        "patches11-s3": (lambda: patch_sample(5000 // k, 11, PHOTOS_A + PHOTOS_B),
+                         {"sigma_times_median": 3.0}, True),
+        "digits-poly": (lambda: load_digits().data / 16.0,
+                        {"kernel": "polynomial", "degree": 3, "offset": 1.0}, False),
+        "cancer-laplace": (lambda: standardized(load_breast_cancer().data),
+                           {"kernel": "laplacian"}, False),
+        "_median": median,
+    }
+
+
+def grids(coarse: bool) -> dict:
+    """The gains tried per algorithm: the paper's {1, 2, 5}×10^b (``coarse``: 10^b only)."""
+    def g(lo, hi):
+        values = grid(lo, hi)
+        return [v for v in values if not coarse or np.isclose(np.log10(v), round(np.log10(v)))]
+    return {"kha-t": [(e, None) for e in g(-5, -1)],
+            "kha-et": [(e, None) for e in g(-4, 0)],
+            "kha-smd": [(e, m) for e in g(-4, -1) for m in (0.1, 1.0, 10.0)]}
+
+
+def store_for(name: str, builder, workdir: str) -> str:
+    path = os.path.join(workdir, f"{name}.zarr")
+    if not os.path.exists(path):
+        ingest_array(builder(), path, chunk_rows=1024)
+    return path
+
+
+def run_panel(names, args, client, workdir) -> list[dict]:
+    data = panel(args.small)
+    median = data.pop("_median")
+    gains = grids(args.coarse)
+    rows = []
+    for name in names:
+        builder, kernel_options, gaussian = data[name]
+        path = store_for(name, builder, workdir)
+        kw = {k: v for k, v in kernel_options.items() if k != "sigma_times_median"}
+        if "sigma_times_median" in kernel_options:
+            kw["sigma"] = kernel_options["sigma_times_median"] * median(open_store(path).read())
+        common = dict(passes=args.passes, evaluate_every=0, client=client, **kw)
+        models = [KernelHebbianPCA(R, algorithm=a, **common) for a in ALGORITHMS]
+        for a in ALGORITHMS:
+            models += [KernelHebbianPCA(R, algorithm=a, eta0=e, mu=m, **common)
+                       for e, m in gains[a]]
+        t0 = time.perf_counter()
+        fit_together(models, path, skip_diverged=True)
+        seconds = time.perf_counter() - t0
+        first = models[0]
+        row = {"data": name, "l": first.n_samples_, "n": first.n_features_in_,
+               "kernel": first.kernel_.describe(), "gaussian": gaussian, "seconds": seconds,
+               "models": len(models)}
+        for i, a in enumerate(ALGORITHMS):
+            d = models[i]
+            row[a] = {"default": None if d.failure_ else d.history_[-1]["excess"],
+                      "failure": d.failure_, "init": None if d.failure_ else d.attrs_["init"],
+                      "eta0": None if d.failure_ else d.attrs_["eta0_applied"],
+                      "mu": None if d.failure_ else d.attrs_["mu"]}
+            scored = [(m.history_[-1]["excess"], m.eta0, m.mu) for m in models[len(ALGORITHMS):]
+                      if m.algorithm == a and m.failure_ is None and m.history_]
+            best = min(scored) if scored else (None, None, None)
+            row[a].update(best=best[0], best_eta0=best[1], best_mu=best[2],
+                          diverged=sum(1 for m in models[len(ALGORITHMS):]
+                                       if m.algorithm == a and m.failure_ is not None))
+        rows.append(row)
+        print_row(row, flush=True)
+    return rows
+
+
+def print_header() -> None:
+    print(f"{'data':15s} {'l':>6s} {'kernel':34s} " + " ".join(
+        f"{a + ' default / best (ratio)':>36s}" for a in ALGORITHMS))
+
+
+def print_row(row: dict, flush: bool = False) -> None:
+    cells = []
+    for a in ALGORITHMS:
+        c = row[a]
+        if c["default"] is None:
+            cells.append(f"{'FAILED':>36s}")
+            continue
+        ratio = c["default"] / c["best"] if c["best"] else float("nan")
+        cells.append(f"{c['default']:10.2e} / {c['best']:8.2e} ({ratio:5.2f}×)"[:36].rjust(36))
+    print(f"{row['data']:15s} {row['l']:6d} {row['kernel'][:34]:34s} " + " ".join(cells),
+          flush=flush)
+
+
+def verdict(rows: list[dict]) -> None:
+    failed = [(r["data"], a) for r in rows for a in ALGORITHMS if r[a]["default"] is None]
+    above = [(r["data"], r["kha-smd"]["default"]) for r in rows
+             if r["gaussian"] and r["kha-smd"]["default"] is not None
+             and r["kha-smd"]["default"] > TARGET]
+    far = [(r["data"], a, r[a]["default"] / r[a]["best"]) for r in rows for a in ALGORITHMS
+           if r[a]["default"] is not None and r[a]["best"] and r[a]["default"] > 3 * r[a]["best"]]
+    print(f"\ndefault fits failed or diverged: {len(failed)}"
+          + (f" ({', '.join(f'{d}/{a}' for d, a in failed)})" if failed else ""))
+    print(f"default (kha-smd) excess above {TARGET:g} on gaussian kernels: {len(above)}"
+          + (f" ({', '.join(f'{d} {e:.2e}' for d, e in above)})" if above else ""))
+    print(f"defaults more than 3× their grid's best: {len(far)}"
+          + (f" ({', '.join(f'{d}/{a} {x:.1f}×' for d, a, x in far)})" if far else ""))
+
+
+def timing(args, workdir: str) -> dict:
+    """Seconds of the default fit to excess ≤ 1e-3 beside scikit-learn's exact KernelPCA, and
+    the seconds to ``dkha fit``'s first output, at ``--timing-samples`` camera patches."""
+    from sklearn.decomposition import KernelPCA
+
+    n, r = args.timing_samples, 20
+    path = os.path.join(workdir, f"camera11-{n}.zarr")
+    if not os.path.exists(path):
+        ingest_array(patch_sample(n, 11, ("camera",)), path, chunk_rows=1024)
+    X = open_store(path).read()
+    out = {"l": n, "r": r}
+    # the first line `dkha fit` prints (a fresh process, its own cluster; the MK row cached)
+    run_dir = os.path.join(workdir, "first-output")
+    cmd = [os.path.join(os.path.dirname(sys.executable), "dkha"), "fit", path, "-o", run_dir, "--components", str(r),
+           "--overwrite", "--passes", "1"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+    first = proc.stdout.read(1)
+    out["first_output_seconds"] = time.perf_counter() - t0 if first else None
+    proc.kill()
+    proc.wait()
+    with client_for() as client:
+        t0 = time.perf_counter()
+        m = KernelHebbianPCA(r, tol=TARGET, client=client).fit(path)
+        out["dkha_call_seconds"] = time.perf_counter() - t0
+    hit = [h for h in m.history_ if h["excess"] <= TARGET]
+    h = hit[0] if hit else m.history_[-1]
+    out.update(dkha_seconds=m.timings_["centering"] + m.timings_["init"] + h["wall_time"],
+               dkha_excess=h["excess"], dkha_pass=h["pass"], reached=bool(hit),
+               sigma=m.kernel_["sigma"], init=m.attrs_["init"])
+    t0 = time.perf_counter()
+    KernelPCA(r, kernel="rbf", gamma=1 / (2 * m.kernel_["sigma"] ** 2),
+              eigen_solver="arpack").fit(X)
+    out["sklearn_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", help="comma-separated data sets of the panel (default: all)")
+    ap.add_argument("--small", action="store_true", help="a quarter of the patches")
+    ap.add_argument("--passes", type=int, default=10, help="passes (default 10, dkha fit's)")
+    ap.add_argument("--coarse", action="store_true", help="grid 10^b only (a third of it)")
+    ap.add_argument("--timing", action="store_true", help="also the l = 20 000 timings")
+    ap.add_argument("--timing-only", action="store_true", help="only the timings")
+    ap.add_argument("--timing-samples", type=int, default=20000)
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "dkha-defaults"))
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    for name in ("distributed", "dkha"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.makedirs(args.workdir, exist_ok=True)
+    names = [n for n in panel(args.small) if not n.startswith("_")]
+    if args.data:
+        unknown = set(args.data.split(",")) - set(names)
+        if unknown:
+            ap.error(f"unknown data sets {', '.join(sorted(unknown))}; choose from {', '.join(names)}")
+        names = args.data.split(",")
+    result = {"passes": args.passes, "coarse": args.coarse, "small": args.small}
+    if not args.timing_only:
+        print(f"excess E/E_min − 1 after {args.passes} passes, r = {R}: the default fit against the "
+              f"best of the {'coarse ' if args.coarse else ''}{{1,2,5}}×10^b grid (same start)")
+        print_header()
+        with client_for() as client:
+            result["panel"] = run_panel(names, args, client, args.workdir)
+        verdict(result["panel"])
+    if args.timing or args.timing_only:
+        t = timing(args, args.workdir)
+        result["timing"] = t
+        print(f"\nl = {t['l']} camera patches 11×11, r = {t['r']}, σ = {t['sigma']:.3g} (median):")
+        print(f"  dkha default fit ({t['init']}) to excess {t['dkha_excess']:.2e} "
+              f"(pass {t['dkha_pass']}): {t['dkha_seconds']:.1f} s fitting "
+              f"({t['dkha_call_seconds']:.1f} s with its evaluations)")
+        print(f"  scikit-learn KernelPCA (arpack, exact): {t['sklearn_seconds']:.1f} s  → ratio "
+              f"dkha/sklearn {t['dkha_seconds'] / t['sklearn_seconds']:.2f} "
+              f"({t['dkha_call_seconds'] / t['sklearn_seconds']:.2f} with evaluations)")
+        fo = t["first_output_seconds"]
+        print("  first output of `dkha fit`: " + (f"{fo:.2f} s" if fo is not None else "none"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=float)
+
+
+if __name__ == "__main__":
+    main()
