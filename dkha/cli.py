@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", default="kha-smd",
                    help="batch algorithm(s) to tune, comma-separated (default kha-smd)")
     p.add_argument("--eta0", type=_float_list, metavar="ETA0[,ETA0...]",
-                   help="values to try (default 0.01,0.02,0.05,…,5: {1,2,5}×10^b, b = −2…0)")
+                   help="values to try (default 0.001,0.002,0.005,…,5: {1,2,5}×10^b, b = −3…0)")
     p.add_argument("--mu", type=_float_list, metavar="MU[,MU...]",
                    help="kha-smd: meta-gains to try with every eta0 (default 0.01,…,0.5,1)")
     p.add_argument("--passes", type=_positive_int, default=3,

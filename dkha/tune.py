@@ -31,8 +31,9 @@ def grid(lowest: int, highest: int) -> list[float]:
     return [float(f"{a * 10.0 ** b:.3g}") for b in range(lowest, highest + 1) for a in (1, 2, 5)]
 
 
-#: the default ranges: η0 from 0.01 to 5 (the defaults 0.05 … 0.5 in the middle), μ 0.01 to 1
-ETA0_GRID = grid(-2, 0)
+#: the default ranges: η0 from 0.001 to 5 (dimensionless: a Nyström start's defaults are near
+#: the bottom, a random start's near the top), μ 0.01 to 1
+ETA0_GRID = grid(-3, 0)
 MU_GRID = grid(-2, -1) + [1.0]
 
 
