@@ -217,9 +217,11 @@ def timing(args, workdir: str) -> dict:
            "--overwrite", "--passes", "1"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
-    first = proc.stdout.read(1)
+                            env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE),
+                                     PYTHONUNBUFFERED="1"))
+    first = proc.stdout.readline()
     out["first_output_seconds"] = time.perf_counter() - t0 if first else None
+    out["first_output"] = first.decode(errors="replace").strip()[:100]
     proc.kill()
     proc.wait()
     with client_for() as client:
@@ -279,7 +281,8 @@ def main() -> None:
               f"dkha/sklearn {t['dkha_seconds'] / t['sklearn_seconds']:.2f} "
               f"({t['dkha_call_seconds'] / t['sklearn_seconds']:.2f} with evaluations)")
         fo = t["first_output_seconds"]
-        print("  first output of `dkha fit`: " + (f"{fo:.2f} s" if fo is not None else "none"))
+        print("  first output of `dkha fit`: " + (f"{fo:.2f} s ({t['first_output']!r})"
+                                                  if fo is not None else "none"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=float)

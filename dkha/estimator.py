@@ -72,14 +72,15 @@ class KernelHebbianPCA:
         Base gain, dimensionless: the largest step ``d_i κ̄`` of GHA in feature space before
         the decay ``l/(t + l)``, where ``κ̄`` is the mean squared feature-space norm of the
         centered samples (:func:`~dkha.solvers.batch.feature_norm`; module docstring of
-        :mod:`dkha.solvers.batch`). Stable below about 2 on any data and kernel. Defaults
-        (:data:`~dkha.solvers.batch.DEFAULT_ETA0`, :data:`~dkha.solvers.batch.WARM_ETA0`):
-        from the Nyström start 0.0002 (kha), 0.0005 (kha-t), 0.01 (kha-et, kha-smd); from a
-        random start 0.05, 0.5, 0.2, 0.2. The applied gains are saved in the attrs
-        (``feature_norm``, ``gain`` = η0/κ̄, ``meta_gain`` = μ/κ̄).
+        :mod:`dkha.solvers.batch`). Stable below about 2 on any data and kernel. Default
+        from a Nyström start: from the start's eigenvalue deficit δ
+        (:func:`~dkha.solvers.batch.warm_eta0`: 2δ for kha-et and kha-smd, at most 0.05; 0.02δ
+        for kha and kha-t); from a random start (:data:`~dkha.solvers.batch.DEFAULT_ETA0`)
+        0.05 (kha), 0.2 (kha-t), 1 (kha-et, kha-smd). The applied gains are saved in the attrs
+        (``eta0_applied``, ``feature_norm`` = κ̄, ``gain`` = η0/κ̄, ``meta_gain`` = μ/κ̄,
+        ``start_deficit`` = δ).
     mu : float, optional
-        SMD's meta-gain in units of ``1/κ̄`` (default 1 from the Nyström start, 0.2 from a
-        random one).
+        SMD's meta-gain in units of ``1/κ̄`` (default 0.3).
     xi : float, default 0.99
         SMD's decay factor.
     rho0 : float, default 0.0
@@ -533,6 +534,10 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
                                           support=p0["support"])
         for p, meta, ck in zip(params, metas, cks or [None] * len(params)):
             if p["eta0"] is None and ck is not None:    # resumed: the gain the run started with
+                if ck.meta.get("start_deficit") is None:
+                    raise ParameterError(f"cannot resume {ck.path} with the default eta0: the "
+                                         "checkpoint does not record its start (an older dkha); "
+                                         "give --eta0")
                 meta["start_deficit"] = float(ck.meta["start_deficit"])
                 p["eta0"] = warm_eta0(p["algorithm"], meta["start_deficit"])
         # seconds before the first pass (history wall times count the passes only)
