@@ -3,17 +3,11 @@
 The Kernel Hebbian Algorithm family (KHA, KHA/t, KHA/et, KHA-SMD) on a Dask row engine.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("dkha")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0+unknown"
-
-from dkha import config  # noqa: E402,F401  (registers dkha.* defaults with dask.config)
-from dkha.estimator import KernelHebbianPCA, fit_together  # noqa: E402
-from dkha.kernels import Kernel, make_kernel  # noqa: E402
-from dkha.store import DataStore, ingest_array, ingest_images, open_store  # noqa: E402
+from dkha import config  # noqa: F401  (registers dkha.* defaults with dask.config)
+from dkha.version import __version__
+from dkha.estimators.batch import KernelHebbianPCA, fit_together
+from dkha.kernels import Kernel, make_kernel
+from dkha.data.store import DataStore, ingest_array, ingest_images, open_store
 
 __all__ = ["KernelHebbianPCA", "fit_together", "Kernel", "make_kernel", "DataStore", "ingest_array",
            "ingest_images", "open_store", "__version__"]

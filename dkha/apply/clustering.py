@@ -4,7 +4,7 @@ Spectral clustering after Ng, Jordan & Weiss (2002), on the components of a dkha
 (Schraudolph et al. 2006 §5.3):
 
 1. ``Y = Cᵀ`` (``l × r``): the projections of the training samples on the ``r`` components,
-   ``C = A K'`` (one blockwise pass on the workers, :func:`dkha.evaluate.projections`).
+   ``C = A K'`` (one blockwise pass on the workers, :func:`dkha.fit.evaluate.projections`).
    ``scale="eigenvectors"`` (the default) first divides each component's column by its norm, so
    that for exact kernel PCA ``Y`` holds the unit eigenvectors ``u_i`` of ``K'`` (NJW's matrix of
    stacked eigenvectors; the projections themselves are ``√λ_i u_i``); ``scale="projections"``
@@ -34,6 +34,11 @@ import numpy as np
 import xarray as xr
 
 from dkha.errors import InputError, ParameterError, RunDirectoryError
+from dkha.data import result
+from dkha.data.store import replace_directory
+from dkha.engine.cluster import client_for
+from dkha.fit.evaluate import projections
+from dkha.runs.run import engine_for_run
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +162,6 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
     ``run`` is a run directory or its components dataset. The projections ``C = A K'`` are
     computed blockwise on the cluster; the store's ``label`` (when present) scores the result.
     """
-    from dkha import result
-    from dkha.cluster import client_for
-    from dkha.evaluate import projections
-    from dkha.transform import engine_for_run
-
     ds = run if isinstance(run, xr.Dataset) else result.load(run)
     if "mk" not in ds or ds["alpha"].dims[1] != "sample":
         raise InputError("spectral clustering needs a batch run (alpha over the training samples); "
@@ -182,8 +182,6 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
 def save_clusters(res: ClusteringResult, out: str, *, attrs: dict | None = None,
                   overwrite: bool = False) -> xr.Dataset:
     """Write ``cluster (sample)`` (and the scores as attrs) to the zarr store ``out``."""
-    from dkha.store import replace_directory
-
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     meta = {k: v for k, v in res.summary().items() if v is not None}

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.denoise import (_as_image, _load_run, check_patch_run, preimage_patches,
+from dkha.apply.denoise import (as_image, load_run, check_patch_run, preimage_patches,
                                  squared_error)
 from dkha.errors import InputError, ParameterError
+from dkha.apply.preimage import check_options
+from dkha.runs.run import kernel_of
 
 UPSCALING = ("replicate", "bilinear")
 
@@ -123,11 +125,8 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     block, client, scheduler, scheduler_file, workers, verbose :
         As :func:`dkha.apply.denoise.denoise_image`.
     """
-    from dkha.apply.preimage import check_options
-    from dkha.transform import kernel_of
-
     t0 = time.perf_counter()
-    ds = _load_run(run)
+    ds = load_run(run)
     check_options(method, kernel_of(ds), eta=eta, step=gradient_step, nonnegative=nonnegative)
     if upscaling not in UPSCALING:
         raise ParameterError(f"unknown upscaling {upscaling!r}; choose one of "
@@ -136,9 +135,9 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     step = store_step if step is None else int(step)
     if step < 1:
         raise ParameterError(f"step must be positive, got {step}")
-    low = _as_image(image, "image")
+    low = as_image(image, "image")
     up = upscale(low, factor, upscaling)
-    ref = None if reference is None else _as_image(reference, "reference")
+    ref = None if reference is None else as_image(reference, "reference")
     if ref is not None and ref.shape != up.shape:
         raise InputError(f"the reference has shape {ref.shape}; the image scaled up {factor}× "
                          f"has {up.shape}")

@@ -12,16 +12,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-import dkha
-from dkha import config, result, schedule
-from dkha.cluster import blas_threads_for, client_for
-from dkha.checkpoint import Checkpointer, open_fit
+from dkha import config, schedule
+from dkha.data import result
+from dkha.engine.cluster import blas_threads_for, client_for
+from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
+from dkha.version import __version__
 from dkha.kernels import make_kernel, median_distance
-from dkha.rows import RowEngine
+from dkha.engine.rows import RowEngine
 from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
                                 check_algorithm, initial_coefficients)
-from dkha.store import DataStore, ingest_array, open_store
+from dkha.data.store import DataStore, ingest_array, open_store
+from dkha.fit.batch import run_batches, save_checkpoint
+from dkha.fit.krylov import run_krylov
+from dkha.fit.init import nystrom_coefficients
+from dkha.runs.transform import project
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +118,7 @@ class KernelHebbianPCA:
         in the run (attrs ``centering="sample"``, ``center_sample``) and reported by
         ``dkha evaluate``. Either row is cached in the data store (``dkha.mk-cache``).
     scheduler, scheduler_file, workers, client :
-        Where the kernel rows are computed (see :func:`dkha.cluster.client_for`).
+        Where the kernel rows are computed (see :func:`dkha.engine.cluster.client_for`).
     verbose : bool, default False
         Show a progress bar.
 
@@ -213,7 +218,7 @@ class KernelHebbianPCA:
         elif self.algorithm not in ALGORITHMS:
             raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of "
                                  f"{', '.join(ALGORITHMS)}, krylov (or on-kha, oo-kha, okpca with "
-                                 "dkha.online.OnlineKernelPCA)")
+                                 "dkha.estimators.online.OnlineKernelPCA)")
         else:
             algorithm = check_algorithm(self.algorithm)
         r = self.n_components
@@ -271,7 +276,7 @@ class KernelHebbianPCA:
                  "n_steps": p["n_steps"], "passes": p["n_steps"] / store.n_samples,
                  "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
                  "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-                 "init": str(self.init), "tol": self.tol, "dkha_version": dkha.__version__,
+                 "init": str(self.init), "tol": self.tol, "dkha_version": __version__,
                  "centering": "exact" if p["center_sample"] is None else "sample",
                  "center_sample": p["center_sample"]}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
@@ -286,7 +291,7 @@ class KernelHebbianPCA:
         holding a different run is refused before any work unless ``overwrite``.
         ``checkpoint_every``: write the complete state to ``run_dir/checkpoints`` every that many
         passes, ``checkpoint_steps``: at the first block boundary after every that many steps
-        (and on SIGTERM via :data:`dkha.coordinator.STOP`). ``resume``: continue from the
+        (and on SIGTERM via :data:`dkha.fit.control.STOP`). ``resume``: continue from the
         newest valid checkpoint; the result equals the uninterrupted run bit for bit. Resuming
         with other settings or data is refused with the list of differences; more passes (or
         steps) than the checkpointed run asked for continue it.
@@ -308,8 +313,6 @@ class KernelHebbianPCA:
         """
         out = result.save(self.to_dataset(), run_dir)
         if resumable:
-            from dkha.coordinator import save_checkpoint
-
             fin = self._final
             checkpointer = Checkpointer(run_dir)
             checkpointer.clear()
@@ -322,8 +325,6 @@ class KernelHebbianPCA:
 
     def transform(self, X) -> np.ndarray:
         """Projections of new samples on the components, ``(n, n_components)``."""
-        from dkha.transform import project
-
         return project(self.to_dataset(), np.asarray(X, dtype=np.float64), client=self.client,
                        scheduler=self.scheduler, scheduler_file=self.scheduler_file,
                        workers=self.workers)
@@ -405,7 +406,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
                  overwrite: bool = False, checkpoint_every: int = 0, resume: bool = False,
                  checkpoint_steps: int = 0, skip_diverged: bool = False) -> list[KernelHebbianPCA]:
     """Fit several batch models in one pass over the kernel rows: each block of centered rows
-    is computed once and applied by every model (:func:`dkha.coordinator.run_batches`).
+    is computed once and applied by every model (:func:`dkha.fit.batch.run_batches`).
 
     The models may differ in ``algorithm``, ``eta0``, ``mu``, ``xi``, ``rho0``, ``tol`` and
     ``verbose``; everything that shapes the kernel stream (:data:`SHARED_SETTINGS`: data,
@@ -429,9 +430,6 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     >>> [m.alpha_.shape for m in fit_together(models, X)]
     [(4, 200), (4, 200), (4, 200)]
     """
-    from dkha.coordinator import run_batches, run_krylov
-    from dkha.solvers.nystrom import nystrom_coefficients
-
     models = list(models)
     if not models:
         raise ParameterError("no models to fit")

@@ -32,6 +32,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dkha.errors import DkhaError, InputError, ParameterError
+from dkha.apply.clustering import cluster_run, save_clusters
+from dkha.apply.denoise import denoise_image, save_image
+from dkha.data import result
+from dkha.data.checkpoint import Checkpointer
+from dkha.data.store import ingest_array, ingest_images, open_store, read_grey_image
+from dkha.estimators.batch import KernelHebbianPCA
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.pipeline.report import write_report
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +263,6 @@ class Runner:
             self._stage(f"apply:{i}:{a['kind']}", {"apply": a, "fit": self._fit(a["fit"])},
                         lambda a=a, i=i: self.apply(a, i))
         if self.p.report.get("enabled", True):
-            from dkha.report import write_report
-
             self.current_stage = "report"
             write_report(self)  # cheap: always rewritten
         self.current_stage = None
@@ -269,8 +275,6 @@ class Runner:
         return os.path.join(self.run_dir, "fits", name)
 
     def ingest(self) -> dict:
-        from dkha.store import ingest_array, ingest_images, open_store
-
         d = self.p.data
         kind = d["kind"]
         out = os.path.join(self.run_dir, "data", "store.zarr")
@@ -303,8 +307,6 @@ class Runner:
     def _ingest_images(self, d: dict, out: str):
         import skimage.transform
 
-        from dkha.apply.denoise import save_image
-        from dkha.store import ingest_images, read_grey_image
 
         paths = d.get("paths") or [d["path"]]
         noise = float(d.get("noise", 0.0))
@@ -338,16 +340,12 @@ class Runner:
         return p if os.path.isabs(p) or "://" in p else os.path.join(os.path.dirname(self.p.path), p)
 
     def fit(self, store: dict, f: dict) -> dict:
-        from dkha.checkpoint import Checkpointer
-
         run = self.fit_dir(f["name"])
         opts = {k: v for k, v in f.items() if k not in ("name", "algorithm", "components",
                                                          "checkpoint_every")}
         r = int(f.get("components", 8))
         resume = Checkpointer(run).latest() is not None
         if f["algorithm"] in ONLINE:
-            from dkha.online import OnlineKernelPCA
-
             model = OnlineKernelPCA(r, algorithm=f["algorithm"], verbose=self.verbose, **opts)
             # online: checkpoint_every counts steps, as the estimator's evaluate_every does
             model.fit(store["store"], run_dir=run, overwrite=not resume, resume=resume,
@@ -358,7 +356,6 @@ class Runner:
             if "ac_index" in ds and ds.sizes.get("evaluation", 0):
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
-        from dkha.estimator import KernelHebbianPCA
 
         model = KernelHebbianPCA(r, algorithm=f["algorithm"], verbose=self.verbose,
                                  **opts, **self.cluster)
@@ -373,8 +370,6 @@ class Runner:
                 "fit_seconds": last.get("wall_time")}
 
     def evaluate(self, f: dict) -> dict:
-        from dkha import result
-
         ds = result.load(self.fit_dir(f["name"]))
         out = {}
         for key in ("pass", "excess", "error", "error_min", "ac_index", "wall_time"):
@@ -387,14 +382,10 @@ class Runner:
     def apply(self, a: dict, i: int) -> dict:
         run = self.fit_dir(a["fit"])
         if a["kind"] == "cluster":
-            from dkha.apply.clustering import cluster_run, save_clusters
-
             res = cluster_run(run, int(a.get("k", 10)), seed=int(a.get("seed", 0)), **self.cluster)
             save_clusters(res, os.path.join(self.run_dir, f"apply-{i}-clusters.zarr"), overwrite=True)
             out = {k: v for k, v in res.summary().items() if v is not None}
         else:
-            from dkha.apply.denoise import denoise_image, save_image
-
             data = self.state["stages"]["data"]["result"]
             if not data.get("noisy"):
                 raise PipelineError("[[apply]] denoise needs [data] kind = \"images\" with noise > 0")

@@ -22,33 +22,35 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
   fields are NaN: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
   unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
   component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (up to 2000
-  rows, the same as the eigenvalues'; :func:`dkha.evaluate.variance_of`);
+  rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
 * attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gamma, tau,
   centered, seed, store, n_samples, n_features, n_steps, dkha_version.
 """
 
 from __future__ import annotations
 
-import collections
+import hashlib
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import dask.config
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-import dkha
-from dkha import config, result, schedule
-from dkha.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
-from dkha.errors import InputError, ParameterError
-from dkha.evaluate import variance_of
+from dkha import config, schedule
+from dkha.data import result
+from dkha.data.checkpoint import open_fit
+from dkha.data.sources import ArraySource, resolve_source, stream_blocks
+from dkha.errors import InputError, Interrupted, ParameterError
+from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
+from dkha.fit.control import STOP
+from dkha.fit.evaluate import variance_of
+from dkha.version import __version__
 from dkha.kernels import Kernel, make_kernel, median_distance
 from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
                                  DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
-from dkha.store import DataStore, open_store
+from dkha.data.store import DataStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -56,98 +58,13 @@ EIGENVALUE_SAMPLES = 2000
 
 
 def coordinator_threads():
-    """Limit BLAS threads while streaming (``dkha.online-blas-threads``, default 1).
+    """Limit BLAS threads while streaming (``dkha.estimators.online-blas-threads``, default 1).
 
     The per-block products are small (``b × m``); on a shared or busy machine several BLAS
     threads made them ten times slower here, not faster.
     """
-    return threadpool_limits(limits=int(dask.config.get("dkha.online-blas-threads", default=1)),
+    return threadpool_limits(limits=int(dask.config.get("dkha.estimators.online-blas-threads", default=1)),
                              user_api="blas")
-
-
-# --- sources and the block stream -----------------------------------------------------------------
-
-
-class ArraySource:
-    """An in-memory array with the reading interface of :class:`~dkha.store.DataStore`."""
-
-    def __init__(self, X: np.ndarray):
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2:
-            raise InputError(f"expected a 2-d array (samples × features), got shape {X.shape}")
-        if X.shape[0] == 0 or X.shape[1] == 0:
-            raise InputError(f"the data is empty (shape {X.shape})")
-        self.X = X
-        self.path = None
-        self.n_samples, self.n_features = X.shape
-
-    def read_rows(self, index: np.ndarray) -> np.ndarray:
-        return self.X[np.asarray(index, dtype=np.int64)]
-
-    def sample(self, n: int, seed: int) -> np.ndarray:
-        rng = np.random.default_rng(seed)
-        n = min(n, self.n_samples)
-        return self.X[np.sort(rng.choice(self.n_samples, size=n, replace=False))]
-
-
-def resolve_source(X) -> DataStore | ArraySource:
-    """A data store (path or :class:`DataStore`) or an in-memory array, ready to read rows from."""
-    if isinstance(X, DataStore):
-        return X
-    if isinstance(X, (str, os.PathLike)):
-        return open_store(X)
-    return ArraySource(X)
-
-
-def read_block(source, index: np.ndarray) -> np.ndarray:
-    """Rows ``index`` (schedule order) read in sorted order and put back in schedule order."""
-    index = np.asarray(index, dtype=np.int64)
-    order = np.argsort(index, kind="stable")
-    rows = source.read_rows(index[order])
-    out = np.empty_like(rows)
-    out[order] = rows
-    bad = ~np.isfinite(out).all(axis=1)
-    if bad.any():
-        where = index[np.flatnonzero(bad)[:5]]
-        raise InputError(f"non-finite values (NaN or inf) in samples {', '.join(map(str, where))} "
-                         "of the data; clean the data or re-ingest it")
-    return out
-
-
-def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows: int,
-                  prefetch: int, stats: dict | None = None
-                  ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-    """``(pass_index, first_step, index, rows)`` for steps ``start_step .. stop_step-1``.
-
-    A bounded FIFO of ``prefetch`` read futures on one background thread, refilled before
-    blocking on the oldest. ``stats`` (if given) collects ``blocks``, ``rows_read``,
-    ``largest_read`` and ``wait_seconds``.
-    """
-    plan = iter(schedule.blocks(seed, source.n_samples, stop_step, block_rows, start_step))
-    pending: collections.deque = collections.deque()
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dkha-online-read")
-
-    def refill():
-        nxt = next(plan, None)
-        if nxt is not None:
-            pending.append((nxt, executor.submit(read_block, source, nxt[2])))
-
-    try:
-        for _ in range(max(1, prefetch)):
-            refill()
-        while pending:
-            (k, first, idx), fut = pending.popleft()
-            refill()
-            t0 = time.perf_counter()
-            rows = fut.result()
-            if stats is not None:
-                stats["wait_seconds"] = stats.get("wait_seconds", 0.0) + time.perf_counter() - t0
-                stats["blocks"] = stats.get("blocks", 0) + 1
-                stats["rows_read"] = stats.get("rows_read", 0) + len(idx)
-                stats["largest_read"] = max(stats.get("largest_read", 0), len(idx))
-            yield k, first, idx, rows
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
 
 
 # --- the estimator -------------------------------------------------------------------------------
@@ -219,7 +136,7 @@ class OnlineKernelPCA:
     Examples
     --------
     >>> import numpy as np
-    >>> from dkha.online import OnlineKernelPCA
+    >>> from dkha.estimators.online import OnlineKernelPCA
     >>> X = np.random.default_rng(0).normal(size=(200, 5))
     >>> model = OnlineKernelPCA(3, sigma=3.0, steps=2000).fit(X)
     >>> model.transform(X[:4]).shape
@@ -319,7 +236,7 @@ class OnlineKernelPCA:
                  "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
                  "seed": int(self.seed), "store": store_path, "n_samples": int(n_samples),
                  "n_features": int(n_features), "centered": p["center"], "init": "random",
-                 "dkha_version": dkha.__version__}
+                 "dkha_version": __version__}
         attrs.update(kernel.param_dict)
         return attrs
 
@@ -336,22 +253,19 @@ class OnlineKernelPCA:
             Save ``components.zarr`` there; a directory holding a different run is refused
             before any work unless ``overwrite``.
         ac_reference : optional
-            Record the AC index in the history: an :class:`~dkha.ac_index.ACReference`, an
+            Record the AC index in the history: an :class:`~dkha.fit.ac_index.ACReference`, an
             array of reference samples, or ``True`` for exact KPCA on (a seeded subset of up to
             2000 samples of) the data, uncentered as eq. 62.
         checkpoint_every : int, optional
             Write the complete state (:meth:`OnlineKHA.snapshot`) to ``run_dir/checkpoints`` at
             the first block boundary after every that many steps, and at the next block boundary
-            when :data:`dkha.coordinator.STOP` is set (SIGTERM in the CLI; then
+            when :data:`dkha.fit.control.STOP` is set (SIGTERM in the CLI; then
             :class:`~dkha.errors.Interrupted` is raised).
         resume : bool
             Continue from the newest valid checkpoint in ``run_dir``: the result (alpha,
             dictionary, history) equals the uninterrupted run's bit for bit. Resuming with other
             settings or data is refused with the list of differences.
         """
-        from dkha.checkpoint import open_fit
-        from dkha.coordinator import STOP
-        from dkha.errors import Interrupted
 
         source = resolve_source(X)
         p = self._validated()
@@ -560,7 +474,7 @@ class OnlineKernelPCA:
                  max_samples: int = DEFAULT_REFERENCE_SAMPLES, per_component: bool = False):
         """The AC index (eqs. 61–63) against exact KPCA.
 
-        ``reference``: an :class:`~dkha.ac_index.ACReference`, an array of reference samples, or
+        ``reference``: an :class:`~dkha.fit.ac_index.ACReference`, an array of reference samples, or
         a data store (path); ``None`` reuses the reference given to :meth:`fit`. Stores larger
         than ``max_samples`` use a seeded subset. ``centered`` picks the centered reference (the
         default is the paper's uncentered eq. 62). ``per_component`` returns the ``|cos|``
@@ -608,25 +522,6 @@ class OnlineKernelPCA:
         return result.save(self.to_dataset(), run_dir)
 
 
-def project(ds, X: np.ndarray) -> np.ndarray:
-    """Projections of the rows of ``X`` on the components of a saved online run.
-
-    ``alpha · (k(D, x) − K_m β̄)`` with ``D = dictionary``, ``β̄ = mean_coefficient``.
-    """
-    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
-    if X.shape[1] != int(ds.attrs["n_features"]):
-        raise InputError(f"new data has {X.shape[1]} features; the run was fitted on "
-                         f"{ds.attrs['n_features']}")
-    kernel = make_kernel(ds.attrs["kernel"], **ds.attrs.get("kernel_parameters", {}))
-    D = ds["dictionary"].values
-    alpha = ds["alpha"].values
-    beta_bar = ds["mean_coefficient"].values
-    Kx = kernel.block(X, D)
-    if np.any(beta_bar):
-        Kx = Kx - kernel.block(D, D) @ beta_bar
-    return Kx @ alpha.T
-
-
 def _positive(name: str, value) -> float:
     try:
         v = float(value)
@@ -645,8 +540,6 @@ def _describe_reference(ac_reference) -> str | None:
         return "data"
     if isinstance(ac_reference, ACReference):
         return "ACReference"
-    import hashlib
-
     arr = np.ascontiguousarray(ac_reference, dtype=np.float64)
     return f"array {arr.shape} sha256 {hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
 
@@ -665,5 +558,4 @@ def _progress(verbose: bool, total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
-__all__ = ["OnlineKernelPCA", "ALGORITHMS", "ArraySource", "project", "read_block",
-           "resolve_source", "stream_blocks"]
+__all__ = ["OnlineKernelPCA", "ALGORITHMS"]

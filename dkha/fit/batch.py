@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,8 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dkha import schedule
-from dkha.errors import NumericalError
-from dkha.evaluate import evaluate, evaluate_many, projections, projections_many, top_eigenvalues
+from dkha.data.checkpoint import state_from_arrays, state_to_arrays
+from dkha.errors import Interrupted, NumericalError, ParameterError
+from dkha.fit.control import STOP
+from dkha.fit.evaluate import evaluate_many, projections, projections_many
+from dkha.fit.spectrum import top_eigenvalues
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
 from dkha.solvers.factored import FactoredState
 
@@ -45,10 +47,6 @@ def _progress(verbose: bool, total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
-#: set (e.g. by the CLI's SIGTERM handler) to make a running fit checkpoint and stop
-STOP = threading.Event()
-
-
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
               verbose: bool = False, A_init: np.ndarray | None = None,
               tol: float | None = None, checkpointer=None, checkpoint_every: int = 0,
@@ -60,7 +58,7 @@ def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_eve
     at the end; a negative value never evaluates. ``tol``: stop at the first evaluation whose
     excess error is at most ``tol`` (evaluating at least every pass).
 
-    ``checkpointer`` (a :class:`dkha.checkpoint.Checkpointer`) writes the complete state every
+    ``checkpointer`` (a :class:`dkha.data.checkpoint.Checkpointer`) writes the complete state every
     ``checkpoint_every`` passes, at the first block boundary after every ``checkpoint_steps``
     steps, and at the next block boundary when :data:`STOP` is set (then
     :class:`~dkha.errors.Interrupted` is raised). ``resume``: a loaded checkpoint to continue
@@ -106,7 +104,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     alone (:func:`run_batch`). The solvers share the number of components and the initial
     coefficients (``A_init``, or the seeded random start), so the start's ``C = A K'`` and the
     pass-0 evaluation are computed once; later evaluations of all models share one pass for
-    ``C`` and one for the residuals (:func:`dkha.evaluate.evaluate_many`).
+    ``C`` and one for the residuals (:func:`dkha.fit.evaluate.evaluate_many`).
 
     ``tol`` (one value or one per solver): a model stops taking steps at its first evaluation
     with an excess error at most its ``tol``; the stream stops when no model is left. A model
@@ -115,9 +113,6 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
     checkpoints must all be at the same step.
     """
-    from dkha.checkpoint import state_from_arrays
-    from dkha.errors import Interrupted, ParameterError
-
     solvers = list(solvers)
     if not solvers:
         raise ParameterError("no models to fit")
@@ -312,8 +307,6 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
 
     ``pass_end_pending``: written after a pass's last block but before its end-of-pass work
     (evaluation, pass checkpoint), which a resume then does first."""
-    from dkha.checkpoint import state_to_arrays
-
     arrays, scalars = state_to_arrays(solver.state)
     out = {f"state.{k}": v for k, v in arrays.items()}
     out["mk"] = mk
@@ -323,35 +316,3 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
                 state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
                 pass_end_pending=pass_end_pending)
     return checkpointer.save(solver.state.t, out, meta)
-
-
-def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, tol: float = 1e-8,
-               with_evaluation: bool = True) -> BatchResult:
-    """The exact top-``r`` components by block Krylov (LOBPCG) on blockwise passes."""
-    from dkha.solvers.nystrom import krylov_coefficients
-
-    if engine.mk is None:
-        engine.compute_mk()
-    passes = [0]
-    matmat = engine.matmat
-
-    def counted(V):
-        passes[0] += 1
-        return matmat(V)
-
-    engine.matmat = counted
-    t0 = time.perf_counter()
-    try:
-        X0 = None if A_init is None else (A_init * np.linalg.norm(A_init, axis=1, keepdims=True) ** -1).T
-        alpha, w = krylov_coefficients(engine, r, seed=seed, tol=tol, X0=X0)
-    finally:
-        engine.matmat = matmat
-    seconds = time.perf_counter() - t0
-    history = []
-    if with_evaluation:
-        ev = evaluate(engine, alpha, w)
-        history.append({"pass": passes[0], "step": 0, "error": ev.error, "error_min": ev.error_min,
-                        "excess": ev.excess, "wall_time": seconds})
-    return BatchResult(alpha=alpha, eigenvalue=w, history=history, top_eigenvalues=w,
-                       wall_time=seconds, stream_stats={"blocks": 0, "wait_seconds": 0.0,
-                                                        "bytes_received": 0})

@@ -21,69 +21,30 @@ import logging
 import os
 import sys
 
-from dkha.errors import DkhaError
+from dkha.cli.options import (add_cluster_options, add_kernel_options, add_stream_options,
+                              cluster_kwargs, float_list, positive_int)
+from dkha.errors import DkhaError, NumericalError, ParameterError, RunDirectoryError
+from dkha.version import __version__
+from dkha.cli.apply import COMMANDS as APPLY_COMMANDS, add_parsers as add_apply_parsers
+from dkha.data import result
+from dkha.data.store import ingest_array, ingest_images, open_store
+from dkha.engine.cluster import client_for
+from dkha.estimators.batch import KernelHebbianPCA, fit_together, run_names
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.estimators.tune import tune
+from dkha.fit.ac_index import ACReference
+from dkha.fit.control import STOP
+from dkha.fit.evaluate import evaluate
+from dkha.runs.variance import explained_variance
+from dkha.pipeline.runner import run_file
+from dkha.runs.run import Run
+from dkha.runs.transform import transform_store
+from dkha.solvers.batch import ALGORITHMS
 
 ONLINE = ("on-kha", "oo-kha", "okpca")
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _float_list(s: str) -> list[float]:
-    """``0.1,0.2,0.5`` → ``[0.1, 0.2, 0.5]`` (one value or one per model)."""
-    try:
-        return [float(v) for v in s.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or a comma-separated list of "
-                                         f"numbers, got {s!r}") from None
-
-
-def _add_kernel_options(p: argparse.ArgumentParser) -> None:
-    k = p.add_argument_group("kernel")
-    k.add_argument("--kernel", default="gaussian", help="gaussian, laplacian, polynomial, sigmoid")
-    k.add_argument("--sigma", type=float, help="gaussian/laplacian width (default: median distance)")
-    k.add_argument("--degree", type=int, help="polynomial degree (default 1: dot product)")
-    k.add_argument("--offset", type=float, help="polynomial / sigmoid offset")
-    k.add_argument("--kernel-gamma", type=float, help="sigmoid slope")
-
-
-def _add_stream_options(p: argparse.ArgumentParser, projections: bool) -> None:
-    """How the kernel rows are streamed: blocks, prefetch, (projections), row cache, centering."""
-    p.add_argument("--block", type=_positive_int, metavar="B", help="rows per block (dkha.block-rows)")
-    p.add_argument("--prefetch", type=_positive_int, metavar="D", help="blocks computed ahead")
-    if projections:
-        p.add_argument("--projections", choices=("coordinator", "workers"),
-                       help="where block projections are computed (dkha.projections): from kernel "
-                            "rows shipped to the coordinator, or on the workers from replicas")
-    p.add_argument("--cache-rows", action="store_true", default=None,
-                   help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
-                        "bytes): kernels computed once, not once a pass (dkha.row-cache)")
-    p.add_argument("--center-sample", type=_positive_int, metavar="N",
-                   help="estimate the centering (MK) row from a seeded sample of N columns "
-                        "instead of the exact O(l²n) pass: approximate, recorded in the run")
-
-
-def _add_cluster_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
-    g.add_argument("--scheduler", metavar="ADDRESS",
-                   help="attach to a running Dask scheduler (tcp://HOST:PORT); "
-                        "DASK_SCHEDULER_ADDRESS is used when set")
-    g.add_argument("--scheduler-file", metavar="F", help="attach via a scheduler file")
-    g.add_argument("--workers", type=_positive_int, metavar="N",
-                   help="start a local cluster of N worker processes")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from dkha import __version__
-    from dkha.solvers.batch import ALGORITHMS
-
     parser = argparse.ArgumentParser(prog="dkha", description="Kernel PCA by the Kernel Hebbian "
                                      "Algorithm family, for data sets too large for a kernel matrix.")
     parser.add_argument("--version", action="version", version=f"dkha {__version__}")
@@ -93,9 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     # demo
     p = sub.add_parser("demo", help="ingest scikit-learn's digits and fit KHA-SMD (no cluster needed)")
     p.add_argument("-o", "--out", default="dkha-demo", help="directory for the store and run (default dkha-demo)")
-    p.add_argument("--passes", type=_positive_int, default=20)
+    p.add_argument("--passes", type=positive_int, default=20)
     p.add_argument("--algorithm", default="kha-smd", choices=ALGORITHMS)
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
     # ingest
     p = sub.add_parser("ingest", help="create a data store")
@@ -104,16 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("src")
     a.add_argument("-o", "--out", required=True)
     a.add_argument("--labels", help=".npy of one label per sample")
-    a.add_argument("--chunk-rows", type=_positive_int)
+    a.add_argument("--chunk-rows", type=positive_int)
     a.add_argument("--overwrite", action="store_true")
     im = isub.add_parser("images", help="grey-scale patches of images (skimage:NAME for bundled ones)")
     im.add_argument("images", nargs="+")
     im.add_argument("-o", "--out", required=True)
-    im.add_argument("--patch", type=_positive_int, default=11)
-    im.add_argument("--step", type=_positive_int, default=2)
-    im.add_argument("--max-samples", type=_positive_int, metavar="N",
+    im.add_argument("--patch", type=positive_int, default=11)
+    im.add_argument("--step", type=positive_int, default=2)
+    im.add_argument("--max-samples", type=positive_int, metavar="N",
                     help="stop after N patches (the remaining images are not read)")
-    im.add_argument("--chunk-rows", type=_positive_int)
+    im.add_argument("--chunk-rows", type=positive_int)
     im.add_argument("--overwrite", action="store_true")
 
     # fit
@@ -124,12 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one of {', '.join(ALGORITHMS + ('krylov',) + ONLINE)}; a comma-separated "
                         "list of batch algorithms (with --eta0/--mu lists) fits several models in "
                         "one pass over the kernel rows, each in RUN_DIR/<algorithm>[-eta0=V][-mu=V]")
-    p.add_argument("--components", "-r", type=_positive_int, default=8)
-    _add_kernel_options(p)
+    p.add_argument("--components", "-r", type=positive_int, default=8)
+    add_kernel_options(p)
     g = p.add_argument_group("gains (a list gives one value per model; one value serves all)")
-    g.add_argument("--eta0", type=_float_list, metavar="ETA0[,ETA0...]",
+    g.add_argument("--eta0", type=float_list, metavar="ETA0[,ETA0...]",
                    help="base gain (default per algorithm)")
-    g.add_argument("--mu", type=_float_list, metavar="MU[,MU...]", help="SMD meta-gain (default 0.2)")
+    g.add_argument("--mu", type=float_list, metavar="MU[,MU...]", help="SMD meta-gain (default 0.2)")
     g.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
     g.add_argument("--rho0", type=float, default=0.0,
                    help="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)")
@@ -137,12 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--gamma", type=float, help="learning-rate decay η(k) = γ·η(k−1)")
     o.add_argument("--tau", type=float, help="Honeine's η_t = η0 / (1 + t/τ)")
     o.add_argument("--nu", type=float, help="dictionary threshold ν")
-    o.add_argument("--max-members", type=_positive_int, help="dictionary size cap")
+    o.add_argument("--max-members", type=positive_int, help="dictionary size cap")
     o.add_argument("--center", dest="center", action="store_true", default=None)
     o.add_argument("--no-center", dest="center", action="store_false")
     n = p.add_mutually_exclusive_group()
-    n.add_argument("--passes", type=_positive_int, help="passes through the data (default 10)")
-    n.add_argument("--steps", type=_positive_int, help="single-sample steps")
+    n.add_argument("--passes", type=positive_int, help="passes through the data (default 10)")
+    n.add_argument("--steps", type=positive_int, help="single-sample steps")
     p.add_argument("--init", default="random", metavar="random|random:M|nystrom:M",
                    help="initial coefficients: random (the paper's), the same on M random "
                         "columns (KHA/et, SMD start from M kernel rows instead of a pass: for "
@@ -153,20 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--evaluate-every", type=int, default=1, metavar="N",
                    help="evaluate every N passes (0: only at the end; -1: never)")
-    _add_stream_options(p, projections=True)
+    add_stream_options(p, projections=True)
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
     c = p.add_mutually_exclusive_group()
-    c.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+    c.add_argument("--checkpoint-every", type=positive_int, metavar="N",
                    help="write the complete state to RUN_DIR/checkpoints every N passes "
                         "(SIGTERM also checkpoints, then exits with code 75)")
-    c.add_argument("--checkpoint-steps", type=_positive_int, metavar="N",
+    c.add_argument("--checkpoint-steps", type=positive_int, metavar="N",
                    help="write the complete state at the first block boundary after every N "
                         "steps")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR's run from its newest valid checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
     # tune
     p = sub.add_parser("tune", help="try the {1,2,5}×10^b grid of eta0 (and mu) in one kernel "
@@ -177,25 +138,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "the best run (resumable: continue it with dkha fit ... --resume)")
     p.add_argument("--algorithm", default="kha-smd",
                    help="batch algorithm(s) to tune, comma-separated (default kha-smd)")
-    p.add_argument("--eta0", type=_float_list, metavar="ETA0[,ETA0...]",
+    p.add_argument("--eta0", type=float_list, metavar="ETA0[,ETA0...]",
                    help="values to try (default 0.01,0.02,0.05,…,5: {1,2,5}×10^b, b = −2…0)")
-    p.add_argument("--mu", type=_float_list, metavar="MU[,MU...]",
+    p.add_argument("--mu", type=float_list, metavar="MU[,MU...]",
                    help="kha-smd: meta-gains to try with every eta0 (default 0.01,…,0.5,1)")
-    p.add_argument("--passes", type=_positive_int, default=3,
+    p.add_argument("--passes", type=positive_int, default=3,
                    help="passes of every setting, judged by the excess error after them (default 3)")
-    p.add_argument("--components", "-r", type=_positive_int, default=8)
-    _add_kernel_options(p)
+    p.add_argument("--components", "-r", type=positive_int, default=8)
+    add_kernel_options(p)
     p.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
     p.add_argument("--rho0", type=float, default=0.0, help="SMD initial log-gain (default 0)")
     p.add_argument("--init", default="random", metavar="random|nystrom:M")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--evaluate-every", type=int, default=0, metavar="N",
                    help="also evaluate every N passes (default 0: only at the end)")
-    _add_stream_options(p, projections=False)
+    add_stream_options(p, projections=False)
     p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
     # run (pipelines)
     p = sub.add_parser("run", help="run a pipeline file (TOML): ingest → fit → evaluate → apply → report")
@@ -203,10 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="name of the run directory (default: the pipeline's name)")
     p.add_argument("--runs-dir", default="runs", help="where run directories go (default ./runs)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
     # applications: denoise, cluster
-    from dkha.apply.cli import add_parsers as add_apply_parsers
 
     add_apply_parsers(sub)
 
@@ -220,12 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variance", action="store_true",
                    help="also Honeine's explained variance per component (eq. 23), blockwise "
                         "over the training store")
-    p.add_argument("--variance-samples", type=_positive_int, metavar="N",
+    p.add_argument("--variance-samples", type=positive_int, metavar="N",
                    help="estimate the variance on a seeded sample of N rows (huge stores)")
     p.add_argument("--cache-rows", action="store_true", default=None,
                    help="keep the kernel's tiles in worker memory while evaluating (pays when "
                         "the eigenvalues are recomputed: every Krylov iteration is a pass)")
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
     # transform
     p = sub.add_parser("transform", help="project a data store on the components")
@@ -233,18 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("new_store")
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--overwrite", action="store_true")
-    _add_cluster_options(p)
+    add_cluster_options(p)
     return parser
 
 
-def _cluster_kwargs(args) -> dict:
-    return {"scheduler": args.scheduler, "scheduler_file": args.scheduler_file,
-            "workers": args.workers}
-
-
 def cmd_ingest(args) -> int:
-    from dkha.store import ingest_array, ingest_images
-
     if args.kind == "array":
         st = ingest_array(args.src, args.out, labels=args.labels, chunk_rows=args.chunk_rows,
                           overwrite=args.overwrite)
@@ -295,8 +248,6 @@ def _model_settings(args) -> list[dict]:
 
 def _batch_model(args, algorithm: str, eta0, mu, **overrides):
     """The :class:`KernelHebbianPCA` that ``dkha fit``'s (or ``dkha tune``'s) options describe."""
-    from dkha.estimator import KernelHebbianPCA
-
     kwargs = {
         "algorithm": algorithm, "kernel": args.kernel, "sigma": args.sigma,
         "degree": args.degree, "offset": args.offset, "gamma": args.kernel_gamma, "eta0": eta0,
@@ -307,7 +258,7 @@ def _batch_model(args, algorithm: str, eta0, mu, **overrides):
         "projections": getattr(args, "projections", None), "cache_rows": args.cache_rows,
         "center_sample": args.center_sample,
         "verbose": not args.quiet and sys.stderr.isatty() or args.verbose > 0,
-        **_cluster_kwargs(args)}
+        **cluster_kwargs(args)}
     kwargs.update(overrides)
     return KernelHebbianPCA(args.components, **kwargs)
 
@@ -349,9 +300,6 @@ def cmd_fit(args) -> int:
 
 def _fit_many(args, settings: list[dict]) -> int:
     """Several batch models in one pass over the kernel rows, one run directory each."""
-    from dkha.errors import NumericalError, RunDirectoryError
-    from dkha.estimator import fit_together, run_names
-
     for s in settings:
         if s["algorithm"] in ONLINE or s["algorithm"] == "krylov":
             raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
@@ -389,8 +337,6 @@ def _fit_many(args, settings: list[dict]) -> int:
 
 
 def cmd_tune(args) -> int:
-    from dkha.tune import tune
-
     algorithms = [a.strip() for a in args.algorithm.split(",")]
     proto = _batch_model(args, algorithms[0], None, None, projections="coordinator", tol=None)
     shared = {k: v for k, v in proto.__dict__.items()
@@ -435,18 +381,10 @@ def cmd_tune(args) -> int:
 
 
 def raise_param(msg: str):
-    from dkha.errors import ParameterError
-
     raise ParameterError(msg)
 
 
 def _fit_online(args) -> int:
-    try:
-        from dkha.online import OnlineKernelPCA
-    except ImportError:  # pragma: no cover - until the online module lands
-        raise_param(f"algorithm {args.algorithm} is not available in this build")
-    from dkha.store import open_store
-
     n_samples = open_store(args.store).n_samples
     steps = args.steps
     if steps is None and args.passes is not None:
@@ -488,20 +426,17 @@ def _fit_online(args) -> int:
 def cmd_evaluate(args) -> int:
     import numpy as np
 
-    from dkha import result
-    from dkha.cluster import client_for
-    from dkha.evaluate import evaluate
-    from dkha.transform import engine_for_run
 
-    ds = result.load(args.run_dir)
+    run = Run.open(args.run_dir)
+    ds = run.ds
     if args.variance_samples and not args.variance:
         raise_param("--variance-samples needs --variance")
-    if "dictionary" in ds:
+    if run.is_dictionary:
         return _evaluate_online(args, ds)
     eig = ds.attrs.get("top_eigenvalues")
     r = ds.sizes["component"]
-    with client_for(**_cluster_kwargs(args)) as client:
-        engine = engine_for_run(ds, client, cache_rows=args.cache_rows)
+    with client_for(**cluster_kwargs(args)) as client:
+        engine = run.engine(client, cache_rows=args.cache_rows)
         ev = evaluate(engine, ds["alpha"].values,
                       None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
         out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),
@@ -522,7 +457,6 @@ def _variance(args, ds, client) -> dict:
     """``dkha evaluate --variance``: eq. 23 per component (empty without the option)."""
     if not args.variance:
         return {}
-    from dkha.evaluate import explained_variance
 
     return explained_variance(ds, client, samples=args.variance_samples,
                               seed=int(ds.attrs.get("seed", 0))).as_dict()
@@ -548,20 +482,16 @@ def _evaluate_online(args, ds) -> int:
     """Online runs: the AC index against exact KPCA (a seeded subset of ≤ 2000 samples)."""
     import numpy as np
 
-    from dkha.ac_index import ACReference
-    from dkha.cluster import client_for
-    from dkha.store import open_store
-    from dkha.transform import kernel_of
 
     store = open_store(ds.attrs["store"])
     r = ds.sizes["component"]
-    ref = ACReference.from_store(store, kernel_of(ds), r, seed=int(ds.attrs.get("seed", 0)))
+    ref = ACReference.from_store(store, Run(ds).kernel, r, seed=int(ds.attrs.get("seed", 0)))
     cos = ref.cosines(ds["alpha"].values, ds["dictionary"].values)
     out = {"run_dir": args.run_dir, "algorithm": ds.attrs["algorithm"],
            "members": int(ds.sizes["member"]), "ac_index": float(np.mean(cos)),
            "cosines": [float(c) for c in cos]}
     if args.variance:
-        with client_for(**_cluster_kwargs(args)) as client:
+        with client_for(**cluster_kwargs(args)) as client:
             out.update(_variance(args, ds, client))
     if args.json:
         print(json.dumps(out))
@@ -573,20 +503,15 @@ def _evaluate_online(args, ds) -> int:
 
 
 def cmd_transform(args) -> int:
-    from dkha import result
-    from dkha.transform import transform_store
-
     ds = result.load(args.run_dir)
-    res = transform_store(ds, args.new_store, args.out, overwrite=args.overwrite, **_cluster_kwargs(args))
+    res = transform_store(ds, args.new_store, args.out, overwrite=args.overwrite, **cluster_kwargs(args))
     print(f"{args.out}: projection {dict(res.sizes)}")
     return 0
 
 
 def cmd_run(args) -> int:
-    from dkha.pipeline import run_file
-
     code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
-                             cluster=_cluster_kwargs(args), verbose=args.verbose > 0)
+                             cluster=cluster_kwargs(args), verbose=args.verbose > 0)
     if args.json:
         print(json.dumps(summary, default=str))
     else:
@@ -603,8 +528,6 @@ def cmd_demo(args) -> int:
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from dkha.estimator import KernelHebbianPCA
-    from dkha.store import ingest_array
 
     os.makedirs(args.out, exist_ok=True)
     d = load_digits()
@@ -615,7 +538,7 @@ def cmd_demo(args) -> int:
     print(f"data store {store.path}: {store.n_samples} digits (8×8, pixels x/8 − 1)")
     run_dir = os.path.join(args.out, "run")
     model = KernelHebbianPCA(16, algorithm=args.algorithm, sigma=4.0, passes=args.passes,
-                             evaluate_every=1, verbose=sys.stderr.isatty(), **_cluster_kwargs(args))
+                             evaluate_every=1, verbose=sys.stderr.isatty(), **cluster_kwargs(args))
     model.fit(store_path, run_dir=run_dir, overwrite=True)
     print("pass   excess error E/E_min − 1")
     for h in model.history_:
@@ -644,7 +567,6 @@ def _install_stop_handler() -> None:
     """
     import signal
 
-    from dkha.coordinator import STOP
 
     def handler(signum, frame):
         if STOP.is_set():
@@ -666,7 +588,6 @@ def main(argv: list[str] | None = None) -> int:
     for h in logging.root.handlers:  # library INFO lines go to files (pipelines), not the console
         h.setLevel(level)
     _quiet_distributed(level)
-    from dkha.apply.cli import COMMANDS as APPLY_COMMANDS
 
     _install_stop_handler()
     try:
@@ -678,6 +599,3 @@ def main(argv: list[str] | None = None) -> int:
         print("dkha: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
