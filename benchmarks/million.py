@@ -103,7 +103,7 @@ def child_fit(a: dict) -> dict:
     kernel = make_kernel("gaussian", sigma=a["sigma"])
     shutil.rmtree(os.path.join(store.path, CENTERING_GROUP), ignore_errors=True)  # time it fresh
     out = {"dkha": dkha.__file__}
-    with client_for(workers=a["workers"]) as client, blas_threads_for(client):
+    with client_for(a["workers"]) as client, blas_threads_for(client):
         t0 = time.perf_counter()
         RowEngine(store, kernel, client).compute_mk(center_sample=a["center_sample"], seed=0)
         out["center_seconds"] = time.perf_counter() - t0

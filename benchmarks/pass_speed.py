@@ -47,7 +47,7 @@ from dkha.data.store import StoreWriter  # noqa: E402
 def fit_seconds(store, r, *, passes=None, steps=None, workers=None, sigma=None, block=None,
                 projections=None):
     m = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=passes, steps=steps,
-                         evaluate_every=-1, seed=0, workers=workers, block_rows=block,
+                         evaluate_every=-1, seed=0, client=workers, block_rows=block,
                          eta0=0.05, mu=0.05, projections=projections)
     t0 = time.perf_counter()
     m.fit(store)

@@ -34,11 +34,10 @@ import numpy as np
 import xarray as xr
 
 from dkha.errors import InputError, ParameterError, RunDirectoryError
-from dkha.data import result
 from dkha.data.store import replace_directory
 from dkha.engine.cluster import client_for
 from dkha.fit.evaluate import projections
-from dkha.runs.run import engine_for_run
+from dkha.runs.run import as_run
 
 log = logging.getLogger(__name__)
 
@@ -155,20 +154,19 @@ def score(clusters: np.ndarray, labels, *, seed: int = 0) -> dict:
 
 
 def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int = 0,
-                n_init: int = 10, client=None, scheduler: str | None = None,
-                scheduler_file: str | None = None, workers: int | None = None) -> ClusteringResult:
+                n_init: int = 10, client=None) -> ClusteringResult:
     """Spectral clustering of a batch run's training samples.
 
     ``run`` is a run directory or its components dataset. The projections ``C = A K'`` are
     computed blockwise on the cluster; the store's ``label`` (when present) scores the result.
     """
-    ds = run if isinstance(run, xr.Dataset) else result.load(run)
-    if "mk" not in ds or ds["alpha"].dims[1] != "sample":
+    run = as_run(run)
+    if run.is_dictionary:
         raise InputError("spectral clustering needs a batch run (alpha over the training samples); "
                          "this one is an online (dictionary) run")
-    alpha = np.ascontiguousarray(ds["alpha"].values)
-    with client_for(scheduler, scheduler_file, workers, client) as c:
-        engine = engine_for_run(ds, c)
+    alpha = run.alpha
+    with client_for(client) as c:
+        engine = run.engine(c)
         C = projections(engine, alpha)
         labels = engine.store.labels()
     clusters = spectral_clustering(C.T, n_clusters, scale=scale, seed=seed, n_init=n_init)

@@ -29,7 +29,6 @@ import xarray as xr
 
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.apply.preimage import RunPreimages, Training, check_options, expansion, solve
-from dkha.data import result
 from dkha.data.store import consolidate, open_store, read_grey_image, replace_directory
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
@@ -135,19 +134,19 @@ def as_image(image, what: str) -> np.ndarray:
 
 
 def load_run(run) -> xr.Dataset:
-    return run if isinstance(run, xr.Dataset) else result.load(run)
+    """The components of a run given as a directory, a dataset or a :class:`~dkha.runs.run.Run`."""
+    return as_run(run).ds
 
 
 def preimage_patches(ds, image: np.ndarray, patch: int, grid: int, *, desc: str,
-                     block: int | None, verbose: bool, cluster: tuple, **preimage
+                     block: int | None, verbose: bool, client=None, **preimage
                      ) -> tuple[np.ndarray, dict]:
     """``image``'s ``patch×patch`` windows (on the grid of ``grid``) replaced by the pre-images of their
     projections on the run ``ds`` (:class:`~dkha.apply.preimage.RunPreimages` with ``preimage``
     options), overlaps averaged, clipped to [0, 1]: denoising and hyperresolution.
-    ``cluster`` is ``(client, scheduler, scheduler_file, workers)``. Returns the image and the
+    ``client``: where it runs (:func:`dkha.engine.cluster.client_for`). Returns the image and the
     counts of :func:`reconstruct_patches` with the pre-image ``method`` used."""
-    client, scheduler, scheduler_file, workers = cluster
-    with client_for(scheduler, scheduler_file, workers, client) as c:
+    with client_for(client) as c:
         pre = RunPreimages(ds, c, **preimage)
         out, stats = reconstruct_patches(image, patch, grid, pre, block=block, desc=desc,
                                          verbose=verbose)
@@ -216,8 +215,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
                   iterations: int | None = None, tol: float | None = None,
                   eta: float | None = None, step: float | None = None, nonnegative: bool = False,
                   orthonormalize: bool = False, block: int | None = None, client=None,
-                  scheduler: str | None = None, scheduler_file: str | None = None,
-                  workers: int | None = None, verbose: bool = False) -> DenoiseResult:
+                  verbose: bool = False) -> DenoiseResult:
     """Denoise a grey image with the kernel principal components of a run.
 
     Parameters
@@ -244,8 +242,9 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
         orthonormal. Worth it for runs stopped far from convergence.
     block : int, optional
         Patches processed at a time (default 2048).
-    client, scheduler, scheduler_file, workers :
-        Where the work runs (:func:`dkha.engine.cluster.client_for`).
+    client : optional
+        Where the work runs (:func:`dkha.engine.cluster.client_for`): a ``distributed.Client``,
+        a scheduler address, a number of local worker processes, or ``None``.
     verbose : bool
         Show a progress bar over blocks of patches.
 
@@ -268,7 +267,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
         raise InputError(f"the reference has shape {clean.shape}, the image {noisy.shape}")
     out, stats = preimage_patches(
         ds, noisy, patch, step_, desc="denoise", block=block, verbose=verbose,
-        cluster=(client, scheduler, scheduler_file, workers), method=method,
+        client=client, method=method,
         orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta, step=step,
         nonnegative=nonnegative)
     return DenoiseResult(
@@ -281,8 +280,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
 def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
                   iterations: int | None = None, tol: float | None = None,
                   eta: float | None = None, step: float | None = None, nonnegative: bool = False,
-                  overwrite: bool = False, client=None, scheduler: str | None = None,
-                  scheduler_file: str | None = None, workers: int | None = None):
+                  overwrite: bool = False, client=None):
     """Denoise every sample of a data store of plain vectors; write them as a data store.
 
     Blockwise on the cluster: one task per chunk of ``noisy``; each projects its samples on the
@@ -302,7 +300,7 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
         ``overwrite``; never one of the inputs).
     method, iterations, tol, eta, step, nonnegative :
         The pre-image (:func:`dkha.apply.preimage.solve`).
-    client, scheduler, scheduler_file, workers :
+    client : optional
         Where it runs (:func:`dkha.engine.cluster.client_for`).
 
     Returns
@@ -348,7 +346,7 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
                  "run_store": ds.attrs["store"], "algorithm": ds.attrs["algorithm"],
                  "preimage": method}
     tmp = out + ".tmp"
-    with client_for(scheduler, scheduler_file, workers, client):
+    with client_for(client):
         res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
     consolidate(tmp)
     replace_directory(tmp, out)

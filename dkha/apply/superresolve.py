@@ -99,8 +99,7 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
                  iterations: int | None = None, tol: float | None = None,
                  eta: float | None = None, gradient_step: float | None = None,
                  nonnegative: bool = False, orthonormalize: bool = False,
-                 block: int | None = None, client=None, scheduler: str | None = None,
-                 scheduler_file: str | None = None, workers: int | None = None,
+                 block: int | None = None, client=None,
                  verbose: bool = False) -> SuperresolveResult:
     """Scale a grey image up ``factor`` times with the kernel principal components of a run
     fitted on high-resolution patches.
@@ -122,7 +121,7 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     method, iterations, tol, eta, gradient_step, nonnegative, orthonormalize :
         The pre-image (:class:`dkha.apply.preimage.RunPreimages`; ``gradient_step`` is its
         ``step``).
-    block, client, scheduler, scheduler_file, workers, verbose :
+    block, client, verbose :
         As :func:`dkha.apply.denoise.denoise_image`.
     """
     t0 = time.perf_counter()
@@ -143,7 +142,7 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
                          f"has {up.shape}")
     out, stats = preimage_patches(
         ds, up, patch, step, desc="superresolve", block=block, verbose=verbose,
-        cluster=(client, scheduler, scheduler_file, workers), method=method,
+        client=client, method=method,
         orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta,
         step=gradient_step, nonnegative=nonnegative)
     return SuperresolveResult(

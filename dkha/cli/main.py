@@ -21,17 +21,17 @@ import logging
 import os
 import sys
 
-from dkha.cli.options import (add_cluster_options, add_kernel_options, add_stream_options,
-                              cluster_kwargs, float_list, positive_int)
-from dkha.errors import DkhaError, NumericalError, ParameterError, RunDirectoryError
+from dkha.cli.options import (add_cluster_options, centering_line, centering_summary,
+                              cluster_kwargs, positive_int, raise_param)
+from dkha.errors import DkhaError
 from dkha.version import __version__
+from dkha.cli.fit import COMMANDS as FIT_COMMANDS
+from dkha.cli.fit import add_fit_parsers
 from dkha.cli.apply import COMMANDS as APPLY_COMMANDS, add_parsers as add_apply_parsers
 from dkha.data import result
 from dkha.data.store import ingest_array, ingest_images, open_store
 from dkha.engine.cluster import client_for
-from dkha.estimators.batch import KernelHebbianPCA, fit_together, run_names
-from dkha.estimators.online import OnlineKernelPCA
-from dkha.estimators.tune import tune
+from dkha.estimators.batch import KernelHebbianPCA
 from dkha.fit.ac_index import ACReference
 from dkha.fit.control import STOP
 from dkha.fit.evaluate import evaluate
@@ -41,7 +41,6 @@ from dkha.runs.run import Run
 from dkha.runs.transform import transform_store
 from dkha.solvers.batch import ALGORITHMS
 
-ONLINE = ("on-kha", "oo-kha", "okpca")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,86 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--chunk-rows", type=positive_int)
     im.add_argument("--overwrite", action="store_true")
 
-    # fit
-    p = sub.add_parser("fit", help="fit kernel principal components")
-    p.add_argument("store")
-    p.add_argument("-o", "--out", required=True, metavar="RUN_DIR")
-    p.add_argument("--algorithm", default="kha-smd",
-                   help=f"one of {', '.join(ALGORITHMS + ('krylov',) + ONLINE)}; a comma-separated "
-                        "list of batch algorithms (with --eta0/--mu lists) fits several models in "
-                        "one pass over the kernel rows, each in RUN_DIR/<algorithm>[-eta0=V][-mu=V]")
-    p.add_argument("--components", "-r", type=positive_int, default=8)
-    add_kernel_options(p)
-    g = p.add_argument_group("gains (a list gives one value per model; one value serves all)")
-    g.add_argument("--eta0", type=float_list, metavar="ETA0[,ETA0...]",
-                   help="base gain (default per algorithm)")
-    g.add_argument("--mu", type=float_list, metavar="MU[,MU...]", help="SMD meta-gain (default 0.2)")
-    g.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
-    g.add_argument("--rho0", type=float, default=0.0,
-                   help="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)")
-    o = p.add_argument_group("online algorithms (on-kha, oo-kha, okpca)")
-    o.add_argument("--gamma", type=float, help="learning-rate decay η(k) = γ·η(k−1)")
-    o.add_argument("--tau", type=float, help="Honeine's η_t = η0 / (1 + t/τ)")
-    o.add_argument("--nu", type=float, help="dictionary threshold ν")
-    o.add_argument("--max-members", type=positive_int, help="dictionary size cap")
-    o.add_argument("--center", dest="center", action="store_true", default=None)
-    o.add_argument("--no-center", dest="center", action="store_false")
-    n = p.add_mutually_exclusive_group()
-    n.add_argument("--passes", type=positive_int, help="passes through the data (default 10)")
-    n.add_argument("--steps", type=positive_int, help="single-sample steps")
-    p.add_argument("--init", default="random", metavar="random|random:M|nystrom:M",
-                   help="initial coefficients: random (the paper's), the same on M random "
-                        "columns (KHA/et, SMD start from M kernel rows instead of a pass: for "
-                        "large data), or the Nyström solution from M landmark rows")
-    p.add_argument("--tol", type=float,
-                   help="stop once the excess error E/E_min − 1 is at most TOL (krylov: "
-                        "relative residual tolerance)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--evaluate-every", type=int, default=1, metavar="N",
-                   help="evaluate every N passes (0: only at the end; -1: never)")
-    add_stream_options(p, projections=True)
-    p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
-    c = p.add_mutually_exclusive_group()
-    c.add_argument("--checkpoint-every", type=positive_int, metavar="N",
-                   help="write the complete state to RUN_DIR/checkpoints every N passes "
-                        "(SIGTERM also checkpoints, then exits with code 75)")
-    c.add_argument("--checkpoint-steps", type=positive_int, metavar="N",
-                   help="write the complete state at the first block boundary after every N "
-                        "steps")
-    p.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR's run from its newest valid checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
-
-    # tune
-    p = sub.add_parser("tune", help="try the {1,2,5}×10^b grid of eta0 (and mu) in one kernel "
-                                    "stream; keep the best run of each algorithm")
-    p.add_argument("store")
-    p.add_argument("-o", "--out", required=True, metavar="TUNE_DIR",
-                   help="gets tune.json (every setting's excess error) and TUNE_DIR/<algorithm>, "
-                        "the best run (resumable: continue it with dkha fit ... --resume)")
-    p.add_argument("--algorithm", default="kha-smd",
-                   help="batch algorithm(s) to tune, comma-separated (default kha-smd)")
-    p.add_argument("--eta0", type=float_list, metavar="ETA0[,ETA0...]",
-                   help="values to try (default 0.01,0.02,0.05,…,5: {1,2,5}×10^b, b = −2…0)")
-    p.add_argument("--mu", type=float_list, metavar="MU[,MU...]",
-                   help="kha-smd: meta-gains to try with every eta0 (default 0.01,…,0.5,1)")
-    p.add_argument("--passes", type=positive_int, default=3,
-                   help="passes of every setting, judged by the excess error after them (default 3)")
-    p.add_argument("--components", "-r", type=positive_int, default=8)
-    add_kernel_options(p)
-    p.add_argument("--xi", type=float, help="SMD decay (default 0.99)")
-    p.add_argument("--rho0", type=float, default=0.0, help="SMD initial log-gain (default 0)")
-    p.add_argument("--init", default="random", metavar="random|nystrom:M")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--evaluate-every", type=int, default=0, metavar="N",
-                   help="also evaluate every N passes (default 0: only at the end)")
-    add_stream_options(p, projections=False)
-    p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
+    add_fit_parsers(sub)
 
     # run (pipelines)
     p = sub.add_parser("run", help="run a pipeline file (TOML): ingest → fit → evaluate → apply → report")
@@ -210,219 +130,6 @@ def cmd_ingest(args) -> int:
     return 0
 
 
-def _fit_summary(model, run_dir: str) -> dict:
-    last = model.history_[-1] if model.history_ else {}
-    return {"run_dir": run_dir, "algorithm": model.attrs_["algorithm"],
-            "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
-            "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
-                                                   ("pass", "step", "error", "error_min", "excess")},
-            "fit_seconds": last.get("wall_time"), **_centering(model.attrs_)}
-
-
-def _centering(attrs) -> dict:
-    """How a run was centered, for summaries: exact, or from a sample of N columns."""
-    n = attrs.get("center_sample")
-    return {"centering": "exact" if n is None else "sample", "center_sample": n}
-
-
-def _centering_line(attrs, n_samples: int) -> str | None:
-    n = attrs.get("center_sample")
-    if n is None:
-        return None
-    return (f"centering: approximate, the MK row estimated from a sample of {n} of the "
-            f"{n_samples} columns (--center-sample); E and E_min use that centering")
-
-
-def _model_settings(args) -> list[dict]:
-    """``(algorithm, eta0, mu)`` of each model from ``--algorithm``/``--eta0``/``--mu`` lists
-    (a single value serves every model)."""
-    lists = {"algorithm": [a.strip() for a in args.algorithm.split(",")],
-             "eta0": args.eta0 or [None], "mu": args.mu or [None]}
-    k = max(len(v) for v in lists.values())
-    for name, v in lists.items():
-        if len(v) not in (1, k):
-            raise_param(f"--{name} gives {len(v)} values for {k} models; give one value or one "
-                        "per model")
-    return [{name: v[i] if len(v) > 1 else v[0] for name, v in lists.items()} for i in range(k)]
-
-
-def _batch_model(args, algorithm: str, eta0, mu, **overrides):
-    """The :class:`KernelHebbianPCA` that ``dkha fit``'s (or ``dkha tune``'s) options describe."""
-    kwargs = {
-        "algorithm": algorithm, "kernel": args.kernel, "sigma": args.sigma,
-        "degree": args.degree, "offset": args.offset, "gamma": args.kernel_gamma, "eta0": eta0,
-        "mu": mu, "xi": args.xi, "rho0": args.rho0, "passes": args.passes,
-        "steps": getattr(args, "steps", None), "seed": args.seed,
-        "evaluate_every": args.evaluate_every, "block_rows": args.block,
-        "prefetch": args.prefetch, "init": args.init, "tol": getattr(args, "tol", None),
-        "projections": getattr(args, "projections", None), "cache_rows": args.cache_rows,
-        "center_sample": args.center_sample,
-        "verbose": not args.quiet and sys.stderr.isatty() or args.verbose > 0,
-        **cluster_kwargs(args)}
-    kwargs.update(overrides)
-    return KernelHebbianPCA(args.components, **kwargs)
-
-
-def _check_no_online_options(args, algorithm: str) -> None:
-    for name in ("gamma", "tau", "nu", "max_members", "center"):
-        if getattr(args, name) is not None:
-            raise_param(f"--{name.replace('_', '-')} applies to the online algorithms "
-                        f"({', '.join(ONLINE)}), not {algorithm}")
-
-
-def cmd_fit(args) -> int:
-    settings = _model_settings(args)
-    if len(settings) > 1:
-        return _fit_many(args, settings)
-    args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
-    if args.algorithm in ONLINE:
-        return _fit_online(args)
-    model = _batch_model(args, args.algorithm, args.eta0, args.mu)
-    _check_no_online_options(args, args.algorithm)
-    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
-              checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
-              checkpoint_steps=args.checkpoint_steps or 0)
-    summary = _fit_summary(model, args.out)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(f"{summary['algorithm']}: {summary['n_components']} components of "
-              f"{summary['n_samples']} samples, {summary['kernel']}")
-        line = _centering_line(model.attrs_, model.n_samples_)
-        if line:
-            print(line)
-        if model.history_:
-            print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
-                  f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
-        print(f"saved {os.path.join(args.out, 'components.zarr')}")
-    return 0
-
-
-def _fit_many(args, settings: list[dict]) -> int:
-    """Several batch models in one pass over the kernel rows, one run directory each."""
-    for s in settings:
-        if s["algorithm"] in ONLINE or s["algorithm"] == "krylov":
-            raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
-                        "(kha, kha-t, kha-et, kha-smd) to fit several together")
-    _check_no_online_options(args, settings[0]["algorithm"])
-    if os.path.lexists(args.out) and not os.path.isdir(args.out):
-        raise RunDirectoryError(f"{args.out} exists and is not a directory")
-    models = [_batch_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]
-    run_dirs = [os.path.join(args.out, name) for name in run_names(models)]
-    fit_together(models, args.store, run_dirs=run_dirs, overwrite=args.overwrite,
-                 checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
-                 checkpoint_steps=args.checkpoint_steps or 0, skip_diverged=True)
-    summaries = []
-    for m, d in zip(models, run_dirs):
-        if m.failure_ is None:
-            summaries.append(_fit_summary(m, d))
-        else:
-            summaries.append({"run_dir": d, "algorithm": m.algorithm, "diverged": m.failure_})
-    if args.json:
-        print(json.dumps(summaries))
-    else:
-        seconds = next((s["fit_seconds"] for s in summaries if s.get("fit_seconds")), None)
-        print(f"{len(models)} models in one pass over the kernel rows"
-              + (f" ({seconds:.1f} s of fitting)" if seconds else ""))
-        for s in summaries:
-            shown = ("diverged" if "diverged" in s else
-                     f"excess {s['excess']:.3e}" if s.get("excess") is not None else "saved")
-            print(f"  {s['run_dir']}: {shown}")
-    failed = [s for s in summaries if "diverged" in s]
-    if failed:
-        raise NumericalError(f"{len(failed)} of {len(models)} models diverged ("
-                             + ", ".join(os.path.basename(s["run_dir"]) for s in failed)
-                             + "): lower their eta0 (or mu); the others were saved")
-    return 0
-
-
-def cmd_tune(args) -> int:
-    algorithms = [a.strip() for a in args.algorithm.split(",")]
-    proto = _batch_model(args, algorithms[0], None, None, projections="coordinator", tol=None)
-    shared = {k: v for k, v in proto.__dict__.items()
-              if k not in ("algorithm", "eta0", "mu", "passes", "steps")}
-    summary = tune(args.store, algorithms, eta0=args.eta0, mu=args.mu, passes=args.passes,
-                   tune_dir=args.out, overwrite=args.overwrite, **shared)
-    if args.json:
-        print(json.dumps(summary, default=float))
-        return 0
-    print(f"{summary['settings']} settings, {args.passes} passes each, in one pass over the "
-          f"kernel rows ({summary['seconds']:.1f} s); excess error E/E_min − 1 after "
-          f"{args.passes} passes:")
-    print(f"  {'algorithm':10s} {'eta0':>8s} {'mu':>8s}  excess")
-    for row in summary["grid"]:
-        mu = "" if row["mu"] is None else f"{row['mu']:g}"
-        shown = "diverged" if row["excess"] is None else f"{row['excess']:.3e}"
-        print(f"  {row['algorithm']:10s} {row['eta0']:>8g} {mu:>8s}  {shown}"
-              + ("  ← best" if row.get("best") else ""))
-    options = {"sigma": "--sigma", "degree": "--degree", "offset": "--offset",
-               "gamma": "--kernel-gamma"}
-    kernel = " ".join(f"{options[k]} {v!r}" for k, v in summary["kernel_parameters"].items()
-                      if k in options)
-    for a, b in summary["best"].items():
-        gains = f"--eta0 {b['eta0']:g}" + ("" if b["mu"] is None else f" --mu {b['mu']:g}")
-        print(f"chosen {a}: {gains} (excess {b['excess']:.3e}), kept in {b['run_dir']}")
-        if b["at_edge"]:
-            print(f"  note: {' and '.join(b['at_edge'])} at the end of the grid; a wider range "
-                  f"(--{' / --'.join(b['at_edge'])}) may do better")
-        print(f"  continue: dkha fit {args.store} -o {b['run_dir']} --algorithm {a} {gains} "
-              f"--components {args.components} --kernel {args.kernel} {kernel} --seed {args.seed}"
-              + (f" --init {args.init}" if args.init != "random" else "")
-              + (f" --xi {args.xi:g}" if args.xi is not None else "")
-              + (f" --rho0 {args.rho0:g}" if args.rho0 else "")
-              + (f" --block {args.block}" if args.block else "")
-              + (f" --center-sample {args.center_sample}" if args.center_sample else "")
-              + f" --evaluate-every {args.evaluate_every} --passes N --resume")
-    for a in summary["algorithms"]:
-        if a not in summary["best"]:
-            print(f"{a}: every setting diverged")
-    print(f"summary: {os.path.join(args.out, 'tune.json')}")
-    return 0
-
-
-def raise_param(msg: str):
-    raise ParameterError(msg)
-
-
-def _fit_online(args) -> int:
-    n_samples = open_store(args.store).n_samples
-    steps = args.steps
-    if steps is None and args.passes is not None:
-        steps = args.passes * n_samples
-    for name in ("mu", "xi", "tol"):
-        if getattr(args, name) is not None:
-            raise_param(f"--{name} applies to the batch algorithms, not {args.algorithm}")
-    if args.init != "random":
-        raise_param(f"--init applies to the batch algorithms, not {args.algorithm}")
-    if args.center_sample is not None:
-        raise_param(f"--center-sample applies to the batch algorithms, not {args.algorithm} "
-                    "(see --center/--no-center)")
-    kwargs = dict(algorithm=args.algorithm, kernel=args.kernel, sigma=args.sigma,
-                  degree=args.degree, offset=args.offset, kernel_gamma=args.kernel_gamma,
-                  eta0=args.eta0, gamma=args.gamma, tau=args.tau, nu=args.nu,
-                  max_members=args.max_members, center=args.center, steps=steps,
-                  seed=args.seed, block_rows=args.block, prefetch=args.prefetch,
-                  # --evaluate-every counts passes; the online estimator counts steps
-                  evaluate_every=args.evaluate_every * n_samples if args.evaluate_every > 0 else None,
-                  verbose=not args.quiet and sys.stderr.isatty())
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    model = OnlineKernelPCA(args.components, **kwargs)
-    # --checkpoint-every counts passes; the online estimator counts steps
-    checkpoint = (args.checkpoint_every * n_samples if args.checkpoint_every
-                  else args.checkpoint_steps or 0)
-    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
-              ac_reference=args.evaluate_every >= 0, checkpoint_every=checkpoint,
-              resume=args.resume)
-    ds = model.to_dataset()
-    summary = {"run_dir": args.out, "algorithm": args.algorithm,
-               "members": int(ds.sizes.get("member", 0))}
-    if "ac_index" in ds and ds.sizes.get("evaluation", 0):
-        summary["ac_index"] = float(ds["ac_index"].values[-1])
-    print(json.dumps(summary) if args.json else
-          ", ".join(f"{k} = {v}" for k, v in summary.items()))
-    return 0
-
-
 def cmd_evaluate(args) -> int:
     import numpy as np
 
@@ -441,13 +148,13 @@ def cmd_evaluate(args) -> int:
                       None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
         out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),
                "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client),
-               **_centering(ds.attrs)}
+               **centering_summary(ds.attrs)}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"E(A)   = {ev.error:.10g}\nE_min  = {ev.error_min:.10g}\nexcess = {ev.excess:.6e}")
         _print_variance(out)
-        line = _centering_line(ds.attrs, int(ds.sizes["sample"]))
+        line = centering_line(ds.attrs, int(ds.sizes["sample"]))
         if line:
             print(line)
     return 0
@@ -547,7 +254,7 @@ def cmd_demo(args) -> int:
     return 0
 
 
-COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, "fit": cmd_fit, "tune": cmd_tune,
+COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, **FIT_COMMANDS,
             "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run}
 
 

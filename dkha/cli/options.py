@@ -1,9 +1,13 @@
-"""Command-line options shared by the ``dkha`` subcommands: argument types, the kernel, stream and
-cluster options."""
+"""Command-line options shared by the ``dkha`` subcommands: argument types, where it runs, and
+the one-line summaries of a run's centering. The fit options are generated from the parameter
+table (:mod:`dkha.estimators.params`)."""
 
 from __future__ import annotations
 
 import argparse
+
+from dkha.engine.cluster import Where
+from dkha.errors import ParameterError
 
 
 def positive_int(s: str) -> int:
@@ -25,31 +29,6 @@ def float_list(s: str) -> list[float]:
                                          f"numbers, got {s!r}") from None
 
 
-def add_kernel_options(p: argparse.ArgumentParser) -> None:
-    k = p.add_argument_group("kernel")
-    k.add_argument("--kernel", default="gaussian", help="gaussian, laplacian, polynomial, sigmoid")
-    k.add_argument("--sigma", type=float, help="gaussian/laplacian width (default: median distance)")
-    k.add_argument("--degree", type=int, help="polynomial degree (default 1: dot product)")
-    k.add_argument("--offset", type=float, help="polynomial / sigmoid offset")
-    k.add_argument("--kernel-gamma", type=float, help="sigmoid slope")
-
-
-def add_stream_options(p: argparse.ArgumentParser, projections: bool) -> None:
-    """How the kernel rows are streamed: blocks, prefetch, (projections), row cache, centering."""
-    p.add_argument("--block", type=positive_int, metavar="B", help="rows per block (dkha.block-rows)")
-    p.add_argument("--prefetch", type=positive_int, metavar="D", help="blocks computed ahead")
-    if projections:
-        p.add_argument("--projections", choices=("coordinator", "workers"),
-                       help="where block projections are computed (dkha.projections): from kernel "
-                            "rows shipped to the coordinator, or on the workers from replicas")
-    p.add_argument("--cache-rows", action="store_true", default=None,
-                   help="keep the kernel's upper-triangle tiles in worker memory (about 4·l² "
-                        "bytes): kernels computed once, not once a pass (dkha.row-cache)")
-    p.add_argument("--center-sample", type=positive_int, metavar="N",
-                   help="estimate the centering (MK) row from a seeded sample of N columns "
-                        "instead of the exact O(l²n) pass: approximate, recorded in the run")
-
-
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
     g.add_argument("--scheduler", metavar="ADDRESS",
@@ -61,5 +40,24 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
 
 
 def cluster_kwargs(args) -> dict:
-    return {"scheduler": args.scheduler, "scheduler_file": args.scheduler_file,
-            "workers": args.workers}
+    """``{"client": where}`` from ``--scheduler``, ``--scheduler-file`` and ``--workers``: the one
+    where-it-runs value every public function takes (:func:`dkha.engine.cluster.client_for`)."""
+    return {"client": Where(args.scheduler, args.scheduler_file, args.workers)}
+
+
+def raise_param(msg: str):
+    raise ParameterError(msg)
+
+
+def centering_summary(attrs) -> dict:
+    """How a run was centered, for summaries: exact, or from a sample of N columns."""
+    n = attrs.get("center_sample")
+    return {"centering": "exact" if n is None else "sample", "center_sample": n}
+
+
+def centering_line(attrs, n_samples: int) -> str | None:
+    n = attrs.get("center_sample")
+    if n is None:
+        return None
+    return (f"centering: approximate, the MK row estimated from a sample of {n} of the "
+            f"{n_samples} columns (--center-sample); E and E_min use that centering")

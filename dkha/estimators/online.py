@@ -34,22 +34,22 @@ import logging
 import os
 import time
 
-import dask.config
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from dkha import config, schedule
 from dkha.data import result
 from dkha.data.checkpoint import open_fit
-from dkha.data.sources import ArraySource, resolve_source, stream_blocks
-from dkha.errors import InputError, Interrupted, ParameterError
+from dkha.data.sources import ArraySource, resolve_source
+from dkha.errors import InputError, ParameterError
+from dkha.estimators.batch import resolve_kernel
+from dkha.estimators.params import ONLINE, declare, validate
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
-from dkha.fit.control import STOP
+from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import variance_of
+from dkha.fit.online import coordinator_threads, run_online
 from dkha.version import __version__
-from dkha.kernels import Kernel, make_kernel, median_distance
-from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
-                                 DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
+from dkha.kernels import Kernel
+from dkha.solvers.online import (ALGORITHMS, DEFAULT_GAMMA, INIT_STD, OnlineKHA, check_algorithm)
 from dkha.data.store import DataStore, open_store
 
 log = logging.getLogger(__name__)
@@ -57,56 +57,16 @@ log = logging.getLogger(__name__)
 EIGENVALUE_SAMPLES = 2000
 
 
-def coordinator_threads():
-    """Limit BLAS threads while streaming (``dkha.estimators.online-blas-threads``, default 1).
-
-    The per-block products are small (``b × m``); on a shared or busy machine several BLAS
-    threads made them ten times slower here, not faster.
-    """
-    return threadpool_limits(limits=int(dask.config.get("dkha.estimators.online-blas-threads", default=1)),
-                             user_api="blas")
-
-
 # --- the estimator -------------------------------------------------------------------------------
 
 
+@declare(ONLINE)
 class OnlineKernelPCA:
     """Kernel principal components online, over a dictionary chosen by the ALD criterion.
 
     Parameters
     ----------
-    n_components : int, default 8
-    algorithm : {"on-kha", "oo-kha", "okpca"}, default "on-kha"
-        ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised,
-        eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).
-    kernel : {"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"
-    sigma, degree, offset, kernel_gamma : optional
-        Kernel parameters (``kernel_gamma`` is the sigmoid's slope; ``gamma`` is the learning
-        rate decay). ``sigma=None`` uses the median distance between samples.
-    eta0 : float, default 0.05
-        Initial step size.
-    gamma : float, optional
-        Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17). Default 0.999995 when
-        ``tau`` is not given either.
-    tau : float, optional
-        Honeine's search-then-converge step size ``η = η0 / (1 + s/τ)`` (eq. 20) instead.
-    nu : float, default 1e-3
-        ALD threshold: a sample joins the dictionary when ``ε² = k(x,x) − κᵀK_m⁻¹κ ≥ nu``.
-    max_members : int, default 2000
-        Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).
-    center : bool, default False
-        Center in feature space by the running mean in the dictionary's span (Honeine §5.2).
-        The papers' ON-KHA and OO-KHA are uncentered.
-    steps : int, optional
-        Samples to stream in :meth:`fit` (default: one pass through the data).
-    seed : int, default 0
-        Seeds the initial coefficients, the sample order and the sigma heuristic's sample.
-    evaluate_every : int, optional
-        Record a history entry every that many steps (and at the end).
-    block_rows, prefetch : int, optional
-        Samples per block and blocks read ahead (``dkha.block-rows``, ``dkha.prefetch``).
-    verbose : bool, default False
-        Show a progress bar.
+    {parameters}
 
     Attributes
     ----------
@@ -143,82 +103,37 @@ class OnlineKernelPCA:
     (4, 3)
     """
 
-    def __init__(self, n_components: int = 8, *, algorithm: str = "on-kha",
-                 kernel: str = "gaussian", sigma: float | None = None, degree: int | None = None,
-                 offset: float | None = None, kernel_gamma: float | None = None,
-                 eta0: float = DEFAULT_ETA0, gamma: float | None = None, tau: float | None = None,
-                 nu: float = DEFAULT_NU, max_members: int = DEFAULT_MAX_MEMBERS,
-                 center: bool = False, steps: int | None = None, seed: int = 0,
-                 evaluate_every: int | None = None, block_rows: int | None = None,
-                 prefetch: int | None = None, verbose: bool = False):
-        self.n_components = n_components
-        self.algorithm = algorithm
-        self.kernel = kernel
-        self.sigma = sigma
-        self.degree = degree
-        self.offset = offset
-        self.kernel_gamma = kernel_gamma
-        self.eta0 = eta0
-        self.gamma = gamma
-        self.tau = tau
-        self.nu = nu
-        self.max_members = max_members
-        self.center = center
-        self.steps = steps
-        self.seed = seed
-        self.evaluate_every = evaluate_every
-        self.block_rows = block_rows
-        self.prefetch = prefetch
-        self.verbose = verbose
-
     # -- validation --
     def _validated(self) -> dict:
+        validate(self, ONLINE)
         algorithm = check_algorithm(self.algorithm)
-        r = self.n_components
-        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or r < 1:
-            raise ParameterError(f"n_components must be a positive integer, got {r!r}")
-        eta0 = _positive("eta0", self.eta0)
+        r = int(self.n_components)
         if self.gamma is not None and self.tau is not None:
             raise ParameterError("give gamma (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
         gamma, tau = None, None
         if self.tau is not None:
-            tau = _positive("tau", self.tau)
+            tau = float(self.tau)
         else:
             gamma = DEFAULT_GAMMA if self.gamma is None else float(self.gamma)
-            if not (np.isfinite(gamma) and 0.0 < gamma <= 1.0):
-                raise ParameterError(f"gamma must lie in (0, 1], got {self.gamma}")
-        nu = _positive("nu", self.nu)
-        mm = self.max_members
-        if not isinstance(mm, (int, np.integer)) or isinstance(mm, bool) or mm < 1:
-            raise ParameterError(f"max_members must be a positive integer, got {mm!r}")
+        mm = int(self.max_members)
         if mm < r:
             raise ParameterError(
                 f"max_members ({mm}) must be at least n_components ({r}): the components live "
                 "in the dictionary's span"
             )
-        if self.steps is not None and (int(self.steps) != self.steps or int(self.steps) < 1):
-            raise ParameterError(f"steps must be a positive integer, got {self.steps!r}")
-        if self.evaluate_every is not None and int(self.evaluate_every) < 1:
-            raise ParameterError(f"evaluate_every must be a positive number of steps, "
-                                 f"got {self.evaluate_every}")
         block_rows = int(config.get("block-rows", self.block_rows))
         prefetch = int(config.get("prefetch", self.prefetch))
         if block_rows < 1:
             raise ParameterError(f"block_rows must be positive, got {block_rows}")
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
-        return {"algorithm": algorithm, "r": int(r), "eta0": eta0, "gamma": gamma, "tau": tau,
-                "nu": nu, "max_members": int(mm), "center": bool(self.center),
+        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gamma": gamma,
+                "tau": tau, "nu": float(self.nu), "max_members": mm, "center": bool(self.center),
                 "block_rows": block_rows, "prefetch": prefetch}
 
     def _kernel(self, source) -> Kernel:
-        k = make_kernel(self.kernel, sigma=self.sigma, degree=self.degree, offset=self.offset,
-                        gamma=self.kernel_gamma)
-        if k.needs_sigma():
-            sample = source.sample(int(config.get("median-sample")), self.seed)
-            k = k.with_params(sigma=median_distance(sample))
-            log.info("sigma by the median-distance heuristic: %g", k["sigma"])
-        return k
+        return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
+                              degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
     def _new_solver(self, p: dict, n_features: int, kernel: Kernel) -> OnlineKHA:
         a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
@@ -280,7 +195,6 @@ class OnlineKernelPCA:
                  "ac_reference": _describe_reference(ac_reference)}
         checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
                                              checkpoint_every=checkpoint_every, exact=exact)
-        ck_every = int(checkpoint_every or 0)
         reference = self._reference(ac_reference, source, kernel, p["r"])
         self.solver_ = self._new_solver(p, n, kernel)
         self.solver_.stream_length = l
@@ -300,58 +214,28 @@ class OnlineKernelPCA:
             self.stream_stats_ = dict(ck.meta["stream_stats"])
             log.info("resuming at step %d from %s", self.solver_.state.step, ck.path)
 
-        def save_checkpoint():
+        def save(t: int, pass_end_pending: bool) -> None:
+            self.wall_time_ = driver.seconds
             arrays, scalars = self.solver_.snapshot()
             meta = dict(ck_meta, history=self.history_, fit_seconds=self.wall_time_,
                         stream_stats=self.stream_stats_, state_scalars=scalars,
                         n_steps=n_steps)
             checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
 
-        def between_blocks(t: int, last: int) -> int:
-            """Checkpoint (and stop on request) between blocks; returns the last checkpoint."""
-            stopping = STOP.is_set()
-            due = checkpointer is not None and ck_every > 0 and t // ck_every > last // ck_every
-            if (due or stopping) and checkpointer is not None and t < n_steps:
-                save_checkpoint()
-                last = t
-            if stopping and t < n_steps:
-                raise Interrupted(
-                    f"stopped at step {t} (pass {t // l + 1}); " +
-                    ("checkpoint written: continue with `dkha fit ... --resume`"
-                     if checkpointer is not None else
-                     "no checkpoint (fit with a run directory to make runs resumable)"))
-            return last
+        def record() -> dict:
+            self.wall_time_ = driver.seconds
+            return self._record(source.n_samples)
 
-        start = self.solver_.state.step
-        last_checkpoint = start
-        bar = _progress(self.verbose, n_steps, p["algorithm"])
-        if bar is not None and start:
-            bar.update(start)
+        driver = BlockDriver(n_steps, self.solver_.state.step, desc=p["algorithm"],
+                             verbose=self.verbose, save=None if checkpointer is None else save,
+                             checkpoint_steps=int(checkpoint_every or 0), seconds=self.wall_time_)
         try:
-            with coordinator_threads():
-                while start < n_steps:
-                    stop = min(n_steps, (start // every + 1) * every)
-                    t0 = time.perf_counter()
-                    for _, _, idx, rows in stream_blocks(source, self.seed, start, stop,
-                                                         p["block_rows"], p["prefetch"],
-                                                         self.stream_stats_):
-                        self.solver_.apply_block(rows, idx)
-                        if bar is not None:
-                            bar.update(len(idx))
-                        t = self.solver_.state.step
-                        if t < stop:  # a segment's end checkpoints after its history entry
-                            self.wall_time_ += time.perf_counter() - t0
-                            last_checkpoint = between_blocks(t, last_checkpoint)
-                            t0 = time.perf_counter()
-                    self.wall_time_ += time.perf_counter() - t0
-                    start = stop
-                    entry = self._record(source.n_samples)
-                    if bar is not None and np.isfinite(entry["ac_index"]):
-                        bar.set_postfix(ac=f"{entry['ac_index']:.3f}", members=entry["members"])
-                    last_checkpoint = between_blocks(stop, last_checkpoint)
+            run_online(self.solver_, source, driver, seed=self.seed, n_steps=n_steps,
+                       every=every, block_rows=p["block_rows"], prefetch=p["prefetch"],
+                       stats=self.stream_stats_, record=record)
         finally:
-            if bar is not None:
-                bar.close()
+            driver.close()
+            self.wall_time_ = driver.seconds
         self.n_samples_seen_ = n_steps
         self._finish(source.sample(EIGENVALUE_SAMPLES, self.seed))
         self.attrs_ = attrs
@@ -522,16 +406,6 @@ class OnlineKernelPCA:
         return result.save(self.to_dataset(), run_dir)
 
 
-def _positive(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ParameterError(f"{name} must be a positive number, got {value!r}") from None
-    if not (np.isfinite(v) and v > 0):
-        raise ParameterError(f"{name} must be a positive number, got {value!r}")
-    return v
-
-
 def _describe_reference(ac_reference) -> str | None:
     """What a checkpoint records of the AC reference (arrays by a digest of their bytes)."""
     if ac_reference is None or ac_reference is False:
@@ -548,14 +422,6 @@ def _store_path(source) -> str:
     if isinstance(source, DataStore):
         return os.path.abspath(source.path) if "://" not in source.path else source.path
     return "<array>"
-
-
-def _progress(verbose: bool, total: int, desc: str):
-    if not verbose:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
 __all__ = ["OnlineKernelPCA", "ALGORITHMS"]

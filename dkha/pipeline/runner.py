@@ -39,6 +39,9 @@ from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import ingest_array, ingest_images, open_store, read_grey_image
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.estimators.online import OnlineKernelPCA
+from dkha.estimators.params import BATCH, estimator_kwargs, pipeline_keys
+from dkha.estimators.params import ONLINE as ONLINE_MODEL
+from dkha.solvers.online import ALGORITHMS as ONLINE
 from dkha.pipeline.report import write_report
 
 log = logging.getLogger(__name__)
@@ -51,17 +54,14 @@ PIPELINE_KEYS = {"name", "description"}
 DATA_KEYS = {"kind", "path", "labels", "paths", "patch", "step", "chunk_rows", "per_class",
              "digits", "noise", "size", "seed", "scale"}
 DATA_KINDS = ("digits", "array", "images", "store")
-FIT_KEYS = {"name", "algorithm", "components", "kernel", "sigma", "degree", "offset",
-            "kernel_gamma", "eta0", "mu", "xi", "rho0", "passes", "steps", "seed",
-            "evaluate_every", "block_rows", "prefetch", "init", "tol", "checkpoint_every",
-            "gamma", "tau", "nu", "max_members", "center"}
+#: a [[fit]] table: its name, checkpoint_every, and the fit parameters (from the one table)
+FIT_KEYS = {"name", "checkpoint_every"} | pipeline_keys()
 EVALUATE_KEYS = {"enabled", "ac_index"}
 APPLY_KEYS = {"kind", "fit", "k", "seed", "iterations", "exact"}
 APPLY_KINDS = ("denoise", "cluster")
 REPORT_KEYS = {"enabled", "title", "components"}
 TOP_KEYS = {"pipeline": PIPELINE_KEYS, "data": DATA_KEYS, "fit": FIT_KEYS,
             "evaluate": EVALUATE_KEYS, "apply": APPLY_KEYS, "report": REPORT_KEYS}
-ONLINE = ("on-kha", "oo-kha", "okpca")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -341,12 +341,11 @@ class Runner:
 
     def fit(self, store: dict, f: dict) -> dict:
         run = self.fit_dir(f["name"])
-        opts = {k: v for k, v in f.items() if k not in ("name", "algorithm", "components",
-                                                         "checkpoint_every")}
-        r = int(f.get("components", 8))
+        values = {k: v for k, v in f.items() if k not in ("name", "checkpoint_every")}
         resume = Checkpointer(run).latest() is not None
         if f["algorithm"] in ONLINE:
-            model = OnlineKernelPCA(r, algorithm=f["algorithm"], verbose=self.verbose, **opts)
+            model = OnlineKernelPCA(verbose=self.verbose,
+                                    **estimator_kwargs(values, ONLINE_MODEL, f["algorithm"], where=""))
             # online: checkpoint_every counts steps, as the estimator's evaluate_every does
             model.fit(store["store"], run_dir=run, overwrite=not resume, resume=resume,
                       checkpoint_every=int(f.get("checkpoint_every", 0)),
@@ -357,8 +356,8 @@ class Runner:
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
 
-        model = KernelHebbianPCA(r, algorithm=f["algorithm"], verbose=self.verbose,
-                                 **opts, **self.cluster)
+        model = KernelHebbianPCA(verbose=self.verbose, **self.cluster,
+                                 **estimator_kwargs(values, BATCH, f["algorithm"], where=""))
         fit_kw = {"run_dir": run, "overwrite": not resume}
         if "checkpoint_every" in f:
             fit_kw["checkpoint_every"] = int(f["checkpoint_every"])

@@ -7,6 +7,8 @@ Its kernel is rebuilt from the attrs here and only here (:func:`kernel_of`).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import xarray as xr
 
@@ -104,9 +106,13 @@ class Run:
         return small
 
 
-def as_run(run: "Run | xr.Dataset") -> Run:
-    """A :class:`Run` from a run or from its components dataset."""
-    return run if isinstance(run, Run) else Run(run)
+def as_run(run: "Run | xr.Dataset | str | os.PathLike") -> Run:
+    """A :class:`Run` from a run, its components dataset or its directory."""
+    if isinstance(run, Run):
+        return run
+    if isinstance(run, (str, os.PathLike)):
+        return Run.open(os.fspath(run))
+    return Run(run)
 
 
 def engine_for_run(ds: "xr.Dataset | Run", client, cache_rows: bool | None = None) -> RowEngine:

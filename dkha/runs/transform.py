@@ -40,8 +40,7 @@ def project_dictionary(ds, X: np.ndarray) -> np.ndarray:
     return Kx @ alpha.T
 
 
-def project(ds: "xr.Dataset | Run", X: np.ndarray, *, client=None, scheduler=None,
-            scheduler_file=None, workers=None) -> np.ndarray:
+def project(ds: "xr.Dataset | Run", X: np.ndarray, *, client=None) -> np.ndarray:
     """``(n, n_components)`` projections of the rows of ``X``."""
     run = as_run(ds)
     X = np.atleast_2d(np.asarray(X, dtype=np.float64))
@@ -50,7 +49,7 @@ def project(ds: "xr.Dataset | Run", X: np.ndarray, *, client=None, scheduler=Non
     run.check_features(X.shape[1])
     if not np.isfinite(X).all():
         raise InputError("new data holds NaN or inf")
-    with client_for(scheduler, scheduler_file, workers, client) as c:
+    with client_for(client) as c:
         return run.engine(c).transform(X, run.ds["alpha"].values)
 
 
@@ -90,7 +89,7 @@ def _project_chunk(Xc, path, kernel, mk, mkm, groups, alpha):
 
 
 def transform_store(ds: "xr.Dataset | Run", new_store: str, out: str, *, overwrite: bool = False,
-                    client=None, scheduler=None, scheduler_file=None, workers=None) -> xr.Dataset:
+                    client=None) -> xr.Dataset:
     """Project every sample of a data store; write ``projection (sample, component)`` to ``out``
     (blockwise on the cluster, written aside and renamed into place)."""
     run = as_run(ds)
@@ -102,7 +101,7 @@ def transform_store(ds: "xr.Dataset | Run", new_store: str, out: str, *, overwri
     res = proj.to_dataset()
     res.attrs = dict(proj.attrs)
     tmp = out + ".tmp"
-    with client_for(scheduler, scheduler_file, workers, client):
+    with client_for(client):
         res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
     consolidate(tmp)
     replace_directory(tmp, out)
