@@ -28,6 +28,7 @@ LINT = ("import sys; from importlinter.cli import lint_imports; "
 def _lint(root: pathlib.Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-c", LINT], cwd=root, env=env, capture_output=True,
+                          check=False,
                           text=True, timeout=300)
 
 
@@ -75,7 +76,7 @@ def structure(package: pathlib.Path) -> dict:
         base = node.module or ""
         if node.level:
             parts = module.split(".")
-            if not modules[module].name == "__init__.py":
+            if modules[module].name != "__init__.py":
                 parts = parts[:-1]
             base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
         return [(base + "." + a.name if base + "." + a.name in modules else base, a.name)
@@ -116,10 +117,10 @@ def structure(package: pathlib.Path) -> dict:
 def _cycles(edges: dict[str, set]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
-    for root in edges:
+    for root, targets in edges.items():
         if root in index:
             continue
-        work = [(root, iter(sorted(edges[root])))]
+        work = [(root, iter(sorted(targets)))]
         index[root] = low[root] = counter[0]
         counter[0] += 1
         stack.append(root)

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.apply.preimage import RunPreimages, Training, check_options, expansion, solve
 from dkha.data.store import consolidate, open_store, read_grey_image, replace_directory
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
+from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.runs.run import as_run, kernel_of
 
 log = logging.getLogger(__name__)

@@ -83,10 +83,10 @@ from typing import Callable
 
 import numpy as np
 
-from dkha.errors import InputError, ParameterError
-from dkha.kernels import Kernel
 from dkha.engine.tasks import group_rows, load_rows
+from dkha.errors import InputError, ParameterError
 from dkha.fit.evaluate import projections
+from dkha.kernels import Kernel
 from dkha.runs.run import as_run
 from dkha.runs.transform import project_dictionary
 
@@ -129,7 +129,7 @@ class Expansion:
         """``γ`` whole (``n × l``; small problems and tests only)."""
         return self.block(alpha)
 
-    def take(self, index) -> "Expansion":
+    def take(self, index) -> Expansion:
         return Expansion(self.weights[index], self.offset[index])
 
 
@@ -324,14 +324,14 @@ class Training:
 
     @classmethod
     def from_array(cls, X: np.ndarray, kernel: Kernel, alpha: np.ndarray, *,
-                   block: int | None = None) -> "Training":
+                   block: int | None = None) -> Training:
         X = np.ascontiguousarray(X, dtype=np.float64)
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
         return cls(kernel, alpha, array_sums(X, kernel, alpha, block=block),
                    _once(lambda: (alpha @ X, X.sum(axis=0))), X)
 
     @classmethod
-    def from_engine(cls, engine, alpha: np.ndarray, *, block: int | None = None) -> "Training":
+    def from_engine(cls, engine, alpha: np.ndarray, *, block: int | None = None) -> Training:
         """A data store on the cluster: each reduction is one task per column group."""
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
 
@@ -351,7 +351,7 @@ class Training:
 
     @classmethod
     def from_chunks(cls, path: str, kernel: Kernel, groups: tuple, alpha: np.ndarray, *,
-                    block: int | None = None) -> "Training":
+                    block: int | None = None) -> Training:
         """A data store read inside one task (chunks from the per-process cache): the reductions
         run here, group after group, for tasks that pre-image a whole block of samples."""
         block = DEFAULT_BLOCK if block is None else int(block)

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.denoise import (as_image, load_run, check_patch_run, preimage_patches,
-                                 squared_error)
-from dkha.errors import InputError, ParameterError
+from dkha.apply.denoise import as_image, check_patch_run, load_run, preimage_patches, squared_error
 from dkha.apply.preimage import check_options
+from dkha.errors import InputError, ParameterError
 from dkha.runs.run import kernel_of
 
 UPSCALING = ("replicate", "bilinear")

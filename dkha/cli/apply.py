@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from dkha.cli.options import add_cluster_options, cluster_kwargs, positive_int
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
 from dkha.apply.superresolve import superresolve
+from dkha.cli.options import add_cluster_options, cluster_kwargs, positive_int
 from dkha.errors import ParameterError, RunDirectoryError
 
 

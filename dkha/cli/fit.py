@@ -7,8 +7,15 @@ import json
 import os
 import sys
 
-from dkha.cli.options import (add_cluster_options, centering_line, centering_summary,
-                              cluster_kwargs, float_list, positive_int, raise_param)
+from dkha.cli.options import (
+    add_cluster_options,
+    centering_line,
+    centering_summary,
+    cluster_kwargs,
+    float_list,
+    positive_int,
+    raise_param,
+)
 from dkha.data.store import open_store
 from dkha.errors import NumericalError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together, run_names

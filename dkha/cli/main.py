@@ -21,26 +21,32 @@ import logging
 import os
 import sys
 
-from dkha.cli.options import (add_cluster_options, centering_line, centering_summary,
-                              cluster_kwargs, positive_int, raise_param)
-from dkha.errors import DkhaError
-from dkha.version import __version__
+from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
+from dkha.cli.apply import add_parsers as add_apply_parsers
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
 from dkha.cli.fit import add_fit_parsers
-from dkha.cli.apply import COMMANDS as APPLY_COMMANDS, add_parsers as add_apply_parsers
+from dkha.cli.options import (
+    add_cluster_options,
+    centering_line,
+    centering_summary,
+    cluster_kwargs,
+    positive_int,
+    raise_param,
+)
 from dkha.data import result
 from dkha.data.store import ingest_array, ingest_images, open_store
 from dkha.engine.cluster import client_for
+from dkha.errors import DkhaError
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.fit.ac_index import ACReference
 from dkha.fit.control import STOP
 from dkha.fit.evaluate import evaluate
-from dkha.runs.variance import explained_variance
 from dkha.pipeline.runner import run_file
 from dkha.runs.run import Run
 from dkha.runs.transform import transform_store
+from dkha.runs.variance import explained_variance
 from dkha.solvers.batch import ALGORITHMS
-
+from dkha.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,9 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.errors import (DkhaWarning, InputError, ParameterError, RunDirectoryError, StoreNotFoundError)
-from dkha.data.store import replace_directory
 from dkha.data import result
+from dkha.data.store import replace_directory
+from dkha.errors import (
+    DkhaWarning,
+    InputError,
+    ParameterError,
+    RunDirectoryError,
+    StoreNotFoundError,
+)
 
 log = logging.getLogger(__name__)
 

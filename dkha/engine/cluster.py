@@ -36,7 +36,7 @@ class Where:
     workers: int | None = None
 
 
-def where_of(client) -> "Where | Client":
+def where_of(client) -> Where | Client:
     """The :class:`Where` that a ``client=`` value names (a ``Client`` is returned as is)."""
     if client is None:
         return Where()

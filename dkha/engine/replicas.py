@@ -12,8 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.engine.tasks import (ReplicaDivergedError, ReplicaLostError, drop_replicas,
-                               replica_build, replica_columns, replica_project, replica_update)
+from dkha.engine.tasks import (
+    ReplicaDivergedError,
+    ReplicaLostError,
+    drop_replicas,
+    replica_build,
+    replica_columns,
+    replica_project,
+    replica_update,
+)
 from dkha.errors import ClusterLostError
 from dkha.solvers.factored import replay_message
 

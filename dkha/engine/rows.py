@@ -48,10 +48,25 @@ from dkha import config
 from dkha.data.store import DataStore, centering_key, read_centering, write_centering
 from dkha.engine.cluster import total_threads
 from dkha.engine.replicas import ProjectedBlock, WorkerReplicas
-from dkha.engine.tasks import (ReplicaLostError, assemble_rows, center_block, centered_rows,
-                               clear_cache, dense_pair, identity, kernel_tile, load_rows,
-                               mk_sample_tile, mk_tile, product_pair, project_rows, residual_pair,
-                               take_rows, tile_sums, tile_take)
+from dkha.engine.tasks import (
+    ReplicaLostError,
+    assemble_rows,
+    center_block,
+    centered_rows,
+    clear_cache,
+    dense_pair,
+    identity,
+    kernel_tile,
+    load_rows,
+    mk_sample_tile,
+    mk_tile,
+    product_pair,
+    project_rows,
+    residual_pair,
+    take_rows,
+    tile_sums,
+    tile_take,
+)
 from dkha.errors import BlockFailedError, ClusterLostError, ParameterError
 from dkha.kernels import Kernel
 from dkha.solvers.factored import FactoredState

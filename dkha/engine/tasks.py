@@ -44,7 +44,7 @@ def center_block(K: np.ndarray, mk_rows: np.ndarray, mk_cols: np.ndarray, mkm: f
 
 # --- per-process chunk cache (worker side) -----------------------------------------------------
 
-_CACHE: "collections.OrderedDict[tuple, np.ndarray]" = collections.OrderedDict()
+_CACHE: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
 _CACHE_BYTES = 0
 _CACHE_LOCK = threading.Lock()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -14,20 +14,27 @@ import numpy as np
 
 from dkha import config, schedule
 from dkha.data import result
-from dkha.engine.cluster import blas_threads_for, client_for
 from dkha.data.checkpoint import Checkpointer, open_fit
-from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
-from dkha.version import __version__
-from dkha.kernels import make_kernel, median_distance
-from dkha.engine.rows import RowEngine
-from dkha.estimators.params import BATCH, declare, shared_settings, validate
-from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
-                                check_algorithm, initial_coefficients)
 from dkha.data.store import DataStore, ingest_array, open_store
+from dkha.engine.cluster import blas_threads_for, client_for
+from dkha.engine.rows import RowEngine
+from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
+from dkha.estimators.params import BATCH, declare, shared_settings, validate
 from dkha.fit.batch import run_batches, save_checkpoint
-from dkha.fit.krylov import run_krylov
 from dkha.fit.init import nystrom_coefficients
+from dkha.fit.krylov import run_krylov
+from dkha.kernels import make_kernel, median_distance
 from dkha.runs.transform import project
+from dkha.solvers.batch import (
+    ALGORITHMS,
+    DEFAULT_ETA0,
+    DEFAULT_MU,
+    DEFAULT_XI,
+    BatchKHA,
+    check_algorithm,
+    initial_coefficients,
+)
+from dkha.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +178,7 @@ class KernelHebbianPCA:
 
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             checkpoint_every: int = 0, resume: bool = False,
-            checkpoint_steps: int = 0) -> "KernelHebbianPCA":
+            checkpoint_steps: int = 0) -> KernelHebbianPCA:
         """Fit on ``X`` (a data store path, a :class:`DataStore` or an array).
 
         With ``run_dir``, the components are saved there (``components.zarr``); a directory

@@ -40,6 +40,7 @@ from dkha import config, schedule
 from dkha.data import result
 from dkha.data.checkpoint import open_fit
 from dkha.data.sources import ArraySource, resolve_source
+from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError, ParameterError
 from dkha.estimators.batch import resolve_kernel
 from dkha.estimators.params import ONLINE, declare, validate
@@ -47,10 +48,9 @@ from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import variance_of
 from dkha.fit.online import coordinator_threads, run_online
-from dkha.version import __version__
 from dkha.kernels import Kernel
-from dkha.solvers.online import (ALGORITHMS, DEFAULT_GAMMA, INIT_STD, OnlineKHA, check_algorithm)
-from dkha.data.store import DataStore, open_store
+from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, INIT_STD, OnlineKHA, check_algorithm
+from dkha.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class OnlineKernelPCA:
     # -- fitting --
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             ac_reference=None, checkpoint_every: int = 0, resume: bool = False
-            ) -> "OnlineKernelPCA":
+            ) -> OnlineKernelPCA:
         """Stream ``steps`` samples of ``X`` (a data store path, a :class:`DataStore` or an
         array) in the seeded random order.
 
@@ -244,7 +244,7 @@ class OnlineKernelPCA:
             checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
-    def partial_fit(self, X, y=None) -> "OnlineKernelPCA":
+    def partial_fit(self, X, y=None) -> OnlineKernelPCA:
         """Stream the rows of the array ``X`` in their order, continuing from earlier calls.
 
         The first call validates the parameters, resolves the kernel on ``X`` and creates the

@@ -28,7 +28,7 @@ def progress_bar(verbose: bool, total: int, desc: str):
     """A progress bar over ``total`` steps when ``verbose`` (tqdm), else ``None``."""
     if not verbose:
         return None
-    from tqdm.auto import tqdm   # optional display dependency, only for verbose fits
+    from tqdm.auto import tqdm  # optional display dependency, only for verbose fits
 
     return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 

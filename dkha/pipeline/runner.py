@@ -31,18 +31,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dkha.errors import DkhaError, InputError, ParameterError
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, save_image
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import ingest_array, ingest_images, open_store, read_grey_image
+from dkha.errors import DkhaError, InputError, ParameterError
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.estimators.online import OnlineKernelPCA
 from dkha.estimators.params import BATCH, estimator_kwargs, pipeline_keys
 from dkha.estimators.params import ONLINE as ONLINE_MODEL
-from dkha.solvers.online import ALGORITHMS as ONLINE
 from dkha.pipeline.report import write_report
+from dkha.solvers.online import ALGORITHMS as ONLINE
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ class Run:
         self._kernel: Kernel | None = None
 
     @classmethod
-    def open(cls, run_dir: str) -> "Run":
+    def open(cls, run_dir: str) -> Run:
         return cls(result.load(run_dir))
 
     @property
@@ -106,7 +106,7 @@ class Run:
         return small
 
 
-def as_run(run: "Run | xr.Dataset | str | os.PathLike") -> Run:
+def as_run(run: Run | xr.Dataset | str | os.PathLike) -> Run:
     """A :class:`Run` from a run, its components dataset or its directory."""
     if isinstance(run, Run):
         return run
@@ -115,6 +115,6 @@ def as_run(run: "Run | xr.Dataset | str | os.PathLike") -> Run:
     return Run(run)
 
 
-def engine_for_run(ds: "xr.Dataset | Run", client, cache_rows: bool | None = None) -> RowEngine:
+def engine_for_run(ds: xr.Dataset | Run, client, cache_rows: bool | None = None) -> RowEngine:
     """The row engine of a batch run (see :meth:`Run.engine`)."""
     return as_run(ds).engine(client, cache_rows=cache_rows)

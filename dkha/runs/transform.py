@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 
+import dask.array as da
 import numpy as np
 import xarray as xr
-
-import dask.array as da
 
 from dkha.data.store import consolidate, open_store, replace_directory
 from dkha.engine.cluster import client_for
@@ -40,7 +39,7 @@ def project_dictionary(ds, X: np.ndarray) -> np.ndarray:
     return Kx @ alpha.T
 
 
-def project(ds: "xr.Dataset | Run", X: np.ndarray, *, client=None) -> np.ndarray:
+def project(ds: xr.Dataset | Run, X: np.ndarray, *, client=None) -> np.ndarray:
     """``(n, n_components)`` projections of the rows of ``X``."""
     run = as_run(ds)
     X = np.atleast_2d(np.asarray(X, dtype=np.float64))
@@ -53,7 +52,7 @@ def project(ds: "xr.Dataset | Run", X: np.ndarray, *, client=None) -> np.ndarray
         return run.engine(c).transform(X, run.ds["alpha"].values)
 
 
-def transform_lazy(ds: "xr.Dataset | Run", new_store: str) -> xr.DataArray:
+def transform_lazy(ds: xr.Dataset | Run, new_store: str) -> xr.DataArray:
     """Projections of a data store's samples as a lazy, blockwise ``(sample, component)`` array.
 
     One dask task per chunk of the new store; each reads its chunk and the training chunks
@@ -88,7 +87,7 @@ def _project_chunk(Xc, path, kernel, mk, mkm, groups, alpha):
                         tuple((g,) for g in groups), alpha)
 
 
-def transform_store(ds: "xr.Dataset | Run", new_store: str, out: str, *, overwrite: bool = False,
+def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite: bool = False,
                     client=None) -> xr.Dataset:
     """Project every sample of a data store; write ``projection (sample, component)`` to ``out``
     (blockwise on the cluster, written aside and renamed into place)."""

@@ -52,7 +52,7 @@ class ExplainedVariance:
         return out
 
 
-def explained_variance(ds: "xr.Dataset | Run", client, *, samples: int | None = None, seed: int = 0
+def explained_variance(ds: xr.Dataset | Run, client, *, samples: int | None = None, seed: int = 0
                        ) -> ExplainedVariance:
     """Eq. 23 for every component of a run (batch or online), blockwise on the cluster.
 
