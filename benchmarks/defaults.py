@@ -7,7 +7,7 @@ default gains; the data set's kernel options where it is not the gaussian with t
 width), and the same for ``--algorithm kha-t`` and ``--algorithm kha-et``, each next to the best
 setting of the paper's ``{1, 2, 5}×10^b`` grid of η0 (× μ for KHA-SMD) for the same passes and
 start. Every model of a data set — the three defaults and the whole grid — is fitted in one
-kernel stream (:func:`dkha.estimator.fit_together`, the machinery of ``dkha tune``).
+kernel stream (:func:`dkha.estimators.batch.fit_together`, the machinery of ``dkha tune``).
 
 Targets (issue 14): no default fit fails or diverges; every default excess ≤ 1e-3 on the
 gaussian kernels; every default within 3× of its grid's best.
@@ -51,11 +51,11 @@ sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha, not an in
 
 import numpy as np  # noqa: E402
 
-from dkha.cluster import client_for  # noqa: E402
-from dkha.estimator import KernelHebbianPCA, fit_together  # noqa: E402
+from dkha.data.store import extract_patches, ingest_array, open_store, read_grey_image  # noqa: E402
+from dkha.engine.cluster import client_for  # noqa: E402
+from dkha.estimators.batch import KernelHebbianPCA, fit_together  # noqa: E402
+from dkha.estimators.tune import grid  # noqa: E402
 from dkha.kernels import median_distance  # noqa: E402
-from dkha.store import extract_patches, ingest_array, open_store, read_grey_image  # noqa: E402
-from dkha.tune import grid  # noqa: E402
 
 R = 16
 TARGET = 1e-3

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from dkha import schedule
+from dkha.data.store import extract_patches, ingest_array, read_grey_image
+from dkha.engine.rows import RowEngine
 from dkha.errors import NumericalError
-from dkha.estimator import KernelHebbianPCA
+from dkha.estimators.batch import KernelHebbianPCA
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.fit.ac_index import ACReference
+from dkha.fit.init import nystrom_coefficients, unit_norm_components
 from dkha.kernels import make_kernel
-from dkha.online import OnlineKernelPCA
-from dkha.rows import RowEngine
 from dkha.solvers.batch import BatchKHA, feature_norm, initial_coefficients
-from dkha.solvers.nystrom import nystrom_coefficients, unit_norm_components
-from dkha.store import ingest_array
 from tests.conftest import centered_kernel_oracle
 
 R = 8
@@ -44,8 +45,6 @@ def standardized_cancer() -> np.ndarray:
 
 
 def camera_patches(n: int, seed: int) -> np.ndarray:
-    from dkha.store import extract_patches, read_grey_image
-
     P = extract_patches(read_grey_image("skimage:camera"), 8, 4)
     return P[np.sort(np.random.default_rng(seed).choice(len(P), size=n, replace=False))]
 
@@ -175,7 +174,6 @@ def test_online_default_nu_keeps_the_dictionary_small():
     at about the same AC index."""
     from sklearn.datasets import load_digits
 
-    from dkha.ac_index import ACReference
 
     X = load_digits().data / 8.0 - 1.0
     sigma = 6.0
