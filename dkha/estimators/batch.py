@@ -340,6 +340,37 @@ def _keep_results(models, results, solvers, attrs, metas, engine, kernel, store,
     return failures
 
 
+def _start(engine, params: list[dict], metas: list[dict], cks, n_samples: int, seed: int):
+    """The shared start ``(A_init, C_init)`` (``None`` for the paper's random start or a resume)
+    and the default ``eta0`` of each model that has none: from a Nyström start, scaled to unit
+    feature-space norm, :func:`~dkha.solvers.batch.warm_eta0` of its eigenvalue deficit (kept in
+    the checkpoints' meta, read back on a resume)."""
+    p0 = params[0]
+    A_init = C_init = None
+    if p0["landmarks"] and cks is None:
+        A_init, s = nystrom_coefficients(engine, p0["r"], p0["landmarks"], seed=seed)
+        if p0["algorithm"] != "krylov":     # unit norms: one pass for C = A K'
+            A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
+            deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
+            log.info("Nyström start: eigenvalue deficit %.3g", deficit)
+            for p, meta in zip(params, metas):
+                if p["eta0"] is None:
+                    p["eta0"] = warm_eta0(p["algorithm"], deficit)
+                meta["start_deficit"] = deficit
+    elif p0["support"] and cks is None:
+        A_init = initial_coefficients(p0["r"], n_samples, schedule.init_generator(seed),
+                                      support=p0["support"])
+    for p, meta, ck in zip(params, metas, cks or [None] * len(params)):
+        if p["eta0"] is None and ck is not None:    # resumed: the gain the run started with
+            if ck.meta.get("start_deficit") is None:
+                raise ParameterError(f"cannot resume {ck.path} with the default eta0: the "
+                                     "checkpoint does not record its start (an older dkha); "
+                                     "give --eta0")
+            meta["start_deficit"] = float(ck.meta["start_deficit"])
+            p["eta0"] = warm_eta0(p["algorithm"], meta["start_deficit"])
+    return A_init, C_init
+
+
 def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[str] | None = None,
                  overwrite: bool = False, checkpoint_every: int = 0, resume: bool = False,
                  checkpoint_steps: int = 0, skip_diverged: bool = False) -> list[KernelHebbianPCA]:
@@ -422,34 +453,11 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
                            prefetch=first.prefetch, projections=first.projections,
                            cache_rows=first.cache_rows)
-        A_init = None
         t0 = time.perf_counter()
         if cks is None:
             engine.compute_mk(center_sample=p0["center_sample"], seed=first.seed)
         t1 = time.perf_counter()
-        C_init = None
-        if p0["landmarks"] and cks is None:
-            A_init, s = nystrom_coefficients(engine, p0["r"], p0["landmarks"], seed=first.seed)
-            if p0["algorithm"] != "krylov":     # unit norms: one pass for C = A K'
-                A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
-                deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
-                log.info("Nyström start: eigenvalue deficit %.3g", deficit)
-                for p, meta in zip(params, metas):
-                    if p["eta0"] is None:
-                        p["eta0"] = warm_eta0(p["algorithm"], deficit)
-                    meta["start_deficit"] = deficit
-        elif p0["support"] and cks is None:
-            A_init = initial_coefficients(p0["r"], store.n_samples,
-                                          schedule.init_generator(first.seed),
-                                          support=p0["support"])
-        for p, meta, ck in zip(params, metas, cks or [None] * len(params)):
-            if p["eta0"] is None and ck is not None:    # resumed: the gain the run started with
-                if ck.meta.get("start_deficit") is None:
-                    raise ParameterError(f"cannot resume {ck.path} with the default eta0: the "
-                                         "checkpoint does not record its start (an older dkha); "
-                                         "give --eta0")
-                meta["start_deficit"] = float(ck.meta["start_deficit"])
-                p["eta0"] = warm_eta0(p["algorithm"], meta["start_deficit"])
+        A_init, C_init = _start(engine, params, metas, cks, store.n_samples, first.seed)
         # seconds before the first pass (history wall times count the passes only)
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1}
         if p0["algorithm"] == "krylov":
