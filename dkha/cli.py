@@ -70,6 +70,13 @@ def _add_stream_options(p: argparse.ArgumentParser, projections: bool) -> None:
                         "instead of the exact O(l²n) pass: approximate, recorded in the run")
 
 
+def _add_divergence_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--on-divergence", choices=("backoff", "stop"), default="backoff",
+                   help="when a step diverges: roll back to the block's start, halve the gain and "
+                        "go on (backoff, the default; recorded in the run), or stop with exit "
+                        "code 3")
+
+
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
     g.add_argument("--scheduler", metavar="ADDRESS",
@@ -164,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "steps")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR's run from its newest valid checkpoint")
+    _add_divergence_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_cluster_options(p)
@@ -193,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also evaluate every N passes (default 0: only at the end)")
     _add_stream_options(p, projections=False)
     p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
+    _add_divergence_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_cluster_options(p)
@@ -263,7 +272,8 @@ def _fit_summary(model, run_dir: str) -> dict:
             "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
             "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
                                                    ("pass", "step", "error", "error_min", "excess")},
-            "fit_seconds": last.get("wall_time"), **_centering(model.attrs_)}
+            "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
+            **_centering(model.attrs_)}
 
 
 def _centering(attrs) -> dict:
@@ -305,7 +315,7 @@ def _batch_model(args, algorithm: str, eta0, mu, **overrides):
         "evaluate_every": args.evaluate_every, "block_rows": args.block,
         "prefetch": args.prefetch, "init": args.init, "tol": getattr(args, "tol", None),
         "projections": getattr(args, "projections", None), "cache_rows": args.cache_rows,
-        "center_sample": args.center_sample,
+        "center_sample": args.center_sample, "on_divergence": args.on_divergence,
         "verbose": not args.quiet and sys.stderr.isatty() or args.verbose > 0,
         **_cluster_kwargs(args)}
     kwargs.update(overrides)
@@ -319,8 +329,18 @@ def _check_no_online_options(args, algorithm: str) -> None:
                         f"({', '.join(ONLINE)}), not {algorithm}")
 
 
+def _check_algorithm_names(names, choices) -> None:
+    """An unknown ``--algorithm`` value, named with the values the option takes."""
+    for name in names:
+        if name not in choices:
+            raise_param(f"unknown --algorithm {name!r}; choose one of {', '.join(choices)}")
+
+
 def cmd_fit(args) -> int:
+    from dkha.solvers.batch import ALGORITHMS
+
     settings = _model_settings(args)
+    _check_algorithm_names([s["algorithm"] for s in settings], ALGORITHMS + ("krylov",) + ONLINE)
     if len(settings) > 1:
         return _fit_many(args, settings)
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
@@ -343,8 +363,22 @@ def cmd_fit(args) -> int:
         if model.history_:
             print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
                   f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
+        _print_backoffs(model.backoffs_)
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
     return 0
+
+
+def _print_backoffs(backoffs: list[dict]) -> None:
+    """One line for a run's backoffs (none: nothing)."""
+    if backoffs:
+        first, last = backoffs[0], backoffs[-1]
+        print(f"diverged and backed off {len(backoffs)} time{'s' * (len(backoffs) > 1)} "
+              f"(first at step {first['step']}, pass {first['pass']}): eta0 "
+              f"{first['gain_before']:.3g} → {last['gain_after']:.3g}")
+
+
+def _backed_off(n: int | None) -> str:
+    return f" (backed off {n}×)" if n else ""
 
 
 def _fit_many(args, settings: list[dict]) -> int:
@@ -379,7 +413,7 @@ def _fit_many(args, settings: list[dict]) -> int:
         for s in summaries:
             shown = ("diverged" if "diverged" in s else
                      f"excess {s['excess']:.3e}" if s.get("excess") is not None else "saved")
-            print(f"  {s['run_dir']}: {shown}")
+            print(f"  {s['run_dir']}: {shown}{_backed_off(s.get('backoffs'))}")
     failed = [s for s in summaries if "diverged" in s]
     if failed:
         raise NumericalError(f"{len(failed)} of {len(models)} models diverged ("
@@ -391,7 +425,10 @@ def _fit_many(args, settings: list[dict]) -> int:
 def cmd_tune(args) -> int:
     from dkha.tune import tune
 
+    from dkha.solvers.batch import ALGORITHMS
+
     algorithms = [a.strip() for a in args.algorithm.split(",")]
+    _check_algorithm_names(algorithms, ALGORITHMS)
     proto = _batch_model(args, algorithms[0], None, None, projections="coordinator", tol=None)
     shared = {k: v for k, v in proto.__dict__.items()
               if k not in ("algorithm", "eta0", "mu", "passes", "steps")}
@@ -408,7 +445,7 @@ def cmd_tune(args) -> int:
         mu = "" if row["mu"] is None else f"{row['mu']:g}"
         shown = "diverged" if row["excess"] is None else f"{row['excess']:.3e}"
         print(f"  {row['algorithm']:10s} {row['eta0']:>8g} {mu:>8s}  {shown}"
-              + ("  ← best" if row.get("best") else ""))
+              + _backed_off(row.get("backoffs")) + ("  ← best" if row.get("best") else ""))
     options = {"sigma": "--sigma", "degree": "--degree", "offset": "--offset",
                "gamma": "--kernel-gamma"}
     kernel = " ".join(f"{options[k]} {v!r}" for k, v in summary["kernel_parameters"].items()
@@ -463,6 +500,7 @@ def _fit_online(args) -> int:
                   degree=args.degree, offset=args.offset, kernel_gamma=args.kernel_gamma,
                   eta0=args.eta0, gamma=args.gamma, tau=args.tau, nu=args.nu,
                   max_members=args.max_members, center=args.center, steps=steps,
+                  on_divergence=args.on_divergence,
                   seed=args.seed, block_rows=args.block, prefetch=args.prefetch,
                   # --evaluate-every counts passes; the online estimator counts steps
                   evaluate_every=args.evaluate_every * n_samples if args.evaluate_every > 0 else None,
@@ -480,6 +518,9 @@ def _fit_online(args) -> int:
                "members": int(ds.sizes.get("member", 0))}
     if "ac_index" in ds and ds.sizes.get("evaluation", 0):
         summary["ac_index"] = float(ds["ac_index"].values[-1])
+    if model.backoffs_:
+        summary["backoffs"] = len(model.backoffs_)
+        summary["eta0_final"] = model.backoffs_[-1]["gain_after"]
     print(json.dumps(summary) if args.json else
           ", ".join(f"{k} = {v}" for k, v in summary.items()))
     return 0

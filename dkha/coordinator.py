@@ -35,6 +35,8 @@ class BatchResult:
     stream_stats: dict = field(default_factory=dict)
     #: why a model of a shared stream stopped without a result (it diverged); None otherwise
     failure: str | None = None
+    #: the model's backoffs (:attr:`dkha.solvers.batch.BatchKHA.backoffs`), oldest first
+    backoffs: list = field(default_factory=list)
 
 
 def _progress(verbose: bool, total: int, desc: str):
@@ -98,7 +100,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                 A_init: np.ndarray | None = None, tol: float | Sequence | None = None,
                 checkpointers: Sequence | None = None, checkpoint_every: int = 0,
                 checkpoint_metas: Sequence[dict] | None = None,
-                resumes: Sequence | None = None, checkpoint_steps: int = 0) -> list[BatchResult]:
+                resumes: Sequence | None = None, checkpoint_steps: int = 0,
+                divergence_level: int = logging.WARNING) -> list[BatchResult]:
     """Fit several batch solvers over one stream of ``engine``'s kernel rows, one result each.
 
     Every block of centered rows is computed once and applied by every solver in turn, in the
@@ -111,7 +114,11 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     ``tol`` (one value or one per solver): a model stops taking steps at its first evaluation
     with an excess error at most its ``tol``; the stream stops when no model is left. A model
     whose state becomes non-finite is set aside with a ``failure`` message in its result while
-    the others go on. ``checkpointers``, ``checkpoint_metas`` and ``resumes`` are one per solver
+    the others go on; with ``on_divergence="backoff"`` (:class:`BatchKHA`) a model first backs
+    off on its own (rolls back to its block's start and halves its gain) and is set aside only
+    when backoffs do not help. ``divergence_level``: the log level of backoffs and set-aside
+    models beside others (INFO where a table reports them). ``checkpointers``,
+    ``checkpoint_metas`` and ``resumes`` are one per solver
     (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
     checkpoints must all be at the same step.
     """
@@ -128,6 +135,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     if any(t is not None for t in tols) and evaluate_every < 1:
         evaluate_every = 1
     models = [_Model(s, t) for s, t in zip(solvers, tols)]
+    for s in solvers:
+        s.log_level = divergence_level
     for m, ck, meta in zip(models, checkpointers or [None] * len(models),
                            checkpoint_metas or [None] * len(models)):
         m.checkpointer, m.meta = ck, meta
@@ -148,6 +157,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
             s.start(np.zeros((r, l)), C=np.zeros((r, l)) if s.needs_projection else None)
             s.state = state_from_arrays(type(s.state), arrays, ck.meta["state_scalars"])
             m.history = list(ck.meta["history"])
+            s.backoffs = list(ck.meta.get("backoffs", []))
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         fit_seconds = float(first.meta["fit_seconds"])
         if "top_eigenvalues" in first.arrays:
@@ -197,7 +207,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     def set_aside(m: _Model, exc: NumericalError) -> None:
         m.active, m.failure = False, str(exc)
         # alone, the model's error is raised (and shown once); beside others, it is a warning
-        log.log(logging.WARNING if len(models) > 1 else logging.INFO, "%s set aside: %s",
+        log.log(divergence_level if len(models) > 1 else logging.INFO, "%s set aside: %s",
                 m.solver.algorithm, exc)
 
     def postfix():
@@ -296,12 +306,14 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         if m.failure is not None:
             results.append(BatchResult(alpha=None, eigenvalue=None, history=m.history,
                                        top_eigenvalues=eig_top, wall_time=fit_seconds,
-                                       stream_stats=stats, failure=m.failure))
+                                       stream_stats=stats, failure=m.failure,
+                                       backoffs=list(m.solver.backoffs)))
             continue
         A = m.solver.A
         results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, next(Cs)),
                                    history=m.history, top_eigenvalues=eig_top,
-                                   wall_time=fit_seconds, stream_stats=stats))
+                                   wall_time=fit_seconds, stream_stats=stats,
+                                   backoffs=list(m.solver.backoffs)))
     return results
 
 
@@ -320,6 +332,7 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
     if top_eigenvalues is not None:
         out["top_eigenvalues"] = np.asarray(top_eigenvalues)
     meta = dict(meta or {}, mkm=mkm, history=history, fit_seconds=fit_seconds,
+                backoffs=solver.backoffs,
                 state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
                 pass_end_pending=pass_end_pending)
     return checkpointer.save(solver.state.t, out, meta)

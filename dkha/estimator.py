@@ -20,7 +20,7 @@ from dkha.errors import InputError, NumericalError, ParameterError, RunDirectory
 from dkha.kernels import make_kernel, median_distance
 from dkha.rows import RowEngine
 from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
-                                check_algorithm, initial_coefficients)
+                                check_algorithm, check_on_divergence, initial_coefficients)
 from dkha.store import DataStore, ingest_array, open_store
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,12 @@ class KernelHebbianPCA:
         ``dkha evaluate``. Either row is cached in the data store (``dkha.mk-cache``).
     scheduler, scheduler_file, workers, client :
         Where the kernel rows are computed (see :func:`dkha.cluster.client_for`).
+    on_divergence : {"backoff", "stop"}, default "backoff"
+        When a step guard trips (non-finite values, a component's norm or a gain factor past
+        10⁶): ``"backoff"`` rolls the fit back to the start of the block, halves the gain and
+        goes on (each event recorded in ``backoffs_`` and the saved run's ``backoff_*``
+        variables; a resume continues bit for bit); ``"stop"`` raises
+        :class:`~dkha.errors.NumericalError`.
     verbose : bool, default False
         Show a progress bar.
 
@@ -127,6 +133,9 @@ class KernelHebbianPCA:
     history_ : list of dict
         ``pass, step, error, error_min, excess, wall_time`` per evaluation (``wall_time``: seconds
         of the passes so far, evaluations excluded).
+    backoffs_ : list of dict
+        ``step, pass, gain_before, gain_after`` (the effective η0), ``rolled_back_to`` and
+        ``reason`` per backoff (``on_divergence="backoff"``), oldest first.
     timings_ : dict
         Seconds spent before the first pass: ``centering`` (the MK row; with ``cache_rows`` also
         the kernel tiles) and ``init`` (the Nyström start); and ``stream``, the seconds of the
@@ -161,7 +170,7 @@ class KernelHebbianPCA:
                  center_sample: int | None = None,
                  scheduler: str | None = None,
                  scheduler_file: str | None = None, workers: int | None = None, client=None,
-                 verbose: bool = False):
+                 on_divergence: str = "backoff", verbose: bool = False):
         self.n_components = n_components
         self.algorithm = algorithm
         self.kernel = kernel
@@ -188,6 +197,7 @@ class KernelHebbianPCA:
         self.scheduler_file = scheduler_file
         self.workers = workers
         self.client = client
+        self.on_divergence = on_divergence
         self.verbose = verbose
 
     # -- validation --
@@ -234,6 +244,7 @@ class KernelHebbianPCA:
         mu = DEFAULT_MU if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
+        check_on_divergence(self.on_divergence)
         if algorithm != "krylov" and not (np.isfinite(eta0) and eta0 > 0):
             raise ParameterError(f"eta0 must be a positive number, got {eta0}")
         if not (np.isfinite(mu) and mu >= 0):
@@ -298,7 +309,8 @@ class KernelHebbianPCA:
 
     def to_dataset(self):
         return result.build_dataset(self.alpha_, self.eigenvalues_, self.history_, self.attrs_,
-                                    mk=self.mk_, mkm=self.mkm_)
+                                    mk=self.mk_, mkm=self.mkm_,
+                                    backoffs=getattr(self, "backoffs_", []))
 
     def save(self, run_dir: str, *, resumable: bool = False) -> str:
         """Write the components to ``run_dir/components.zarr``.
@@ -506,19 +518,22 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
             solvers = [None]
         else:
             solvers = [BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"],
-                                mu=p["mu"], xi=p["xi"], rho0=p["rho0"]) for p in params]
+                                mu=p["mu"], xi=p["xi"], rho0=p["rho0"],
+                                on_divergence=m.on_divergence) for m, p in zip(models, params)]
             results = run_batches(
                 engine, solvers, n_steps=p0["n_steps"], seed=first.seed,
                 evaluate_every=first.evaluate_every, verbose=any(m.verbose for m in models),
                 A_init=A_init, tol=[m.tol for m in models], checkpointers=checkpointers,
                 checkpoint_every=int(checkpoint_every or 0), checkpoint_metas=metas, resumes=cks,
-                checkpoint_steps=int(checkpoint_steps or 0))
+                checkpoint_steps=int(checkpoint_steps or 0),
+                divergence_level=logging.INFO if skip_diverged else logging.WARNING)
     failures = []
     for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
         m._tmp_store = tmp_store
         m.timings_ = dict(timings, stream=res.wall_time)
         m.failure_ = res.failure
         m.history_ = res.history
+        m.backoffs_ = res.backoffs
         m.kernel_ = kernel
         m.store_ = store
         m.n_samples_ = store.n_samples

@@ -46,6 +46,7 @@ from dkha.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.errors import InputError, ParameterError
 from dkha.evaluate import variance_of
 from dkha.kernels import Kernel, make_kernel, median_distance
+from dkha.solvers.batch import check_on_divergence
 from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
                                  DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
 from dkha.store import DataStore, open_store
@@ -188,6 +189,11 @@ class OnlineKernelPCA:
         Record a history entry every that many steps (and at the end).
     block_rows, prefetch : int, optional
         Samples per block and blocks read ahead (``dkha.block-rows``, ``dkha.prefetch``).
+    on_divergence : {"backoff", "stop"}, default "backoff"
+        When a component's feature-space norm becomes non-finite or passes 10⁶: ``"backoff"``
+        rolls back to the start of the slice of samples, halves the step size and goes on (each
+        event in ``backoffs_`` and the saved run's ``backoff_*`` variables); ``"stop"`` raises
+        :class:`~dkha.errors.NumericalError`.
     verbose : bool, default False
         Show a progress bar.
 
@@ -202,6 +208,9 @@ class OnlineKernelPCA:
     eigenvalues_ : ndarray (n_components,)
         Variance of the data along each unit component (see the module docstring).
     history_ : list of dict
+    backoffs_ : list of dict
+        ``step, pass, gain_before, gain_after`` (the step size's η0), ``rolled_back_to`` and
+        ``reason`` per backoff, oldest first.
     kernel_ : dkha.kernels.Kernel
     n_features_in_, n_samples_seen_, n_steps_ : int
 
@@ -233,7 +242,8 @@ class OnlineKernelPCA:
                  nu: float = DEFAULT_NU, max_members: int = DEFAULT_MAX_MEMBERS,
                  center: bool = False, steps: int | None = None, seed: int = 0,
                  evaluate_every: int | None = None, block_rows: int | None = None,
-                 prefetch: int | None = None, verbose: bool = False):
+                 prefetch: int | None = None, on_divergence: str = "backoff",
+                 verbose: bool = False):
         self.n_components = n_components
         self.algorithm = algorithm
         self.kernel = kernel
@@ -252,6 +262,7 @@ class OnlineKernelPCA:
         self.evaluate_every = evaluate_every
         self.block_rows = block_rows
         self.prefetch = prefetch
+        self.on_divergence = on_divergence
         self.verbose = verbose
 
     # -- validation --
@@ -291,7 +302,7 @@ class OnlineKernelPCA:
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
         return {"algorithm": algorithm, "r": int(r), "eta0": eta0, "gamma": gamma, "tau": tau,
-                "nu": nu, "max_members": int(mm), "center": bool(self.center),
+                "on_divergence": check_on_divergence(self.on_divergence), "nu": nu, "max_members": int(mm), "center": bool(self.center),
                 "block_rows": block_rows, "prefetch": prefetch}
 
     def _kernel(self, source) -> Kernel:
@@ -307,7 +318,8 @@ class OnlineKernelPCA:
         a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
         return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
                          max_members=p["max_members"], eta0=p["eta0"], gamma=p["gamma"],
-                         tau=p["tau"], center=p["center"], a_init=a_init)
+                         tau=p["tau"], center=p["center"], a_init=a_init,
+                         on_divergence=p["on_divergence"])
 
     def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
                n_steps: int) -> dict:
@@ -382,6 +394,7 @@ class OnlineKernelPCA:
             self.solver_.restore({k[len("state."):]: v for k, v in ck.arrays.items()
                                   if k.startswith("state.")}, ck.meta["state_scalars"])
             self.history_ = list(ck.meta["history"])
+            self.solver_.backoffs = list(ck.meta.get("backoffs", []))
             self.wall_time_ = float(ck.meta["fit_seconds"])
             self.stream_stats_ = dict(ck.meta["stream_stats"])
             log.info("resuming at step %d from %s", self.solver_.state.step, ck.path)
@@ -389,6 +402,7 @@ class OnlineKernelPCA:
         def save_checkpoint():
             arrays, scalars = self.solver_.snapshot()
             meta = dict(ck_meta, history=self.history_, fit_seconds=self.wall_time_,
+                        backoffs=self.solver_.backoffs,
                         stream_stats=self.stream_stats_, state_scalars=scalars,
                         n_steps=n_steps)
             checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
@@ -527,6 +541,7 @@ class OnlineKernelPCA:
 
     def _finish(self, sample: np.ndarray) -> None:
         s = self.solver_
+        self.backoffs_ = list(s.backoffs)
         self.alpha_ = s.alpha()
         self.dictionary_ = s.dictionary()
         self.member_index_, self.member_step_ = s.members()
@@ -601,7 +616,8 @@ class OnlineKernelPCA:
         }
         attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]))
         return result.build_dataset(self.alpha_, self.eigenvalues_, hist, attrs,
-                                    member_dim="member", extra=extra)
+                                    member_dim="member", extra=extra,
+                                    backoffs=getattr(self, "backoffs_", []))
 
     def save(self, run_dir: str) -> str:
         """Write ``RUN_DIR/components.zarr``."""

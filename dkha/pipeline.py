@@ -46,7 +46,7 @@ DATA_KINDS = ("digits", "array", "images", "store")
 FIT_KEYS = {"name", "algorithm", "components", "kernel", "sigma", "degree", "offset",
             "kernel_gamma", "eta0", "mu", "xi", "rho0", "passes", "steps", "seed",
             "evaluate_every", "block_rows", "prefetch", "init", "tol", "checkpoint_every",
-            "gamma", "tau", "nu", "max_members", "center"}
+            "gamma", "tau", "nu", "max_members", "center", "on_divergence"}
 EVALUATE_KEYS = {"enabled", "ac_index"}
 APPLY_KEYS = {"kind", "fit", "k", "seed", "iterations", "exact"}
 APPLY_KINDS = ("denoise", "cluster")
@@ -354,7 +354,8 @@ class Runner:
                       checkpoint_every=int(f.get("checkpoint_every", 0)),
                       ac_reference=self.p.evaluate.get("ac_index", True))
             ds = model.to_dataset()
-            res = {"run_dir": run, "members": int(ds.sizes.get("member", 0))}
+            res = {"run_dir": run, "members": int(ds.sizes.get("member", 0)),
+                   "backoffs": len(model.backoffs_)}
             if "ac_index" in ds and ds.sizes.get("evaluation", 0):
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
@@ -370,7 +371,7 @@ class Runner:
         model.fit(store["store"], **fit_kw)
         last = model.history_[-1] if model.history_ else {}
         return {"run_dir": run, "excess": last.get("excess"), "pass": last.get("pass"),
-                "fit_seconds": last.get("wall_time")}
+                "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_)}
 
     def evaluate(self, f: dict) -> dict:
         from dkha import result

@@ -141,10 +141,10 @@ def cholesky_steps(Xs, algorithm, r, *, nu, eta0, gamma=None, tau=None, center=F
 
 
 def run_solver(Xs, algorithm, r, *, nu, eta0, gamma=None, tau=None, center=False, a_init,
-               block_rows=16, max_members=10**6):
+               block_rows=16, max_members=10**6, on_divergence="stop"):
     solver = OnlineKHA(algorithm, r, Xs.shape[1], make_kernel("gaussian", sigma=SIGMA), nu=nu,
                        max_members=max_members, eta0=eta0, gamma=gamma, tau=tau, center=center,
-                       a_init=a_init)
+                       a_init=a_init, on_divergence=on_divergence)
     for a in range(0, len(Xs), block_rows):
         solver.apply_block(Xs[a:a + block_rows], np.arange(a, min(a + block_rows, len(Xs))))
     return solver

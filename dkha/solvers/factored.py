@@ -73,6 +73,7 @@ class FactoredState:
     """
 
     c_stale = False     # a class default: states saved before this attribute existed read False
+    gain_factor = 1.0   # multiplies every gain; halved by each backoff (BatchKHA.back_off)
 
     def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None, smd: bool = False,
                  rho0: float = 0.0, t: int = 0, fold_condition: float = DEFAULT_FOLD_CONDITION):
@@ -93,6 +94,7 @@ class FactoredState:
         self.t = int(t)
         self.fold_condition = float(fold_condition)
         self.folds = 0
+        self.gain_factor = 1.0
         self._fresh = True       # T is exactly the identity
         self._cache: dict[str, np.ndarray] = {}
         if smd:
