@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--patch", type=_positive_int, default=11)
     im.add_argument("--step", type=_positive_int, default=2)
     im.add_argument("--max-samples", type=_positive_int, metavar="N",
-                    help="stop after N patches (the remaining images are not read)")
+                    help="keep N patches drawn uniformly (seeded) from all the images' patch "
+                         "positions, in raster order")
+    im.add_argument("--seed", type=int, default=0, help="seed of the --max-samples draw")
     im.add_argument("--chunk-rows", type=_positive_int)
     im.add_argument("--overwrite", action="store_true")
 
@@ -260,7 +262,7 @@ def cmd_ingest(args) -> int:
     else:
         st = ingest_images(args.images, args.out, patch=args.patch, step=args.step,
                            chunk_rows=args.chunk_rows, max_samples=args.max_samples,
-                           overwrite=args.overwrite)
+                           seed=args.seed, overwrite=args.overwrite)
     print(f"{st.path}: {st.n_samples} samples × {st.n_features} features "
           f"in chunks of {st.chunk_rows} rows")
     return 0
@@ -272,8 +274,33 @@ def _fit_summary(model, run_dir: str) -> dict:
             "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
             "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
                                                    ("pass", "step", "error", "error_min", "excess")},
+            "excess_precision": excess_precision(
+                last.get("error_min"), model.attrs_.get("top_eigenvalues"), model.n_samples_)
+            if last else None,
             "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
             **_centering(model.attrs_)}
+
+
+def excess_precision(error_min: float, top_eigenvalues, n_samples: int) -> float:
+    """How far rounding can move an evaluated excess ``E/E_min − 1``: ``E_min² = ‖K'‖²_F −
+    Σλ²`` cancels, so its relative error is about ``ε √l ‖K'‖²_F / E_min²`` (``ε`` the machine
+    epsilon, ``√l`` the growth of blockwise sums)."""
+    import numpy as np
+
+    if not error_min or top_eigenvalues is None:
+        return float("nan")
+    frob2 = error_min ** 2 + float(np.sum(np.square(top_eigenvalues)))
+    return float(np.finfo(np.float64).eps * np.sqrt(n_samples) * frob2 / error_min ** 2)
+
+
+def _excess_text(excess: float, precision: float) -> str:
+    """The excess clipped at 0, with its precision (a negative excess is rounding)."""
+    if excess is None:
+        return "n/a"
+    precision = max(precision, -excess) if precision == precision else -excess
+    if excess <= precision:
+        return f"0 (below its precision, ±{precision:.1e})" if precision > 0 else "0"
+    return f"{excess:.3e}" + (f" (±{precision:.1e})" if precision > 0 else "")
 
 
 def _centering(attrs) -> dict:
@@ -361,8 +388,10 @@ def cmd_fit(args) -> int:
         if line:
             print(line)
         if model.history_:
-            print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
-                  f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
+            after = (f"after {summary['pass']} Krylov products" if summary["algorithm"] == "krylov"
+                     else f"after {summary['step']} steps")
+            print(f"{after}: E = {summary['error']:.6g}, E_min = {summary['error_min']:.6g}, "
+                  f"excess = {_excess_text(summary['excess'], summary['excess_precision'])}")
         _print_backoffs(model.backoffs_)
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
     return 0
@@ -626,8 +655,20 @@ def cmd_transform(args) -> int:
 def cmd_run(args) -> int:
     from dkha.pipeline import run_file
 
-    code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
-                             cluster=_cluster_kwargs(args), verbose=args.verbose > 0)
+    # the stages as they start and end, without -v (the pipeline's INFO lines, to stderr)
+    stages = logging.StreamHandler(sys.stderr)
+    stages.setLevel(logging.INFO)
+    stages.setFormatter(logging.Formatter("dkha run: %(message)s"))
+    stages.addFilter(lambda record: record.levelno < logging.WARNING
+                     and record.getMessage().startswith("stage "))
+    pipeline_log = logging.getLogger("dkha.pipeline")
+    pipeline_log.addHandler(stages)
+    try:
+        code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
+                                 cluster=_cluster_kwargs(args),
+                                 verbose=args.verbose > 0 or sys.stderr.isatty())
+    finally:
+        pipeline_log.removeHandler(stages)
     if args.json:
         print(json.dumps(summary, default=str))
     else:
@@ -699,7 +740,19 @@ def _install_stop_handler() -> None:
         pass
 
 
+def _announce(argv: list[str]) -> None:
+    """``dkha fit``'s first progress line, before its libraries load (seconds): in a terminal
+    unless ``--quiet``, and with ``-v``."""
+    words = [a for a in argv if not a.startswith("-")]
+    verbose = any(a.startswith("-v") or a == "--verbose" for a in argv)
+    if words[:1] == ["fit"] and "--quiet" not in argv and (
+            verbose or sys.stderr.isatty()):
+        print("dkha fit: loading dkha, then starting the Dask workers", file=sys.stderr,
+              flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _announce(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)

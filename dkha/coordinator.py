@@ -18,6 +18,7 @@ import numpy as np
 
 from dkha import schedule
 from dkha.errors import NumericalError
+from dkha.progress import Progress
 from dkha.evaluate import evaluate, evaluate_many, projections, projections_many, top_eigenvalues
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
 from dkha.solvers.factored import FactoredState
@@ -37,14 +38,6 @@ class BatchResult:
     failure: str | None = None
     #: the model's backoffs (:attr:`dkha.solvers.batch.BatchKHA.backoffs`), oldest first
     backoffs: list = field(default_factory=list)
-
-
-def _progress(verbose: bool, total: int, desc: str):
-    if not verbose:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
 #: set (e.g. by the CLI's SIGTERM handler) to make a running fit checkpoint and stop
@@ -219,10 +212,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     if evaluate_every > 0 and resumes is None:
         record(active(), Cs=None if C1 is None else [C1], shared_start=True)
     desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
-    bar = _progress(verbose, n_steps, desc)
     start_step = solvers[0].state.t
-    if bar is not None and start_step:
-        bar.update(start_step)
+    bar = Progress(verbose, n_steps, desc, initial=start_step)
     n_passes = -(-n_steps // l)
     # a resume mid-pass continues that pass (its eigenvalue refresh already happened)
     current_pass = start_step // l if start_step % l else -1

@@ -18,6 +18,7 @@ from dkha.cluster import blas_threads_for, client_for
 from dkha.checkpoint import Checkpointer, open_fit
 from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
 from dkha.kernels import make_kernel, median_distance
+from dkha.progress import Progress
 from dkha.rows import RowEngine
 from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
                                 check_algorithm, check_on_divergence, initial_coefficients)
@@ -492,12 +493,19 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     cks = None
     if resume:
         cks = _common_step(checkpointers, [o[1] for o in opened], p0["n_steps"])
+    verbose = any(m.verbose for m in models)
+    stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
+                      transient=True)
     store.check_finite()
+    stages.describe("starting the Dask workers" if first.client is None and first.scheduler
+                    is None and first.scheduler_file is None else "connecting to Dask")
     with client_for(first.scheduler, first.scheduler_file, first.workers, first.client) as client, \
             blas_threads_for(client):
+        stages.close()
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
                            prefetch=first.prefetch, projections=first.projections,
                            cache_rows=first.cache_rows)
+        engine.verbose = verbose
         A_init = None
         t0 = time.perf_counter()
         if cks is None:

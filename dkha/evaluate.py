@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha import config
+from dkha.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
     l = engine.n_samples
     limit = int(config.get("dense-eigh-limit", dense_limit))
     if l <= limit:
-        Kc = engine.dense()
+        with engine.labelled("eigenvalues of K' (dense)"):
+            Kc = engine.dense()
         w = np.linalg.eigvalsh(Kc)
         return w[::-1][:r].copy()
     return krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter)[0]
@@ -63,12 +65,20 @@ def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxit
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((l, k)) if X0 is None else np.asarray(X0, dtype=np.float64)
     X, _ = np.linalg.qr(X)
-    KX = engine.matmat(X)
-    lam1 = float(np.max(np.linalg.eigvalsh(X.T @ KX)))  # Rayleigh-Ritz scale of the spectrum
-    X, _ = np.linalg.qr(KX)  # one step of subspace iteration as the start
-    op = LinearOperator((l, l), matvec=lambda v: engine.matmat(v.reshape(-1, 1)).ravel(),
-                        matmat=engine.matmat, dtype=np.float64)
-    w, V = lobpcg(op, X, largest=True, tol=tol * abs(lam1), maxiter=maxiter, verbosityLevel=0)
+    verbose = getattr(engine, "verbose", False)
+    with Progress(verbose, maxiter + 1, "Krylov (LOBPCG)", unit="product") as bar:
+        def matmat(V):
+            bar.update()
+            with engine.labelled(f"Krylov product {bar.n}"):
+                return engine.matmat(V)
+
+        KX = matmat(X)
+        lam1 = float(np.max(np.linalg.eigvalsh(X.T @ KX)))  # Rayleigh-Ritz scale of the spectrum
+        X, _ = np.linalg.qr(KX)  # one step of subspace iteration as the start
+        op = LinearOperator((l, l), matvec=lambda v: matmat(v.reshape(-1, 1)).ravel(),
+                            matmat=matmat, dtype=np.float64)
+        w, V = lobpcg(op, X, largest=True, tol=tol * abs(lam1), maxiter=maxiter,
+                      verbosityLevel=0)
     order = np.argsort(w)[::-1]
     return w[order][:r], V[:, order][:, :r]
 
@@ -87,14 +97,18 @@ def projections_many(engine, As: list[np.ndarray]) -> list[np.ndarray]:
         return []
     V = np.ascontiguousarray(np.concatenate([np.asarray(A, dtype=np.float64) for A in As]).T)
     columns = np.flatnonzero(np.any(V != 0, axis=1))
+    desc = "projections C = A K'"
     if 4 * len(columns) <= V.shape[0]:
         KV = np.zeros(V.shape)
         b = engine.block_rows
         blocks = ((a, columns[a:a + b]) for a in range(0, len(columns), b))
-        for _, index, rows in engine.stream(blocks):
-            KV += rows.T @ V[index]
+        with Progress(getattr(engine, "verbose", False), len(columns), desc, unit="row") as bar:
+            for _, index, rows in engine.stream(blocks):
+                KV += rows.T @ V[index]
+                bar.update(len(index))
     else:
-        KV = engine.matmat(V)
+        with engine.labelled(desc):
+            KV = engine.matmat(V)
     out, start = [], 0
     for A in As:
         out.append(KV[:, start:start + A.shape[0]].T.copy())

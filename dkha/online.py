@@ -46,6 +46,7 @@ from dkha.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.errors import InputError, ParameterError
 from dkha.evaluate import variance_of
 from dkha.kernels import Kernel, make_kernel, median_distance
+from dkha.progress import Progress
 from dkha.solvers.batch import check_on_divergence
 from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
                                  DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
@@ -424,9 +425,7 @@ class OnlineKernelPCA:
 
         start = self.solver_.state.step
         last_checkpoint = start
-        bar = _progress(self.verbose, n_steps, p["algorithm"])
-        if bar is not None and start:
-            bar.update(start)
+        bar = Progress(self.verbose, n_steps, p["algorithm"], initial=start)
         try:
             with coordinator_threads():
                 while start < n_steps:
@@ -671,14 +670,6 @@ def _store_path(source) -> str:
     if isinstance(source, DataStore):
         return os.path.abspath(source.path) if "://" not in source.path else source.path
     return "<array>"
-
-
-def _progress(verbose: bool, total: int, desc: str):
-    if not verbose:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
 
 
 __all__ = ["OnlineKernelPCA", "ALGORITHMS", "ArraySource", "project", "read_block",

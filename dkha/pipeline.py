@@ -237,7 +237,9 @@ class Runner:
         self.state["stages"][key] = {"hash": h, "done": False, "started": time.time()}
         self._write_state()
         res = fn()
-        self.state["stages"][key] = {"hash": h, "done": True, "seconds": time.perf_counter() - t0,
+        seconds = time.perf_counter() - t0
+        log.info("stage %s: done in %.1f s", key, seconds)
+        self.state["stages"][key] = {"hash": h, "done": True, "seconds": seconds,
                                      "result": res}
         self._write_state()
         return res
@@ -258,6 +260,7 @@ class Runner:
             from dkha.report import write_report
 
             self.current_stage = "report"
+            log.info("stage report: writing %s", os.path.join(self.run_dir, "report.html"))
             write_report(self)  # cheap: always rewritten
         self.current_stage = None
         return self.state

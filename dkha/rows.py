@@ -36,6 +36,7 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -49,6 +50,7 @@ import numpy as np
 from dkha import config
 from dkha.errors import BlockFailedError, ClusterLostError, ParameterError
 from dkha.kernels import Kernel
+from dkha.progress import Progress
 from dkha.store import DataStore
 
 log = logging.getLogger(__name__)
@@ -499,6 +501,10 @@ class RowEngine:
     ----------
     replica_rebuilds : int
         How many times one stream may rebuild lost worker replicas before it fails (3).
+    verbose : bool
+        Show the progress of whole passes (the MK row, products ``K' V``, residuals) by tile
+        (:class:`dkha.progress.Progress`); ``pass_label`` names the pass in progress (e.g.
+        ``"Krylov product 3"``). Set by the estimators' ``verbose=``.
     """
 
     replica_rebuilds = 3
@@ -539,6 +545,21 @@ class RowEngine:
         self.mkm: float | None = None
         self._mk_future = None
         self.stats = StreamStats()
+        self.verbose = False
+        self.pass_label: str | None = None
+
+    @contextlib.contextmanager
+    def labelled(self, label: str):
+        """Name the passes made meanwhile (their progress shows ``label``)."""
+        old, self.pass_label = self.pass_label, label
+        try:
+            yield self
+        finally:
+            self.pass_label = old
+
+    def _tiles_progress(self, desc: str, total: int, transient: bool = True) -> Progress:
+        return Progress(self.verbose, total, self.pass_label or desc, unit="tile",
+                        transient=transient)
 
     @property
     def n_samples(self) -> int:
@@ -637,13 +658,15 @@ class RowEngine:
         l = self.n_samples
         mk = np.zeros(l)
         bounds = [(g[0][0], g[-1][1]) for g in groups]
-        for (i, j), fut in futures:
-            colsum, rowsum = fut.result()
-            a, b = bounds[j]
-            mk[a:b] += colsum
-            if rowsum is not None:
-                c, d = bounds[i]
-                mk[c:d] += rowsum
+        with self._tiles_progress("centering (MK row)", len(futures), transient=False) as bar:
+            for (i, j), fut in futures:
+                colsum, rowsum = fut.result()
+                a, b = bounds[j]
+                mk[a:b] += colsum
+                if rowsum is not None:
+                    c, d = bounds[i]
+                    mk[c:d] += rowsum
+                bar.update()
         return mk / l
 
     def _mk_sample(self, n: int, seed: int) -> np.ndarray:
@@ -656,10 +679,13 @@ class RowEngine:
         futures = [[self.client.submit(mk_sample_tile, self.store.path, self.kernel, g, part,
                                        pure=False) for part in parts] for g in groups]
         mk = np.zeros(l)
-        for g, futs in zip(groups, futures):      # fixed order: reproducible sums
-            a, b = g[0][0], g[-1][1]
-            for fut in futs:
-                mk[a:b] += fut.result()
+        with self._tiles_progress("centering (MK row from a sample)", len(groups) * len(parts),
+                                  transient=False) as bar:
+            for g, futs in zip(groups, futures):      # fixed order: reproducible sums
+                a, b = g[0][0], g[-1][1]
+                for fut in futs:
+                    mk[a:b] += fut.result()
+                    bar.update()
         return mk / n
 
     def set_mk(self, mk: np.ndarray, mkm: float) -> None:
@@ -871,13 +897,15 @@ class RowEngine:
                                    g[i], g[j], Vf, tile=self._tile(i, j), pure=False)
                 for i, j in pairs]
         out = np.zeros((self.n_samples, V.shape[1]))
-        for (i, j), fut in zip(pairs, futs):  # fixed order: reproducible sums
-            to_i, to_j = fut.result()
-            a, b = self._bounds(g[i])
-            out[a:b] += to_i
-            if to_j is not None:
-                c, d = self._bounds(g[j])
-                out[c:d] += to_j
+        with self._tiles_progress("product K' V", len(futs)) as bar:
+            for (i, j), fut in zip(pairs, futs):  # fixed order: reproducible sums
+                to_i, to_j = fut.result()
+                a, b = self._bounds(g[i])
+                out[a:b] += to_i
+                if to_j is not None:
+                    c, d = self._bounds(g[j])
+                    out[c:d] += to_j
+                bar.update()
         return out
 
     def residual(self, C: np.ndarray) -> tuple[float, float]:
@@ -895,8 +923,10 @@ class RowEngine:
                                    g[i], g[j], Cf, tile=self._tile(i, j), pure=False)
                 for i, j in self._pairs()]
         tot = np.zeros(1 + len(Cs))
-        for f in futs:
-            tot += f.result()
+        with self._tiles_progress("evaluation (residuals)", len(futs)) as bar:
+            for f in futs:
+                tot += f.result()
+                bar.update()
         return float(tot[0]), [float(v) for v in tot[1:]]
 
     def dense(self) -> np.ndarray:
@@ -907,12 +937,14 @@ class RowEngine:
         futs = [self.client.submit(dense_pair, self.store.path, self.kernel, mk, self.mkm,
                                    g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
         out = np.empty((self.n_samples, self.n_samples))
-        for (i, j), fut in zip(pairs, futs):
-            K = fut.result()
-            a, b = self._bounds(g[i])
-            c, d = self._bounds(g[j])
-            out[a:b, c:d] = K
-            out[c:d, a:b] = K.T
+        with self._tiles_progress("K' (dense)", len(futs)) as bar:
+            for (i, j), fut in zip(pairs, futs):
+                K = fut.result()
+                a, b = self._bounds(g[i])
+                c, d = self._bounds(g[j])
+                out[a:b, c:d] = K
+                out[c:d, a:b] = K.T
+                bar.update()
         return out
 
     def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:

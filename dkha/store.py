@@ -485,16 +485,18 @@ def patch_bands(img: np.ndarray, patch: int, step: int, rows: int) -> Iterator[n
 
 def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, step: int = 2,
                   chunk_rows: int | None = None, max_samples: int | None = None,
-                  overwrite: bool = False) -> DataStore:
+                  seed: int = 0, overwrite: bool = False) -> DataStore:
     """Cut grey-scale images into patches and store them as samples.
 
     Each image is read, converted to grey in [0, 1], cut into ``patch×patch`` patches on a grid
     of ``step`` pixels, and appended a band of grid rows at a time (memory: one image and one
-    chunk of patches). ``max_samples`` stops after that many patches (the remaining images are
-    not read). Attrs record, per image, its path, shape, the patch grid and the range of samples
-    it produced, so patches can be put back. An item may also be a 2-d array or a ``.npy`` file
-    of one: taken as grey values as they are (no rescaling — a noisy image keeps values outside
-    [0, 1]).
+    chunk of patches). ``max_samples`` keeps that many patches spread over all the images: a
+    seeded (``seed``) uniform sample of the grid positions of every image, in raster order
+    (the first ``N`` patches would be the top rows of the first image — e.g. camera's sky).
+    Attrs record, per image, its path, shape, the patch grid and the range of samples it
+    produced (and with ``max_samples``, how many of its positions were drawn), so patches can
+    be put back. An item may also be a 2-d array or a ``.npy`` file of one: taken as grey values
+    as they are (no rescaling — a noisy image keeps values outside [0, 1]).
     """
     if patch < 1 or step < 1:
         raise ParameterError(f"patch and step must be positive, got patch={patch}, step={step}")
@@ -502,17 +504,27 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
         raise ParameterError(f"max_samples must be positive, got {max_samples}")
     if paths is None or len(paths) == 0:
         raise InputError("no images given")
+    keep = None        # per image: the sorted positions (raster order) of its kept patches
+    if max_samples is not None:
+        sizes = [int(np.prod(patch_grid(_grey_values(p, i)[0].shape, patch, step)))
+                 for i, p in enumerate(paths)]
+        if max_samples < sum(sizes):
+            drawn = np.sort(np.random.default_rng([int(seed), 5]).choice(
+                sum(sizes), size=int(max_samples), replace=False))
+            starts = np.cumsum([0] + sizes)
+            keep = [drawn[(drawn >= a) & (drawn < b)] - a for a, b in zip(starts, starts[1:])]
     writer = StoreWriter(out, patch * patch, chunk_rows=chunk_rows, overwrite=overwrite)
     images = []
     try:
         for i, p in enumerate(paths):
             first = writer.n + writer._buffered
-            if max_samples is not None and first >= max_samples:
-                break
             img, name = _grey_values(p, i)
+            position = 0
             for band in patch_bands(img, patch, step, writer.chunk_rows):
-                if max_samples is not None:
-                    band = band[:max_samples - (writer.n + writer._buffered)]
+                if keep is not None:
+                    chosen = keep[i][(keep[i] >= position) & (keep[i] < position + len(band))]
+                    position += len(band)
+                    band = band[chosen - (position - len(band))]
                 if len(band):
                     writer.append(band)
             images.append({"path": name, "shape": list(img.shape),
@@ -523,6 +535,8 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
                  "scaling": "grey, [0, 1] (skimage img_as_float)"}
         if max_samples is not None:
             attrs["max_samples"] = int(max_samples)
+            attrs["sample"] = ({"kind": "seeded uniform sample of the patch positions",
+                                "seed": int(seed)} if keep is not None else "all patches")
         return writer.commit(attrs)
     except BaseException:
         writer.abort()

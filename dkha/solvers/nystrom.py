@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from dkha.errors import ParameterError
+from dkha.progress import Progress
 
 
 def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -30,8 +31,11 @@ def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     b = engine.block_rows
     rows = np.empty((m, l))
     blocks = ((a, M[a:a + b]) for a in range(0, m, b))
-    for a, idx, block in engine.stream(blocks):
-        rows[a:a + len(idx)] = block
+    with Progress(getattr(engine, "verbose", False), m, "Nyström landmark rows",
+                  unit="row") as bar:
+        for a, idx, block in engine.stream(blocks):
+            rows[a:a + len(idx)] = block
+            bar.update(len(idx))
     return M, rows
 
 
