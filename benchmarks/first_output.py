@@ -14,13 +14,16 @@ same is measured for the dkha checkout in ``DIR`` (e.g. ``/work/main``), in the 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import pty
 import select
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +37,8 @@ def watch(checkout: str, store: str, run: str, terminal: bool, limit: float) -> 
            "-o", run, "--components", "16", "--overwrite"]
     if terminal:
         master, slave = pty.openpty()
+        # a terminal 120 columns wide (a new pty is 0×0: tqdm would draw empty bars)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=slave, stderr=slave, cwd=checkout)
         os.close(slave)

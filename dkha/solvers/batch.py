@@ -113,8 +113,9 @@ class BatchKHA:
         What a bad step does (:func:`reference.guard`): ``"backoff"`` (default) rolls the state
         back to the start of its block, halves the gain (the state's ``gain_factor``, which
         multiplies every gain; KHA-SMD also lowers log-gains ``ρ`` above ``rho0`` to ``rho0``),
-        records the event in :attr:`backoffs` and applies the block again; ``"stop"`` raises :class:`NumericalError`. A run still diverging after
-        :data:`MAX_BACKOFFS` halvings raises it too.
+        records the event in :attr:`backoffs` and applies the block again; ``"stop"`` raises
+        :class:`NumericalError`. A run still diverging after :data:`MAX_BACKOFFS` halvings
+        raises it too.
     """
 
     def __init__(self, algorithm: str, n_components: int, n_samples: int, *, eta0: float,
@@ -281,7 +282,7 @@ class BatchKHA:
         self.backoffs.append(event)
         log.log(self.log_level, "%s diverged at step %d (pass %d); rolled back to step %d and "
                 "halved the gain: eta0 %.3g → %.3g", self.algorithm, event["step"], event["pass"],
-                    st.t, event["gain_before"], event["gain_after"])
+                st.t, event["gain_before"], event["gain_after"])
 
     def _apply_block(self, index: np.ndarray, rows) -> None:
         st = self.state
