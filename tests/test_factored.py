@@ -137,7 +137,7 @@ def test_block_gains_are_base_gains(kc):
 
 @pytest.mark.parametrize("engine", ["factored", "reference"])
 def test_divergence_raises(kc, engine):
-    solver = BatchKHA("kha", R, kc.shape[0], eta0=1e6, engine=engine)
+    solver = BatchKHA("kha", R, kc.shape[0], eta0=1e6, engine=engine, on_divergence="stop")
     solver.start(initial_coefficients(R, kc.shape[0], np.random.default_rng(0)))
     solver.begin_pass()
     with pytest.raises(NumericalError, match="diverged"):
