@@ -19,10 +19,10 @@ import pytest
 import xarray as xr
 
 from dkha import KernelHebbianPCA, fit_together, schedule
-from dkha.checkpoint import Checkpointer
-from dkha.cli import main
+from dkha.data.checkpoint import Checkpointer
+from dkha.cli.main import main
 from dkha.errors import NumericalError
-from dkha.online import OnlineKernelPCA
+from dkha.estimators.online import OnlineKernelPCA
 from dkha.solvers.batch import initial_coefficients
 from tests.test_guards import R, XI, fit as guarded_fit
 from tests.test_solvers import (eigenvalue_estimates, et_gain, paper_kha_step, paper_smd_step,

@@ -10,7 +10,8 @@ import dask.config
 import numpy as np
 
 from dkha import KernelHebbianPCA, progress
-from dkha.cli import _excess_text, excess_precision, main
+from dkha.cli.fit import _excess_text, excess_precision
+from dkha.cli.main import main
 
 
 def test_progress_logs_start_periodic_and_end_lines_outside_a_terminal(caplog, monkeypatch):
