@@ -70,7 +70,24 @@ def _add_stream_options(p: argparse.ArgumentParser, projections: bool) -> None:
                         "instead of the exact O(l²n) pass: approximate, recorded in the run")
 
 
+def _storage_option(s: str) -> tuple[str, object]:
+    from dkha.store import parse_storage_option
+
+    try:
+        return parse_storage_option(s)
+    except DkhaError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_storage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", type=_storage_option, action="append", metavar="KEY=VALUE",
+                   help="a setting of the object store of s3://… (gs://, az://…) stores, passed to "
+                        "fsspec (e.g. endpoint_url=http://host:9000, anon=true); repeatable; the "
+                        "environment's AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID … apply too")
+
+
 def _add_cluster_options(p: argparse.ArgumentParser) -> None:
+    _add_storage_options(p)
     g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="attach to a running Dask scheduler (tcp://HOST:PORT); "
@@ -106,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--labels", help=".npy of one label per sample")
     a.add_argument("--chunk-rows", type=_positive_int)
     a.add_argument("--overwrite", action="store_true")
+    _add_storage_options(a)
     im = isub.add_parser("images", help="grey-scale patches of images (skimage:NAME for bundled ones)")
     im.add_argument("images", nargs="+")
     im.add_argument("-o", "--out", required=True)
@@ -115,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop after N patches (the remaining images are not read)")
     im.add_argument("--chunk-rows", type=_positive_int)
     im.add_argument("--overwrite", action="store_true")
+    _add_storage_options(im)
 
     # fit
     p = sub.add_parser("fit", help="fit kernel principal components")
@@ -670,6 +689,10 @@ def main(argv: list[str] | None = None) -> int:
 
     _install_stop_handler()
     try:
+        if getattr(args, "storage_option", None):
+            from dkha.store import set_storage_options
+
+            set_storage_options(dict(args.storage_option))
         return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
     except DkhaError as exc:
         print(f"dkha: error: {exc}", file=sys.stderr)

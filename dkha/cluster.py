@@ -13,6 +13,8 @@ import logging
 import os
 from typing import Iterator
 
+from distributed.diagnostics.plugin import WorkerPlugin
+
 from dkha import config
 from dkha.errors import ParameterError
 
@@ -112,3 +114,37 @@ def blas_threads_for(client) -> Iterator[None]:
 
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+class StorageSettings(WorkerPlugin):
+    """A worker plugin: one protocol's fsspec settings, applied on every worker as it starts
+    (those present when registered and every one that joins later)."""
+
+    def __init__(self, protocol: str, settings: dict):
+        self.protocol = protocol
+        self.settings = settings
+        self.name = f"dkha-storage-{protocol}"
+
+    def setup(self, worker=None) -> None:
+        from dkha.store import apply_storage_settings
+
+        apply_storage_settings(self.protocol, self.settings)
+
+
+def share_storage_options(client, path: str) -> None:
+    """Give the workers this process's fsspec settings for the protocol of a store URL
+    (``--storage-option``, ``FSSPEC_<PROTOCOL>_*``), present and future workers alike, so they
+    read the store's chunks themselves. Nothing to do for a local path or without settings
+    (the workers' own environment — ``AWS_ENDPOINT_URL``, credentials — then applies)."""
+    from dkha.store import storage_settings, url_protocol
+
+    protocol = url_protocol(path)
+    settings = storage_settings(path) if protocol else {}
+    if not settings:
+        return
+    address = getattr(getattr(client, "scheduler", None), "address", "") or ""
+    if str(address).startswith("inproc://"):
+        return      # the workers are this process: they use its settings already
+    plugin = StorageSettings(protocol, settings)
+    client.register_plugin(plugin, name=plugin.name)
+    log.info("%s settings (%s) sent to the workers", protocol, ", ".join(sorted(settings)))

@@ -506,8 +506,9 @@ class RowEngine:
     def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
                  prefetch: int | None = None, column_groups: int | None = None,
                  projections: str | None = None, cache_rows: bool | None = None):
-        from dkha.cluster import total_threads
+        from dkha.cluster import share_storage_options, total_threads
 
+        share_storage_options(client, store.path)
         self.projections = str(config.get("projections", projections))
         if self.projections not in PROJECTIONS:
             raise ParameterError(f"unknown projections {self.projections!r}; choose one of "
