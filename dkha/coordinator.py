@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from dkha.errors import NumericalError
 from dkha.evaluate import evaluate, evaluate_many, projections, projections_many, top_eigenvalues
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
 from dkha.solvers.factored import FactoredState
+from dkha.stop import STOP  # noqa: F401  (dkha.coordinator.STOP: the fits' stop request)
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,6 @@ def _progress(verbose: bool, total: int, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
-
-
-#: set (e.g. by the CLI's SIGTERM handler) to make a running fit checkpoint and stop
-STOP = threading.Event()
 
 
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
@@ -200,93 +196,114 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         log.log(logging.WARNING if len(models) > 1 else logging.INFO, "%s set aside: %s",
                 m.solver.algorithm, exc)
 
+    def stopped(exc: Interrupted) -> Interrupted:
+        """The error to raise for a stop asked outside the coordinator's own check (inside an
+        evaluation, while waiting for a block): the state at the last block boundary is
+        consistent, so it is checkpointed like a stop between blocks."""
+        if getattr(exc, "checkpointed", False):
+            return exc
+        t = models[0].solver.state.t
+        if t > 0 and any(m.checkpointer is not None for m in models):
+            save_checkpoints(pass_end_pending=t % l == 0)
+            return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
+                               "continue with `dkha fit ... --resume`")
+        return Interrupted(f"{exc} at step {t}; nothing to keep yet (fit with a run directory "
+                           "and --checkpoint-every to make runs resumable)" if t > 0 else
+                           f"{exc}, before the first step; nothing to keep: run the command again")
+
     def postfix():
         if bar is not None:
             shown = [m.history[-1]["excess"] for m in models if m.history]
             if shown:
                 bar.set_postfix(excess=f"{min(shown):.2e}")
 
-    if evaluate_every > 0 and resumes is None:
-        record(active(), Cs=None if C1 is None else [C1], shared_start=True)
-    desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
-    bar = _progress(verbose, n_steps, desc)
-    start_step = solvers[0].state.t
-    if bar is not None and start_step:
-        bar.update(start_step)
-    n_passes = -(-n_steps // l)
-    # a resume mid-pass continues that pass (its eigenvalue refresh already happened)
-    current_pass = start_step // l if start_step % l else -1
-    if resumes is not None and start_step and resumes[0].meta.get("pass_end_pending"):
-        current_pass = start_step // l - 1   # saved between a pass's last block and its end work
-    t0 = time.perf_counter()
-    tagged = ((k, idx) for k, _, idx in
-              schedule.blocks(seed, l, n_steps, engine.block_rows, start_step=start_step))
-    if len(models) == 1:
-        blocks = engine.stream(tagged, solver=solvers[0])
-    else:
-        for s in solvers:   # e.g. resumed from a state saved mid-pass with C̃ on the replicas
-            if isinstance(s.state, FactoredState) and s.state.c_stale:
-                s.state.set_c_tilde(engine.matmat(s.state.S_tilde[:r].T).T)
-        blocks = engine.stream(tagged)
-    # closed here, not when the traceback of an interruption lets go of it (the client
-    # may be gone by then)
-    with contextlib.closing(blocks):
-        for k, idx, rows in ([] if not active() else blocks):
-            if k != current_pass:
-                if current_pass >= 0:
-                    fit_seconds += time.perf_counter() - t0
-                    done = current_pass + 1
-                    if evaluate_every > 0 and done % evaluate_every == 0 and done < n_passes:
-                        record(active())
-                        postfix()
-                    if not active():
-                        break
-                    if checkpoint_every > 0 and k % checkpoint_every == 0:
-                        save_checkpoints()
-                    t0 = time.perf_counter()
+    bar = None
+    try:
+        if evaluate_every > 0 and resumes is None:
+            record(active(), Cs=None if C1 is None else [C1], shared_start=True)
+        desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
+        bar = _progress(verbose, n_steps, desc)
+        start_step = solvers[0].state.t
+        if bar is not None and start_step:
+            bar.update(start_step)
+        n_passes = -(-n_steps // l)
+        # a resume mid-pass continues that pass (its eigenvalue refresh already happened)
+        current_pass = start_step // l if start_step % l else -1
+        if resumes is not None and start_step and resumes[0].meta.get("pass_end_pending"):
+            current_pass = start_step // l - 1   # saved between a pass's last block and its end work
+        t0 = time.perf_counter()
+        tagged = ((k, idx) for k, _, idx in
+                  schedule.blocks(seed, l, n_steps, engine.block_rows, start_step=start_step))
+        if len(models) == 1:
+            blocks = engine.stream(tagged, solver=solvers[0])
+        else:
+            for s in solvers:   # e.g. resumed from a state saved mid-pass with C̃ on the replicas
+                if isinstance(s.state, FactoredState) and s.state.c_stale:
+                    s.state.set_c_tilde(engine.matmat(s.state.S_tilde[:r].T).T)
+            blocks = engine.stream(tagged)
+        # closed here, not when the traceback of an interruption lets go of it (the client
+        # may be gone by then)
+        with contextlib.closing(blocks):
+            for k, idx, rows in ([] if not active() else blocks):
+                if k != current_pass:
+                    if current_pass >= 0:
+                        fit_seconds += time.perf_counter() - t0
+                        done = current_pass + 1
+                        if evaluate_every > 0 and done % evaluate_every == 0 and done < n_passes:
+                            record(active())
+                            postfix()
+                        if not active():
+                            break
+                        if checkpoint_every > 0 and k % checkpoint_every == 0:
+                            save_checkpoints()
+                        t0 = time.perf_counter()
+                    for m in active():
+                        try:
+                            m.solver.begin_pass()
+                        except NumericalError as exc:
+                            set_aside(m, exc)
+                    current_pass = k
+                t_before = active()[0].solver.state.t
                 for m in active():
                     try:
-                        m.solver.begin_pass()
+                        m.solver.apply_block(idx, rows)
                     except NumericalError as exc:
                         set_aside(m, exc)
-                current_pass = k
-            t_before = active()[0].solver.state.t
-            for m in active():
-                try:
-                    m.solver.apply_block(idx, rows)
-                except NumericalError as exc:
-                    set_aside(m, exc)
-            if not active():
-                break
-            if bar is not None:
-                bar.update(len(idx))
-            t = active()[0].solver.state.t
-            if (checkpoint_steps > 0 and t < n_steps
-                    and t // checkpoint_steps > t_before // checkpoint_steps):
-                fit_seconds += time.perf_counter() - t0
-                save_checkpoints(pass_end_pending=t % l == 0)
-                t0 = time.perf_counter()
-            if STOP.is_set() and t < n_steps:
-                fit_seconds += time.perf_counter() - t0
-                if any(m.checkpointer is not None for m in models):
+                if not active():
+                    break
+                if bar is not None:
+                    bar.update(len(idx))
+                t = active()[0].solver.state.t
+                if (checkpoint_steps > 0 and t < n_steps
+                        and t // checkpoint_steps > t_before // checkpoint_steps):
+                    fit_seconds += time.perf_counter() - t0
                     save_checkpoints(pass_end_pending=t % l == 0)
-                    raise Interrupted(f"stopped at step {t} (pass {k + 1}); checkpoint "
-                                      f"written: continue with `dkha fit ... --resume`")
-                raise Interrupted(f"stopped at step {t} (pass {k + 1}); no checkpoint "
-                                  "(fit with a run directory to make runs resumable)")
-    fit_seconds += time.perf_counter() - t0
-    # final evaluation (always, unless evaluate_every < 0) and eq. 13 eigenvalues: one pass for C;
-    # without an evaluation, the C = A K' a state keeps (KHA/et, SMD: eq. 18) instead of a pass
-    done = [m for m in models if m.failure is None]
-    kept = [getattr(m.solver.state, "C", None) if evaluate_every < 0 else None for m in done]
-    missing = [m.solver.A for m, C in zip(done, kept) if C is None]
-    computed = iter(projections_many(engine, missing) if missing else [])
-    Cs = [next(computed) if C is None else np.array(C) for C in kept]
-    if evaluate_every >= 0:
-        last = [(m, C) for m, C in zip(done, Cs)
-                if not m.history or m.history[-1]["step"] != m.solver.state.t]
-        record([m for m, _ in last], Cs=[C for _, C in last])
-        postfix()
+                    t0 = time.perf_counter()
+                if STOP.is_set() and t < n_steps:
+                    fit_seconds += time.perf_counter() - t0
+                    if any(m.checkpointer is not None for m in models):
+                        save_checkpoints(pass_end_pending=t % l == 0)
+                        raise Interrupted(f"stopped at step {t} (pass {k + 1}); checkpoint "
+                                          f"written: continue with `dkha fit ... --resume`")
+                    raise Interrupted(f"stopped at step {t} (pass {k + 1}); no checkpoint "
+                                      "(fit with a run directory to make runs resumable)")
+        fit_seconds += time.perf_counter() - t0
+        # final evaluation (always, unless evaluate_every < 0) and eq. 13 eigenvalues: one pass for C;
+        # without an evaluation, the C = A K' a state keeps (KHA/et, SMD: eq. 18) instead of a pass
+        done = [m for m in models if m.failure is None]
+        kept = [getattr(m.solver.state, "C", None) if evaluate_every < 0 else None for m in done]
+        missing = [m.solver.A for m, C in zip(done, kept) if C is None]
+        computed = iter(projections_many(engine, missing) if missing else [])
+        Cs = [next(computed) if C is None else np.array(C) for C in kept]
+        if evaluate_every >= 0:
+            last = [(m, C) for m, C in zip(done, Cs)
+                    if not m.history or m.history[-1]["step"] != m.solver.state.t]
+            record([m for m, _ in last], Cs=[C for _, C in last])
+            postfix()
+    except Interrupted as exc:
+        if bar is not None:
+            bar.close()
+        raise stopped(exc) from None
     if bar is not None:
         bar.close()
     stats = {"blocks": engine.stats.blocks, "wait_seconds": engine.stats.wait_seconds,

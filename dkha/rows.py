@@ -49,6 +49,7 @@ import numpy as np
 from dkha import config
 from dkha.errors import BlockFailedError, ClusterLostError, ParameterError
 from dkha.kernels import Kernel
+from dkha.stop import check as check_stop
 from dkha.store import DataStore
 
 log = logging.getLogger(__name__)
@@ -460,6 +461,8 @@ class StreamStats:
     bytes_sent: int = 0
     messages_replayed: int = 0
     replica_rebuilds: int = 0
+    #: seconds of this engine's exact MK pass (one pass over the tiles I ≤ J), if it made one
+    mk_pass_seconds: float | None = None
 
 
 def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
@@ -618,6 +621,8 @@ class RowEngine:
         t0 = time.perf_counter()
         mk = self._mk_pass() if center_sample is None else self._mk_sample(int(center_sample), seed)
         log.info("%s MK row in %.1f s", centering["centering"], time.perf_counter() - t0)
+        if center_sample is None:
+            self.stats.mk_pass_seconds = time.perf_counter() - t0
         self.set_mk(mk, float(mk.mean()))
         self.centering = dict(centering, cached=False)
         if key is not None:
@@ -627,19 +632,19 @@ class RowEngine:
     def _mk_pass(self) -> np.ndarray:
         """The exact MK row: one pass over chunk pairs (tiles ``I ≤ J``)."""
         path, groups = self.store.path, self.tile_groups
-        futures = []
-        for i, gi in enumerate(groups):
-            for j in range(i, len(groups)):
-                if self.cache_rows:
-                    fut = self.client.submit(tile_sums, self._tile(i, j), i == j, pure=False)
-                else:
-                    fut = self.client.submit(mk_tile, path, self.kernel, gi, groups[j], pure=False)
-                futures.append(((i, j), fut))
+        pairs = self._pairs()
+
+        def submit(k):
+            i, j = pairs[k]
+            if self.cache_rows:
+                return self.client.submit(tile_sums, self._tile(i, j), i == j, pure=False)
+            return self.client.submit(mk_tile, path, self.kernel, groups[i], groups[j], pure=False)
+
         l = self.n_samples
         mk = np.zeros(l)
         bounds = [(g[0][0], g[-1][1]) for g in groups]
-        for (i, j), fut in futures:
-            colsum, rowsum = fut.result()
+        results = self.ordered_results(submit, len(pairs), "the MK row (centering) pass")
+        for (i, j), (colsum, rowsum) in zip(pairs, results):
             a, b = bounds[j]
             mk[a:b] += colsum
             if rowsum is not None:
@@ -654,13 +659,14 @@ class RowEngine:
         piece = int(config.get("tile-rows"))
         parts = [self.put(self.store.read_rows(sample[a:a + piece])) for a in range(0, n, piece)]
         groups = self.tile_groups
-        futures = [[self.client.submit(mk_sample_tile, self.store.path, self.kernel, g, part,
-                                       pure=False) for part in parts] for g in groups]
+        tasks = [(g, part) for g in groups for part in parts]
+        results = self.ordered_results(
+            lambda k: self.client.submit(mk_sample_tile, self.store.path, self.kernel,
+                                         tasks[k][0], tasks[k][1], pure=False),
+            len(tasks), "the sampled MK row")
         mk = np.zeros(l)
-        for g, futs in zip(groups, futures):      # fixed order: reproducible sums
-            a, b = g[0][0], g[-1][1]
-            for fut in futs:
-                mk[a:b] += fut.result()
+        for (g, _), part_sum in zip(tasks, results):      # fixed order: reproducible sums
+            mk[g[0][0]:g[-1][1]] += part_sum
         return mk / n
 
     def set_mk(self, mk: np.ndarray, mkm: float) -> None:
@@ -694,6 +700,49 @@ class RowEngine:
         (Scattered data cannot be recomputed; a task that returns the array can.)
         """
         return self.client.submit(_identity, array, pure=False)
+
+    @property
+    def tasks_in_flight(self) -> int:
+        """Tasks of a blockwise pass submitted at once (``dkha.tasks-in-flight``; default four
+        per worker thread): enough to keep every thread busy, and the bound on the results a
+        pass holds at a time."""
+        from dkha.cluster import total_threads
+
+        n = config.get("tasks-in-flight")
+        return max(1, int(n) if n is not None else 4 * total_threads(self.client))
+
+    def wait(self, future, what: str):
+        """The result of one task, checking the stop request while waiting
+        (:func:`dkha.stop.check`: :class:`~dkha.errors.Interrupted` within a second of it)."""
+        from distributed import wait
+
+        while True:
+            check_stop(what)
+            try:
+                wait(future, timeout=_STOP_POLL_SECONDS)
+                break
+            except TimeoutError:
+                continue
+        return self.gather([future], what=what)[0]
+
+    def ordered_results(self, submit, n: int, what: str) -> Iterator:
+        """The results of ``submit(0) … submit(n − 1)`` (each returns a future), in that order,
+        with at most :attr:`tasks_in_flight` submitted at once and the stop request checked
+        between tasks: a pass's memory is bounded by the tasks in flight, and a stop ends it
+        within a task's time (the tasks in flight are cancelled)."""
+        window = self.tasks_in_flight
+        log.info("%s: %d tasks, at most %d at a time", what, n, window)
+        pending: collections.deque = collections.deque()
+        nxt = 0
+        try:
+            while nxt < n or pending:
+                while nxt < n and len(pending) < window:
+                    pending.append(submit(nxt))
+                    nxt += 1
+                yield self.wait(pending.popleft(), what)
+        finally:
+            for f in pending:
+                f.cancel()
 
     def _need_mk(self):
         if self.mk is None:
@@ -780,7 +829,8 @@ class RowEngine:
                     return
                 tag, idx, futs = queue.popleft()
                 t0 = time.perf_counter()
-                parts = self.gather(futs, what=f"the block of rows {tag!r} (first sample {idx[0]})")
+                what = f"the block of rows {tag!r} (first sample {idx[0]})"
+                parts = [self.wait(f, what) for f in futs]
                 self.stats.wait_seconds += time.perf_counter() - t0
                 block = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
                 self.stats.blocks += 1
@@ -868,12 +918,13 @@ class RowEngine:
         Vf = self.put(V)
         g = self.tile_groups
         pairs = self._pairs()
-        futs = [self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
-                                   g[i], g[j], Vf, tile=self._tile(i, j), pure=False)
-                for i, j in pairs]
+        results = self.ordered_results(
+            lambda k: self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
+                                         g[pairs[k][0]], g[pairs[k][1]], Vf,
+                                         tile=self._tile(*pairs[k]), pure=False),
+            len(pairs), "a K' V product pass")
         out = np.zeros((self.n_samples, V.shape[1]))
-        for (i, j), fut in zip(pairs, futs):  # fixed order: reproducible sums
-            to_i, to_j = fut.result()
+        for (i, j), (to_i, to_j) in zip(pairs, results):  # fixed order: reproducible sums
             a, b = self._bounds(g[i])
             out[a:b] += to_i
             if to_j is not None:
@@ -892,12 +943,14 @@ class RowEngine:
         mk = self._need_mk()
         Cf = self.put(Cs)
         g = self.tile_groups
-        futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
-                                   g[i], g[j], Cf, tile=self._tile(i, j), pure=False)
-                for i, j in self._pairs()]
+        pairs = self._pairs()
         tot = np.zeros(1 + len(Cs))
-        for f in futs:
-            tot += f.result()
+        for part in self.ordered_results(
+                lambda k: self.client.submit(residual_pair, self.store.path, self.kernel, mk,
+                                             self.mkm, g[pairs[k][0]], g[pairs[k][1]], Cf,
+                                             tile=self._tile(*pairs[k]), pure=False),
+                len(pairs), "the residual pass of an evaluation"):
+            tot += part
         return float(tot[0]), [float(v) for v in tot[1:]]
 
     def dense(self) -> np.ndarray:
@@ -924,8 +977,9 @@ class RowEngine:
 
 # --- the coordinator's end of the replicas -------------------------------------------------------
 
+_STOP_POLL_SECONDS = 0.5    # waiting on a task: check the stop request this often
 _UPDATE_PRIORITY = 1        # replica updates before any block's tasks (those have priority −seq)
-_POLL_SECONDS = 2.0         # waiting on pinned tasks: check this often that their workers live
+_POLL_SECONDS = 1.0         # waiting on pinned tasks: check this often that their workers live
 
 
 @dataclass
@@ -1096,6 +1150,7 @@ class WorkerReplicas:
                 except TimeoutError:
                     if f.done():
                         break
+                    check_stop(what)
                     alive = set(self.client.nthreads())
                     gone = sorted({w for w in self.workers if w not in alive})
                     if gone:

@@ -16,9 +16,13 @@ Krylov: the top-``r`` eigenpairs of ``K'`` by LOBPCG on blockwise products
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from dkha.errors import ParameterError
+
+log = logging.getLogger(__name__)
 
 
 def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -30,6 +34,7 @@ def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     b = engine.block_rows
     rows = np.empty((m, l))
     blocks = ((a, M[a:a + b]) for a in range(0, m, b))
+    log.info("Nyström landmark rows: %d rows of %d in blocks of %d", m, l, b)
     for a, idx, block in engine.stream(blocks):
         rows[a:a + len(idx)] = block
     return M, rows
