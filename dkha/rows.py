@@ -463,6 +463,9 @@ class StreamStats:
     replica_rebuilds: int = 0
     #: seconds of this engine's exact MK pass (one pass over the tiles I ≤ J), if it made one
     mk_pass_seconds: float | None = None
+    #: one entry per tile pass (MK row, K'V, residuals): what, tasks, wall and waiting seconds
+    #: of the coordinator, bytes of results it received
+    passes: list = field(default_factory=list)
 
 
 def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
@@ -734,15 +737,24 @@ class RowEngine:
         log.info("%s: %d tasks, at most %d at a time", what, n, window)
         pending: collections.deque = collections.deque()
         nxt = 0
+        record = {"what": what, "tasks": n, "wall_seconds": 0.0, "wait_seconds": 0.0,
+                  "bytes_received": 0}
+        start = time.perf_counter()
         try:
             while nxt < n or pending:
                 while nxt < n and len(pending) < window:
                     pending.append(submit(nxt))
                     nxt += 1
-                yield self.wait(pending.popleft(), what)
+                t0 = time.perf_counter()
+                result = self.wait(pending.popleft(), what)
+                record["wait_seconds"] += time.perf_counter() - t0
+                record["bytes_received"] += _nbytes(result)
+                yield result
         finally:
             for f in pending:
                 f.cancel()
+            record["wall_seconds"] = time.perf_counter() - start
+            self.stats.passes.append(record)
 
     def _need_mk(self):
         if self.mk is None:
@@ -973,6 +985,15 @@ class RowEngine:
         mk = self._need_mk()
         return self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
                                   self.column_groups, alpha, pure=False).result()
+
+
+def _nbytes(result) -> int:
+    """Bytes of the arrays in a task's result (an array, or a tuple of arrays and ``None``)."""
+    if isinstance(result, np.ndarray):
+        return result.nbytes
+    if isinstance(result, (tuple, list)):
+        return sum(_nbytes(x) for x in result)
+    return 8
 
 
 # --- the coordinator's end of the replicas -------------------------------------------------------
