@@ -14,6 +14,8 @@ coordinator seconds C and task seconds W, and the KHA pass's bytes against (2r +
 
     python benchmarks/scaling.py --samples 20000 --workers 1 2
     python benchmarks/scaling.py --samples 20000 --scheduler-file sched.json   # a real cluster
+    python benchmarks/scaling.py --samples 12000 --workers 1 2 --by-hand --skip-kha  # the
+        # 2-core acceptance: `dask scheduler` + 1 or 2 `dask worker --nthreads 1`, ratios printed
 
 Timings on a shared machine vary: compare the ratios of one run.
 """
@@ -42,12 +44,26 @@ def task_seconds(stream) -> float:
 
 
 @contextlib.contextmanager
-def cluster(n, scheduler_file):
+def cluster(n, scheduler_file, by_hand=False, workdir="."):
     from distributed import Client, LocalCluster
 
     if scheduler_file:
         with Client(scheduler_file=scheduler_file) as client:
             yield client
+        return
+    if by_hand:     # `dask scheduler` + n `dask worker --nthreads 1` processes
+        from tests.processes import start_dask_cluster, stop_processes
+
+        directory = os.path.join(workdir, f"cluster-{n}")
+        os.makedirs(directory, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(directory, "scheduler.json"))
+        _, sched_file, scheduler, workers = start_dask_cluster(directory, n, nthreads=1)
+        try:
+            with Client(scheduler_file=sched_file) as client:
+                yield client
+        finally:
+            stop_processes([scheduler, *workers])
         return
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                       silence_logs=logging.WARNING) as c, Client(c) as client:
@@ -83,6 +99,15 @@ def kha_pass(engine, l, r, seed=0):
     return run_batch(engine, solver, n_steps=l, seed=seed, evaluate_every=-1).alpha
 
 
+def krylov_fit(engine, r):
+    """A whole krylov fit without the centering cache: the MK pass, then LOBPCG's products."""
+    from dkha.coordinator import run_krylov
+
+    mk = engine._mk_pass()
+    engine.set_mk(mk, float(mk.mean()))
+    return run_krylov(engine, r, seed=0, tol=1e-2, with_evaluation=False).alpha
+
+
 def main():
     from _data import patch_store
     from dkha.kernels import make_kernel
@@ -92,12 +117,17 @@ def main():
     ap.add_argument("--samples", type=int, default=20000)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--scheduler-file", help="measure on this cluster instead (one row)")
+    ap.add_argument("--by-hand", action="store_true",
+                    help="for each N, start `dask scheduler` + N `dask worker --nthreads 1` "
+                         "processes instead of a LocalCluster")
+    ap.add_argument("--skip-kha", action="store_true", help="only the MK pass, K'V and krylov")
     ap.add_argument("--components", type=int, default=20)
     ap.add_argument("--columns", type=int, default=30)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--prefetch", type=int, default=4)
     ap.add_argument("--workdir", default="/tmp/dkha-bench")
     args = ap.parse_args()
+    args.workdir = os.path.abspath(args.workdir)
     os.makedirs(args.workdir, exist_ok=True)
     l, r = args.samples, args.components
     store = patch_store(os.path.join(args.workdir, f"patches-{l}.zarr"), l)
@@ -106,7 +136,7 @@ def main():
     rows = []
     counts = [None] if args.scheduler_file else args.workers
     for n in counts:
-        with cluster(n, args.scheduler_file) as client:
+        with cluster(n, args.scheduler_file, args.by_hand, args.workdir) as client:
             nw = len(client.scheduler_info()["workers"])
             engines = {p: RowEngine(store, kernel, client, block_rows=args.block,
                                     prefetch=args.prefetch, projections=p)
@@ -118,6 +148,10 @@ def main():
             engines["workers"].set_mk(mk, float(mk.mean()))
             rows.append(measure(eng, client, "MK pass", eng._mk_pass))
             rows.append(measure(eng, client, f"K'V ({args.columns} cols)", lambda: eng.matmat(V)))
+            rows.append(measure(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
+                                lambda: krylov_fit(eng, r)))
+            if args.skip_kha:
+                continue
             alphas = {}
             for p, e in engines.items():
                 rows.append(measure(e, client, f"KHA-SMD pass, projections {p}",

@@ -130,7 +130,9 @@ class KernelHebbianPCA:
     timings_ : dict
         Seconds spent before the first pass: ``centering`` (the MK row; with ``cache_rows`` also
         the kernel tiles) and ``init`` (the Nyström start); and ``stream``, the seconds of the
-        passes (the block stream, evaluations excluded).
+        passes (the block stream, evaluations excluded); ``passes``: one dict per tile pass of
+        the row engine (``what``, ``tasks``, ``wall_seconds``, ``wait_seconds`` of the
+        coordinator, ``bytes_received``).
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
@@ -516,7 +518,8 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     failures = []
     for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
         m._tmp_store = tmp_store
-        m.timings_ = dict(timings, stream=res.wall_time)
+        # and every tile pass of the engine (MK row, K'V, residuals): tasks, wall, waiting, bytes
+        m.timings_ = dict(timings, stream=res.wall_time, passes=list(engine.stats.passes))
         m.failure_ = res.failure
         m.history_ = res.history
         m.kernel_ = kernel

@@ -461,6 +461,8 @@ class StreamStats:
     bytes_sent: int = 0
     messages_replayed: int = 0
     replica_rebuilds: int = 0
+    #: replicas moved onto workers that joined (:meth:`WorkerReplicas.rebalance`)
+    replica_moves: int = 0
     #: seconds of this engine's exact MK pass (one pass over the tiles I ≤ J), if it made one
     mk_pass_seconds: float | None = None
     #: one entry per tile pass (MK row, K'V, residuals): what, tasks, wall and waiting seconds
@@ -866,6 +868,7 @@ class RowEngine:
             replicas.build()
             while True:
                 replicas.flush()
+                replicas.rebalance()
                 if queue and queue[0][3].epoch != replicas.epoch:     # rebuilt: resubmit all
                     ahead = []
                     for entry in queue:
@@ -1000,6 +1003,7 @@ def _nbytes(result) -> int:
 
 _STOP_POLL_SECONDS = 0.5    # waiting on a task: check the stop request this often
 _UPDATE_PRIORITY = 1        # replica updates before any block's tasks (those have priority −seq)
+_REBALANCE_SECONDS = 1.0    # how often the replicas look for workers that joined
 _POLL_SECONDS = 1.0         # waiting on pinned tasks: check this often that their workers live
 
 
@@ -1060,6 +1064,7 @@ class WorkerReplicas:
         self.updates: list = []     # per group: the future of its latest build or update
         self.workers: list[str] = []
         self.rebuilds = 0
+        self._checked = time.monotonic()    # when rebalance last asked who is in the cluster
 
     def _key(self, g: int) -> tuple:
         return (self.run_id, self.epoch, g)
@@ -1100,6 +1105,31 @@ class WorkerReplicas:
         log.warning("rebuilding the worker replicas of S̃ (%d of at most %d): %s", self.rebuilds,
                     self.engine.replica_rebuilds, exc)
         self.build()
+
+    def rebalance(self) -> bool:
+        """Move the replicas onto workers that joined since they were built, where some worker
+        holds several groups (e.g. the survivors of a lost worker): every group is then rebuilt
+        from the coordinator's state. Called where ``C̃`` is home (pass ends: nothing to
+        recompute) or, for states without ``C̃``, at most every ``_REBALANCE_SECONDS``.
+        Returns whether it moved them."""
+        holders = collections.Counter(self.workers)
+        if not holders or max(holders.values()) < 2:
+            return False
+        now = time.monotonic()
+        if self.state.keeps_c:
+            if self.state.c_stale:      # mid-pass: C̃ lives on the replicas
+                return False
+        elif now - self._checked < _REBALANCE_SECONDS:
+            return False
+        self._checked = now
+        joined = sorted(set(self.client.nthreads()) - set(holders))
+        if not joined:
+            return False
+        log.info("moving the replicas of S̃ onto %d joined worker(s): %s", len(joined),
+                 ", ".join(joined))
+        self.engine.stats.replica_moves += 1
+        self.build()
+        return True
 
     def close(self) -> None:
         """Drop the replicas (after the updates in flight, so that none fails)."""

@@ -70,6 +70,23 @@ def start_dask_worker(sched_file: str, name: str, *, nthreads: int = 1, nanny: b
         env=env or subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def reference_and_background_fit(store: str, directory: str, fit_args, sched_file: str):
+    """Fit ``store`` on the cluster of ``sched_file`` to the end (the undisturbed reference),
+    then start the same fit, checkpointing every pass, in the background.
+
+    Returns ``(reference run directory, run directory, the background fit's process)``.
+    """
+    ref = os.path.join(directory, "undisturbed")
+    subprocess.run(dkha_command("fit", store, "-o", ref, *fit_args, "--scheduler-file", sched_file),
+                   env=subprocess_env(), check=True, timeout=600)
+    run = os.path.join(directory, "disturbed")
+    fit = subprocess.Popen(dkha_command("fit", store, "-o", run, *fit_args, "--scheduler-file",
+                                        sched_file, "--checkpoint-every", "1"),
+                           env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    return ref, run, fit
+
+
 def stop_processes(procs) -> None:
     for p in reversed(list(procs)):
         if p.poll() is None:

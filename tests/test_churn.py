@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -18,8 +17,8 @@ import pytest
 import xarray as xr
 
 from dkha.store import ingest_array
-from tests.processes import (dkha_command, start_dask_cluster, start_dask_worker, stop_processes,
-                             subprocess_env)
+from tests.processes import (reference_and_background_fit, start_dask_cluster, start_dask_worker,
+                             stop_processes)
 
 pytestmark = pytest.mark.cluster
 PASSES = 6
@@ -49,14 +48,7 @@ def test_workers_killed_and_joining_during_a_fit(tmp_path):
     rng = np.random.default_rng(7)
     events = []
     try:
-        ref = str(tmp_path / "undisturbed")
-        subprocess.run(dkha_command("fit", store, "-o", ref, *FIT, "--scheduler-file", sched_file),
-                       env=subprocess_env(), check=True, timeout=600)
-        run = str(tmp_path / "churned")
-        fit = subprocess.Popen(dkha_command("fit", store, "-o", run, *FIT, "--scheduler-file",
-                                            sched_file, "--checkpoint-every", "1"),
-                               env=subprocess_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+        ref, run, fit = reference_and_background_fit(store, str(tmp_path), FIT, sched_file)
         t0 = time.time()
         joined = 0
         # during passes 1..4: after each pass ends, a random delay, then kill one worker (a random
