@@ -92,7 +92,7 @@ def measure(engine, client, kind, run):
 
 
 def kha_pass(engine, l, r, seed=0):
-    from dkha.coordinator import run_batch
+    from dkha.fit.batch import run_batch
     from dkha.solvers.batch import BatchKHA
 
     solver = BatchKHA("kha-smd", r, l, eta0=0.01, mu=0.01)
@@ -101,7 +101,7 @@ def kha_pass(engine, l, r, seed=0):
 
 def krylov_fit(engine, r):
     """A whole krylov fit without the centering cache: the MK pass, then LOBPCG's products."""
-    from dkha.coordinator import run_krylov
+    from dkha.fit.krylov import run_krylov
 
     mk = engine._mk_pass()
     engine.set_mk(mk, float(mk.mean()))
@@ -111,7 +111,7 @@ def krylov_fit(engine, r):
 def main():
     from _data import patch_store
     from dkha.kernels import make_kernel
-    from dkha.rows import RowEngine
+    from dkha.engine.rows import RowEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=20000)

@@ -1,10 +1,11 @@
 """The stop request: set (by the CLI's SIGTERM handler, or by a program embedding dkha) to make
 every long phase end at its next task boundary.
 
-Fits check it between blocks (and checkpoint), the row engine between the tasks of every
-blockwise pass — the MK row, Nyström rows, the ``K' V`` products of Krylov and of E_min, the
-residual pass of an evaluation, the projections of the explained variance — and raises
-:class:`~dkha.errors.Interrupted` (exit code 75).
+Fits check it between blocks and checkpoint (:class:`dkha.fit.control.BlockDriver`); the row
+engine checks it while waiting for every task of every blockwise pass — the MK row, Nyström
+rows, the ``K' V`` products of Krylov and of E_min, the residual pass of an evaluation, the
+projections of the explained variance — and raises :class:`~dkha.errors.Interrupted` (exit
+code 75).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dkha.errors import Interrupted
 STOP = threading.Event()
 
 
-def check(what: str) -> None:
+def check_stop(what: str) -> None:
     """Raise :class:`~dkha.errors.Interrupted` naming ``what`` was stopped, if a stop was asked."""
     if STOP.is_set():
         raise Interrupted(f"stopped during {what}")

@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
+import fsspec
+import fsspec.config
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
@@ -99,7 +101,7 @@ def set_storage_options(options: dict) -> None:
     ``endpoint_url``, ``key``, ``secret``, ``anon``), added to what the environment gives
     (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``FSSPEC_S3_*`` …). They take effect for the
     protocol of each URL opened afterwards, in this process and, through the row engine, on the
-    workers (:func:`dkha.cluster.share_storage_options`)."""
+    workers (:func:`dkha.engine.cluster.share_storage_options`)."""
     _STORAGE_OPTIONS.update(options)
 
 
@@ -111,8 +113,6 @@ def url_protocol(path: str) -> str | None:
 def storage_settings(path: str) -> dict:
     """The fsspec settings this process uses for ``path``'s protocol (empty for local paths);
     ``--storage-option`` settings are merged into fsspec's configuration on first use."""
-    import fsspec.config
-
     protocol = url_protocol(path)
     if protocol is None:
         return {}
@@ -123,12 +123,10 @@ def storage_settings(path: str) -> dict:
 
 def apply_storage_settings(protocol: str, settings: dict) -> None:
     """Make ``settings`` this process's fsspec defaults for ``protocol`` (run on workers)."""
-    import fsspec.config
-
     fsspec.config.conf.setdefault(protocol, {}).update(settings)
 
 
-def read_slice(arr: "zarr.Array", start: int, stop: int, path: str) -> np.ndarray:
+def read_slice(arr: zarr.Array, start: int, stop: int, path: str) -> np.ndarray:
     """``arr[start:stop]`` as float64; a corrupted chunk (checksum mismatch, undecodable bytes)
     raises :class:`InputError` naming the rows, never returns garbage."""
     try:
@@ -216,8 +214,6 @@ class DataStore:
     def content_checksum(self) -> str:
         """SHA-256 of ``X`` as stored: its metadata and the stored bytes of every chunk, file by
         file in name order. Any change to the data changes it; copying the store does not."""
-        import fsspec
-
         fs, root = fsspec.core.url_to_fs(self.path)
         root = root.rstrip("/")
         digest = hashlib.sha256()
@@ -304,8 +300,6 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
 
 
 def _url_fs(path: str):
-    import fsspec
-
     try:
         return fsspec.core.url_to_fs(path)
     except (ImportError, ValueError) as exc:
