@@ -21,6 +21,8 @@ import logging
 import os
 import sys
 
+import dask.config
+
 from dkha.errors import DkhaError
 
 ONLINE = ("on-kha", "oo-kha", "okpca")
@@ -78,6 +80,12 @@ def _add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-file", metavar="F", help="attach via a scheduler file")
     g.add_argument("--workers", type=_positive_int, metavar="N",
                    help="start a local cluster of N worker processes")
+    g.add_argument("--precision", choices=("float64", "float32"),
+                   help="kernel tiles' precision (dkha.precision, default float64); the "
+                        "coordinator accumulates in float64 either way")
+    g.add_argument("--device", choices=("cpu", "cuda", "auto"),
+                   help="where workers compute kernel tiles (dkha.device): cpu, cuda (CuPy, "
+                        "pip install 'dkha[gpu]'), auto (cuda on workers with a GPU resource)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -669,8 +677,11 @@ def main(argv: list[str] | None = None) -> int:
     from dkha.apply.cli import COMMANDS as APPLY_COMMANDS
 
     _install_stop_handler()
+    tiles = {f"dkha.{k}": getattr(args, k) for k in ("precision", "device")
+             if getattr(args, k, None) is not None}
     try:
-        return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
+        with dask.config.set(tiles):
+            return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
     except DkhaError as exc:
         print(f"dkha: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -164,21 +164,25 @@ def _kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
 
 
 def mk_tile(path: str, kernel: Kernel, rows_i: tuple, rows_j: tuple) -> tuple[np.ndarray, np.ndarray | None]:
-    """Column sums (over I) and, for an off-diagonal tile, row sums (over J) of ``K[I, J]``."""
-    return tile_sums(_kernel_tile(path, kernel, rows_i, rows_j), rows_i == rows_j)
+    """Column sums (over I) and, for an off-diagonal tile, row sums (over J) of ``K[I, J]``
+    (summed while each panel of the tile is in cache: the tile is never written out)."""
+    XI = _group_rows(path, rows_i)
+    XJ = XI if rows_i == rows_j else _group_rows(path, rows_j)
+    _, _, rowsum, colsum = kernel.products(XI, XJ, sums=True)
+    return colsum, (None if rows_i == rows_j else rowsum)
 
 
 def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> np.ndarray:
     """Row sums of ``K[I, S]`` for the sampled samples ``XS`` (the estimated MK row)."""
-    return kernel.block(_group_rows(path, rows_i), XS).sum(axis=1)
+    return kernel.products(_group_rows(path, rows_i), XS, sums=True)[2]
 
 
 def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm: float,
                   index: np.ndarray, cols: tuple) -> np.ndarray:
-    """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``)."""
+    """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``): one GEMM and one
+    fused sweep (:mod:`dkha.tiles`)."""
     a, b = cols[0][0], cols[-1][1]
-    K = kernel.block(XP, _group_rows(path, cols))
-    return center_block(K, mk[index], mk[a:b], mkm)
+    return kernel.centered_block(XP, _group_rows(path, cols), mk[index], mk[a:b], mkm)
 
 
 def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
@@ -186,8 +190,11 @@ def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tu
     """``K'[I, J]``, computed, or centered from a copy of the cached tile ``K[I, J]``."""
     a, b = gi[0][0], gi[-1][1]
     c, d = gj[0][0], gj[-1][1]
-    K = np.array(tile) if tile is not None else _kernel_tile(path, kernel, gi, gj)
-    return center_block(K, mk[a:b], mk[c:d], mkm), (a, b), (c, d)
+    if tile is not None:
+        return center_block(np.array(tile), mk[a:b], mk[c:d], mkm), (a, b), (c, d)
+    XI = _group_rows(path, gi)
+    XJ = XI if gi == gj else _group_rows(path, gj)
+    return kernel.centered_block(XI, XJ, mk[a:b], mk[c:d], mkm), (a, b), (c, d)
 
 
 def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
@@ -197,11 +204,14 @@ def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tupl
     From a cached tile the centering is applied to the products, not the tile (no copy):
     ``K'[I, J] V[J] = K V[J] − 1 (mk[J]ᵀ V[J]) − (mk[I] − mkm) (1ᵀ V[J])``.
     """
-    if tile is None:
-        K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
-        return K @ V[c:d], (None if gi == gj else K.T @ V[a:b])
     a, b = gi[0][0], gi[-1][1]
     c, d = gj[0][0], gj[-1][1]
+    if tile is None:        # fused: each panel of K'[I, J] multiplied while it is in cache
+        XI = _group_rows(path, gi)
+        XJ = XI if gi == gj else _group_rows(path, gj)
+        to_i, to_j, _, _ = kernel.products(XI, XJ, V[c:d], None if gi == gj else V[a:b],
+                                           mk[a:b], mk[c:d], mkm)
+        return to_i, to_j
 
     def centered(K, mk_out, V_in, mk_in):
         out = K @ V_in
@@ -328,14 +338,14 @@ def _c_columns(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, ranges: tu
     """``S_A K'[:, J]`` for the column group ``J`` (chunk ranges ``cols``), tile by tile."""
     c, d = cols[0][0], cols[-1][1]
     XJ = _group_rows(path, cols)
-    out = np.zeros((S_A.shape[0], d - c))
+    out = np.zeros((d - c, S_A.shape[0]))
     for a, b in ranges:
         X = load_rows(path, a, b)
         for i in range(a, b, rows_per_tile):
             k = min(i + rows_per_tile, b)
-            K = center_block(kernel.block(X[i - a:k - a], XJ), mk[i:k], mk[c:d], mkm)
-            out += S_A[:, i:k] @ K
-    return out
+            out += kernel.products(X[i - a:k - a], XJ, W=S_A[:, i:k].T, mk_rows=mk[i:k],
+                                   mk_cols=mk[c:d], mkm=mkm)[1]
+    return out.T
 
 
 def replica_build(key: tuple, cols: tuple, version: int, S: np.ndarray, C: np.ndarray | None,
@@ -494,6 +504,13 @@ class RowEngine:
         later row block, product ``K' V`` and residual reads them instead of recomputing kernels.
         Needs about ``4·l²`` bytes of worker memory (refused above half of what the workers
         have). Row mode only: worker-side projections compute their own rows.
+    precision : {"float64", "float32"}, optional
+        The kernel tiles' precision (``dkha.precision``, default float64): float32 runs the
+        distance GEMM and the fused sweep in single precision (:mod:`dkha.tiles`); rows, products
+        and everything the coordinator accumulates stay float64.
+    device : {"cpu", "cuda", "auto"}, optional
+        Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with CuPy
+        (``dkha[gpu]``), ``auto`` on the workers that declare a ``GPU`` resource.
 
     Attributes
     ----------
@@ -505,7 +522,8 @@ class RowEngine:
 
     def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
                  prefetch: int | None = None, column_groups: int | None = None,
-                 projections: str | None = None, cache_rows: bool | None = None):
+                 projections: str | None = None, cache_rows: bool | None = None,
+                 precision: str | None = None, device: str | None = None):
         from dkha.cluster import total_threads
 
         self.projections = str(config.get("projections", projections))
@@ -513,7 +531,8 @@ class RowEngine:
             raise ParameterError(f"unknown projections {self.projections!r}; choose one of "
                                  f"{', '.join(PROJECTIONS)}")
         self.store = store
-        self.kernel = kernel
+        self.kernel = kernel.computed_with(str(config.get("precision", precision)),
+                                           str(config.get("device", device)))
         self.client = client
         self.block_rows = int(config.get("block-rows", block_rows))
         self.prefetch = max(1, int(config.get("prefetch", prefetch)))
@@ -601,6 +620,8 @@ class RowEngine:
         l = self.n_samples
         centering = {"kernel": self.kernel.name, "parameters": self.kernel.param_dict,
                      "centering": "exact"}
+        if self.kernel.precision != "float64":      # float64 rows keep their cache keys
+            centering["precision"] = self.kernel.precision
         if center_sample is not None:
             if not 1 <= int(center_sample) <= l:
                 raise ParameterError(f"center_sample must lie in 1..{l} (the number of samples), "
