@@ -99,22 +99,18 @@ def to_host(xp, a):
 # --- the compiled sweep --------------------------------------------------------------------------
 
 
-@intrinsic
-def _int_as_float64(typingctx, bits):
-    sig = types.float64(types.int64)
+def _bitcast(int_type, float_type):
+    """A compiled reinterpretation of ``int_type`` bits as ``float_type`` (for 2^k in the exp)."""
+    @intrinsic
+    def cast(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(float_type))
+        return float_type(int_type), codegen
+    return cast
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-    return sig, codegen
 
-
-@intrinsic
-def _int_as_float32(typingctx, bits):
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-    return sig, codegen
+_int_as_float64 = _bitcast(types.int64, types.float64)
+_int_as_float32 = _bitcast(types.int32, types.float32)
 
 
 @njit(inline="always", fastmath=True)

@@ -239,3 +239,19 @@ def test_float32_engine_products_and_krylov(tmp_path, digits, client, dense_cent
     w = np.linalg.eigvalsh(Kc)[::-1][:8]
     w32, _ = krylov_eigenpairs(eng, 8, seed=0, tol=1e-6, maxiter=100)
     np.testing.assert_allclose(w32, w, rtol=1e-6)
+
+
+def test_cli_precision_and_device_reach_the_configuration(monkeypatch, tmp_path):
+    """``dkha evaluate --precision float32 --device auto`` runs its command with ``dkha.precision``
+    and ``dkha.device`` set (the engine reads them there); without the options, the defaults."""
+    import dask.config
+
+    from dkha import cli
+
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "evaluate",
+                        lambda args: seen.append((dask.config.get("dkha.precision"),
+                                                  dask.config.get("dkha.device"))) or 0)
+    assert cli.main(["evaluate", str(tmp_path), "--precision", "float32", "--device", "auto"]) == 0
+    assert cli.main(["evaluate", str(tmp_path)]) == 0
+    assert seen == [("float32", "auto"), ("float64", "cpu")]
