@@ -106,6 +106,13 @@ class Kernel:
         out (:func:`dkha.tiles.tile_product`)."""
         return tiles.tile_product(self.tile_spec(), X, Y, V, W, mk_rows, mk_cols, mkm, sums=sums)
 
+    def residuals(self, X: np.ndarray, Y: np.ndarray, Cs: tuple, C_rows: slice, C_cols: slice,
+                  mk_rows: np.ndarray, mk_cols: np.ndarray, mkm: float) -> np.ndarray:
+        """``[‖T‖², ‖T − C[:, C_rows]ᵀ C[:, C_cols]‖² for C in Cs]`` of the centered block
+        ``T = K'[X, Y]`` without writing it out (:func:`dkha.tiles.tile_residuals`)."""
+        return tiles.tile_residuals(self.tile_spec(), X, Y, Cs, C_rows, C_cols, mk_rows, mk_cols,
+                                    mkm)
+
     def diagonal(self, X: np.ndarray) -> np.ndarray:
         """``k(x, x)`` for each row of ``X``."""
         X = np.asarray(X, dtype=np.float64)

@@ -180,9 +180,11 @@ def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> 
 def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm: float,
                   index: np.ndarray, cols: tuple) -> np.ndarray:
     """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``): one GEMM and one
-    fused sweep (:mod:`dkha.tiles`)."""
+    fused sweep (:mod:`dkha.tiles`), in the kernel's precision (float32 rows: half the bytes, and
+    the coordinator's block GEMMs in float32, its state in float64)."""
     a, b = cols[0][0], cols[-1][1]
-    return kernel.centered_block(XP, _group_rows(path, cols), mk[index], mk[a:b], mkm)
+    return kernel.centered_block(XP, _group_rows(path, cols), mk[index], mk[a:b], mkm,
+                                 dtype=kernel.precision)
 
 
 def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
@@ -227,6 +229,13 @@ def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tup
                   Cs: tuple, tile: np.ndarray | None = None) -> np.ndarray:
     """``[‖K'[I,J]‖², ‖K'[I,J] − C[:,I]ᵀ C[:,J]‖² for each C of Cs]``, doubled off the diagonal
     (both halves)."""
+    if tile is None:        # fused: each panel of K'[I, J] reduced while it is in cache
+        a, b = gi[0][0], gi[-1][1]
+        c, d = gj[0][0], gj[-1][1]
+        XI = _group_rows(path, gi)
+        XJ = XI if gi == gj else _group_rows(path, gj)
+        out = kernel.residuals(XI, XJ, Cs, slice(a, b), slice(c, d), mk[a:b], mk[c:d], mkm)
+        return out if gi == gj else 2.0 * out
     K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj, tile)
     out = np.empty(1 + len(Cs))
     out[0] = np.einsum("ij,ij->", K, K)

@@ -346,3 +346,39 @@ def tile_product(spec: TileSpec, X, Y, V=None, W=None, mk_rows=None, mk_cols=Non
             rowsum[a:b] = T.sum(axis=1, dtype=np.float64)
             colsum += T.sum(axis=0, dtype=np.float64)
     return TV, TW, rowsum, colsum
+
+
+def tile_residuals(spec: TileSpec, X, Y, Cs: tuple, C_rows: slice, C_cols: slice,
+                   mk_rows=None, mk_cols=None, mkm: float = 0.0) -> np.ndarray:
+    """``[‖T‖², ‖T − C[:, rows]ᵀ C[:, cols]‖² for each C of Cs]`` for the (centered) tile
+    ``T = K'[X, Y]``, panel by panel (each panel's residuals taken while it is in cache; float64
+    sums; on GPU one array-function tile)."""
+    Xs, Ys, xx, yy, X64, Y64 = _operands(spec, X, Y)
+    m, n = len(Xs), len(Ys)
+    mr, mc = _mk_args(m, n, mk_rows, mk_cols)
+    refine = _refine(spec, xx, yy)
+    out = np.zeros(1 + len(Cs))
+    xp = array_module(spec.device)
+    if xp is not np:
+        args = _device_operands(xp, (Xs, Ys, xx, yy, X64, Y64), mr, mc, refine)
+        T = _array_tile(xp, spec, *args[:6], args[8], args[6], args[7], mkm).astype(xp.float64)
+        out[0] = float((T * T).sum())
+        for k, C in enumerate(Cs):
+            Cd = xp.asarray(C)
+            R = T - Cd[:, C_rows].T @ Cd[:, C_cols]
+            out[1 + k] = float((R * R).sum())
+        return out
+    rows0 = C_rows.start or 0
+    step = _panel_rows(n, spec.dtype.itemsize)
+    for a in range(0, m, step):
+        b = min(a + step, m)
+        T = _cpu_panel(spec, Xs[a:b], Ys, xx[a:b] if len(xx) else xx, yy, X64[a:b], Y64, refine,
+                       mr[a:b], mc, mkm)
+        flat = T.ravel()
+        out[0] += float(np.dot(flat, flat))
+        for k, C in enumerate(Cs):
+            R = C[:, rows0 + a:rows0 + b].T @ C[:, C_cols]
+            R -= T
+            flat = R.ravel()
+            out[1 + k] += float(np.dot(flat, flat))
+    return out
