@@ -542,6 +542,9 @@ class RowEngine:
         self.store = store
         self.kernel = kernel.computed_with(str(config.get("precision", precision)),
                                            str(config.get("device", device)))
+        # evaluation (E(A), E_min) and the row cache stay float64 whatever the precision: E_min² =
+        # ‖K'‖² − Σλ² cancels, and float32 tiles moved E_min by 1.6e-5 on the digits
+        self.exact_kernel = self.kernel.computed_with(precision="float64")
         self.client = client
         self.block_rows = int(config.get("block-rows", block_rows))
         self.prefetch = max(1, int(config.get("prefetch", prefetch)))
@@ -595,7 +598,7 @@ class RowEngine:
         """The cached tiles ``{(i, j): future of K[I, J]}``, ``i ≤ j``, submitted on first use."""
         if self._tiles is None:
             path, g = self.store.path, self.tile_groups
-            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.kernel, g[i], g[j],
+            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.exact_kernel, g[i], g[j],
                                                       pure=False)
                            for i in range(len(g)) for j in range(i, len(g))}
         return self._tiles
@@ -888,16 +891,18 @@ class RowEngine:
     def _bounds(self, group):
         return group[0][0], group[-1][1]
 
-    def matmat(self, V: np.ndarray) -> np.ndarray:
-        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``."""
+    def matmat(self, V: np.ndarray, *, exact: bool = False) -> np.ndarray:
+        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``
+        (``exact``: float64 tiles whatever the engine's precision, for E_min)."""
         V = np.ascontiguousarray(V, dtype=np.float64)
         if V.ndim == 1:
-            return self.matmat(V[:, None])[:, 0]
+            return self.matmat(V[:, None], exact=exact)[:, 0]
         mk = self._need_mk()
         Vf = self.put(V)
         g = self.tile_groups
         pairs = self._pairs()
-        futs = [self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
+        kernel = self.exact_kernel if exact else self.kernel
+        futs = [self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
                                    g[i], g[j], Vf, tile=self._tile(i, j), pure=False)
                 for i, j in pairs]
         out = np.zeros((self.n_samples, V.shape[1]))
@@ -921,7 +926,7 @@ class RowEngine:
         mk = self._need_mk()
         Cf = self.put(Cs)
         g = self.tile_groups
-        futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
+        futs = [self.client.submit(residual_pair, self.store.path, self.exact_kernel, mk, self.mkm,
                                    g[i], g[j], Cf, tile=self._tile(i, j), pure=False)
                 for i, j in self._pairs()]
         tot = np.zeros(1 + len(Cs))
@@ -934,7 +939,7 @@ class RowEngine:
         mk = self._need_mk()
         g = self.tile_groups
         pairs = self._pairs()
-        futs = [self.client.submit(dense_pair, self.store.path, self.kernel, mk, self.mkm,
+        futs = [self.client.submit(dense_pair, self.store.path, self.exact_kernel, mk, self.mkm,
                                    g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
         out = np.empty((self.n_samples, self.n_samples))
         for (i, j), fut in zip(pairs, futs):

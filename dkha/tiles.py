@@ -19,6 +19,8 @@ loses ``~eps₃₂·(‖x‖² + ‖y‖²)`` to cancellation, so both blocks ar
 the column block (distances do not change; the norms shrink to the data's spread), the norms are
 computed in float64, the distance is formed in float64 from the float32 product, and for the
 laplacian the near pairs (where the square root magnifies the error) are recomputed exactly.
+The row engine keeps evaluation (E(A), E_min) and its tile cache in float64 whatever the
+precision (``RowEngine.exact_kernel``): ``E_min² = ‖K'‖² − Σλ²`` cancels.
 
 Devices. ``device="cpu"`` runs the compiled sweep. ``device="cuda"`` runs the same tile
 functions with CuPy arrays (:func:`array_module`; install ``dkha[gpu]``): the array path
@@ -237,8 +239,6 @@ def _refine(spec: TileSpec, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
     return np.array([REFINE_FLOAT64 * scale, 0.0])
 
 
-_ZERO = np.zeros(0)
-
 
 def _mk_args(m: int, n: int, mk_rows, mk_cols):
     mr = np.zeros(m) if mk_rows is None else np.ascontiguousarray(mk_rows, dtype=np.float64)
@@ -277,8 +277,9 @@ def _array_tile(xp, spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm):
     return K.astype(spec.dtype, copy=False)
 
 
-def _device_operands(xp, ops, mr, mc, refine):
-    return tuple(xp.asarray(a) for a in ops) + (xp.asarray(mr), xp.asarray(mc), xp.asarray(refine))
+def _device_tile(xp, spec, ops, refine, mr, mc, mkm):
+    """The whole (centered) tile on the device: operands moved there, :func:`_array_tile`."""
+    return _array_tile(xp, spec, *(xp.asarray(a) for a in (*ops, refine, mr, mc)), mkm)
 
 
 def kernel_tile(spec: TileSpec, X, Y, mk_rows=None, mk_cols=None, mkm: float = 0.0,
@@ -292,8 +293,7 @@ def kernel_tile(spec: TileSpec, X, Y, mk_rows=None, mk_cols=None, mkm: float = 0
     if xp is np:
         T = _cpu_panel(spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm)
         return T.astype(out_dtype, copy=False)
-    args = _device_operands(xp, (Xs, Ys, xx, yy, X64, Y64), mr, mc, refine)
-    K = _array_tile(xp, spec, *args[:6], args[8], args[6], args[7], mkm)
+    K = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
     return to_host(xp, K).astype(out_dtype, copy=False)
 
 
@@ -323,8 +323,7 @@ def tile_product(spec: TileSpec, X, Y, V=None, W=None, mk_rows=None, mk_cols=Non
     colsum = np.zeros(n) if sums else None
     xp = array_module(spec.device)
     if xp is not np:
-        args = _device_operands(xp, (Xs, Ys, xx, yy, X64, Y64), mr, mc, refine)
-        T = _array_tile(xp, spec, *args[:6], args[8], args[6], args[7], mkm)
+        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
         if V is not None:
             TV[:] = to_host(xp, T @ xp.asarray(Vd))
         if W is not None:
@@ -360,8 +359,8 @@ def tile_residuals(spec: TileSpec, X, Y, Cs: tuple, C_rows: slice, C_cols: slice
     out = np.zeros(1 + len(Cs))
     xp = array_module(spec.device)
     if xp is not np:
-        args = _device_operands(xp, (Xs, Ys, xx, yy, X64, Y64), mr, mc, refine)
-        T = _array_tile(xp, spec, *args[:6], args[8], args[6], args[7], mkm).astype(xp.float64)
+        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
+        T = T.astype(xp.float64)
         out[0] = float((T * T).sum())
         for k, C in enumerate(Cs):
             Cd = xp.asarray(C)

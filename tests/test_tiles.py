@@ -202,6 +202,9 @@ def test_array_path_dispatch_matches_fused(fake_cupy, blocks, name, precision):
     for got, want in zip(kg.products(X, Y, V, W, mr, mc, mkm, sums=True),
                          k.products(X, Y, V, W, mr, mc, mkm, sums=True)):
         np.testing.assert_allclose(got, want, rtol=0, atol=230 * tol)
+    C = np.random.default_rng(2).standard_normal((2, 400))
+    args = ((C,), slice(0, 150), slice(170, 400), mr, mc, mkm)
+    np.testing.assert_allclose(kg.residuals(X, Y, *args), k.residuals(X, Y, *args), rtol=1e-5)
     assert fake_cupy.calls["asarray"] > 0 and fake_cupy.calls["asnumpy"] > 0
 
 
@@ -243,7 +246,7 @@ def test_float32_engine_products_and_krylov(tmp_path, digits, client, dense_cent
     got = eng.matmat(V)
     assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
     w = np.linalg.eigvalsh(Kc)[::-1][:8]
-    w32, _ = krylov_eigenpairs(eng, 8, seed=0, tol=1e-6, maxiter=100)
+    w32, _ = krylov_eigenpairs(eng, 8, seed=0, tol=1e-5, maxiter=100)
     np.testing.assert_allclose(w32, w, rtol=1e-6)
 
 
