@@ -53,7 +53,7 @@ class Kernel:
     def param_dict(self) -> dict[str, Any]:
         return dict(self.params)
 
-    def with_params(self, **updates) -> "Kernel":
+    def with_params(self, **updates) -> Kernel:
         p = dict(self.params)
         p.update(updates)
         return replace(make_kernel(self.name, **p), precision=self.precision, device=self.device)

@@ -64,12 +64,19 @@ def dtype_of(precision: str) -> np.dtype:
 # --- devices -------------------------------------------------------------------------------------
 
 
-def _worker_has_gpu() -> bool:
-    try:
-        from distributed import get_worker     # only meaningful inside a Dask worker
-        return float(get_worker().state.total_resources.get("GPU", 0)) > 0
-    except (ImportError, ValueError, AttributeError):
-        return False
+def _no_gpu() -> bool:
+    return False
+
+
+_gpu_probe = _no_gpu      # set by the worker-side tasks (dkha.engine.tasks): this worker's GPU
+
+
+def set_gpu_probe(probe) -> None:
+    """Tell ``device="auto"`` how to ask whether this process is a worker with a ``GPU`` resource
+    (a function of no arguments; :mod:`dkha.engine.tasks` installs one reading the Dask worker's
+    resources, so this module imports no Dask)."""
+    global _gpu_probe
+    _gpu_probe = probe
 
 
 def resolve_device(device: str) -> str:
@@ -77,7 +84,7 @@ def resolve_device(device: str) -> str:
     if device not in DEVICES:
         raise ParameterError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
     if device == "auto":
-        return "cuda" if _worker_has_gpu() else "cpu"
+        return "cuda" if _gpu_probe() else "cpu"
     return device
 
 

@@ -7,16 +7,21 @@ from __future__ import annotations
 import sys
 import types
 
+import dask.config
 import numpy as np
 import pytest
+from distributed import Client, LocalCluster
+from numba import njit
 from scipy.spatial.distance import cdist
 
-from dkha import tiles
+from dkha import KernelHebbianPCA, tiles
+from dkha.cli.main import build_parser
+from dkha.data.store import ingest_array
+from dkha.engine.rows import RowEngine
 from dkha.errors import ParameterError
-from dkha.evaluate import krylov_eigenpairs
+from dkha.estimators import params
+from dkha.fit.spectrum import krylov_eigenpairs
 from dkha.kernels import make_kernel
-from dkha.rows import RowEngine
-from dkha.store import ingest_array
 
 KERNELS = {
     "gaussian": dict(sigma=3.0),
@@ -100,8 +105,6 @@ def test_fused_products_match_numpy_twin(blocks, name, monkeypatch):
 def test_exp_is_exact_to_two_ulps():
     """The vectorisable exp of the sweep against NumPy's, over the whole range it is used on."""
     x = -np.concatenate([np.linspace(0, 750, 200_001), np.geomspace(1e-12, 1, 1001)])
-    from numba import njit
-
     @njit
     def many(x, out64, out32):
         for i in range(len(x)):
@@ -211,8 +214,6 @@ def test_array_path_dispatch_matches_fused(fake_cupy, blocks, name, precision):
 def test_auto_device_follows_the_workers_gpu_resource(fake_cupy, tmp_path, digits):
     """``device="auto"``: a worker declaring ``GPU=1`` takes the array path (the stand-in cupy),
     and its results equal a CPU engine's; outside a worker ``auto`` is the CPU."""
-    from distributed import Client, LocalCluster
-
     assert tiles.resolve_device("auto") == "cpu"
     X = np.array(digits)
     store = ingest_array(X, tmp_path / "d.zarr", chunk_rows=64)
@@ -250,20 +251,17 @@ def test_float32_engine_products_and_krylov(tmp_path, digits, client, dense_cent
     np.testing.assert_allclose(w32, w, rtol=1e-6)
 
 
-def test_cli_precision_and_device_reach_the_configuration(monkeypatch, tmp_path):
-    """``dkha evaluate --precision float32 --device auto`` runs its command with ``dkha.precision``
-    and ``dkha.device`` set (the engine reads them there); without the options, the defaults."""
-    import dask.config
-
-    from dkha import cli
-
-    seen = []
-    monkeypatch.setitem(cli.COMMANDS, "evaluate",
-                        lambda args: seen.append((dask.config.get("dkha.precision"),
-                                                  dask.config.get("dkha.device"))) or 0)
-    assert cli.main(["evaluate", str(tmp_path), "--precision", "float32", "--device", "auto"]) == 0
-    assert cli.main(["evaluate", str(tmp_path)]) == 0
-    assert seen == [("float32", "auto"), ("float64", "cpu")]
+def test_precision_and_device_are_fit_options():
+    """``--precision`` and ``--device`` come from the one parameter table: ``dkha fit`` parses
+    them into the estimator's keywords, and the estimator refuses values outside the choices."""
+    args = build_parser().parse_args(["fit", "store.zarr", "--out", "run", "--precision",
+                                      "float32", "--device", "auto"])
+    kw = params.estimator_kwargs(params.cli_values(args), params.BATCH, "kha-smd")
+    assert kw["precision"] == "float32" and kw["device"] == "auto"
+    m = KernelHebbianPCA(**kw)
+    assert (m.precision, m.device) == ("float32", "auto")
+    with pytest.raises(ParameterError, match="precision"):
+        KernelHebbianPCA(4, precision="float16").fit(np.zeros((10, 2)))
 
 
 @pytest.mark.parametrize("algorithm", ["kha-smd", "krylov"])
@@ -271,9 +269,6 @@ def test_float32_fit_matches_float64(digits_store, client, algorithm):
     """A fit with float32 tiles (float32 rows into the coordinator's block GEMMs, its state in
     float64) ends within 0.1 % of the float64 fit's excess error (KHA-SMD, 5 passes; measured
     4e-6 apart), and Krylov reaches ≤ 1e-6."""
-    import dask.config
-
-    from dkha import KernelHebbianPCA
 
     excess = {}
     for precision in ("float64", "float32"):

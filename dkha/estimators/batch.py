@@ -5,23 +5,36 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
-import dkha
-from dkha import config, result, schedule
-from dkha.cluster import blas_threads_for, client_for
-from dkha.checkpoint import Checkpointer, open_fit
+from dkha import config, schedule
+from dkha.data import result
+from dkha.data.checkpoint import Checkpointer, open_fit
+from dkha.data.store import DataStore, ingest_array, open_store
+from dkha.engine.cluster import blas_threads_for, client_for
+from dkha.engine.rows import RowEngine
 from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
+from dkha.estimators.params import BATCH, declare, shared_settings, validate
+from dkha.fit.batch import run_batches, save_checkpoint
+from dkha.fit.init import nystrom_coefficients
+from dkha.fit.krylov import run_krylov
 from dkha.kernels import make_kernel, median_distance
-from dkha.rows import RowEngine
-from dkha.solvers.batch import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_MU, DEFAULT_XI, BatchKHA,
-                                check_algorithm, initial_coefficients)
-from dkha.store import DataStore, ingest_array, open_store
+from dkha.runs.transform import project
+from dkha.solvers.batch import (
+    ALGORITHMS,
+    DEFAULT_ETA0,
+    DEFAULT_MU,
+    DEFAULT_XI,
+    BatchKHA,
+    check_algorithm,
+    initial_coefficients,
+)
+from dkha.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +53,9 @@ def resolve_store(X) -> tuple[DataStore, str | None]:
     return ingest_array(arr, os.path.join(tmp, "data.zarr")), tmp
 
 
-def resolve_kernel(store: DataStore, kernel: str, seed: int, **params):
-    """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic."""
+def resolve_kernel(store, kernel: str, seed: int, **params):
+    """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
+    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``)."""
     k = make_kernel(kernel, **params)
     if k.needs_sigma():
         sample = store.sample(int(config.get("median-sample")), seed)
@@ -50,72 +64,13 @@ def resolve_kernel(store: DataStore, kernel: str, seed: int, **params):
     return k
 
 
+@declare(BATCH)
 class KernelHebbianPCA:
     """Kernel principal components by the Kernel Hebbian Algorithm family.
 
     Parameters
     ----------
-    n_components : int, default 8
-        Number of components ``r`` (must be below the number of samples).
-    algorithm : {"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"
-        Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent
-        (Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov method
-        (LOBPCG) whose products are blockwise passes.
-    kernel : {"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"
-    sigma : float, optional
-        Width of the gaussian / laplacian kernel. ``None`` uses the median distance between
-        samples (recorded in ``kernel_`` and the saved attrs).
-    degree, offset, gamma : optional
-        Parameters of the polynomial and sigmoid kernels.
-    eta0 : float, optional
-        Base gain. Defaults per algorithm: 0.05 (kha), 0.5 (kha-t), 0.2 (kha-et, kha-smd).
-    mu : float, default 0.2
-        SMD's meta-gain.
-    xi : float, default 0.99
-        SMD's decay factor.
-    rho0 : float, default 0.0
-        SMD's initial log-gain. Algorithm 1 prints ρ0 = 1 (which multiplies every initial gain
-        by e); ρ0 = 0 converged an order of magnitude lower in our runs.
-    passes : int, optional
-        Passes through the data (default 10 when ``steps`` is not given).
-    steps : int, optional
-        Number of single-sample steps instead of whole passes.
-    seed : int, default 0
-        Seeds the initial coefficients, the sample order and the sigma heuristic's sample.
-    evaluate_every : int, default 1
-        Evaluate (eq. 22) every that many passes; 0 only at the end; negative never.
-    block_rows, prefetch : int, optional
-        Schedule positions per block of kernel rows and blocks computed ahead
-        (``dkha.block-rows``, ``dkha.prefetch``).
-    projections : {"coordinator", "workers"}, optional
-        Where the block projections ``S̃ K'_Pᵀ`` are computed (``dkha.projections``): on the
-        coordinator from shipped kernel rows, or on the workers from replicas of the
-        coefficients (coordinator-math.md §4; equal up to rounding, less traffic).
-    cache_rows : bool, optional
-        Keep the kernel's upper-triangle tiles on the workers (``dkha.row-cache``; about
-        ``4·l²`` bytes, refused above half the workers' memory): kernels are computed once, not
-        once a pass, which pays from the second pass on (Krylov, many KHA passes, evaluations).
-        Results equal the uncached run's up to rounding.
-    init : {"random", "random:M", "nystrom:M"}, default "random"
-        Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))``; the same start on ``M`` seeded
-        random columns, ``N(0, 1/(r M))`` there and zero elsewhere (KHA/et and SMD then compute
-        ``C = A1 K'`` from ``M`` kernel rows instead of a pass over all ``l²`` entries: the start
-        for large ``l``); or the Nyström solution from ``M`` seeded random landmark rows (then refined; the default ``eta0`` is 20× smaller,
-        suited to refinement). Recorded in the history as pass 0. With ``algorithm="krylov"``
-        the Nyström vectors start the Krylov iteration.
-    tol : float, optional
-        Stop once an evaluation's excess error ``E/E_min − 1`` is at most ``tol`` (evaluations
-        every ``evaluate_every`` passes, at least every pass when ``tol`` is set). For
-        ``algorithm="krylov"``, the relative residual tolerance of the eigenvectors.
-    center_sample : int, optional
-        Estimate the centering row (the MK row) from a seeded sample of this many columns
-        instead of computing it exactly (an ``O(l² n)`` pass): explicitly approximate, recorded
-        in the run (attrs ``centering="sample"``, ``center_sample``) and reported by
-        ``dkha evaluate``. Either row is cached in the data store (``dkha.mk-cache``).
-    scheduler, scheduler_file, workers, client :
-        Where the kernel rows are computed (see :func:`dkha.cluster.client_for`).
-    verbose : bool, default False
-        Show a progress bar.
+    {parameters}
 
     Attributes
     ----------
@@ -150,46 +105,6 @@ class KernelHebbianPCA:
     (3, 4)
     """
 
-    def __init__(self, n_components: int = 8, *, algorithm: str = "kha-smd",
-                 kernel: str = "gaussian", sigma: float | None = None, degree: int | None = None,
-                 offset: float | None = None, gamma: float | None = None,
-                 eta0: float | None = None, mu: float | None = None, xi: float | None = None,
-                 rho0: float = 0.0, passes: int | None = None, steps: int | None = None,
-                 seed: int = 0, evaluate_every: int = 1, block_rows: int | None = None,
-                 prefetch: int | None = None, init: str = "random", tol: float | None = None,
-                 projections: str | None = None, cache_rows: bool | None = None,
-                 center_sample: int | None = None,
-                 scheduler: str | None = None,
-                 scheduler_file: str | None = None, workers: int | None = None, client=None,
-                 verbose: bool = False):
-        self.n_components = n_components
-        self.algorithm = algorithm
-        self.kernel = kernel
-        self.sigma = sigma
-        self.degree = degree
-        self.offset = offset
-        self.gamma = gamma
-        self.eta0 = eta0
-        self.mu = mu
-        self.xi = xi
-        self.rho0 = rho0
-        self.passes = passes
-        self.steps = steps
-        self.seed = seed
-        self.evaluate_every = evaluate_every
-        self.block_rows = block_rows
-        self.prefetch = prefetch
-        self.projections = projections
-        self.cache_rows = cache_rows
-        self.center_sample = center_sample
-        self.init = init
-        self.tol = tol
-        self.scheduler = scheduler
-        self.scheduler_file = scheduler_file
-        self.workers = workers
-        self.client = client
-        self.verbose = verbose
-
     # -- validation --
     def _init(self, n_samples: int) -> tuple[str, int | None]:
         """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``."""
@@ -208,17 +123,16 @@ class KernelHebbianPCA:
         raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
 
     def _validated(self, n_samples: int) -> dict:
+        validate(self, BATCH)
         if self.algorithm == "krylov":
             algorithm = "krylov"
         elif self.algorithm not in ALGORITHMS:
             raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of "
                                  f"{', '.join(ALGORITHMS)}, krylov (or on-kha, oo-kha, okpca with "
-                                 "dkha.online.OnlineKernelPCA)")
+                                 "dkha.estimators.online.OnlineKernelPCA)")
         else:
             algorithm = check_algorithm(self.algorithm)
         r = self.n_components
-        if not isinstance(r, (int, np.integer)) or r < 1:
-            raise ParameterError(f"n_components must be a positive integer, got {r!r}")
         if r >= n_samples:
             raise ParameterError(f"n_components ({r}) must be smaller than the number of samples ({n_samples})")
         init_kind, init_m = self._init(n_samples)
@@ -229,33 +143,18 @@ class KernelHebbianPCA:
                                  f"components ({r})")
         default_eta0 = DEFAULT_ETA0.get(algorithm, 0.0) / (20.0 if landmarks else 1.0)
         eta0 = default_eta0 if self.eta0 is None else float(self.eta0)
-        if self.tol is not None and not (np.isfinite(self.tol) and self.tol > 0):
-            raise ParameterError(f"tol must be a positive number, got {self.tol}")
         mu = DEFAULT_MU if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
-        if algorithm != "krylov" and not (np.isfinite(eta0) and eta0 > 0):
-            raise ParameterError(f"eta0 must be a positive number, got {eta0}")
-        if not (np.isfinite(mu) and mu >= 0):
-            raise ParameterError(f"mu must be a non-negative number, got {mu}")
-        if not (0.0 <= xi <= 1.0):
-            raise ParameterError(f"xi must lie in [0, 1], got {xi}")
-        if not np.isfinite(rho0):
-            raise ParameterError(f"rho0 must be finite, got {rho0}")
         if self.passes is not None and self.steps is not None:
             raise ParameterError("give passes or steps, not both")
         if self.steps is not None:
             n_steps = int(self.steps)
-            if n_steps < 1:
-                raise ParameterError(f"steps must be positive, got {self.steps}")
         else:
-            passes = 10 if self.passes is None else int(self.passes)
-            if passes < 1:
-                raise ParameterError(f"passes must be positive, got {self.passes}")
-            n_steps = passes * n_samples
+            n_steps = (10 if self.passes is None else int(self.passes)) * n_samples
         center_sample = self.center_sample
         if center_sample is not None:
-            if (not isinstance(center_sample, (int, np.integer))
+            if (not isinstance(center_sample, (int, np.integer)) or isinstance(center_sample, bool)
                     or not 1 <= center_sample <= n_samples):
                 raise ParameterError(f"center_sample must be an integer in 1..{n_samples} (the "
                                      f"number of samples), got {center_sample!r}")
@@ -271,7 +170,7 @@ class KernelHebbianPCA:
                  "n_steps": p["n_steps"], "passes": p["n_steps"] / store.n_samples,
                  "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
                  "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-                 "init": str(self.init), "tol": self.tol, "dkha_version": dkha.__version__,
+                 "init": str(self.init), "tol": self.tol, "dkha_version": __version__,
                  "centering": "exact" if p["center_sample"] is None else "sample",
                  "center_sample": p["center_sample"]}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
@@ -279,14 +178,14 @@ class KernelHebbianPCA:
 
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             checkpoint_every: int = 0, resume: bool = False,
-            checkpoint_steps: int = 0) -> "KernelHebbianPCA":
+            checkpoint_steps: int = 0) -> KernelHebbianPCA:
         """Fit on ``X`` (a data store path, a :class:`DataStore` or an array).
 
         With ``run_dir``, the components are saved there (``components.zarr``); a directory
         holding a different run is refused before any work unless ``overwrite``.
         ``checkpoint_every``: write the complete state to ``run_dir/checkpoints`` every that many
         passes, ``checkpoint_steps``: at the first block boundary after every that many steps
-        (and on SIGTERM via :data:`dkha.coordinator.STOP`). ``resume``: continue from the
+        (and on SIGTERM via :data:`dkha.fit.control.STOP`). ``resume``: continue from the
         newest valid checkpoint; the result equals the uninterrupted run bit for bit. Resuming
         with other settings or data is refused with the list of differences; more passes (or
         steps) than the checkpointed run asked for continue it.
@@ -308,8 +207,6 @@ class KernelHebbianPCA:
         """
         out = result.save(self.to_dataset(), run_dir)
         if resumable:
-            from dkha.coordinator import save_checkpoint
-
             fin = self._final
             checkpointer = Checkpointer(run_dir)
             checkpointer.clear()
@@ -322,18 +219,11 @@ class KernelHebbianPCA:
 
     def transform(self, X) -> np.ndarray:
         """Projections of new samples on the components, ``(n, n_components)``."""
-        from dkha.transform import project
-
-        return project(self.to_dataset(), np.asarray(X, dtype=np.float64), client=self.client,
-                       scheduler=self.scheduler, scheduler_file=self.scheduler_file,
-                       workers=self.workers)
+        return project(self.to_dataset(), np.asarray(X, dtype=np.float64), client=self.client)
 
 
-#: settings that every model of one shared kernel stream must agree on
-SHARED_SETTINGS = ("n_components", "kernel", "sigma", "degree", "offset", "gamma", "passes",
-                   "steps", "seed", "evaluate_every", "block_rows", "prefetch", "init",
-                   "projections", "cache_rows", "center_sample", "scheduler", "scheduler_file",
-                   "workers", "client")
+#: settings that every model of one shared kernel stream must agree on (from the table)
+SHARED_SETTINGS = shared_settings(BATCH)
 
 
 class _TemporaryStore:
@@ -401,11 +291,44 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
     return names
 
 
+def _keep_results(models, results, solvers, attrs, metas, engine, kernel, store, tmp_store,
+                  timings, run_dirs, checkpointers) -> list[str]:
+    """Each model's fitted attributes from its result (saved in its run directory, if any);
+    returns the failures of the diverged ones."""
+    failures = []
+    for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
+        m._tmp_store = tmp_store
+        m.timings_ = dict(timings, stream=res.wall_time)
+        m.failure_ = res.failure
+        m.history_ = res.history
+        m.kernel_ = kernel
+        m.store_ = store
+        m.n_samples_ = store.n_samples
+        m.n_features_in_ = store.n_features
+        m.stream_stats_ = res.stream_stats
+        if res.failure is not None:
+            failures.append(f"{a['algorithm']} (eta0={a['eta0']:g}"
+                            + (f", mu={a['mu']:g}" if a["algorithm"] == "kha-smd" else "")
+                            + f"): {res.failure}")
+            continue
+        m.alpha_ = res.alpha
+        m.eigenvalues_ = res.eigenvalue
+        m.mk_, m.mkm_ = engine.mk, engine.mkm
+        m.attrs_ = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
+                        else [float(v) for v in res.top_eigenvalues])
+        m._final = {"solver": solver, "top_eigenvalues": res.top_eigenvalues,
+                    "fit_seconds": res.wall_time, "meta": metas[i]}
+        if run_dirs is not None:
+            m.save(run_dirs[i])
+            checkpointers[i].clear()  # the run is complete: its checkpoints are spent
+    return failures
+
+
 def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[str] | None = None,
                  overwrite: bool = False, checkpoint_every: int = 0, resume: bool = False,
                  checkpoint_steps: int = 0, skip_diverged: bool = False) -> list[KernelHebbianPCA]:
     """Fit several batch models in one pass over the kernel rows: each block of centered rows
-    is computed once and applied by every model (:func:`dkha.coordinator.run_batches`).
+    is computed once and applied by every model (:func:`dkha.fit.batch.run_batches`).
 
     The models may differ in ``algorithm``, ``eta0``, ``mu``, ``xi``, ``rho0``, ``tol`` and
     ``verbose``; everything that shapes the kernel stream (:data:`SHARED_SETTINGS`: data,
@@ -429,9 +352,6 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     >>> [m.alpha_.shape for m in fit_together(models, X)]
     [(4, 200), (4, 200), (4, 200)]
     """
-    from dkha.coordinator import run_batches, run_krylov
-    from dkha.solvers.nystrom import nystrom_coefficients
-
     models = list(models)
     if not models:
         raise ParameterError("no models to fit")
@@ -481,11 +401,12 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     if resume:
         cks = _common_step(checkpointers, [o[1] for o in opened], p0["n_steps"])
     store.check_finite()
-    with client_for(first.scheduler, first.scheduler_file, first.workers, first.client) as client, \
+    with client_for(first.client) as client, \
             blas_threads_for(client):
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
                            prefetch=first.prefetch, projections=first.projections,
-                           cache_rows=first.cache_rows)
+                           cache_rows=first.cache_rows, precision=first.precision,
+                           device=first.device)
         A_init = None
         t0 = time.perf_counter()
         if cks is None:
@@ -513,32 +434,8 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
                 A_init=A_init, tol=[m.tol for m in models], checkpointers=checkpointers,
                 checkpoint_every=int(checkpoint_every or 0), checkpoint_metas=metas, resumes=cks,
                 checkpoint_steps=int(checkpoint_steps or 0))
-    failures = []
-    for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
-        m._tmp_store = tmp_store
-        m.timings_ = dict(timings, stream=res.wall_time)
-        m.failure_ = res.failure
-        m.history_ = res.history
-        m.kernel_ = kernel
-        m.store_ = store
-        m.n_samples_ = store.n_samples
-        m.n_features_in_ = store.n_features
-        m.stream_stats_ = res.stream_stats
-        if res.failure is not None:
-            failures.append(f"{a['algorithm']} (eta0={a['eta0']:g}"
-                            + (f", mu={a['mu']:g}" if a["algorithm"] == "kha-smd" else "")
-                            + f"): {res.failure}")
-            continue
-        m.alpha_ = res.alpha
-        m.eigenvalues_ = res.eigenvalue
-        m.mk_, m.mkm_ = engine.mk, engine.mkm
-        m.attrs_ = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
-                        else [float(v) for v in res.top_eigenvalues])
-        m._final = {"solver": solver, "top_eigenvalues": res.top_eigenvalues,
-                    "fit_seconds": res.wall_time, "meta": metas[i]}
-        if run_dirs is not None:
-            m.save(run_dirs[i])
-            checkpointers[i].clear()  # the run is complete: its checkpoints are spent
+    failures = _keep_results(models, results, solvers, attrs, metas, engine, kernel, store,
+                             tmp_store, timings, run_dirs, checkpointers)
     if failures and not skip_diverged:
         if len(models) == 1:
             raise NumericalError(results[0].failure)

@@ -2,7 +2,7 @@
 
 Schraudolph et al. (2006, §5) tuned ``η0`` (and ``μ`` for KHA-SMD) "by a local search over values
 in the set {a·10^b: a ∈ {1, 2, 5}, b ∈ ℤ}". :func:`tune` evaluates a whole range of that set at
-once: every setting is a model of one :func:`dkha.estimator.fit_together` call, so the kernel
+once: every setting is a model of one :func:`dkha.estimators.batch.fit_together` call, so the kernel
 rows are computed once for all of them (only the projections multiply), and the best setting
 of each algorithm by excess error ``E/E_min − 1`` after a few passes is kept as a complete,
 resumable run directory (continue it with ``dkha fit ... --resume --passes N``).
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dkha.errors import NumericalError, ParameterError, RunDirectoryError
-from dkha.estimator import KernelHebbianPCA, fit_together
+from dkha.estimators.batch import KernelHebbianPCA, fit_together
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
 
     Parameters
     ----------
-    X : a data store path, :class:`~dkha.store.DataStore` or array
+    X : a data store path, :class:`~dkha.data.store.DataStore` or array
     algorithms : batch algorithms to tune (``kha``, ``kha-t``, ``kha-et``, ``kha-smd``)
     eta0, mu : the values to try (default :data:`ETA0_GRID`; :data:`MU_GRID` for KHA-SMD, whose
         grid is the product ``η0 × μ``)
@@ -51,7 +51,7 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     tune_dir : where to keep the best run of each algorithm (``tune_dir/<algorithm>``, resumable)
         and the summary (``tune_dir/tune.json``); refused when it holds anything unless
         ``overwrite``
-    settings : the other :class:`~dkha.estimator.KernelHebbianPCA` parameters, shared by all
+    settings : the other :class:`~dkha.estimators.batch.KernelHebbianPCA` parameters, shared by all
         settings (``n_components``, kernel, ``seed``, ``evaluate_every`` (default 0: only at the
         end), cluster, ...)
 

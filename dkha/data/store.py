@@ -75,7 +75,7 @@ def _is_url(path: str) -> bool:
     return "://" in str(path)
 
 
-def read_slice(arr: "zarr.Array", start: int, stop: int, path: str) -> np.ndarray:
+def read_slice(arr: zarr.Array, start: int, stop: int, path: str) -> np.ndarray:
     """``arr[start:stop]`` as float64; a corrupted chunk (checksum mismatch, undecodable bytes)
     raises :class:`InputError` naming the rows, never returns garbage."""
     try:

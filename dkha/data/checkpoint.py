@@ -30,8 +30,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.errors import DkhaWarning, InputError, StoreNotFoundError
-from dkha.store import replace_directory
+from dkha.data import result
+from dkha.data.store import replace_directory
+from dkha.errors import (
+    DkhaWarning,
+    InputError,
+    ParameterError,
+    RunDirectoryError,
+    StoreNotFoundError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +223,6 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
     directory holding a different run, or checkpoints of an unfinished one, is refused unless
     ``overwrite`` (then the checkpoints are removed). ``meta`` goes into every checkpoint written.
     """
-    from dkha import result
-    from dkha.errors import ParameterError, RunDirectoryError
-
     if checkpoint_every and int(checkpoint_every) < 0:
         raise ParameterError(f"checkpoint_every must be a positive number, got {checkpoint_every}")
     if (checkpoint_every or resume) and run_dir is None:

@@ -31,7 +31,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dkha.apply.clustering import cluster_run, save_clusters
+from dkha.apply.denoise import denoise_image, save_image
+from dkha.data import result
+from dkha.data.checkpoint import Checkpointer
+from dkha.data.store import ingest_array, ingest_images, open_store, read_grey_image
 from dkha.errors import DkhaError, InputError, ParameterError
+from dkha.estimators.batch import KernelHebbianPCA
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.estimators.params import BATCH, estimator_kwargs, pipeline_keys
+from dkha.estimators.params import ONLINE as ONLINE_MODEL
+from dkha.pipeline.report import write_report
+from dkha.solvers.online import ALGORITHMS as ONLINE
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +54,14 @@ PIPELINE_KEYS = {"name", "description"}
 DATA_KEYS = {"kind", "path", "labels", "paths", "patch", "step", "chunk_rows", "per_class",
              "digits", "noise", "size", "seed", "scale"}
 DATA_KINDS = ("digits", "array", "images", "store")
-FIT_KEYS = {"name", "algorithm", "components", "kernel", "sigma", "degree", "offset",
-            "kernel_gamma", "eta0", "mu", "xi", "rho0", "passes", "steps", "seed",
-            "evaluate_every", "block_rows", "prefetch", "init", "tol", "checkpoint_every",
-            "gamma", "tau", "nu", "max_members", "center"}
+#: a [[fit]] table: its name, checkpoint_every, and the fit parameters (from the one table)
+FIT_KEYS = {"name", "checkpoint_every"} | pipeline_keys()
 EVALUATE_KEYS = {"enabled", "ac_index"}
 APPLY_KEYS = {"kind", "fit", "k", "seed", "iterations", "exact"}
 APPLY_KINDS = ("denoise", "cluster")
 REPORT_KEYS = {"enabled", "title", "components"}
 TOP_KEYS = {"pipeline": PIPELINE_KEYS, "data": DATA_KEYS, "fit": FIT_KEYS,
             "evaluate": EVALUATE_KEYS, "apply": APPLY_KEYS, "report": REPORT_KEYS}
-ONLINE = ("on-kha", "oo-kha", "okpca")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -255,8 +263,6 @@ class Runner:
             self._stage(f"apply:{i}:{a['kind']}", {"apply": a, "fit": self._fit(a["fit"])},
                         lambda a=a, i=i: self.apply(a, i))
         if self.p.report.get("enabled", True):
-            from dkha.report import write_report
-
             self.current_stage = "report"
             write_report(self)  # cheap: always rewritten
         self.current_stage = None
@@ -269,8 +275,6 @@ class Runner:
         return os.path.join(self.run_dir, "fits", name)
 
     def ingest(self) -> dict:
-        from dkha.store import ingest_array, ingest_images, open_store
-
         d = self.p.data
         kind = d["kind"]
         out = os.path.join(self.run_dir, "data", "store.zarr")
@@ -303,8 +307,6 @@ class Runner:
     def _ingest_images(self, d: dict, out: str):
         import skimage.transform
 
-        from dkha.apply.denoise import save_image
-        from dkha.store import ingest_images, read_grey_image
 
         paths = d.get("paths") or [d["path"]]
         noise = float(d.get("noise", 0.0))
@@ -338,17 +340,12 @@ class Runner:
         return p if os.path.isabs(p) or "://" in p else os.path.join(os.path.dirname(self.p.path), p)
 
     def fit(self, store: dict, f: dict) -> dict:
-        from dkha.checkpoint import Checkpointer
-
         run = self.fit_dir(f["name"])
-        opts = {k: v for k, v in f.items() if k not in ("name", "algorithm", "components",
-                                                         "checkpoint_every")}
-        r = int(f.get("components", 8))
+        values = {k: v for k, v in f.items() if k not in ("name", "checkpoint_every")}
         resume = Checkpointer(run).latest() is not None
         if f["algorithm"] in ONLINE:
-            from dkha.online import OnlineKernelPCA
-
-            model = OnlineKernelPCA(r, algorithm=f["algorithm"], verbose=self.verbose, **opts)
+            model = OnlineKernelPCA(verbose=self.verbose,
+                                    **estimator_kwargs(values, ONLINE_MODEL, f["algorithm"], where=""))
             # online: checkpoint_every counts steps, as the estimator's evaluate_every does
             model.fit(store["store"], run_dir=run, overwrite=not resume, resume=resume,
                       checkpoint_every=int(f.get("checkpoint_every", 0)),
@@ -358,10 +355,9 @@ class Runner:
             if "ac_index" in ds and ds.sizes.get("evaluation", 0):
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
-        from dkha.estimator import KernelHebbianPCA
 
-        model = KernelHebbianPCA(r, algorithm=f["algorithm"], verbose=self.verbose,
-                                 **opts, **self.cluster)
+        model = KernelHebbianPCA(verbose=self.verbose, **self.cluster,
+                                 **estimator_kwargs(values, BATCH, f["algorithm"], where=""))
         fit_kw = {"run_dir": run, "overwrite": not resume}
         if "checkpoint_every" in f:
             fit_kw["checkpoint_every"] = int(f["checkpoint_every"])
@@ -373,8 +369,6 @@ class Runner:
                 "fit_seconds": last.get("wall_time")}
 
     def evaluate(self, f: dict) -> dict:
-        from dkha import result
-
         ds = result.load(self.fit_dir(f["name"]))
         out = {}
         for key in ("pass", "excess", "error", "error_min", "ac_index", "wall_time"):
@@ -387,14 +381,10 @@ class Runner:
     def apply(self, a: dict, i: int) -> dict:
         run = self.fit_dir(a["fit"])
         if a["kind"] == "cluster":
-            from dkha.apply.clustering import cluster_run, save_clusters
-
             res = cluster_run(run, int(a.get("k", 10)), seed=int(a.get("seed", 0)), **self.cluster)
             save_clusters(res, os.path.join(self.run_dir, f"apply-{i}-clusters.zarr"), overwrite=True)
             out = {k: v for k, v in res.summary().items() if v is not None}
         else:
-            from dkha.apply.denoise import denoise_image, save_image
-
             data = self.state["stages"]["data"]["result"]
             if not data.get("noisy"):
                 raise PipelineError("[[apply]] denoise needs [data] kind = \"images\" with noise > 0")

@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from dkha.apply.clustering import cluster_run, save_clusters
+from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
+from dkha.apply.superresolve import superresolve
+from dkha.cli.options import add_cluster_options, cluster_kwargs, positive_int
+from dkha.errors import ParameterError, RunDirectoryError
+
 
 def add_parsers(subparsers) -> None:
     """Add the ``denoise`` and ``cluster`` subcommands to ``dkha``'s subparsers."""
-    from dkha.cli import _add_cluster_options, _positive_int
-
     p = subparsers.add_parser(
         "denoise", help="denoise an image (run fitted on its patches) or a data store of vectors",
         description="Images: cut the image into patches on the training store's grid, project "
@@ -36,10 +40,10 @@ def add_parsers(subparsers) -> None:
                    help="the clean image (SNR before and after) or clean data store (mean "
                         "squared error before and after)")
     add_preimage_options(p)
-    p.add_argument("--block", type=_positive_int, metavar="B", help="patches per block (2048)")
+    p.add_argument("--block", type=positive_int, metavar="B", help="patches per block (2048)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
     p = subparsers.add_parser(
         "superresolve", help="scale an image up with a run fitted on high-resolution patches "
@@ -50,22 +54,22 @@ def add_parsers(subparsers) -> None:
                     "and average the overlaps.")
     p.add_argument("run_dir")
     p.add_argument("image", help="the low-resolution image (skimage:NAME for bundled ones)")
-    p.add_argument("--factor", type=_positive_int, required=True, metavar="F",
+    p.add_argument("--factor", type=positive_int, required=True, metavar="F",
                    help="scale factor (integer)")
     p.add_argument("-o", "--out", required=True,
                    help="where to write the image (8-bit by extension; .tif float, .npy)")
     p.add_argument("--upscaling", choices=("replicate", "bilinear"), default="replicate",
                    help="how the image is first scaled up (default: pixel replication, the "
                         "paper's); the pre-images start from it")
-    p.add_argument("--step", dest="window_step", type=_positive_int, metavar="S",
+    p.add_argument("--step", dest="window_step", type=positive_int, metavar="S",
                    help="window grid in pixels (default: the training store's step)")
     p.add_argument("--reference", metavar="ORIG",
                    help="the original high-resolution image: print the PSNR")
     add_preimage_options(p, gradient_step="--gradient-step")
-    p.add_argument("--block", type=_positive_int, metavar="B", help="windows per block (2048)")
+    p.add_argument("--block", type=positive_int, metavar="B", help="windows per block (2048)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
     p = subparsers.add_parser(
         "cluster", help="spectral clustering (Ng, Jordan & Weiss) of a run's training samples",
@@ -73,7 +77,7 @@ def add_parsers(subparsers) -> None:
                     "components; with labels in the store, prints the variation of information "
                     "(nats) and that of random labels.")
     p.add_argument("run_dir")
-    p.add_argument("-k", "--k", dest="k", type=_positive_int, required=True,
+    p.add_argument("-k", "--k", dest="k", type=positive_int, required=True,
                    help="number of clusters")
     p.add_argument("-o", "--out", required=True, help="zarr store for cluster (sample)")
     p.add_argument("--scale", choices=("eigenvectors", "projections"), default="eigenvectors",
@@ -81,20 +85,18 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="k-means seed (and the random labels')")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_cluster_options(p)
+    add_cluster_options(p)
 
 
 def add_preimage_options(p: argparse.ArgumentParser, *, gradient_step: str = "--step") -> None:
     """The pre-image options every reconstruction command shares (:mod:`dkha.apply.preimage`);
     ``gradient_step`` names the gradient step option where ``--step`` means something else."""
-    from dkha.cli import _positive_int
-
     g = p.add_argument_group("pre-images")
     g.add_argument("--preimage", choices=("fixed-point", "conformal", "gradient"),
                    help="fixed-point (Mika et al.; the default for gaussian kernels), conformal "
                         "(Honeine's conformal-map linear solve; any kernel, the default "
                         "otherwise) or gradient (Honeine §5.3; gaussian)")
-    g.add_argument("--iterations", type=_positive_int, metavar="N",
+    g.add_argument("--iterations", type=positive_int, metavar="N",
                    help="fixed-point / gradient iterations per sample, at most (default 50)")
     g.add_argument("--tol", type=float,
                    help="stop a sample once its relative step is below this (1e-5)")
@@ -116,17 +118,10 @@ def preimage_kwargs(args) -> dict:
             "orthonormalize": args.orthonormalize}
 
 
-def _cluster_kwargs(args) -> dict:
-    return {"scheduler": args.scheduler, "scheduler_file": args.scheduler_file,
-            "workers": args.workers}
-
-
 def cmd_denoise(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from dkha.apply.denoise import denoise_image, save_image
-    from dkha.errors import RunDirectoryError
 
     if os.path.isdir(args.image):
         return _denoise_vectors(args)
@@ -134,7 +129,7 @@ def cmd_denoise(args: argparse.Namespace) -> int:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
     res = denoise_image(args.run_dir, args.image, reference=args.reference, block=args.block,
                         verbose=sys.stderr.isatty() and not args.json, **preimage_kwargs(args),
-                        **_cluster_kwargs(args))
+                        **cluster_kwargs(args))
     save_image(res.image, args.out)
     summary = {"out": args.out, **res.summary()}
     if args.json:
@@ -152,16 +147,13 @@ def cmd_denoise(args: argparse.Namespace) -> int:
 
 def _denoise_vectors(args: argparse.Namespace) -> int:
     """``dkha denoise RUN NOISY.zarr -o CLEAN.zarr``: a store of plain vectors."""
-    from dkha.apply.denoise import denoise_store, store_mse
-    from dkha.errors import ParameterError
-
     if args.block is not None:
         raise ParameterError("--block applies to images; a store is processed chunk by chunk")
     kw = preimage_kwargs(args)
     if kw.pop("orthonormalize"):
         raise ParameterError("--orthonormalize applies to images, not data stores")
     summary = denoise_store(args.run_dir, args.image, args.out, overwrite=args.overwrite, **kw,
-                            **_cluster_kwargs(args))
+                            **cluster_kwargs(args))
     if args.reference is not None:
         summary["mse_noisy"] = store_mse(args.reference, args.image)
         summary["mse_denoised"] = store_mse(args.reference, args.out)
@@ -182,9 +174,6 @@ def cmd_superresolve(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from dkha.apply.denoise import save_image
-    from dkha.apply.superresolve import superresolve
-    from dkha.errors import RunDirectoryError
 
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
@@ -193,7 +182,7 @@ def cmd_superresolve(args: argparse.Namespace) -> int:
     res = superresolve(args.run_dir, args.image, factor=args.factor, upscaling=args.upscaling,
                        reference=args.reference, step=args.window_step, block=args.block,
                        verbose=sys.stderr.isatty() and not args.json, **kw,
-                       **_cluster_kwargs(args))
+                       **cluster_kwargs(args))
     save_image(res.image, args.out)
     summary = {"out": args.out, **res.summary()}
     if args.json:
@@ -215,10 +204,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from dkha.apply.clustering import cluster_run, save_clusters
 
     res = cluster_run(args.run_dir, args.k, scale=args.scale, seed=args.seed,
-                      **_cluster_kwargs(args))
+                      **cluster_kwargs(args))
     save_clusters(res, args.out, overwrite=args.overwrite,
                   attrs={"run_dir": os.path.abspath(args.run_dir), "scale": args.scale,
                          "seed": args.seed})

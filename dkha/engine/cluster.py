@@ -1,9 +1,12 @@
 """Where work runs: the one place that resolves a Dask client.
 
-Order: an explicit scheduler address → a scheduler file → ``DASK_SCHEDULER_ADDRESS`` → a local
-cluster. The local default is an in-process cluster (threads, no serialisation) sized to the
-machine; ``workers=N`` asks for a local cluster of N worker processes. Either way the fit runs
-the same code path as on a real cluster.
+Every public function of dkha that computes on the cluster takes one ``client=`` value, resolved
+here by :func:`client_for`: a ``distributed.Client`` (used as is), a scheduler address
+(``"tcp://HOST:PORT"``), an ``int`` N (a local cluster of N worker processes), a :class:`Where`
+(what the command line's ``--scheduler``, ``--scheduler-file`` and ``--workers`` say), or
+``None``. Order: an explicit scheduler address → a scheduler file → ``DASK_SCHEDULER_ADDRESS`` →
+a local cluster. The local default is an in-process cluster (threads, no serialisation) sized to
+the machine. Either way the fit runs the same code path as on a real cluster.
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from typing import Iterator
+
+from distributed import Client, LocalCluster
+from threadpoolctl import threadpool_limits
 
 from dkha import config
 from dkha.errors import ParameterError
@@ -19,31 +26,58 @@ from dkha.errors import ParameterError
 log = logging.getLogger(__name__)
 
 
-def describe_target(scheduler: str | None = None, scheduler_file: str | None = None,
-                    workers: int | None = None) -> str:
-    if scheduler:
-        return f"scheduler {scheduler}"
-    if scheduler_file:
-        return f"scheduler file {scheduler_file}"
+@dataclass(frozen=True)
+class Where:
+    """Where to compute, in the command line's terms: a scheduler address, a scheduler file or a
+    number of local worker processes (all ``None``: ``DASK_SCHEDULER_ADDRESS``, else in-process)."""
+
+    scheduler: str | None = None
+    scheduler_file: str | None = None
+    workers: int | None = None
+
+
+def where_of(client) -> Where | Client:
+    """The :class:`Where` that a ``client=`` value names (a ``Client`` is returned as is)."""
+    if client is None:
+        return Where()
+    if isinstance(client, (Where, Client)):
+        return client
+    if isinstance(client, bool):
+        raise ParameterError(f"client must be a distributed.Client, a scheduler address, a number "
+                             f"of local workers or None, got {client!r}")
+    if isinstance(client, int):
+        return Where(workers=client)
+    if isinstance(client, (str, os.PathLike)):
+        return Where(scheduler=os.fspath(client))
+    raise ParameterError(f"client must be a distributed.Client, a scheduler address, a number of "
+                         f"local workers or None, got {client!r}")
+
+
+def describe_target(client=None) -> str:
+    w = where_of(client)
+    if isinstance(w, Client):
+        return f"client {w}"
+    if w.scheduler:
+        return f"scheduler {w.scheduler}"
+    if w.scheduler_file:
+        return f"scheduler file {w.scheduler_file}"
     if os.environ.get("DASK_SCHEDULER_ADDRESS"):
         return f"scheduler {os.environ['DASK_SCHEDULER_ADDRESS']} (DASK_SCHEDULER_ADDRESS)"
-    if workers:
-        return f"local cluster of {workers} worker processes"
+    if w.workers:
+        return f"local cluster of {w.workers} worker processes"
     return "in-process local cluster"
 
 
 @contextlib.contextmanager
-def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
-               workers: int | None = None, client=None) -> Iterator["distributed.Client"]:  # noqa: F821
-    """A ``distributed.Client`` for the requested target, closed (with its cluster) on exit.
-
-    An existing ``client`` is used as is and left open.
+def client_for(client=None) -> Iterator[Client]:
+    """A ``distributed.Client`` for ``client`` (see the module docstring), closed (with its
+    cluster) on exit. An existing ``Client`` is used as is and left open.
     """
-    from distributed import Client, LocalCluster
-
-    if client is not None:
-        yield client
+    w = where_of(client)
+    if isinstance(w, Client):
+        yield w
         return
+    scheduler, scheduler_file, workers = w.scheduler, w.scheduler_file, w.workers
     if workers is not None and int(workers) < 1:
         raise ParameterError(f"--workers must be at least 1, got {workers}")
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
@@ -108,7 +142,5 @@ def blas_threads_for(client) -> Iterator[None]:
     if not str(address).startswith("inproc://"):
         yield
         return
-    from threadpoolctl import threadpool_limits
-
     with threadpool_limits(limits=1, user_api="blas"):
         yield

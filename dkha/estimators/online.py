@@ -22,174 +22,51 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
   fields are NaN: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
   unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
   component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (up to 2000
-  rows, the same as the eigenvalues'; :func:`dkha.evaluate.variance_of`);
+  rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
 * attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gamma, tau,
   centered, seed, store, n_samples, n_features, n_steps, dkha_version.
 """
 
 from __future__ import annotations
 
-import collections
+import hashlib
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
-import dask.config
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-import dkha
-from dkha import config, result, schedule
-from dkha.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
+from dkha import config, schedule
+from dkha.data import result
+from dkha.data.checkpoint import open_fit
+from dkha.data.sources import ArraySource, resolve_source
+from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError, ParameterError
-from dkha.evaluate import variance_of
-from dkha.kernels import Kernel, make_kernel, median_distance
-from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
-                                 DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
-from dkha.store import DataStore, open_store
+from dkha.estimators.batch import resolve_kernel
+from dkha.estimators.params import ONLINE, declare, validate
+from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
+from dkha.fit.control import BlockDriver
+from dkha.fit.evaluate import variance_of
+from dkha.fit.online import coordinator_threads, run_online
+from dkha.kernels import Kernel
+from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, INIT_STD, OnlineKHA, check_algorithm
+from dkha.version import __version__
 
 log = logging.getLogger(__name__)
 
 EIGENVALUE_SAMPLES = 2000
 
 
-def coordinator_threads():
-    """Limit BLAS threads while streaming (``dkha.online-blas-threads``, default 1).
-
-    The per-block products are small (``b × m``); on a shared or busy machine several BLAS
-    threads made them ten times slower here, not faster.
-    """
-    return threadpool_limits(limits=int(dask.config.get("dkha.online-blas-threads", default=1)),
-                             user_api="blas")
-
-
-# --- sources and the block stream -----------------------------------------------------------------
-
-
-class ArraySource:
-    """An in-memory array with the reading interface of :class:`~dkha.store.DataStore`."""
-
-    def __init__(self, X: np.ndarray):
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2:
-            raise InputError(f"expected a 2-d array (samples × features), got shape {X.shape}")
-        if X.shape[0] == 0 or X.shape[1] == 0:
-            raise InputError(f"the data is empty (shape {X.shape})")
-        self.X = X
-        self.path = None
-        self.n_samples, self.n_features = X.shape
-
-    def read_rows(self, index: np.ndarray) -> np.ndarray:
-        return self.X[np.asarray(index, dtype=np.int64)]
-
-    def sample(self, n: int, seed: int) -> np.ndarray:
-        rng = np.random.default_rng(seed)
-        n = min(n, self.n_samples)
-        return self.X[np.sort(rng.choice(self.n_samples, size=n, replace=False))]
-
-
-def resolve_source(X) -> DataStore | ArraySource:
-    """A data store (path or :class:`DataStore`) or an in-memory array, ready to read rows from."""
-    if isinstance(X, DataStore):
-        return X
-    if isinstance(X, (str, os.PathLike)):
-        return open_store(X)
-    return ArraySource(X)
-
-
-def read_block(source, index: np.ndarray) -> np.ndarray:
-    """Rows ``index`` (schedule order) read in sorted order and put back in schedule order."""
-    index = np.asarray(index, dtype=np.int64)
-    order = np.argsort(index, kind="stable")
-    rows = source.read_rows(index[order])
-    out = np.empty_like(rows)
-    out[order] = rows
-    bad = ~np.isfinite(out).all(axis=1)
-    if bad.any():
-        where = index[np.flatnonzero(bad)[:5]]
-        raise InputError(f"non-finite values (NaN or inf) in samples {', '.join(map(str, where))} "
-                         "of the data; clean the data or re-ingest it")
-    return out
-
-
-def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows: int,
-                  prefetch: int, stats: dict | None = None
-                  ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-    """``(pass_index, first_step, index, rows)`` for steps ``start_step .. stop_step-1``.
-
-    A bounded FIFO of ``prefetch`` read futures on one background thread, refilled before
-    blocking on the oldest. ``stats`` (if given) collects ``blocks``, ``rows_read``,
-    ``largest_read`` and ``wait_seconds``.
-    """
-    plan = iter(schedule.blocks(seed, source.n_samples, stop_step, block_rows, start_step))
-    pending: collections.deque = collections.deque()
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dkha-online-read")
-
-    def refill():
-        nxt = next(plan, None)
-        if nxt is not None:
-            pending.append((nxt, executor.submit(read_block, source, nxt[2])))
-
-    try:
-        for _ in range(max(1, prefetch)):
-            refill()
-        while pending:
-            (k, first, idx), fut = pending.popleft()
-            refill()
-            t0 = time.perf_counter()
-            rows = fut.result()
-            if stats is not None:
-                stats["wait_seconds"] = stats.get("wait_seconds", 0.0) + time.perf_counter() - t0
-                stats["blocks"] = stats.get("blocks", 0) + 1
-                stats["rows_read"] = stats.get("rows_read", 0) + len(idx)
-                stats["largest_read"] = max(stats.get("largest_read", 0), len(idx))
-            yield k, first, idx, rows
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
-
-
 # --- the estimator -------------------------------------------------------------------------------
 
 
+@declare(ONLINE)
 class OnlineKernelPCA:
     """Kernel principal components online, over a dictionary chosen by the ALD criterion.
 
     Parameters
     ----------
-    n_components : int, default 8
-    algorithm : {"on-kha", "oo-kha", "okpca"}, default "on-kha"
-        ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised,
-        eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).
-    kernel : {"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"
-    sigma, degree, offset, kernel_gamma : optional
-        Kernel parameters (``kernel_gamma`` is the sigmoid's slope; ``gamma`` is the learning
-        rate decay). ``sigma=None`` uses the median distance between samples.
-    eta0 : float, default 0.05
-        Initial step size.
-    gamma : float, optional
-        Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17). Default 0.999995 when
-        ``tau`` is not given either.
-    tau : float, optional
-        Honeine's search-then-converge step size ``η = η0 / (1 + s/τ)`` (eq. 20) instead.
-    nu : float, default 1e-3
-        ALD threshold: a sample joins the dictionary when ``ε² = k(x,x) − κᵀK_m⁻¹κ ≥ nu``.
-    max_members : int, default 2000
-        Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).
-    center : bool, default False
-        Center in feature space by the running mean in the dictionary's span (Honeine §5.2).
-        The papers' ON-KHA and OO-KHA are uncentered.
-    steps : int, optional
-        Samples to stream in :meth:`fit` (default: one pass through the data).
-    seed : int, default 0
-        Seeds the initial coefficients, the sample order and the sigma heuristic's sample.
-    evaluate_every : int, optional
-        Record a history entry every that many steps (and at the end).
-    block_rows, prefetch : int, optional
-        Samples per block and blocks read ahead (``dkha.block-rows``, ``dkha.prefetch``).
-    verbose : bool, default False
-        Show a progress bar.
+    {parameters}
 
     Attributes
     ----------
@@ -219,89 +96,44 @@ class OnlineKernelPCA:
     Examples
     --------
     >>> import numpy as np
-    >>> from dkha.online import OnlineKernelPCA
+    >>> from dkha.estimators.online import OnlineKernelPCA
     >>> X = np.random.default_rng(0).normal(size=(200, 5))
     >>> model = OnlineKernelPCA(3, sigma=3.0, steps=2000).fit(X)
     >>> model.transform(X[:4]).shape
     (4, 3)
     """
 
-    def __init__(self, n_components: int = 8, *, algorithm: str = "on-kha",
-                 kernel: str = "gaussian", sigma: float | None = None, degree: int | None = None,
-                 offset: float | None = None, kernel_gamma: float | None = None,
-                 eta0: float = DEFAULT_ETA0, gamma: float | None = None, tau: float | None = None,
-                 nu: float = DEFAULT_NU, max_members: int = DEFAULT_MAX_MEMBERS,
-                 center: bool = False, steps: int | None = None, seed: int = 0,
-                 evaluate_every: int | None = None, block_rows: int | None = None,
-                 prefetch: int | None = None, verbose: bool = False):
-        self.n_components = n_components
-        self.algorithm = algorithm
-        self.kernel = kernel
-        self.sigma = sigma
-        self.degree = degree
-        self.offset = offset
-        self.kernel_gamma = kernel_gamma
-        self.eta0 = eta0
-        self.gamma = gamma
-        self.tau = tau
-        self.nu = nu
-        self.max_members = max_members
-        self.center = center
-        self.steps = steps
-        self.seed = seed
-        self.evaluate_every = evaluate_every
-        self.block_rows = block_rows
-        self.prefetch = prefetch
-        self.verbose = verbose
-
     # -- validation --
     def _validated(self) -> dict:
+        validate(self, ONLINE)
         algorithm = check_algorithm(self.algorithm)
-        r = self.n_components
-        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or r < 1:
-            raise ParameterError(f"n_components must be a positive integer, got {r!r}")
-        eta0 = _positive("eta0", self.eta0)
+        r = int(self.n_components)
         if self.gamma is not None and self.tau is not None:
             raise ParameterError("give gamma (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
         gamma, tau = None, None
         if self.tau is not None:
-            tau = _positive("tau", self.tau)
+            tau = float(self.tau)
         else:
             gamma = DEFAULT_GAMMA if self.gamma is None else float(self.gamma)
-            if not (np.isfinite(gamma) and 0.0 < gamma <= 1.0):
-                raise ParameterError(f"gamma must lie in (0, 1], got {self.gamma}")
-        nu = _positive("nu", self.nu)
-        mm = self.max_members
-        if not isinstance(mm, (int, np.integer)) or isinstance(mm, bool) or mm < 1:
-            raise ParameterError(f"max_members must be a positive integer, got {mm!r}")
+        mm = int(self.max_members)
         if mm < r:
             raise ParameterError(
                 f"max_members ({mm}) must be at least n_components ({r}): the components live "
                 "in the dictionary's span"
             )
-        if self.steps is not None and (int(self.steps) != self.steps or int(self.steps) < 1):
-            raise ParameterError(f"steps must be a positive integer, got {self.steps!r}")
-        if self.evaluate_every is not None and int(self.evaluate_every) < 1:
-            raise ParameterError(f"evaluate_every must be a positive number of steps, "
-                                 f"got {self.evaluate_every}")
         block_rows = int(config.get("block-rows", self.block_rows))
         prefetch = int(config.get("prefetch", self.prefetch))
         if block_rows < 1:
             raise ParameterError(f"block_rows must be positive, got {block_rows}")
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
-        return {"algorithm": algorithm, "r": int(r), "eta0": eta0, "gamma": gamma, "tau": tau,
-                "nu": nu, "max_members": int(mm), "center": bool(self.center),
+        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gamma": gamma,
+                "tau": tau, "nu": float(self.nu), "max_members": mm, "center": bool(self.center),
                 "block_rows": block_rows, "prefetch": prefetch}
 
     def _kernel(self, source) -> Kernel:
-        k = make_kernel(self.kernel, sigma=self.sigma, degree=self.degree, offset=self.offset,
-                        gamma=self.kernel_gamma)
-        if k.needs_sigma():
-            sample = source.sample(int(config.get("median-sample")), self.seed)
-            k = k.with_params(sigma=median_distance(sample))
-            log.info("sigma by the median-distance heuristic: %g", k["sigma"])
-        return k
+        return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
+                              degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
     def _new_solver(self, p: dict, n_features: int, kernel: Kernel) -> OnlineKHA:
         a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
@@ -319,14 +151,14 @@ class OnlineKernelPCA:
                  "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
                  "seed": int(self.seed), "store": store_path, "n_samples": int(n_samples),
                  "n_features": int(n_features), "centered": p["center"], "init": "random",
-                 "dkha_version": dkha.__version__}
+                 "dkha_version": __version__}
         attrs.update(kernel.param_dict)
         return attrs
 
     # -- fitting --
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             ac_reference=None, checkpoint_every: int = 0, resume: bool = False
-            ) -> "OnlineKernelPCA":
+            ) -> OnlineKernelPCA:
         """Stream ``steps`` samples of ``X`` (a data store path, a :class:`DataStore` or an
         array) in the seeded random order.
 
@@ -336,22 +168,19 @@ class OnlineKernelPCA:
             Save ``components.zarr`` there; a directory holding a different run is refused
             before any work unless ``overwrite``.
         ac_reference : optional
-            Record the AC index in the history: an :class:`~dkha.ac_index.ACReference`, an
+            Record the AC index in the history: an :class:`~dkha.fit.ac_index.ACReference`, an
             array of reference samples, or ``True`` for exact KPCA on (a seeded subset of up to
             2000 samples of) the data, uncentered as eq. 62.
         checkpoint_every : int, optional
             Write the complete state (:meth:`OnlineKHA.snapshot`) to ``run_dir/checkpoints`` at
             the first block boundary after every that many steps, and at the next block boundary
-            when :data:`dkha.coordinator.STOP` is set (SIGTERM in the CLI; then
+            when :data:`dkha.fit.control.STOP` is set (SIGTERM in the CLI; then
             :class:`~dkha.errors.Interrupted` is raised).
         resume : bool
             Continue from the newest valid checkpoint in ``run_dir``: the result (alpha,
             dictionary, history) equals the uninterrupted run's bit for bit. Resuming with other
             settings or data is refused with the list of differences.
         """
-        from dkha.checkpoint import open_fit
-        from dkha.coordinator import STOP
-        from dkha.errors import Interrupted
 
         source = resolve_source(X)
         p = self._validated()
@@ -366,7 +195,6 @@ class OnlineKernelPCA:
                  "ac_reference": _describe_reference(ac_reference)}
         checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
                                              checkpoint_every=checkpoint_every, exact=exact)
-        ck_every = int(checkpoint_every or 0)
         reference = self._reference(ac_reference, source, kernel, p["r"])
         self.solver_ = self._new_solver(p, n, kernel)
         self.solver_.stream_length = l
@@ -386,58 +214,28 @@ class OnlineKernelPCA:
             self.stream_stats_ = dict(ck.meta["stream_stats"])
             log.info("resuming at step %d from %s", self.solver_.state.step, ck.path)
 
-        def save_checkpoint():
+        def save(t: int, pass_end_pending: bool) -> None:
+            self.wall_time_ = driver.seconds
             arrays, scalars = self.solver_.snapshot()
             meta = dict(ck_meta, history=self.history_, fit_seconds=self.wall_time_,
                         stream_stats=self.stream_stats_, state_scalars=scalars,
                         n_steps=n_steps)
             checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
 
-        def between_blocks(t: int, last: int) -> int:
-            """Checkpoint (and stop on request) between blocks; returns the last checkpoint."""
-            stopping = STOP.is_set()
-            due = checkpointer is not None and ck_every > 0 and t // ck_every > last // ck_every
-            if (due or stopping) and checkpointer is not None and t < n_steps:
-                save_checkpoint()
-                last = t
-            if stopping and t < n_steps:
-                raise Interrupted(
-                    f"stopped at step {t} (pass {t // l + 1}); " +
-                    ("checkpoint written: continue with `dkha fit ... --resume`"
-                     if checkpointer is not None else
-                     "no checkpoint (fit with a run directory to make runs resumable)"))
-            return last
+        def record() -> dict:
+            self.wall_time_ = driver.seconds
+            return self._record(source.n_samples)
 
-        start = self.solver_.state.step
-        last_checkpoint = start
-        bar = _progress(self.verbose, n_steps, p["algorithm"])
-        if bar is not None and start:
-            bar.update(start)
+        driver = BlockDriver(n_steps, self.solver_.state.step, desc=p["algorithm"],
+                             verbose=self.verbose, save=None if checkpointer is None else save,
+                             checkpoint_steps=int(checkpoint_every or 0), seconds=self.wall_time_)
         try:
-            with coordinator_threads():
-                while start < n_steps:
-                    stop = min(n_steps, (start // every + 1) * every)
-                    t0 = time.perf_counter()
-                    for _, _, idx, rows in stream_blocks(source, self.seed, start, stop,
-                                                         p["block_rows"], p["prefetch"],
-                                                         self.stream_stats_):
-                        self.solver_.apply_block(rows, idx)
-                        if bar is not None:
-                            bar.update(len(idx))
-                        t = self.solver_.state.step
-                        if t < stop:  # a segment's end checkpoints after its history entry
-                            self.wall_time_ += time.perf_counter() - t0
-                            last_checkpoint = between_blocks(t, last_checkpoint)
-                            t0 = time.perf_counter()
-                    self.wall_time_ += time.perf_counter() - t0
-                    start = stop
-                    entry = self._record(source.n_samples)
-                    if bar is not None and np.isfinite(entry["ac_index"]):
-                        bar.set_postfix(ac=f"{entry['ac_index']:.3f}", members=entry["members"])
-                    last_checkpoint = between_blocks(stop, last_checkpoint)
+            run_online(self.solver_, source, driver, seed=self.seed, n_steps=n_steps,
+                       every=every, block_rows=p["block_rows"], prefetch=p["prefetch"],
+                       stats=self.stream_stats_, record=record)
         finally:
-            if bar is not None:
-                bar.close()
+            driver.close()
+            self.wall_time_ = driver.seconds
         self.n_samples_seen_ = n_steps
         self._finish(source.sample(EIGENVALUE_SAMPLES, self.seed))
         self.attrs_ = attrs
@@ -446,7 +244,7 @@ class OnlineKernelPCA:
             checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
-    def partial_fit(self, X, y=None) -> "OnlineKernelPCA":
+    def partial_fit(self, X, y=None) -> OnlineKernelPCA:
         """Stream the rows of the array ``X`` in their order, continuing from earlier calls.
 
         The first call validates the parameters, resolves the kernel on ``X`` and creates the
@@ -560,7 +358,7 @@ class OnlineKernelPCA:
                  max_samples: int = DEFAULT_REFERENCE_SAMPLES, per_component: bool = False):
         """The AC index (eqs. 61–63) against exact KPCA.
 
-        ``reference``: an :class:`~dkha.ac_index.ACReference`, an array of reference samples, or
+        ``reference``: an :class:`~dkha.fit.ac_index.ACReference`, an array of reference samples, or
         a data store (path); ``None`` reuses the reference given to :meth:`fit`. Stores larger
         than ``max_samples`` use a seeded subset. ``centered`` picks the centered reference (the
         default is the paper's uncentered eq. 62). ``per_component`` returns the ``|cos|``
@@ -608,35 +406,6 @@ class OnlineKernelPCA:
         return result.save(self.to_dataset(), run_dir)
 
 
-def project(ds, X: np.ndarray) -> np.ndarray:
-    """Projections of the rows of ``X`` on the components of a saved online run.
-
-    ``alpha · (k(D, x) − K_m β̄)`` with ``D = dictionary``, ``β̄ = mean_coefficient``.
-    """
-    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
-    if X.shape[1] != int(ds.attrs["n_features"]):
-        raise InputError(f"new data has {X.shape[1]} features; the run was fitted on "
-                         f"{ds.attrs['n_features']}")
-    kernel = make_kernel(ds.attrs["kernel"], **ds.attrs.get("kernel_parameters", {}))
-    D = ds["dictionary"].values
-    alpha = ds["alpha"].values
-    beta_bar = ds["mean_coefficient"].values
-    Kx = kernel.block(X, D)
-    if np.any(beta_bar):
-        Kx = Kx - kernel.block(D, D) @ beta_bar
-    return Kx @ alpha.T
-
-
-def _positive(name: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ParameterError(f"{name} must be a positive number, got {value!r}") from None
-    if not (np.isfinite(v) and v > 0):
-        raise ParameterError(f"{name} must be a positive number, got {value!r}")
-    return v
-
-
 def _describe_reference(ac_reference) -> str | None:
     """What a checkpoint records of the AC reference (arrays by a digest of their bytes)."""
     if ac_reference is None or ac_reference is False:
@@ -645,8 +414,6 @@ def _describe_reference(ac_reference) -> str | None:
         return "data"
     if isinstance(ac_reference, ACReference):
         return "ACReference"
-    import hashlib
-
     arr = np.ascontiguousarray(ac_reference, dtype=np.float64)
     return f"array {arr.shape} sha256 {hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
 
@@ -657,13 +424,4 @@ def _store_path(source) -> str:
     return "<array>"
 
 
-def _progress(verbose: bool, total: int, desc: str):
-    if not verbose:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
-
-
-__all__ = ["OnlineKernelPCA", "ALGORITHMS", "ArraySource", "project", "read_block",
-           "resolve_source", "stream_blocks"]
+__all__ = ["OnlineKernelPCA", "ALGORITHMS"]

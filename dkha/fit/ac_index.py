@@ -57,7 +57,7 @@ class ACReference:
 
     @classmethod
     def from_data(cls, X: np.ndarray, kernel: Kernel, n_components: int, *,
-                  centered: bool = False) -> "ACReference":
+                  centered: bool = False) -> ACReference:
         """Dense ``eigh`` of the (optionally centered) Gram matrix of ``X``."""
         X = np.ascontiguousarray(X, dtype=np.float64)
         l = len(X)
@@ -84,7 +84,7 @@ class ACReference:
     @classmethod
     def from_store(cls, store, kernel: Kernel, n_components: int, *,
                    max_samples: int = DEFAULT_REFERENCE_SAMPLES, seed: int = 0,
-                   centered: bool = False) -> "ACReference":
+                   centered: bool = False) -> ACReference:
         """The reference on all samples of a data store, or a seeded subset of ``max_samples``."""
         if store.n_samples <= max_samples:
             X = store.read()

@@ -16,6 +16,10 @@ import os
 
 import numpy as np
 
+from dkha.data import result
+from dkha.data.store import open_store
+from dkha.runs.run import Run
+
 
 def _png(fig, path: str) -> str:
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -32,7 +36,6 @@ def write_report(runner) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dkha import result
 
     out_dir = os.path.join(runner.run_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
@@ -52,7 +55,7 @@ def write_report(runner) -> str:
         datasets[f["name"]] = ds
         if ds.sizes.get("evaluation", 0) == 0:
             continue
-        if "dictionary" in ds:
+        if Run(ds).is_dictionary:
             if "ac_index" in ds and np.isfinite(ds["ac_index"].values).any():
                 ax2.plot(ds["step"].values, ds["ac_index"].values, marker=".", label=f["name"])
                 have_online = True
@@ -80,8 +83,6 @@ def write_report(runner) -> str:
     store_path = data.get("store")
     n_show = int(runner.p.report.get("components", 8))
     if store_path and datasets:
-        from dkha.store import open_store
-
         st = open_store(store_path)
         side = int(np.sqrt(st.n_features))
         name, ds = next(iter(datasets.items()))

@@ -1,4 +1,4 @@
-"""Nyström initial coefficients and the exact block-Krylov solver, on the row engine.
+"""Nyström initial coefficients, on the row engine.
 
 Nyström (Williams & Seeger): with ``M`` a seeded random set of ``m`` landmarks,
 ``C = K'[:, M]`` and ``W = K'[M, M]``, ``K' ≈ C W⁺ Cᵀ``. Writing ``B = C W^{-1/2}`` and
@@ -10,8 +10,7 @@ eigenvalues ``s_i``, so the unit-norm components in feature space have coefficie
 The landmark rows ``K'[M, :]`` are ordinary centered kernel rows from the engine's stream: the
 data path is the one the KHA family uses.
 
-Krylov: the top-``r`` eigenpairs of ``K'`` by LOBPCG on blockwise products
-(:func:`dkha.evaluate.krylov_eigenpairs`), ``alpha_i = v_i / √λ_i``.
+The exact block-Krylov solver is :mod:`dkha.fit.krylov`.
 """
 
 from __future__ import annotations
@@ -53,18 +52,3 @@ def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float 
     s, U = s[order], U[:, order]
     A = (U / s).T @ BT                     # A_i = u_iᵀ Bᵀ / s_i
     return A, s
-
-
-def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
-                        X0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise LOBPCG."""
-    from dkha.evaluate import krylov_eigenpairs
-
-    if X0 is not None:  # warm start: pad the given vectors with random ones (the oversampling)
-        k = min(engine.n_samples - 1, r + max(5, r // 2))
-        extra = np.random.default_rng([int(seed), 3]).standard_normal((engine.n_samples, k - X0.shape[1]))
-        X0 = np.hstack([X0, extra]) if k > X0.shape[1] else X0
-    w, V = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0)
-    if np.any(w <= 0):
-        raise ParameterError(f"K' has fewer than {r} positive eigenvalues; ask for fewer components")
-    return (V / np.sqrt(w)).T.copy(), w
