@@ -137,6 +137,13 @@ class RowEngine:
         later row block, product ``K' V`` and residual reads them instead of recomputing kernels.
         Needs about ``4·l²`` bytes of worker memory (refused above half of what the workers
         have). Row mode only: worker-side projections compute their own rows.
+    precision : {"float64", "float32"}, optional
+        The kernel tiles' precision (``dkha.precision``, default float64): float32 runs the
+        distance GEMM and the fused sweep in single precision (:mod:`dkha.tiles`); rows, products
+        and everything the coordinator accumulates stay float64.
+    device : {"cpu", "cuda", "auto"}, optional
+        Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with CuPy
+        (``dkha[gpu]``), ``auto`` on the workers that declare a ``GPU`` resource.
 
     Attributes
     ----------
@@ -148,14 +155,19 @@ class RowEngine:
 
     def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
                  prefetch: int | None = None, column_groups: int | None = None,
-                 projections: str | None = None, cache_rows: bool | None = None):
+                 projections: str | None = None, cache_rows: bool | None = None,
+                 precision: str | None = None, device: str | None = None):
         share_storage_options(client, store.path)
         self.projections = str(config.get("projections", projections))
         if self.projections not in PROJECTIONS:
             raise ParameterError(f"unknown projections {self.projections!r}; choose one of "
                                  f"{', '.join(PROJECTIONS)}")
         self.store = store
-        self.kernel = kernel
+        self.kernel = kernel.computed_with(str(config.get("precision", precision)),
+                                           str(config.get("device", device)))
+        # evaluation (E(A), E_min) and the row cache stay float64 whatever the precision: E_min² =
+        # ‖K'‖² − Σλ² cancels, and float32 tiles moved E_min by 1.6e-5 on the digits
+        self.exact_kernel = self.kernel.computed_with(precision="float64")
         self.client = client
         self.block_rows = int(config.get("block-rows", block_rows))
         self.prefetch = max(1, int(config.get("prefetch", prefetch)))
@@ -209,8 +221,8 @@ class RowEngine:
         """The cached tiles ``{(i, j): future of K[I, J]}``, ``i ≤ j``, submitted on first use."""
         if self._tiles is None:
             path, g = self.store.path, self.tile_groups
-            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.kernel, g[i], g[j],
-                                                      pure=False)
+            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.exact_kernel, g[i],
+                                                      g[j], pure=False)
                            for i in range(len(g)) for j in range(i, len(g))}
         return self._tiles
 
@@ -241,6 +253,8 @@ class RowEngine:
         l = self.n_samples
         centering = {"kernel": self.kernel.name, "parameters": self.kernel.param_dict,
                      "centering": "exact"}
+        if self.kernel.precision != "float64":      # float64 rows keep their cache keys
+            centering["precision"] = self.kernel.precision
         if center_sample is not None:
             if not 1 <= int(center_sample) <= l:
                 raise ParameterError(f"center_sample must lie in 1..{l} (the number of samples), "
@@ -550,17 +564,19 @@ class RowEngine:
     def _bounds(self, group):
         return group[0][0], group[-1][1]
 
-    def matmat(self, V: np.ndarray) -> np.ndarray:
-        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``."""
+    def matmat(self, V: np.ndarray, *, exact: bool = False) -> np.ndarray:
+        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``
+        (``exact``: float64 tiles whatever the engine's precision, for E_min)."""
         V = np.ascontiguousarray(V, dtype=np.float64)
         if V.ndim == 1:
-            return self.matmat(V[:, None])[:, 0]
+            return self.matmat(V[:, None], exact=exact)[:, 0]
         mk = self._need_mk()
         Vf = self.put(V)
         g = self.tile_groups
         pairs = self._pairs()
+        kernel = self.exact_kernel if exact else self.kernel
         results = self.ordered_results(
-            lambda k: self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
+            lambda k: self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
                                          g[pairs[k][0]], g[pairs[k][1]], Vf,
                                          tile=self._tile(*pairs[k]), pure=False),
             len(pairs), "a K' V product pass")
@@ -587,7 +603,7 @@ class RowEngine:
         pairs = self._pairs()
         tot = np.zeros(1 + len(Cs))
         for part in self.ordered_results(
-                lambda k: self.client.submit(residual_pair, self.store.path, self.kernel, mk,
+                lambda k: self.client.submit(residual_pair, self.store.path, self.exact_kernel, mk,
                                              self.mkm, g[pairs[k][0]], g[pairs[k][1]], Cf,
                                              tile=self._tile(*pairs[k]), pure=False),
                 len(pairs), "the residual pass of an evaluation"):
@@ -599,7 +615,7 @@ class RowEngine:
         mk = self._need_mk()
         g = self.tile_groups
         pairs = self._pairs()
-        futs = [self.client.submit(dense_pair, self.store.path, self.kernel, mk, self.mkm,
+        futs = [self.client.submit(dense_pair, self.store.path, self.exact_kernel, mk, self.mkm,
                                    g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
         out = np.empty((self.n_samples, self.n_samples))
         for (i, j), fut in zip(pairs, futs):

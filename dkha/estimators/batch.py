@@ -408,7 +408,8 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
             blas_threads_for(client):
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
                            prefetch=first.prefetch, projections=first.projections,
-                           cache_rows=first.cache_rows)
+                           cache_rows=first.cache_rows, precision=first.precision,
+                           device=first.device)
         A_init = None
         t0 = time.perf_counter()
         if cks is None:

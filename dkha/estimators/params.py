@@ -308,6 +308,23 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="bool, optional",
           short="keep the kernel's upper-triangle tiles in worker memory (about 4·l² bytes): "
                 "kernels computed once, not once a pass (dkha.row-cache)"),
+    Param("precision", None,
+          "The kernel tiles' precision (``dkha.precision``, default float64): ``float32`` runs "
+          "the distance GEMM and the fused kernel sweep in single precision (:mod:`dkha.tiles`; "
+          "the data shifted by their mean against cancellation) and the coordinator's block "
+          "GEMMs on float32 rows; its state, products and evaluation (E, E_min) stay float64.",
+          Options(("float64", "float32")), models=(BATCH,),
+          cli={"choices": ("float64", "float32")}, doc_type='{"float64", "float32"}, optional',
+          short="kernel tiles' precision (dkha.precision, default float64); the coordinator's "
+                "state and the evaluation stay float64"),
+    Param("device", None,
+          "Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with "
+          "CuPy (``pip install 'dkha[gpu]'``), ``auto`` on the workers that declare a ``GPU`` "
+          "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
+          Options(("cpu", "cuda", "auto")), models=(BATCH,),
+          cli={"choices": ("cpu", "cuda", "auto")}, doc_type='{"cpu", "cuda", "auto"}, optional',
+          short="where workers compute kernel tiles (dkha.device): cpu, cuda (CuPy, dkha[gpu]), "
+                "auto (cuda on workers with a GPU resource)"),
     Param("center_sample", None,
           "Estimate the centering row (the MK row) from a seeded sample of this many columns "
           "instead of computing it exactly (an ``O(l² n)`` pass): explicitly approximate, "
