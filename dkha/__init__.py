@@ -13,7 +13,9 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 from dkha import config  # noqa: E402,F401  (registers dkha.* defaults with dask.config)
 from dkha.estimator import KernelHebbianPCA, fit_together  # noqa: E402
 from dkha.kernels import Kernel, make_kernel  # noqa: E402
+from dkha.online import OnlineKernelPCA  # noqa: E402
+from dkha.saved import load  # noqa: E402
 from dkha.store import DataStore, ingest_array, ingest_images, open_store  # noqa: E402
 
-__all__ = ["KernelHebbianPCA", "fit_together", "Kernel", "make_kernel", "DataStore", "ingest_array",
+__all__ = ["KernelHebbianPCA", "OnlineKernelPCA", "load", "fit_together", "Kernel", "make_kernel", "DataStore", "ingest_array",
            "ingest_images", "open_store", "__version__"]

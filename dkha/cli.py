@@ -8,6 +8,7 @@
     dkha tune STORE.zarr -o TUNE_DIR --algorithm kha-smd --passes 3
     dkha evaluate RUN_DIR [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
+    dkha report RUN_DIR
 
 Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
 input or parameters, 3 for a diverged fit.
@@ -234,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     _add_cluster_options(p)
+
+    # report
+    p = sub.add_parser("report", help="an HTML page of a run: convergence, component pictures, "
+                                      "response maps")
+    p.add_argument("run_dir")
+    p.add_argument("--components", type=_positive_int, default=8,
+                   help="components to show (default 8)")
     return parser
 
 
@@ -582,6 +590,13 @@ def cmd_transform(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from dkha.report import report_run
+
+    print(report_run(args.run_dir, components=args.components))
+    return 0
+
+
 def cmd_run(args) -> int:
     from dkha.pipeline import run_file
 
@@ -625,7 +640,8 @@ def cmd_demo(args) -> int:
 
 
 COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, "fit": cmd_fit, "tune": cmd_tune,
-            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run}
+            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run,
+            "report": cmd_report}
 
 
 def _quiet_distributed(level: int) -> None:

@@ -1,7 +1,8 @@
 """Where work runs: the one place that resolves a Dask client.
 
-Order: an explicit scheduler address → a scheduler file → ``DASK_SCHEDULER_ADDRESS`` → a local
-cluster. The local default is an in-process cluster (threads, no serialisation) sized to the
+Order: an explicit client → an explicit scheduler address → a scheduler file →
+``DASK_SCHEDULER_ADDRESS`` → the active ``distributed.Client`` of this process (the one a user
+made, as dask-ml uses it) → a local cluster. The local default is an in-process cluster (threads, no serialisation) sized to the
 machine; ``workers=N`` asks for a local cluster of N worker processes. Either way the fit runs
 the same code path as on a real cluster.
 """
@@ -37,7 +38,7 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
                workers: int | None = None, client=None) -> Iterator["distributed.Client"]:  # noqa: F821
     """A ``distributed.Client`` for the requested target, closed (with its cluster) on exit.
 
-    An existing ``client`` is used as is and left open.
+    An existing ``client`` (given, or the process's active one) is used as is and left open.
     """
     from distributed import Client, LocalCluster
 
@@ -75,6 +76,11 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
         finally:
             c.close()
         return
+    if not workers:
+        active = _active_client()
+        if active is not None:
+            yield active
+            return
     ncores = os.cpu_count() or 1
     if workers:
         n = int(workers)
@@ -89,6 +95,17 @@ def client_for(scheduler: str | None = None, scheduler_file: str | None = None,
     finally:
         c.close()
         cluster.close()
+
+
+def _active_client():
+    """The process's default ``distributed.Client`` if one is running, else None."""
+    from distributed import default_client
+
+    try:
+        c = default_client()
+    except ValueError:
+        return None
+    return c if c.status == "running" else None
 
 
 def total_threads(client) -> int:

@@ -35,6 +35,9 @@ class BatchResult:
     stream_stats: dict = field(default_factory=dict)
     #: why a model of a shared stream stopped without a result (it diverged); None otherwise
     failure: str | None = None
+    #: ``C = A K'`` (component × sample) of the final ``alpha``: the training samples'
+    #: projections, which the final evaluation and eq. 13 use anyway
+    projection: np.ndarray | None = None
 
 
 def _progress(verbose: bool, total: int, desc: str):
@@ -298,10 +301,10 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                                        top_eigenvalues=eig_top, wall_time=fit_seconds,
                                        stream_stats=stats, failure=m.failure))
             continue
-        A = m.solver.A
-        results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, next(Cs)),
+        A, C = m.solver.A, next(Cs)
+        results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
                                    history=m.history, top_eigenvalues=eig_top,
-                                   wall_time=fit_seconds, stream_stats=stats))
+                                   wall_time=fit_seconds, stream_stats=stats, projection=C))
     return results
 
 
@@ -352,6 +355,7 @@ def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, t
         ev = evaluate(engine, alpha, w)
         history.append({"pass": passes[0], "step": 0, "error": ev.error, "error_min": ev.error_min,
                         "excess": ev.excess, "wall_time": seconds})
+    # alpha_i = v_i/√λ_i, so C = A K' = λ_i alpha_i exactly
     return BatchResult(alpha=alpha, eigenvalue=w, history=history, top_eigenvalues=w,
-                       wall_time=seconds, stream_stats={"blocks": 0, "wait_seconds": 0.0,
+                       wall_time=seconds, projection=w[:, None] * alpha, stream_stats={"blocks": 0, "wait_seconds": 0.0,
                                                         "bytes_received": 0})

@@ -32,12 +32,17 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
+from numbers import Integral, Real
+
 import dask.config
 import numpy as np
+from sklearn.base import _fit_context
+from sklearn.utils._param_validation import Interval, StrOptions
 from threadpoolctl import threadpool_limits
 
 import dkha
@@ -45,7 +50,8 @@ from dkha import config, result, schedule
 from dkha.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.errors import InputError, ParameterError
 from dkha.evaluate import variance_of
-from dkha.kernels import Kernel, make_kernel, median_distance
+from dkha.contract import DkhaTransformer, input_kind, resolve_store
+from dkha.kernels import KERNEL_ALIASES, KERNELS, Kernel, make_kernel, median_distance
 from dkha.solvers.online import (ALGORITHMS, DEFAULT_ETA0, DEFAULT_GAMMA, DEFAULT_MAX_MEMBERS,
                                  DEFAULT_NU, INIT_STD, OnlineKHA, check_algorithm)
 from dkha.store import DataStore, open_store
@@ -153,7 +159,7 @@ def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows
 # --- the estimator -------------------------------------------------------------------------------
 
 
-class OnlineKernelPCA:
+class OnlineKernelPCA(DkhaTransformer):
     """Kernel principal components online, over a dictionary chosen by the ALD criterion.
 
     Parameters
@@ -225,6 +231,30 @@ class OnlineKernelPCA:
     >>> model.transform(X[:4]).shape
     (4, 3)
     """
+
+    #: the parameter table (scikit-learn's ``_parameter_constraints``; checked at the top of
+    #: ``fit`` and ``partial_fit``; cross-parameter rules in :meth:`_validated`)
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "algorithm": [StrOptions(set(ALGORITHMS))],
+        "kernel": [StrOptions({*KERNELS, *KERNEL_ALIASES})],
+        "sigma": [Interval(Real, 0, None, closed="neither"), None],
+        "degree": [Interval(Integral, 1, None, closed="left"), None],
+        "offset": [Real, None],
+        "kernel_gamma": [Real, None],
+        "eta0": [Interval(Real, 0, None, closed="neither")],
+        "gamma": [Interval(Real, 0, 1, closed="right"), None],
+        "tau": [Interval(Real, 0, None, closed="neither"), None],
+        "nu": [Interval(Real, 0, None, closed="neither")],
+        "max_members": [Interval(Integral, 1, None, closed="left")],
+        "center": ["boolean"],
+        "steps": [Interval(Integral, 1, None, closed="left"), None],
+        "seed": [Interval(Integral, 0, None, closed="left")],
+        "evaluate_every": [Interval(Integral, 1, None, closed="left"), None],
+        "block_rows": [Interval(Integral, 1, None, closed="left"), None],
+        "prefetch": [Interval(Integral, 1, None, closed="left"), None],
+        "verbose": ["verbose"],
+    }
 
     def __init__(self, n_components: int = 8, *, algorithm: str = "on-kha",
                  kernel: str = "gaussian", sigma: float | None = None, degree: int | None = None,
@@ -324,11 +354,16 @@ class OnlineKernelPCA:
         return attrs
 
     # -- fitting --
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             ac_reference=None, checkpoint_every: int = 0, resume: bool = False
             ) -> "OnlineKernelPCA":
-        """Stream ``steps`` samples of ``X`` (a data store path, a :class:`DataStore` or an
-        array) in the seeded random order.
+        """Stream ``steps`` samples of ``X`` in the seeded random order: blocks of rows, each
+        applied as :meth:`partial_fit` applies its rows (:meth:`_apply_rows`).
+
+        ``X``: an array-like (validated as scikit-learn does), a data store (path or
+        :class:`DataStore`), or a dask array or xarray DataArray (written blockwise into a
+        temporary store first, never gathered here).
 
         Parameters
         ----------
@@ -349,11 +384,28 @@ class OnlineKernelPCA:
             dictionary, history) equals the uninterrupted run's bit for bit. Resuming with other
             settings or data is refused with the list of differences.
         """
+        kind = input_kind(X)
+        tmp = None
+        if kind == "array":
+            source = ArraySource(self._validate_array(X, reset=True))
+        elif kind == "store":
+            source = resolve_source(X)
+        else:
+            self._set_lazy_features(X)
+            source, tmp, _ = resolve_store(X)
+        try:
+            return self._fit_source(source, run_dir=run_dir, overwrite=overwrite,
+                                    ac_reference=ac_reference, checkpoint_every=checkpoint_every,
+                                    resume=resume)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _fit_source(self, source, *, run_dir, overwrite, ac_reference, checkpoint_every, resume):
         from dkha.checkpoint import open_fit
         from dkha.coordinator import STOP
         from dkha.errors import Interrupted
 
-        source = resolve_source(X)
         p = self._validated()
         kernel = self._kernel(source)
         l, n = source.n_samples, source.n_features
@@ -421,7 +473,7 @@ class OnlineKernelPCA:
                     for _, _, idx, rows in stream_blocks(source, self.seed, start, stop,
                                                          p["block_rows"], p["prefetch"],
                                                          self.stream_stats_):
-                        self.solver_.apply_block(rows, idx)
+                        self._apply_rows(rows, idx)
                         if bar is not None:
                             bar.update(len(idx))
                         t = self.solver_.state.step
@@ -439,6 +491,7 @@ class OnlineKernelPCA:
             if bar is not None:
                 bar.close()
         self.n_samples_seen_ = n_steps
+        self.n_components_ = p["r"]
         self._finish(source.sample(EIGENVALUE_SAMPLES, self.seed))
         self.attrs_ = attrs
         if run_dir is not None:
@@ -446,6 +499,7 @@ class OnlineKernelPCA:
             checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None) -> "OnlineKernelPCA":
         """Stream the rows of the array ``X`` in their order, continuing from earlier calls.
 
@@ -453,27 +507,22 @@ class OnlineKernelPCA:
         state; later calls (also after :meth:`fit`) continue it. ``member_index_`` then counts
         positions in the whole stream, and the history gets one entry per call.
         """
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[0] == 0:
-            raise InputError(f"partial_fit needs a non-empty 2-d array, got shape {X.shape}")
+        first_call = not hasattr(self, "solver_")
+        X = self._validate_array(X, reset=first_call, min_samples=1)
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
-        first_call = not hasattr(self, "solver_")
         if first_call:
             p = self._validated()
             kernel = self._kernel(ArraySource(X))
             self.solver_ = self._new_solver(p, X.shape[1], kernel)
             self.kernel_ = kernel
-            self.n_features_in_ = X.shape[1]
             self.history_ = []
             self.wall_time_ = 0.0
             self.n_samples_seen_ = 0
             self.stream_stats_ = {}
             self._reference_ = None
             self._params_ = p
-        elif X.shape[1] != self.n_features_in_:
-            raise InputError(f"partial_fit got {X.shape[1]} features; earlier calls had "
-                             f"{self.n_features_in_}")
+            self.n_components_ = p["r"]
         p = getattr(self, "_params_", None) or self._validated()
         b = p["block_rows"]
         t0 = time.perf_counter()
@@ -483,7 +532,7 @@ class OnlineKernelPCA:
         with coordinator_threads():
             for a in range(0, len(X), b):
                 rows = X[a:a + b]
-                self.solver_.apply_block(rows, np.arange(seen + a, seen + a + len(rows)))
+                self._apply_rows(rows, np.arange(seen + a, seen + a + len(rows)))
         self.wall_time_ += time.perf_counter() - t0
         self.n_samples_seen_ = seen + len(X)
         self._record(None)
@@ -493,6 +542,11 @@ class OnlineKernelPCA:
         self.attrs_ = self._attrs(p, self.kernel_, "<stream>", self.n_samples_seen_,
                                   self.n_features_in_, self.n_samples_seen_)
         return self
+
+    def _apply_rows(self, rows: np.ndarray, index: np.ndarray) -> None:
+        """The one step of both :meth:`fit` and :meth:`partial_fit`: a block of rows through
+        the compiled update (``index``: their positions, recorded for new members)."""
+        self.solver_.apply_block(rows, index)
 
     def _reference(self, ac_reference, source, kernel: Kernel, r: int) -> ACReference | None:
         if ac_reference is None or ac_reference is False:
@@ -545,16 +599,22 @@ class OnlineKernelPCA:
         if not hasattr(self, "solver_"):
             raise ParameterError("this OnlineKernelPCA is not fitted yet; call fit or partial_fit")
 
-    def transform(self, X) -> np.ndarray:
+    def _transform_array(self, X: np.ndarray) -> np.ndarray:
         """Projections ``w_iᵀ(Φ(x) − μ)`` of the rows of ``X``, ``(n, n_components)``."""
-        self._check_fitted()
-        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
-        if X.shape[1] != self.n_features_in_:
-            raise InputError(f"new data has {X.shape[1]} features; the model was fitted on "
-                             f"{self.n_features_in_}")
         if not np.isfinite(X).all():
             raise InputError("new data holds NaN or inf")
-        return self.solver_.transform(X)
+        return self._project_rows_blocked(X, self.solver_.transform)
+
+    def _expansion_size(self) -> int:
+        return int(self.solver_.n_members)
+
+    def _start_candidates(self) -> np.ndarray:
+        return self.dictionary_
+
+    def _preimages(self, Y: np.ndarray, start: np.ndarray) -> np.ndarray:
+        from dkha.apply.preimage import RunPreimages
+
+        return RunPreimages(self.to_dataset(), None).from_projections(Y, start).Z
 
     def ac_index(self, reference=None, *, centered: bool = False,
                  max_samples: int = DEFAULT_REFERENCE_SAMPLES, per_component: bool = False):
@@ -599,13 +659,64 @@ class OnlineKernelPCA:
                 [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
                     len(hist), self.solver_.r)),
         }
-        attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]))
+        # the solver's complete state, so that dkha.load continues the run (partial_fit)
+        arrays, scalars = self.solver_.snapshot()
+        extra.update({"state_B": (("component", "member"), arrays["B"]),
+                      "state_L": (("member", "member_column"), arrays["L"]),
+                      "state_cbar": ("member", arrays["cbar"]),
+                      "state_a_init": ("component", arrays["a_init"])})
+        attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]), state_scalars=scalars)
         return result.build_dataset(self.alpha_, self.eigenvalues_, hist, attrs,
                                     member_dim="member", extra=extra)
 
     def save(self, run_dir: str) -> str:
         """Write ``RUN_DIR/components.zarr``."""
         return result.save(self.to_dataset(), run_dir)
+
+    @classmethod
+    def from_dataset(cls, ds) -> "OnlineKernelPCA":
+        """The fitted estimator of a saved online run (:func:`dkha.load`): it transforms,
+        inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended."""
+        a = ds.attrs
+        kp = dict(a.get("kernel_parameters", {}))
+        model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
+                    sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
+                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"], gamma=a.get("gamma"),
+                    tau=a.get("tau"), nu=a["nu"], max_members=int(a["max_members"]),
+                    center=bool(a["centered"]), seed=int(a["seed"]))
+        p = model._validated()
+        kernel = make_kernel(a["kernel"], **kp)
+        model.solver_ = model._new_solver(p, int(a["n_features"]), kernel)
+        if "state_B" not in ds:
+            raise InputError("this run was saved without the solver's state (dkha before "
+                             "0.1.0+state); it can be analysed but not continued")
+        arrays = {"B": ds["state_B"].values, "L": ds["state_L"].values,
+                  "cbar": ds["state_cbar"].values, "dictionary": ds["dictionary"].values,
+                  "member_index": ds["member_index"].values,
+                  "member_step": ds["member_step"].values, "a_init": ds["state_a_init"].values}
+        model.solver_.restore(arrays, a["state_scalars"])
+        model.kernel_ = kernel
+        model.n_features_in_ = int(a["n_features"])
+        model.n_components_ = p["r"]
+        model._params_ = p
+        model._reference_ = None
+        model.history_ = result.history_of(ds)
+        model.wall_time_ = float(ds["wall_time"].values[-1]) if ds.sizes.get("evaluation") else 0.0
+        model.stream_stats_ = {}
+        model.n_samples_seen_ = int(a["n_steps"])
+        model._finish_from(ds)
+        model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
+        return model
+
+    def _finish_from(self, ds) -> None:
+        """The fitted attributes of :meth:`_finish`, as the run saved them."""
+        s = self.solver_
+        self.alpha_ = s.alpha()
+        self.dictionary_ = s.dictionary()
+        self.member_index_, self.member_step_ = s.members()
+        self.mean_coefficient_ = s.mean_coefficients()
+        self.n_steps_ = s.state.step
+        self.eigenvalues_ = ds["eigenvalue"].values.copy()
 
 
 def project(ds, X: np.ndarray) -> np.ndarray:

@@ -350,11 +350,23 @@ class StoreWriter:
         self._lbuf = [L[k:]] if (L is not None and k < len(X)) else []
         self._buffered = len(X) - k
 
-    def commit(self, attrs: dict) -> DataStore:
+    def commit(self, attrs: dict, coords: dict | None = None) -> DataStore:
+        """Write the last rows, the ``coords`` (name → 1-d array along ``sample``, xarray
+        coordinates of ``X``) and ``attrs``, and move the store into place."""
         self._flush(final=True)
         if self.n == 0:
             self.abort()
             raise InputError("nothing to ingest: the input holds no samples")
+        for name, values in (coords or {}).items():
+            values = np.asarray(values)
+            arr = self.group.create_array(
+                name, shape=values.shape, chunks=(self.chunk_rows,),
+                dtype=str if values.dtype.kind in "UOT" else values.dtype,
+                dimension_names=["sample"], compressors=_codecs() if values.dtype.kind in "iuf"
+                else "auto")
+            arr[:] = values
+        if coords:
+            self.X.attrs["coordinates"] = " ".join(coords)
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
         consolidate(self.tmp)
         replace_directory(self.tmp, self.out)
@@ -404,6 +416,31 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
             writer.append(block, None if lab is None else lab[a:a + step])
         return writer.commit({"source": {"kind": "array", "path": name, "shape": list(data.shape),
                                          "dtype": str(data.dtype)}})
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def ingest_dask(X, out: str | os.PathLike, *, chunk_rows: int | None = None,
+                overwrite: bool = False) -> DataStore:
+    """Write a 2-d dask array into a data store blockwise: the chunks are computed and written
+    where Dask runs them (the workers, under a distributed client); nothing is gathered here."""
+    import dask.array as da
+
+    if X.ndim != 2:
+        raise InputError(f"expected a 2-d array (samples × features), got shape {X.shape}")
+    if X.dtype.kind not in "fiub":
+        raise InputError(f"dtype {X.dtype} is not numeric")
+    if X.shape[0] == 0 or X.shape[1] == 0:
+        raise InputError(f"the data is empty (shape {X.shape})")
+    writer = StoreWriter(out, X.shape[1], chunk_rows=chunk_rows, overwrite=overwrite)
+    try:
+        writer.X.resize(X.shape)
+        da.store(X.astype(np.float64).rechunk((writer.chunk_rows, X.shape[1])), writer.X,
+                 lock=False)
+        writer.n = int(X.shape[0])
+        return writer.commit({"source": {"kind": "dask", "shape": list(X.shape),
+                                         "dtype": str(X.dtype)}})
     except BaseException:
         writer.abort()
         raise
@@ -523,10 +560,45 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
                  "scaling": "grey, [0, 1] (skimage img_as_float)"}
         if max_samples is not None:
             attrs["max_samples"] = int(max_samples)
-        return writer.commit(attrs)
+        return writer.commit(attrs, coords=patch_coords(images))
     except BaseException:
         writer.abort()
         raise
+
+
+#: the provenance coordinates along ``sample`` of a store of image patches
+PATCH_COORDS = ("image", "image_name", "row", "col")
+
+
+def patch_coords(images: list[dict]) -> dict[str, np.ndarray]:
+    """Where each patch came from, from the ``images`` entries of a patch store's attrs: the
+    image's index and name, and the patch's row and column on that image's patch grid."""
+    image, name, row, col = [], [], [], []
+    for i, im in enumerate(images):
+        k = np.arange(im["n_samples"])
+        cols = im["grid"][1]
+        image.append(np.full(len(k), i, dtype=np.int32))
+        name.append(np.full(len(k), im["path"], dtype=object))
+        row.append((k // cols).astype(np.int32))
+        col.append((k % cols).astype(np.int32))
+    out = [np.concatenate(v) for v in (image, name, row, col)]
+    out[1] = out[1].astype(str)
+    return dict(zip(PATCH_COORDS, out))
+
+
+def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
+    """The coordinates along ``sample`` of a data store (``{name: ("sample", values)}``, empty
+    for stores without provenance), strings as Python objects: zarr reads them as numpy's
+    StringDType, which unstacking cannot pad with NaN."""
+    import xarray as xr
+
+    ds = xr.open_zarr(path)
+    out = {}
+    for name, var in ds.coords.items():
+        if var.dims == ("sample",):
+            values = np.asarray(var.values)
+            out[name] = ("sample", values if values.dtype.kind in "biuf" else values.astype(object))
+    return out
 
 
 def _load_npy(path, what: str = "file", mmap: bool = False) -> np.ndarray:

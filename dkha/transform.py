@@ -15,7 +15,7 @@ from dkha.cluster import client_for
 from dkha.errors import InputError, RunDirectoryError
 from dkha.kernels import make_kernel
 from dkha.rows import RowEngine, project_rows
-from dkha.store import consolidate, open_store, replace_directory
+from dkha.store import consolidate, open_store, replace_directory, sample_coords
 
 
 def kernel_of(ds: xr.Dataset):
@@ -79,7 +79,8 @@ def transform_lazy(ds: xr.Dataset, new_store: str) -> xr.DataArray:
                             float(ds.attrs["mkm"]), groups, alpha, dtype=np.float64,
                             chunks=(X.chunks[0], (r,)))
     return xr.DataArray(proj, dims=("sample", "component"),
-                        coords={"component": ds["component"].values}, name="projection",
+                        coords={"component": ds["component"].values, **sample_coords(new.path)},
+                        name="projection",
                         attrs={"run_store": ds.attrs["store"], "source": os.path.abspath(new_store)
                                if "://" not in new_store else new_store,
                                "algorithm": ds.attrs["algorithm"]})
