@@ -580,12 +580,7 @@ class OnlineKernelPCA(DkhaTransformer):
         return entry
 
     def _finish(self, sample: np.ndarray) -> None:
-        s = self.solver_
-        self.alpha_ = s.alpha()
-        self.dictionary_ = s.dictionary()
-        self.member_index_, self.member_step_ = s.members()
-        self.mean_coefficient_ = s.mean_coefficients()
-        self.n_steps_ = s.state.step
+        s = self._read_solver()
         norms = s.component_norms()
         if s.n_members:
             Y = s.transform(sample)
@@ -704,19 +699,20 @@ class OnlineKernelPCA(DkhaTransformer):
         model.wall_time_ = float(ds["wall_time"].values[-1]) if ds.sizes.get("evaluation") else 0.0
         model.stream_stats_ = {}
         model.n_samples_seen_ = int(a["n_steps"])
-        model._finish_from(ds)
+        model._read_solver()
+        model.eigenvalues_ = ds["eigenvalue"].values.copy()
         model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
         return model
 
-    def _finish_from(self, ds) -> None:
-        """The fitted attributes of :meth:`_finish`, as the run saved them."""
+    def _read_solver(self) -> OnlineKHA:
+        """The fitted attributes the solver's state gives (coefficients, dictionary, members)."""
         s = self.solver_
         self.alpha_ = s.alpha()
         self.dictionary_ = s.dictionary()
         self.member_index_, self.member_step_ = s.members()
         self.mean_coefficient_ = s.mean_coefficients()
         self.n_steps_ = s.state.step
-        self.eigenvalues_ = ds["eigenvalue"].values.copy()
+        return s
 
 
 def project(ds, X: np.ndarray) -> np.ndarray:

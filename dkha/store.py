@@ -376,6 +376,16 @@ class StoreWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def _check_matrix(data, name: str) -> None:
+    """Refuse what cannot be a store's ``X``: not 2-d, not numeric, or empty."""
+    if data.ndim != 2:
+        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
+    if data.dtype.kind not in "fiub":
+        raise InputError(f"{name}: dtype {data.dtype} is not numeric")
+    if data.shape[0] == 0 or data.shape[1] == 0:
+        raise InputError(f"{name} is empty (shape {data.shape})")
+
+
 def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
                  labels: str | os.PathLike | np.ndarray | None = None,
                  chunk_rows: int | None = None, overwrite: bool = False) -> DataStore:
@@ -390,12 +400,7 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
     else:
         name = os.fspath(src)
         data = _load_npy(name, mmap=True)
-    if data.ndim != 2:
-        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
-    if data.dtype.kind not in "fiub":
-        raise InputError(f"{name}: dtype {data.dtype} is not numeric")
-    if data.shape[0] == 0 or data.shape[1] == 0:
-        raise InputError(f"{name} is empty (shape {data.shape})")
+    _check_matrix(data, name)
     lab = None
     if labels is not None:
         lab = labels if isinstance(labels, np.ndarray) else _load_npy(labels)
@@ -427,12 +432,7 @@ def ingest_dask(X, out: str | os.PathLike, *, chunk_rows: int | None = None,
     where Dask runs them (the workers, under a distributed client); nothing is gathered here."""
     import dask.array as da
 
-    if X.ndim != 2:
-        raise InputError(f"expected a 2-d array (samples × features), got shape {X.shape}")
-    if X.dtype.kind not in "fiub":
-        raise InputError(f"dtype {X.dtype} is not numeric")
-    if X.shape[0] == 0 or X.shape[1] == 0:
-        raise InputError(f"the data is empty (shape {X.shape})")
+    _check_matrix(X, "<dask array>")
     writer = StoreWriter(out, X.shape[1], chunk_rows=chunk_rows, overwrite=overwrite)
     try:
         writer.X.resize(X.shape)

@@ -41,4 +41,4 @@ if __name__ == "__main__":
         big = da.concatenate([da.from_array(X / 16.0, chunks=(len(X), 64))] * 10)
         Y = model.transform(big)
         print(type(Y).__name__, Y.shape, Y.npartitions, "blocks")
-        print("mean projection:", np.round(Y.mean(axis=0).compute(), 4))
+        print("spread of each component:", np.round(Y.std(axis=0).compute(), 4))

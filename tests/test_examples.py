@@ -30,4 +30,4 @@ def test_example_runs(name, tmp_path):
     if name != "plot_cluster_run.py":
         assert pngs and all(os.path.getsize(tmp_path / f) > 1000 for f in pngs)
     else:
-        assert "excess error after" in p.stdout and "Array (2000, 8)" in p.stdout
+        assert "excess error after" in p.stdout and "Array (3000, 8)" in p.stdout
