@@ -147,15 +147,15 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
                              ensure_min_samples=min_samples)
 
     def _set_lazy_features(self, X) -> None:
-        """``n_features_in_`` (and ``feature_names_in_`` from a DataArray's ``feature``
-        coordinate) of a lazy input."""
+        """``feature_names_in_`` of a lazy input: a DataArray's ``feature`` coordinate when it
+        holds names, none otherwise (``n_features_in_`` comes from the store the fit reads)."""
+        if hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         if input_kind(X) == "xarray":
             X = data_array(X)
             feature = X.dims[1]
             if feature in X.coords and X[feature].dtype.kind in "UOT":
                 self.feature_names_in_ = np.asarray(X[feature].values, dtype=object)
-            elif hasattr(self, "feature_names_in_"):
-                del self.feature_names_in_
 
     # -- transform --
     def transform(self, X):
@@ -225,6 +225,8 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
         state = super().__getstate__()
         for name in self._unpicklable:
             state.pop(name, None)
+        if state.get("client") is not None:  # a live connection does not travel
+            state["client"] = None
         return state
 
     _unpicklable: tuple[str, ...] = ()

@@ -96,15 +96,6 @@ class ArraySource:
         return self.X[np.sort(rng.choice(self.n_samples, size=n, replace=False))]
 
 
-def resolve_source(X) -> DataStore | ArraySource:
-    """A data store (path or :class:`DataStore`) or an in-memory array, ready to read rows from."""
-    if isinstance(X, DataStore):
-        return X
-    if isinstance(X, (str, os.PathLike)):
-        return open_store(X)
-    return ArraySource(X)
-
-
 def read_block(source, index: np.ndarray) -> np.ndarray:
     """Rows ``index`` (schedule order) read in sorted order and put back in schedule order."""
     index = np.asarray(index, dtype=np.int64)
@@ -388,8 +379,6 @@ class OnlineKernelPCA(DkhaTransformer):
         tmp = None
         if kind == "array":
             source = ArraySource(self._validate_array(X, reset=True))
-        elif kind == "store":
-            source = resolve_source(X)
         else:
             self._set_lazy_features(X)
             source, tmp, _ = resolve_store(X)
@@ -773,4 +762,4 @@ def _progress(verbose: bool, total: int, desc: str):
 
 
 __all__ = ["OnlineKernelPCA", "ALGORITHMS", "ArraySource", "project", "read_block",
-           "resolve_source", "stream_blocks"]
+           "stream_blocks"]

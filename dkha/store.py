@@ -351,20 +351,20 @@ class StoreWriter:
         self._buffered = len(X) - k
 
     def commit(self, attrs: dict, coords: dict | None = None) -> DataStore:
-        """Write the last rows, the ``coords`` (name → 1-d array along ``sample``, xarray
-        coordinates of ``X``) and ``attrs``, and move the store into place."""
+        """Write the last rows, the ``coords`` (xarray coordinates of ``X`` along ``sample``:
+        name → ``(dtype, values_of(start, stop))``, written a chunk at a time) and ``attrs``,
+        and move the store into place."""
         self._flush(final=True)
         if self.n == 0:
             self.abort()
             raise InputError("nothing to ingest: the input holds no samples")
-        for name, values in (coords or {}).items():
-            values = np.asarray(values)
+        for name, (dtype, values_of) in (coords or {}).items():
             arr = self.group.create_array(
-                name, shape=values.shape, chunks=(self.chunk_rows,),
-                dtype=str if values.dtype.kind in "UOT" else values.dtype,
-                dimension_names=["sample"], compressors=_codecs() if values.dtype.kind in "iuf"
-                else "auto")
-            arr[:] = values
+                name, shape=(self.n,), chunks=(self.chunk_rows,), dtype=dtype,
+                dimension_names=["sample"], compressors=_codecs() if dtype is not str else "auto")
+            for a in range(0, self.n, self.chunk_rows):  # a chunk at a time
+                b = min(a + self.chunk_rows, self.n)
+                arr[a:b] = values_of(a, b)
         if coords:
             self.X.attrs["coordinates"] = " ".join(coords)
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
@@ -566,24 +566,32 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
         raise
 
 
-#: the provenance coordinates along ``sample`` of a store of image patches
-PATCH_COORDS = ("image", "image_name", "row", "col")
-
-
-def patch_coords(images: list[dict]) -> dict[str, np.ndarray]:
+def patch_coords(images: list[dict]) -> dict:
     """Where each patch came from, from the ``images`` entries of a patch store's attrs: the
-    image's index and name, and the patch's row and column on that image's patch grid."""
-    image, name, row, col = [], [], [], []
-    for i, im in enumerate(images):
-        k = np.arange(im["n_samples"])
-        cols = im["grid"][1]
-        image.append(np.full(len(k), i, dtype=np.int32))
-        name.append(np.full(len(k), im["path"], dtype=object))
-        row.append((k // cols).astype(np.int32))
-        col.append((k % cols).astype(np.int32))
-    out = [np.concatenate(v) for v in (image, name, row, col)]
-    out[1] = out[1].astype(str)
-    return dict(zip(PATCH_COORDS, out))
+    image's index and name, and the patch's row and column on that image's patch grid, as
+    :meth:`StoreWriter.commit` coordinates (computed for one range of samples at a time)."""
+    first = np.array([im["first_sample"] for im in images], dtype=np.int64)
+    cols = np.array([im["grid"][1] for im in images], dtype=np.int64)
+    names = np.array([im["path"] for im in images], dtype=object)
+
+    def image(a, b):
+        return np.searchsorted(first, np.arange(a, b), side="right") - 1
+
+    def position(a, b):
+        i = image(a, b)
+        return i, np.arange(a, b) - first[i], cols[i]
+
+    def row(a, b):
+        _, k, c = position(a, b)
+        return (k // c).astype(np.int32)
+
+    def col(a, b):
+        _, k, c = position(a, b)
+        return (k % c).astype(np.int32)
+
+    return {"image": (np.int32, lambda a, b: image(a, b).astype(np.int32)),
+            "image_name": (str, lambda a, b: names[image(a, b)].astype(str)),
+            "row": (np.int32, row), "col": (np.int32, col)}
 
 
 def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
