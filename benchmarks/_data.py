@@ -7,7 +7,7 @@ import resource
 
 import numpy as np
 
-from dkha.store import extract_patches, ingest_array, open_store, read_grey_image
+from dkha.data.store import extract_patches, ingest_array, open_store, read_grey_image
 
 PHOTOS = ("camera", "moon", "coins", "astronaut", "coffee", "chelsea", "rocket", "brick", "grass",
           "gravel")

@@ -27,13 +27,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
-from dkha.cluster import client_for
-from dkha import KernelHebbianPCA, result
+from dkha.engine.cluster import client_for
+from dkha import KernelHebbianPCA
+from dkha.data import result
 from dkha.apply.denoise import denoise_image, snr
-from dkha.evaluate import evaluate
+from dkha.fit.evaluate import evaluate
 from dkha.kernels import make_kernel, median_distance
-from dkha.rows import RowEngine
-from dkha.store import StoreWriter, extract_patches, patch_grid, read_grey_image
+from dkha.engine.rows import RowEngine
+from dkha.data.store import StoreWriter, extract_patches, patch_grid, read_grey_image
 
 PATCH, STEP = 11, 2
 

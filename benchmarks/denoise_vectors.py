@@ -26,12 +26,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
-from dkha.cluster import client_for
-from dkha import KernelHebbianPCA, result
+from dkha.engine.cluster import client_for
+from dkha import KernelHebbianPCA
+from dkha.data import result
 from dkha.apply.denoise import denoise_store, store_mse
 from dkha.apply.preimage import preimages
 from dkha.kernels import make_kernel, median_distance
-from dkha.store import ingest_array
+from dkha.data.store import ingest_array
 
 
 def curve(n: int, rng, Q: np.ndarray) -> np.ndarray:

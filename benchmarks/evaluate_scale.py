@@ -52,7 +52,7 @@ def main():
         model.fit(store.path, run_dir=run, overwrite=True)
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c",
-                               "import resource, sys; from dkha.cli import main; rc = main(sys.argv[1:]); "
+                               "import resource, sys; from dkha.cli.main import main; rc = main(sys.argv[1:]); "
                                "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)",
                                "evaluate", run, "--json", "--recompute"],
                               capture_output=True, text=True)

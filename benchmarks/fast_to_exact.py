@@ -65,7 +65,7 @@ CHILD = textwrap.dedent("""
     eig = np.asarray(extra["eigenvalues"])
     if method == "sklearn":
         from sklearn.decomposition import KernelPCA
-        from dkha.store import open_store
+        from dkha.data.store import open_store
         X = open_store(store).read()
         t0 = time.perf_counter()
         KernelPCA(r, kernel="rbf", gamma=1 / (2 * sigma**2), eigen_solver="arpack").fit(X)
@@ -73,11 +73,11 @@ CHILD = textwrap.dedent("""
     elif method.startswith("nystrom:"):
         from sklearn.decomposition import PCA
         from sklearn.kernel_approximation import Nystroem
-        from dkha.cluster import blas_threads_for, client_for
-        from dkha.evaluate import Evaluation
+        from dkha.engine.cluster import blas_threads_for, client_for
+        from dkha.fit.evaluate import Evaluation
         from dkha.kernels import make_kernel
-        from dkha.rows import RowEngine
-        from dkha.store import open_store
+        from dkha.engine.rows import RowEngine
+        from dkha.data.store import open_store
         st = open_store(store)
         X = st.read()
         m = int(method.split(":")[1])
@@ -97,12 +97,12 @@ CHILD = textwrap.dedent("""
         out.update(seconds=secs, excess=float(excess), reached=bool(excess <= {target}),
                    peak_rss_mb=rss)
     elif method.startswith("dkha-nystrom:"):
-        from dkha.cluster import blas_threads_for, client_for
-        from dkha.evaluate import evaluate
+        from dkha.engine.cluster import blas_threads_for, client_for
+        from dkha.fit.evaluate import evaluate
         from dkha.kernels import make_kernel
-        from dkha.rows import RowEngine
-        from dkha.solvers.nystrom import nystrom_coefficients
-        from dkha.store import open_store
+        from dkha.engine.rows import RowEngine
+        from dkha.fit.init import nystrom_coefficients
+        from dkha.data.store import open_store
         with client_for() as client, blas_threads_for(client):
             engine = RowEngine(open_store(store), make_kernel("gaussian", sigma=sigma), client)
             t0 = time.perf_counter()
@@ -114,13 +114,14 @@ CHILD = textwrap.dedent("""
         out.update(seconds=secs, excess=float(excess), reached=bool(excess <= {target}),
                    peak_rss_mb=rss)
     else:
-        import dkha.coordinator
+        import dkha.fit.batch
+        import dkha.fit.krylov
         from dkha import KernelHebbianPCA
-        from dkha.evaluate import evaluate
+        from dkha.fit.evaluate import evaluate
         # E_min's eigenvalues were computed once by the parent: every evaluation uses them
         # (krylov's own would measure it against itself)
-        dkha.coordinator.top_eigenvalues = lambda *a, **k: eig
-        dkha.coordinator.evaluate = lambda engine, A, eigenvalues=None, **k: evaluate(engine, A, eig, **k)
+        dkha.fit.batch.top_eigenvalues = lambda *a, **k: eig
+        dkha.fit.krylov.evaluate = lambda engine, A, eigenvalues=None, **k: evaluate(engine, A, eig, **k)
         name, _, cache = method.partition("+")
         kw = dict(sigma=sigma, seed=0, cache_rows=bool(cache))
         if name == "krylov":
@@ -162,10 +163,10 @@ def main():
     sys.path.insert(0, ROOT)
     from _data import patch_store
 
-    from dkha.cluster import blas_threads_for, client_for
-    from dkha.evaluate import krylov_eigenpairs
+    from dkha.engine.cluster import blas_threads_for, client_for
+    from dkha.fit.spectrum import krylov_eigenpairs
     from dkha.kernels import make_kernel
-    from dkha.rows import RowEngine
+    from dkha.engine.rows import RowEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=20000)

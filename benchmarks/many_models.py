@@ -34,7 +34,7 @@ from _data import patch_store, peak_rss_mb
 
 import dkha
 from dkha import KernelHebbianPCA, fit_together
-from dkha.cluster import client_for
+from dkha.engine.cluster import client_for
 
 ALGORITHMS = {"kha-t": {"eta0": 0.5}, "kha-et": {"eta0": 0.2}, "kha-smd": {"eta0": 0.2, "mu": 0.2}}
 

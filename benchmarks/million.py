@@ -75,7 +75,7 @@ def child(mode: str, args: dict, *, env: dict | None = None) -> dict:
 
 
 def child_ingest(a: dict) -> dict:
-    from dkha.cli import main
+    from dkha.cli.main import main
 
     t0 = time.perf_counter()
     code = main(["ingest", "images", *[f"skimage:{n}" for n in PHOTOS], "-o", a["store"],
@@ -94,16 +94,16 @@ def child_fit(a: dict) -> dict:
     of steps; the peak RSS of every process."""
     import dkha
     from dkha import KernelHebbianPCA
-    from dkha.cluster import blas_threads_for, client_for
+    from dkha.engine.cluster import blas_threads_for, client_for
     from dkha.kernels import make_kernel
-    from dkha.rows import RowEngine
-    from dkha.store import CENTERING_GROUP, open_store
+    from dkha.engine.rows import RowEngine
+    from dkha.data.store import CENTERING_GROUP, open_store
 
     store = open_store(a["store"])
     kernel = make_kernel("gaussian", sigma=a["sigma"])
     shutil.rmtree(os.path.join(store.path, CENTERING_GROUP), ignore_errors=True)  # time it fresh
     out = {"dkha": dkha.__file__}
-    with client_for(workers=a["workers"]) as client, blas_threads_for(client):
+    with client_for(a["workers"]) as client, blas_threads_for(client):
         t0 = time.perf_counter()
         RowEngine(store, kernel, client).compute_mk(center_sample=a["center_sample"], seed=0)
         out["center_seconds"] = time.perf_counter() - t0
@@ -142,7 +142,7 @@ def child_fit(a: dict) -> dict:
 
 def child_sklearn(a: dict) -> dict:
     """KernelPCA or Nystroem + PCA on a subset store (one BLAS thread: set by the parent)."""
-    from dkha.store import open_store
+    from dkha.data.store import open_store
 
     X = open_store(a["store"]).read()
     gamma = 1.0 / (2.0 * a["sigma"] ** 2)
@@ -194,13 +194,13 @@ class _Timed:
 def child_compare(a: dict) -> dict:
     """dkha for ``budget`` seconds on a subset (snapshots of A at multiples of it), then the
     excess error of each snapshot and of the baseline's projections."""
-    from dkha.cluster import blas_threads_for, client_for
-    from dkha.coordinator import run_batch
-    from dkha.evaluate import evaluate, top_eigenvalues
+    from dkha.engine.cluster import blas_threads_for, client_for
+    from dkha.fit.batch import run_batch
+    from dkha.fit.evaluate import evaluate, top_eigenvalues
     from dkha.kernels import make_kernel
-    from dkha.rows import RowEngine
+    from dkha.engine.rows import RowEngine
     from dkha.solvers.batch import BatchKHA
-    from dkha.store import open_store
+    from dkha.data.store import open_store
 
     store = open_store(a["store"])
     kernel = make_kernel("gaussian", sigma=a["sigma"])
@@ -248,7 +248,7 @@ CHILDREN = {"ingest": child_ingest, "fit": child_fit, "sklearn": child_sklearn,
 def existing(path: str, n: int):
     """The store at ``path`` if it holds ``n`` samples, else ``None``."""
     from dkha.errors import DkhaError
-    from dkha.store import open_store
+    from dkha.data.store import open_store
 
     try:
         st = open_store(path)
@@ -269,7 +269,7 @@ def ensure_store(path: str, samples: int) -> None:
 
 
 def subset_store(big: str, path: str, n: int, seed: int):
-    from dkha.store import ingest_array, open_store
+    from dkha.data.store import ingest_array, open_store
 
     st = existing(path, n)
     return st if st is not None else ingest_array(open_store(big).sample(n, seed), path,
@@ -328,8 +328,8 @@ def main() -> None:
         return
 
     import dkha
-    from dkha.estimator import resolve_kernel
-    from dkha.store import open_store
+    from dkha.estimators.batch import resolve_kernel
+    from dkha.data.store import open_store
 
     print(f"dkha from {dkha.__file__}; {os.cpu_count()} cores; load {load()}")
     os.makedirs(args.work, exist_ok=True)

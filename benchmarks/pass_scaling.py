@@ -33,7 +33,7 @@ def main():
 
     from _data import patch_store
     from dkha.kernels import make_kernel
-    from dkha.rows import RowEngine
+    from dkha.engine.rows import RowEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=20000)

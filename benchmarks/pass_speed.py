@@ -39,15 +39,15 @@ from _data import patch_store, peak_rss_mb  # noqa: E402
 
 from dkha import KernelHebbianPCA  # noqa: E402
 from dkha.kernels import make_kernel  # noqa: E402
-from dkha.rows import center_block  # noqa: E402
+from dkha.engine.tasks import center_block  # noqa: E402
 from dkha.solvers import reference  # noqa: E402
-from dkha.store import StoreWriter  # noqa: E402
+from dkha.data.store import StoreWriter  # noqa: E402
 
 
 def fit_seconds(store, r, *, passes=None, steps=None, workers=None, sigma=None, block=None,
                 projections=None):
     m = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=passes, steps=steps,
-                         evaluate_every=-1, seed=0, workers=workers, block_rows=block,
+                         evaluate_every=-1, seed=0, client=workers, block_rows=block,
                          eta0=0.05, mu=0.05, projections=projections)
     t0 = time.perf_counter()
     m.fit(store)
@@ -131,7 +131,7 @@ def main():
     modes = ("coordinator", "workers") if args.projections == "both" else (args.projections,)
     b = int(config.get("block-rows", args.block))
     prefetch = int(config.get("prefetch"))
-    ncores = os.cpu_count() or 1       # the threads dkha.cluster.client_for starts
+    ncores = os.cpu_count() or 1       # the threads dkha.engine.cluster.client_for starts
     threads = args.workers * max(1, ncores // args.workers) if args.workers else ncores
     groups = min(int(config.get("column-groups") or threads), store.n_chunks)
     runs = {}

@@ -27,7 +27,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.utils.estimator_checks import check_estimator  # noqa: E402
 
 from dkha import KernelHebbianPCA, OnlineKernelPCA  # noqa: E402
-from dkha.cluster import client_for  # noqa: E402
+from dkha.engine.cluster import client_for  # noqa: E402
 
 
 class TaskCounter(dask.callbacks.Callback):

@@ -31,12 +31,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
-from dkha.cluster import client_for
+from dkha.engine.cluster import client_for
 from dkha import KernelHebbianPCA
 from dkha.apply.denoise import reconstruct_patches
 from dkha.apply.superresolve import downscale, psnr, superresolve, upscale
 from dkha.kernels import median_distance
-from dkha.store import extract_patches, ingest_images, read_grey_image
+from dkha.data.store import extract_patches, ingest_images, read_grey_image
 
 TRAIN = ("camera", "coins", "moon")
 TEST = "astronaut"

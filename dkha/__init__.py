@@ -3,19 +3,16 @@
 The Kernel Hebbian Algorithm family (KHA, KHA/t, KHA/et, KHA-SMD) on a Dask row engine.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from dkha import config  # noqa: F401  (registers dkha.* defaults with dask.config)
+from dkha.data.store import DataStore, ingest_array, ingest_images, open_store
+from dkha.estimators.batch import KernelHebbianPCA, fit_together
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.estimators.saved import load
+from dkha.estimators.tune import tune
+from dkha.kernels import Kernel, make_kernel
+from dkha.runs.variance import explained_variance
+from dkha.version import __version__
 
-try:
-    __version__ = version("dkha")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0+unknown"
-
-from dkha import config  # noqa: E402,F401  (registers dkha.* defaults with dask.config)
-from dkha.estimator import KernelHebbianPCA, fit_together  # noqa: E402
-from dkha.kernels import Kernel, make_kernel  # noqa: E402
-from dkha.online import OnlineKernelPCA  # noqa: E402
-from dkha.saved import load  # noqa: E402
-from dkha.store import DataStore, ingest_array, ingest_images, open_store  # noqa: E402
-
-__all__ = ["KernelHebbianPCA", "OnlineKernelPCA", "load", "fit_together", "Kernel", "make_kernel", "DataStore", "ingest_array",
-           "ingest_images", "open_store", "__version__"]
+__all__ = ["KernelHebbianPCA", "OnlineKernelPCA", "fit_together", "load", "tune", "explained_variance",
+           "Kernel", "make_kernel", "DataStore", "ingest_array", "ingest_images", "open_store",
+           "__version__"]

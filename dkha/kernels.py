@@ -50,7 +50,7 @@ class Kernel:
     def param_dict(self) -> dict[str, Any]:
         return dict(self.params)
 
-    def with_params(self, **updates) -> "Kernel":
+    def with_params(self, **updates) -> Kernel:
         p = dict(self.params)
         p.update(updates)
         return make_kernel(self.name, **p)

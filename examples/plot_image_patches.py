@@ -18,7 +18,7 @@ import skimage.data
 import skimage.transform
 
 import dkha
-from dkha import result
+from dkha.data import result
 
 small = os.environ.get("DKHA_EXAMPLE_SMALL") == "1"
 side = 40 if small else 128
@@ -60,6 +60,6 @@ fig.savefig("patch_maps.png", dpi=80)
 
 # %%
 # The same as an HTML page (what ``dkha report RUN`` writes).
-from dkha.report import report_run  # noqa: E402
+from dkha.pipeline.report import report_run  # noqa: E402
 
 print(report_run(run))

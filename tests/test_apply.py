@@ -16,12 +16,14 @@ import xarray as xr
 from scipy.optimize import minimize
 from scipy.spatial.distance import cdist
 
-from dkha import KernelHebbianPCA, result
+from dkha import KernelHebbianPCA
+
+from dkha.data import result
 from dkha.apply import clustering, denoise, preimage
-from dkha.apply.cli import COMMANDS, add_parsers
+from dkha.cli.apply import COMMANDS, add_parsers
 from dkha.errors import InputError, ParameterError
 from dkha.kernels import make_kernel
-from dkha.store import extract_patches, ingest_array, ingest_images
+from dkha.data.store import extract_patches, ingest_array, ingest_images
 
 
 def gauss(X, Y, sigma):
@@ -197,7 +199,7 @@ def test_dictionary_preimages(ring, seed):
     """Reduced-order pre-images (Honeine eq. 22) of an online run: fixed point and gradient
     equal the brute-force minimiser of ‖γᵀΦ(D) − Φ(z)‖² with γ = Aᵀ G⁻¹ y + β̄ written out;
     the conformal map with η equals the paper's linear system solved by lstsq."""
-    from dkha.online import OnlineKernelPCA
+    from dkha.estimators.online import OnlineKernelPCA
 
     X, Xn = ring
     sigma = 0.7
@@ -282,7 +284,7 @@ def photo(seed):
     [0, 1], as a saved photograph would be, so reading it back does not rescale it)."""
     from skimage.transform import resize
 
-    from dkha.store import read_grey_image
+    from dkha.data.store import read_grey_image
 
     camera = resize(read_grey_image("skimage:camera"), (256, 256), anti_aliasing=True)
     clean = camera[70:114, 100:144]
@@ -325,7 +327,7 @@ def test_denoise_raises_snr(photo, photo_run, client):
     # the engine path (blocks of patches, sums on the workers) agrees with the in-memory one
     ds = result.load(run_dir)
     P = extract_patches(res.noisy, 11, 2)[:20]
-    from dkha.transform import project
+    from dkha.runs.transform import project
 
     beta = project(ds, P, client=client)
     ref = preimage.preimages(store.read(), make_kernel("gaussian", **ds.attrs["kernel_parameters"]),
@@ -344,7 +346,7 @@ def test_run_preimages_on_the_cluster_match_in_memory(photo, photo_run, client):
     run_dir, _, store = photo_run
     ds = result.load(run_dir)
     P = extract_patches(noisy, 11, 2)[:25]
-    from dkha.transform import project
+    from dkha.runs.transform import project
 
     beta = project(ds, P, client=client)
     kernel = make_kernel("gaussian", **ds.attrs["kernel_parameters"])
@@ -376,7 +378,7 @@ def test_superresolve(photo, photo_run, client, tmp_path, capsys):
     assert res.image.shape == clean.shape and res.converged == res.n_patches == 18**2
     assert res.psnr_upscaled == pytest.approx(-10 * np.log10(np.mean((clean - up) ** 2)))
     ds = result.load(run_dir)
-    from dkha.transform import project
+    from dkha.runs.transform import project
 
     P = up[:11, :11].reshape(1, -1)
     ref = preimage.preimages(store.read(), make_kernel("gaussian", **ds.attrs["kernel_parameters"]),
@@ -401,7 +403,7 @@ def test_denoise_store_of_vectors(client, tmp_path, seed, capsys):
     """A store of noisy vectors denoised blockwise (one task per chunk) equals the in-memory
     pre-images of each sample, for a batch run and for a dictionary run; the command dispatches
     on a store and prints the MSE before and after."""
-    from dkha.online import OnlineKernelPCA
+    from dkha.estimators.online import OnlineKernelPCA
 
     rng = np.random.default_rng(seed)
     Q = np.linalg.qr(rng.standard_normal((6, 2)))[0]
@@ -590,7 +592,7 @@ def test_denoise_command(photo, photo_run, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["snr_denoised"] > summary["snr_noisy"] + 3.0
     assert os.path.exists(out)
-    from dkha.store import read_grey_image
+    from dkha.data.store import read_grey_image
 
     assert read_grey_image(out).shape == clean.shape
     out2 = str(tmp_path / "clean_gradient.png")

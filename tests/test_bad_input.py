@@ -29,7 +29,7 @@ def _env():
 
 def make_fixtures(d: str) -> dict:
     """The files the cases use, made in ``d``."""
-    from dkha.store import ingest_array
+    from dkha.data.store import ingest_array
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 4))
@@ -86,7 +86,7 @@ CASES = [
     ("corrupted chunk (checksum)", ["fit", "{d}/corrupt.zarr", "-o", "{d}/r7", "--sigma", "1"], "corrupted", "r7"),
     ("missing chunk", ["fit", "{d}/missing.zarr", "-o", "{d}/r8"], "missing 1 of 6 chunks", "r8"),
     ("r ≥ l", ["fit", "{d}/good.zarr", "-o", "{d}/r9", "--components", "300"], "smaller than the number of samples", "r9"),
-    ("sigma ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r10", "--sigma", "0"], "'sigma' parameter of KernelHebbianPCA must be a float in the range (0.0, inf)", "r10"),
+    ("sigma ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r10", "--sigma", "0"], "sigma must be a positive", "r10"),
     ("unknown algorithm", ["fit", "{d}/good.zarr", "-o", "{d}/r11", "--algorithm", "pca"], "'algorithm' parameter of KernelHebbianPCA must be a str among", "r11"),
     ("unknown kernel", ["fit", "{d}/good.zarr", "-o", "{d}/r12", "--kernel", "cosine"], "'kernel' parameter of KernelHebbianPCA must be a str among", "r12"),
     ("eta0 ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r13", "--eta0", "-1"], "'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf)", "r13"),

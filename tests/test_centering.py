@@ -16,8 +16,9 @@ import zarr
 from dkha import KernelHebbianPCA
 from dkha.errors import ParameterError
 from dkha.kernels import make_kernel
-from dkha.rows import RowEngine, clear_cache
-from dkha.store import CENTERING_GROUP, ingest_array, open_store
+from dkha.engine.rows import RowEngine
+from dkha.engine.tasks import clear_cache
+from dkha.data.store import CENTERING_GROUP, ingest_array, open_store
 
 SIGMA = 4.0
 
@@ -92,7 +93,7 @@ def test_damaged_entry_is_recomputed(store, client, dense_mk, caplog):
     entry = zarr.open_array(os.path.join(store.path, CENTERING_GROUP, entries(store)[0]), mode="r+")
     entry[3] = entry[3] + 1e-9                  # a valid chunk holding a wrong value
     engine = engine_for(store, client)
-    with caplog.at_level(logging.WARNING, logger="dkha.store"):
+    with caplog.at_level(logging.WARNING, logger="dkha.data.store"):
         mk, _ = engine.compute_mk()
     assert engine.centering["cached"] is False
     assert "do not match their checksum" in caplog.text
@@ -102,10 +103,10 @@ def test_damaged_entry_is_recomputed(store, client, dense_mk, caplog):
 
 def test_read_only_store_computes_without_caching(store, client, dense_mk, caplog, monkeypatch):
     real_access = os.access
-    monkeypatch.setattr("dkha.store.os.access",
+    monkeypatch.setattr("dkha.data.store.os.access",
                         lambda p, mode: False if mode == os.W_OK else real_access(p, mode))
     engine = engine_for(store, client)
-    with caplog.at_level(logging.WARNING, logger="dkha.store"):
+    with caplog.at_level(logging.WARNING, logger="dkha.data.store"):
         mk, _ = engine.compute_mk()
     assert "read-only" in caplog.text
     assert not os.path.exists(os.path.join(store.path, CENTERING_GROUP))
@@ -145,7 +146,7 @@ def test_center_sample_error_shrinks_and_is_exact_at_l(store, client, dense_mk):
 def test_center_sample_is_recorded_and_reported(store, tmp_path, capsys):
     import json
 
-    from dkha.cli import main
+    from dkha.cli.main import main
 
     run = str(tmp_path / "run")
     assert main(["fit", store.path, "-o", run, "-r", "3", "--passes", "1", "--sigma", str(SIGMA),

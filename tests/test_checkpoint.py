@@ -12,14 +12,14 @@ import time
 import numpy as np
 import pytest
 
-from dkha.checkpoint import Checkpointer, differences, state_from_arrays, state_to_arrays
+from dkha.data.checkpoint import Checkpointer, differences, state_from_arrays, state_to_arrays
 from dkha.errors import DkhaWarning, InputError, StoreNotFoundError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from dkha.checkpoint import Checkpointer
+    from dkha.data.checkpoint import Checkpointer
     ck = Checkpointer(sys.argv[1], keep=2)
     latest = ck.latest()
     step = 0 if latest is None else latest.step

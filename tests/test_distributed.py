@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha.store import ingest_array
+from dkha.data.store import ingest_array
 from tests.processes import dkha_command, start_dask_cluster, stop_processes, subprocess_env
 
 pytestmark = pytest.mark.cluster
@@ -118,7 +118,7 @@ def test_unreachable_scheduler_is_one_line(store, tmp_path):
 
 
 def _dense_evaluation(store_path, ds):
-    from dkha.store import open_store
+    from dkha.data.store import open_store
 
     X = open_store(store_path).read()
     sigma = ds.attrs["sigma"]

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 
-from dkha.evaluate import evaluate, krylov_eigenpairs, projections, top_eigenvalues
+from dkha.fit.evaluate import evaluate, projections
+from dkha.fit.spectrum import krylov_eigenpairs, top_eigenvalues
 from dkha.kernels import make_kernel
-from dkha.rows import RowEngine
-from dkha.store import ingest_array
+from dkha.engine.rows import RowEngine
+from dkha.data.store import ingest_array
 
 SIGMA = 4.0
 R = 5
@@ -131,7 +132,7 @@ def test_evaluate_krylov_path(data, engine, seed):
 
 def run_dataset(store, alpha, engine, kernel="gaussian", **params):
     """A batch run's components dataset for ``alpha`` on ``store`` (what `dkha fit` saves)."""
-    from dkha import result
+    from dkha.data import result
 
     if engine.mk is None:
         engine.compute_mk()
@@ -143,7 +144,7 @@ def run_dataset(store, alpha, engine, kernel="gaussian", **params):
 
 def test_explained_variance_blockwise_equals_dense(data, engine, client, seed):
     """Eq. 23 by one blockwise pass, and on a seeded sample, against Var of the dense A K'."""
-    from dkha.evaluate import explained_variance
+    from dkha.runs.variance import explained_variance
 
     store, Kc, w, V = data
     A = coefficient_matrices(Kc, w, V, seed)["perturbed"]
@@ -162,7 +163,7 @@ def test_explained_variance_blockwise_equals_dense(data, engine, client, seed):
 
 def test_explained_variance_of_all_exact_components_is_the_trace(data, engine, client):
     """All components of exact KPCA (unit norm): Var(ψ_j) = λ_j / l, Σ_j = trace(K')/l."""
-    from dkha.evaluate import explained_variance
+    from dkha.runs.variance import explained_variance
 
     store, Kc, w, V = data
     keep = w > 1e-9 * w[0]  # the rest hold < 400·1e-9 of the trace
@@ -180,9 +181,9 @@ def test_explained_variance_of_online_runs_and_their_history(data, client, tmp_p
     densely; the fit's history records it (the sample of ≤ 2000 rows is the whole store here)."""
     from scipy.spatial.distance import cdist
 
-    from dkha import result
-    from dkha.evaluate import explained_variance
-    from dkha.online import OnlineKernelPCA
+    from dkha.data import result
+    from dkha.runs.variance import explained_variance
+    from dkha.estimators.online import OnlineKernelPCA
 
     store = data[0]
     X = store.read()
@@ -203,8 +204,8 @@ def test_explained_variance_of_online_runs_and_their_history(data, client, tmp_p
 
 
 def test_evaluate_command_prints_variance(data, engine, tmp_path, capsys, seed):
-    from dkha import result
-    from dkha.cli import main
+    from dkha.data import result
+    from dkha.cli.main import main
 
     store, Kc, w, V = data
     A = (V[:, :R] / np.sqrt(w[:R])).T

@@ -139,11 +139,11 @@ def test_run_dir_holding_a_different_run(digits_store, client, seed, tmp_path):
         return xr.open_zarr(comp, consolidated=False)["alpha"].values
 
     # refused before any work: it never reaches the (unreachable) scheduler
-    different = model_for("kha", seed + 1, None, passes=1, scheduler=UNREACHABLE)
+    different = model_for("kha", seed + 1, UNREACHABLE, passes=1)
     with pytest.raises(RunDirectoryError, match="different run.*seed"):
         different.fit(digits_store.path, run_dir=run_dir)
     with pytest.raises(RunDirectoryError, match="different run.*algorithm"):
-        model_for("kha-t", seed, None, passes=1, scheduler=UNREACHABLE).fit(
+        model_for("kha-t", seed, UNREACHABLE, passes=1).fit(
             digits_store.path, run_dir=run_dir)
     np.testing.assert_array_equal(saved_alpha(), first.alpha_)
 
@@ -155,7 +155,7 @@ def test_run_dir_holding_a_different_run(digits_store, client, seed, tmp_path):
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(RunDirectoryError, match="not a directory"):
-        model_for("kha", seed, None, passes=1, scheduler=UNREACHABLE).fit(
+        model_for("kha", seed, UNREACHABLE, passes=1).fit(
             digits_store.path, run_dir=str(tmp_path / "afile"))
 
 
@@ -182,7 +182,7 @@ def test_transform(runs, oracle, digits, seed):
 
 @pytest.mark.parametrize("r", [300, 301])
 def test_too_many_components_refused(digits_store, r):
-    model = KernelHebbianPCA(r, algorithm="kha", sigma=SIGMA, passes=1, scheduler=UNREACHABLE)
+    model = KernelHebbianPCA(r, algorithm="kha", sigma=SIGMA, passes=1, client=UNREACHABLE)
     with pytest.raises(ParameterError, match=rf"n_components \({r}\) must be smaller .* \(300\)"):
         model.fit(digits_store.path)
 
@@ -190,7 +190,7 @@ def test_too_many_components_refused(digits_store, r):
 @pytest.mark.parametrize("eta0", [0.0, -0.1, float("nan")])
 def test_nonpositive_eta0_refused(digits_store, eta0):
     model = KernelHebbianPCA(R, algorithm="kha-et", sigma=SIGMA, eta0=eta0, passes=1,
-                             scheduler=UNREACHABLE)
+                             client=UNREACHABLE)
     with pytest.raises(ParameterError, match="'eta0' parameter of KernelHebbianPCA must be a float"):
         model.fit(digits_store.path)
 

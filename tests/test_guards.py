@@ -145,7 +145,7 @@ def test_cli_reports_the_bad_step_exits_3_and_keeps_only_good_checkpoints(digits
     assert len(lines) == 1 and lines[0].startswith("dkha: error: kha diverged at step "), p.stderr
     step = int(re.search(r"at step (\d+) \(pass \d+\)", lines[0]).group(1))
     assert not os.path.exists(os.path.join(run, "components.zarr"))
-    from dkha.checkpoint import Checkpointer
+    from dkha.data.checkpoint import Checkpointer
 
     ck = Checkpointer(run).latest()
     assert ck is not None and ck.step < step

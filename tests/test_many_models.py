@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha import KernelHebbianPCA, coordinator, fit_together
-from dkha.cli import main
+from dkha import KernelHebbianPCA, fit_together
+
+from dkha.fit import control
+from dkha.cli.main import main
 from dkha.errors import Interrupted, NumericalError, ParameterError
-from dkha.estimator import run_names
+from dkha.estimators.batch import run_names
 from dkha.solvers.batch import BatchKHA
 
 R, SIGMA, PASSES, BLOCK = 5, 4.0, 3, 37
@@ -105,7 +107,7 @@ def test_stop_then_resume_together_is_bit_identical(digits_store, client, seed, 
         original(self, index, rows)
         calls["n"] += 1
         if calls["n"] == 3 * 11 + 2:        # mid-pass 2, after the 2nd model's block
-            coordinator.STOP.set()
+            control.STOP.set()
 
     monkeypatch.setattr(BatchKHA, "apply_block", counting)
     try:
@@ -113,7 +115,7 @@ def test_stop_then_resume_together_is_bit_identical(digits_store, client, seed, 
             fit_together([make(client, seed, a) for a in GAINS], digits_store, run_dirs=runs,
                          checkpoint_every=1)
     finally:
-        coordinator.STOP.clear()
+        control.STOP.clear()
     monkeypatch.setattr(BatchKHA, "apply_block", original)
     steps = {max(os.listdir(os.path.join(r, "checkpoints"))) for r in runs}
     assert len(steps) == 1

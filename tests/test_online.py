@@ -20,12 +20,13 @@ import xarray as xr
 from scipy.spatial.distance import cdist
 
 from dkha import schedule
-from dkha.ac_index import ACReference, ac_index
+from dkha.fit.ac_index import ACReference, ac_index
 from dkha.errors import ParameterError
 from dkha.kernels import make_kernel
-from dkha.online import OnlineKernelPCA, project
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.runs.transform import project_dictionary as project
 from dkha.solvers.online import OnlineKHA, learning_rate
-from dkha.store import ingest_array
+from dkha.data.store import ingest_array
 
 SIGMA = 4.0
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha import KernelHebbianPCA, result
-from dkha.store import open_store
+from dkha import KernelHebbianPCA
+from dkha.data import result
+from dkha.data.store import open_store
 from tests.browser import chromium, decoded_images
 from tests.processes import dkha_command, subprocess_env
 

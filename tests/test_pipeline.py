@@ -16,7 +16,7 @@ import pytest
 import xarray as xr
 
 from dkha.errors import ParameterError
-from dkha.pipeline import PipelineError, load, run_directory, run_lock, safe_id
+from dkha.pipeline.runner import PipelineError, load, run_directory, run_lock, safe_id
 from tests.processes import subprocess_env
 
 
@@ -186,7 +186,7 @@ def test_shipped_pipelines_are_valid(name):
 def test_a_failing_stage_fails_the_run_and_its_summary(tmp_path, monkeypatch):
     """Not only a user's error: any exception in a stage (here a missing module, as a report
     without matplotlib once raised) makes the run exit non-zero and summary.json say where."""
-    from dkha import pipeline
+    from dkha.pipeline import runner as pipeline
 
     def broken_fit(self, store, fit):
         raise ModuleNotFoundError("No module named 'matplotlib'")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha.store import ingest_array
+from dkha.data.store import ingest_array
 from tests.processes import subprocess_env
 
 FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "8",
@@ -229,7 +229,7 @@ def test_checkpoint_right_after_a_pass_resumes_with_that_pass_evaluated(digits_s
     """A checkpoint written between a pass's last block and its end-of-pass work (evaluation,
     eigenvalue refresh) — by --checkpoint-steps or SIGTERM — resumes that work first."""
     from dkha import KernelHebbianPCA
-    from dkha.checkpoint import Checkpointer
+    from dkha.data.checkpoint import Checkpointer
 
     l = digits_store.n_samples
     kw = dict(algorithm="kha-et", sigma=4.0, passes=3, block_rows=40, evaluate_every=1,

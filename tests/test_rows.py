@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from dkha.kernels import make_kernel
-from dkha.rows import RowEngine, center_block
-from dkha.store import ingest_array
+from dkha.engine.rows import RowEngine
+from dkha.engine.tasks import center_block
+from dkha.data.store import ingest_array
 
 SIGMA = 4.0
 REL = 1e-12
@@ -211,7 +212,7 @@ def test_stream_closed_early(stores, oracle, client):
 def test_chunk_cache_sees_a_store_written_again(tmp_path, digits):
     """A store replaced at the same path (``ingest --overwrite``) is not served from the
     per-process chunk cache of the old one."""
-    from dkha.rows import load_rows
+    from dkha.engine.tasks import load_rows
 
     X = np.array(digits[:100])
     path = str(tmp_path / "again.zarr")

@@ -10,7 +10,7 @@ import xarray as xr
 import zarr
 
 from dkha.errors import InputError, ParameterError, RunDirectoryError, StoreNotFoundError
-from dkha.store import ingest_array, ingest_images, open_store
+from dkha.data.store import ingest_array, ingest_images, open_store
 
 # --- helpers ------------------------------------------------------------------------------------
 

@@ -17,12 +17,16 @@ import signal
 import numpy as np
 import pytest
 
-from dkha import rows, schedule
-from dkha.checkpoint import state_from_arrays, state_to_arrays
+from dkha import schedule
+
+from dkha.engine import tasks
+from dkha.data.checkpoint import state_from_arrays, state_to_arrays
 from dkha.errors import BlockFailedError, ParameterError
-from dkha.evaluate import projections as c_of
+from dkha.fit.evaluate import projections as c_of
 from dkha.kernels import make_kernel
-from dkha.rows import ProjectedBlock, ReplicaDivergedError, ReplicaLostError, RowEngine
+from dkha.engine.replicas import ProjectedBlock
+from dkha.engine.rows import RowEngine
+from dkha.engine.tasks import ReplicaDivergedError, ReplicaLostError
 from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
 from dkha.solvers.factored import apply_message, replay_message
 from tests.processes import local_client
@@ -69,7 +73,7 @@ def make_engine(store, client, projections, **kw):
 
 def drive(engine, algorithm, *, passes=PASSES, seed=3, fold_condition=1e3, on_block=None,
           solver=None, start_step=0):
-    """:func:`dkha.coordinator.run_batch`'s loop, with a hook before each block is applied."""
+    """:func:`dkha.fit.batch.run_batch`'s loop, with a hook before each block is applied."""
     if solver is None:
         solver = BatchKHA(algorithm, R, L, eta0=DEFAULT_ETA0[algorithm], mu=0.2, xi=0.99,
                           fold_condition=fold_condition)
@@ -100,8 +104,8 @@ def row_runs(digits_store, cluster_client):
 
 def lose_replicas(run_id):
     """What a worker restart does to the registry: the run's replicas are gone."""
-    for key in [k for k in rows._REPLICAS if k[0] == run_id]:
-        del rows._REPLICAS[key]
+    for key in [k for k in tasks._REPLICAS if k[0] == run_id]:
+        del tasks._REPLICAS[key]
 
 
 # --- the message machinery alone (dense K', no Dask) --------------------------------------------
@@ -201,7 +205,7 @@ def test_worker_projections_equal_shipped_rows(digits_store, cluster_client, row
     per_block = (len(engine.column_groups) * m + engine.prefetch * b) * b * 8
     assert engine.stats.bytes_received <= len(seen) * per_block + PASSES * R * L * 8 + 10_000
     assert engine.stats.bytes_received < 0.6 * row_stats.bytes_received
-    assert len(run_ids) == 1 and not [k for k in rows._REPLICAS if k[0] in run_ids]  # dropped
+    assert len(run_ids) == 1 and not [k for k in tasks._REPLICAS if k[0] in run_ids]  # dropped
 
 
 @pytest.mark.parametrize("fold_condition", [0.0, 2.0])
@@ -252,7 +256,7 @@ def test_lost_replica_without_rebuilds_fails_loudly(digits_store, cluster_client
     with pytest.raises(ReplicaLostError, match="not on this worker") as info:
         drive(engine, "kha-et", on_block=lose)
     assert isinstance(info.value, BlockFailedError)        # the CLI's exit code 4
-    assert not [k for k in rows._REPLICAS if k[0] == runs[0]]    # dropped all the same
+    assert not [k for k in tasks._REPLICAS if k[0] == runs[0]]    # dropped all the same
 
 
 @pytest.mark.parametrize("algorithm", ["kha", "kha-smd"])
@@ -262,7 +266,7 @@ def test_diverged_replica_fails_loudly(digits_store, cluster_client, algorithm):
 
     def corrupt(i, solver, block):
         if i == 3:
-            rep = rows._REPLICAS[(solver.replicas.run_id, 0, 1)]
+            rep = tasks._REPLICAS[(solver.replicas.run_id, 0, 1)]
             with rep.lock:
                 S = np.array(rep.snapshots[rep.version])
                 S[0, 0] += 1e-3 * np.abs(S).max()
@@ -317,7 +321,7 @@ def test_estimator_and_configuration_select_the_mode(digits_store, cluster_clien
 
 
 def test_cli_takes_projections():
-    from dkha.cli import build_parser
+    from dkha.cli.main import build_parser
 
     args = build_parser().parse_args(["fit", "store.zarr", "-o", "run", "--projections", "workers"])
     assert args.projections == "workers"

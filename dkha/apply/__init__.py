@@ -10,11 +10,22 @@ clustering.
   the training samples; the variation of information.
 """
 
-from dkha.apply.clustering import (cluster_run, entropy, spectral_clustering,
-                                   variation_of_information)
+from dkha.apply.clustering import (
+                                   cluster_run,
+                                   entropy,
+                                   spectral_clustering,
+                                   variation_of_information,
+)
 from dkha.apply.denoise import denoise_image, snr
-from dkha.apply.preimage import (METHODS, RunPreimages, conformal, expansion, fixed_point,
-                                 gradient, preimages)
+from dkha.apply.preimage import (
+                                   METHODS,
+                                   RunPreimages,
+                                   conformal,
+                                   expansion,
+                                   fixed_point,
+                                   gradient,
+                                   preimages,
+)
 
 __all__ = ["METHODS", "RunPreimages", "cluster_run", "conformal", "denoise_image", "entropy",
            "expansion", "fixed_point", "gradient", "preimages", "snr", "spectral_clustering",

@@ -4,7 +4,7 @@ Spectral clustering after Ng, Jordan & Weiss (2002), on the components of a dkha
 (Schraudolph et al. 2006 §5.3):
 
 1. ``Y = Cᵀ`` (``l × r``): the projections of the training samples on the ``r`` components,
-   ``C = A K'`` (one blockwise pass on the workers, :func:`dkha.evaluate.projections`).
+   ``C = A K'`` (one blockwise pass on the workers, :func:`dkha.fit.evaluate.projections`).
    ``scale="eigenvectors"`` (the default) first divides each component's column by its norm, so
    that for exact kernel PCA ``Y`` holds the unit eigenvectors ``u_i`` of ``K'`` (NJW's matrix of
    stacked eigenvectors; the projections themselves are ``√λ_i u_i``); ``scale="projections"``
@@ -33,7 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from dkha.data.store import replace_directory
+from dkha.engine.cluster import client_for
 from dkha.errors import InputError, ParameterError, RunDirectoryError
+from dkha.fit.evaluate import projections
+from dkha.runs.run import as_run
 
 log = logging.getLogger(__name__)
 
@@ -150,25 +154,19 @@ def score(clusters: np.ndarray, labels, *, seed: int = 0) -> dict:
 
 
 def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int = 0,
-                n_init: int = 10, client=None, scheduler: str | None = None,
-                scheduler_file: str | None = None, workers: int | None = None) -> ClusteringResult:
+                n_init: int = 10, client=None) -> ClusteringResult:
     """Spectral clustering of a batch run's training samples.
 
     ``run`` is a run directory or its components dataset. The projections ``C = A K'`` are
     computed blockwise on the cluster; the store's ``label`` (when present) scores the result.
     """
-    from dkha import result
-    from dkha.cluster import client_for
-    from dkha.evaluate import projections
-    from dkha.transform import engine_for_run
-
-    ds = run if isinstance(run, xr.Dataset) else result.load(run)
-    if "mk" not in ds or ds["alpha"].dims[1] != "sample":
+    run = as_run(run)
+    if run.is_dictionary:
         raise InputError("spectral clustering needs a batch run (alpha over the training samples); "
                          "this one is an online (dictionary) run")
-    alpha = np.ascontiguousarray(ds["alpha"].values)
-    with client_for(scheduler, scheduler_file, workers, client) as c:
-        engine = engine_for_run(ds, c)
+    alpha = run.alpha
+    with client_for(client) as c:
+        engine = run.engine(c)
         C = projections(engine, alpha)
         labels = engine.store.labels()
     clusters = spectral_clustering(C.T, n_clusters, scale=scale, seed=seed, n_init=n_init)
@@ -182,8 +180,6 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
 def save_clusters(res: ClusteringResult, out: str, *, attrs: dict | None = None,
                   overwrite: bool = False) -> xr.Dataset:
     """Write ``cluster (sample)`` (and the scores as attrs) to the zarr store ``out``."""
-    from dkha.store import replace_directory
-
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     meta = {k: v for k, v in res.summary().items() if v is not None}

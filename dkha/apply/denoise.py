@@ -27,7 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from dkha.errors import InputError, ParameterError
+from dkha.apply.preimage import RunPreimages, Training, check_options, expansion, solve
+from dkha.data.store import consolidate, open_store, read_grey_image, replace_directory
+from dkha.engine.cluster import client_for
+from dkha.engine.tasks import project_rows
+from dkha.errors import InputError, ParameterError, RunDirectoryError
+from dkha.runs.run import as_run, kernel_of
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +112,6 @@ def patch_positions(length: int, patch: int, step: int) -> np.ndarray:
 
 def patch_geometry(run_ds: xr.Dataset) -> tuple[int, int]:
     """``(patch, step)`` from the attrs of the run's training store."""
-    from dkha.store import open_store
-
     store = open_store(run_ds.attrs["store"])
     patch, step = store.attrs.get("patch"), store.attrs.get("step")
     if patch is None or step is None:
@@ -119,9 +122,7 @@ def patch_geometry(run_ds: xr.Dataset) -> tuple[int, int]:
     return int(patch), int(step)
 
 
-def _as_image(image, what: str) -> np.ndarray:
-    from dkha.store import read_grey_image
-
+def as_image(image, what: str) -> np.ndarray:
     if isinstance(image, (str, os.PathLike)):
         return read_grey_image(os.fspath(image))
     arr = np.asarray(image, dtype=np.float64)
@@ -132,25 +133,20 @@ def _as_image(image, what: str) -> np.ndarray:
     return arr
 
 
-def _load_run(run) -> xr.Dataset:
-    from dkha import result
-
-    return run if isinstance(run, xr.Dataset) else result.load(run)
+def load_run(run) -> xr.Dataset:
+    """The components of a run given as a directory, a dataset or a :class:`~dkha.runs.run.Run`."""
+    return as_run(run).ds
 
 
 def preimage_patches(ds, image: np.ndarray, patch: int, grid: int, *, desc: str,
-                     block: int | None, verbose: bool, cluster: tuple, **preimage
+                     block: int | None, verbose: bool, client=None, **preimage
                      ) -> tuple[np.ndarray, dict]:
     """``image``'s ``patch×patch`` windows (on the grid of ``grid``) replaced by the pre-images of their
     projections on the run ``ds`` (:class:`~dkha.apply.preimage.RunPreimages` with ``preimage``
     options), overlaps averaged, clipped to [0, 1]: denoising and hyperresolution.
-    ``cluster`` is ``(client, scheduler, scheduler_file, workers)``. Returns the image and the
+    ``client``: where it runs (:func:`dkha.engine.cluster.client_for`). Returns the image and the
     counts of :func:`reconstruct_patches` with the pre-image ``method`` used."""
-    from dkha.apply.preimage import RunPreimages
-    from dkha.cluster import client_for
-
-    client, scheduler, scheduler_file, workers = cluster
-    with client_for(scheduler, scheduler_file, workers, client) as c:
+    with client_for(client) as c:
         pre = RunPreimages(ds, c, **preimage)
         out, stats = reconstruct_patches(image, patch, grid, pre, block=block, desc=desc,
                                          verbose=verbose)
@@ -219,8 +215,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
                   iterations: int | None = None, tol: float | None = None,
                   eta: float | None = None, step: float | None = None, nonnegative: bool = False,
                   orthonormalize: bool = False, block: int | None = None, client=None,
-                  scheduler: str | None = None, scheduler_file: str | None = None,
-                  workers: int | None = None, verbose: bool = False) -> DenoiseResult:
+                  verbose: bool = False) -> DenoiseResult:
     """Denoise a grey image with the kernel principal components of a run.
 
     Parameters
@@ -247,8 +242,9 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
         orthonormal. Worth it for runs stopped far from convergence.
     block : int, optional
         Patches processed at a time (default 2048).
-    client, scheduler, scheduler_file, workers :
-        Where the work runs (:func:`dkha.cluster.client_for`).
+    client : optional
+        Where the work runs (:func:`dkha.engine.cluster.client_for`): a ``distributed.Client``,
+        a scheduler address, a number of local worker processes, or ``None``.
     verbose : bool
         Show a progress bar over blocks of patches.
 
@@ -261,20 +257,17 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
     >>> res = denoise_image("run", "noisy.png", reference="clean.png")  # doctest: +SKIP
     >>> res.snr_noisy, res.snr_denoised                                   # doctest: +SKIP
     """
-    from dkha.apply.preimage import check_options
-    from dkha.transform import kernel_of
-
     t0 = time.perf_counter()
-    ds = _load_run(run)
+    ds = load_run(run)
     check_options(method, kernel_of(ds), eta=eta, step=step, nonnegative=nonnegative)
     patch, step_ = check_patch_run(ds)
-    noisy = _as_image(image, "image")
-    clean = None if reference is None else _as_image(reference, "reference")
+    noisy = as_image(image, "image")
+    clean = None if reference is None else as_image(reference, "reference")
     if clean is not None and clean.shape != noisy.shape:
         raise InputError(f"the reference has shape {clean.shape}, the image {noisy.shape}")
     out, stats = preimage_patches(
         ds, noisy, patch, step_, desc="denoise", block=block, verbose=verbose,
-        cluster=(client, scheduler, scheduler_file, workers), method=method,
+        client=client, method=method,
         orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta, step=step,
         nonnegative=nonnegative)
     return DenoiseResult(
@@ -287,8 +280,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
 def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
                   iterations: int | None = None, tol: float | None = None,
                   eta: float | None = None, step: float | None = None, nonnegative: bool = False,
-                  overwrite: bool = False, client=None, scheduler: str | None = None,
-                  scheduler_file: str | None = None, workers: int | None = None):
+                  overwrite: bool = False, client=None):
     """Denoise every sample of a data store of plain vectors; write them as a data store.
 
     Blockwise on the cluster: one task per chunk of ``noisy``; each projects its samples on the
@@ -308,8 +300,8 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
         ``overwrite``; never one of the inputs).
     method, iterations, tol, eta, step, nonnegative :
         The pre-image (:func:`dkha.apply.preimage.solve`).
-    client, scheduler, scheduler_file, workers :
-        Where it runs (:func:`dkha.cluster.client_for`).
+    client : optional
+        Where it runs (:func:`dkha.engine.cluster.client_for`).
 
     Returns
     -------
@@ -318,21 +310,14 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
     """
     import dask.array as da
 
-    from dkha.apply.preimage import check_options
-    from dkha.cluster import client_for
-    from dkha.errors import RunDirectoryError
-    from dkha.store import consolidate, open_store, replace_directory
-    from dkha.transform import kernel_of
 
     t0 = time.perf_counter()
-    ds = _load_run(run)
+    ds = load_run(run)
     kernel = kernel_of(ds)
     options = {"iterations": iterations, "tol": tol, "eta": eta, "step": step,
                "nonnegative": nonnegative}
     method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative)
     if eta is not None and float(eta) > 0 and "dictionary" not in ds:
-        from dkha.apply.preimage import RunPreimages
-
         RunPreimages(ds, None, method=method, eta=eta)  # the one-line refusal
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
@@ -343,9 +328,8 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
         raise InputError(f"{noisy} has {src.n_features} features; the run was fitted on "
                          f"{ds.attrs['n_features']}")
     X = da.from_zarr(src.array())
-    if "dictionary" in ds:
-        small = ds[["alpha", "dictionary", "mean_coefficient"]].load()
-        small.attrs = dict(ds.attrs)
+    if as_run(ds).is_dictionary:
+        small = as_run(ds).dictionary_part()
         Z = X.map_blocks(_denoise_dictionary_chunk, small, method, options, dtype=np.float64)
     else:
         train = open_store(ds.attrs["store"])
@@ -362,7 +346,7 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
                  "run_store": ds.attrs["store"], "algorithm": ds.attrs["algorithm"],
                  "preimage": method}
     tmp = out + ".tmp"
-    with client_for(scheduler, scheduler_file, workers, client):
+    with client_for(client):
         res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
     consolidate(tmp)
     replace_directory(tmp, out)
@@ -372,8 +356,6 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
 
 def store_mse(reference: str, other: str) -> float:
     """Mean squared error per feature, ``mean((reference − other)²)``, chunk by chunk."""
-    from dkha.store import open_store
-
     a, b = open_store(reference), open_store(other)
     if (a.n_samples, a.n_features) != (b.n_samples, b.n_features):
         raise InputError(f"{reference} holds {a.n_samples} × {a.n_features} values, {other} "
@@ -386,9 +368,6 @@ def store_mse(reference: str, other: str) -> float:
 
 def _denoise_store_chunk(Xc, path, kernel, mk, mkm, groups, alpha, method, options):
     """Worker task: pre-images of one chunk of samples against a batch run's training store."""
-    from dkha.apply.preimage import Training, expansion, solve
-    from dkha.rows import project_rows
-
     Xc = np.ascontiguousarray(Xc, dtype=np.float64)
     beta = project_rows(path, kernel, Xc, mk, mkm, groups, alpha)
     training = Training.from_chunks(path, kernel, groups, alpha)
@@ -397,8 +376,6 @@ def _denoise_store_chunk(Xc, path, kernel, mk, mkm, groups, alpha, method, optio
 
 def _denoise_dictionary_chunk(Xc, small, method, options):
     """Worker task: pre-images of one chunk of samples with a dictionary run."""
-    from dkha.apply.preimage import RunPreimages
-
     return RunPreimages(small, None, method=method, **options)(Xc).Z
 
 

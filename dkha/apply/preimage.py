@@ -83,8 +83,12 @@ from typing import Callable
 
 import numpy as np
 
+from dkha.engine.tasks import group_rows, load_rows
 from dkha.errors import InputError, ParameterError
+from dkha.fit.evaluate import projections
 from dkha.kernels import Kernel
+from dkha.runs.run import as_run
+from dkha.runs.transform import project_dictionary
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +129,7 @@ class Expansion:
         """``γ`` whole (``n × l``; small problems and tests only)."""
         return self.block(alpha)
 
-    def take(self, index) -> "Expansion":
+    def take(self, index) -> Expansion:
         return Expansion(self.weights[index], self.offset[index])
 
 
@@ -138,7 +142,7 @@ def expansion(alpha: np.ndarray, projections: np.ndarray, *, gram: np.ndarray | 
     alpha : ndarray (r, l)
         The coefficients of the components over the centered training samples.
     projections : ndarray (n, r)
-        ``β``: the samples' projections on the components (``dkha.transform.project``).
+        ``β``: the samples' projections on the components (``dkha.runs.transform.project``).
     gram : ndarray (r, r), optional
         ``G = A K' Aᵀ``; when given, the projection is the orthogonal one onto the span of the
         components (``β̃ = G⁻¹ β``), exact even if the components are not orthonormal.
@@ -243,8 +247,6 @@ def array_sums(X_train: np.ndarray, kernel: Kernel, alpha: np.ndarray, *,
 def _store_group_sums(path: str, kernel: Kernel, cols: tuple, Z: np.ndarray, weights: np.ndarray,
                       alpha_group: np.ndarray, offset: np.ndarray, block: int):
     """Worker task: the sums over one column group of a data store (chunk ranges ``cols``)."""
-    from dkha.rows import load_rows
-
     num = np.zeros_like(Z)
     den = np.zeros(len(Z))
     mag = np.zeros(len(Z))
@@ -262,7 +264,7 @@ def _store_group_sums(path: str, kernel: Kernel, cols: tuple, Z: np.ndarray, wei
 
 
 def engine_sums(engine, alpha: np.ndarray, *, block: int | None = None) -> Callable:
-    """The fixed-point sums over a :class:`~dkha.rows.RowEngine`'s store, one task per column
+    """The fixed-point sums over a :class:`~dkha.engine.rows.RowEngine`'s store, one task per column
     group (the workers read their chunks from the store and keep them cached)."""
     block = DEFAULT_BLOCK if block is None else int(block)
     client = engine.client
@@ -292,9 +294,7 @@ def engine_sums(engine, alpha: np.ndarray, *, block: int | None = None) -> Calla
 
 def _store_group_moments(path: str, cols: tuple, alpha_group: np.ndarray):
     """Worker task: ``A[:, J] X[J]`` and ``Σ_{j∈J} x_j`` over one column group of a store."""
-    from dkha.rows import _group_rows
-
-    X = _group_rows(path, cols)
+    X = group_rows(path, cols)
     return alpha_group @ X, X.sum(axis=0)
 
 
@@ -324,14 +324,14 @@ class Training:
 
     @classmethod
     def from_array(cls, X: np.ndarray, kernel: Kernel, alpha: np.ndarray, *,
-                   block: int | None = None) -> "Training":
+                   block: int | None = None) -> Training:
         X = np.ascontiguousarray(X, dtype=np.float64)
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
         return cls(kernel, alpha, array_sums(X, kernel, alpha, block=block),
                    _once(lambda: (alpha @ X, X.sum(axis=0))), X)
 
     @classmethod
-    def from_engine(cls, engine, alpha: np.ndarray, *, block: int | None = None) -> "Training":
+    def from_engine(cls, engine, alpha: np.ndarray, *, block: int | None = None) -> Training:
         """A data store on the cluster: each reduction is one task per column group."""
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
 
@@ -351,7 +351,7 @@ class Training:
 
     @classmethod
     def from_chunks(cls, path: str, kernel: Kernel, groups: tuple, alpha: np.ndarray, *,
-                    block: int | None = None) -> "Training":
+                    block: int | None = None) -> Training:
         """A data store read inside one task (chunks from the per-process cache): the reductions
         run here, group after group, for tasks that pre-image a whole block of samples."""
         block = DEFAULT_BLOCK if block is None else int(block)
@@ -622,7 +622,7 @@ class RunPreimages:
     Parameters
     ----------
     ds : xarray.Dataset
-        The run's components (:func:`dkha.result.load`).
+        The run's components (:func:`dkha.data.result.load`).
     client : distributed.Client
     method : {"fixed-point", "conformal", "gradient"}, optional
         Default: fixed-point for a gaussian kernel, conformal otherwise.
@@ -636,34 +636,27 @@ class RunPreimages:
     def __init__(self, ds, client, *, method: str | None = None, orthonormalize: bool = False,
                  iterations: int | None = None, tol: float | None = None,
                  eta: float | None = None, step: float | None = None, nonnegative: bool = False):
-        from dkha.transform import kernel_of
-
-        kernel = kernel_of(ds)
+        run = as_run(ds)
+        kernel = run.kernel
         self.method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative)
-        if eta is not None and "dictionary" not in ds and float(eta) > 0:
+        if eta is not None and not run.is_dictionary and float(eta) > 0:
             raise ParameterError(
                 "the conformal map with --eta > 0 needs K_m⁻¹ of the samples the components are "
                 "expanded over: available for dictionary (online) runs; use --eta 0 for batch runs")
         self.options = {"iterations": iterations, "tol": tol, "eta": eta, "step": step,
                         "nonnegative": nonnegative}
-        alpha = np.ascontiguousarray(ds["alpha"].values, dtype=np.float64)
-        if "dictionary" in ds:
-            from dkha.online import project as project_online
-
+        alpha = run.alpha
+        if run.is_dictionary:
             D = np.ascontiguousarray(ds["dictionary"].values, dtype=np.float64)
             mean = ds["mean_coefficient"].values
             Km = kernel.block(D, D)
-            small = ds[["alpha", "dictionary", "mean_coefficient"]].load()
-            small.attrs = dict(ds.attrs)
+            small = run.dictionary_part()
             extended = dictionary_expansion(alpha, mean, np.zeros((1, len(alpha))), Km)[1]
-            self.project = lambda P: project_online(small, P)
+            self.project = lambda P: project_dictionary(small, P)
             self.expand = lambda y: dictionary_expansion(alpha, mean, y, Km)[0]
             self.training = Training.from_array(D, kernel, extended)
         else:
-            from dkha.evaluate import projections
-            from dkha.transform import engine_for_run
-
-            engine = engine_for_run(ds, client)
+            engine = run.engine(client)
             gram = projections(engine, alpha) @ alpha.T if orthonormalize else None
             self.project = lambda P: engine.transform(P, alpha)
             self.expand = lambda y: expansion(alpha, y, gram=gram)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.denoise import (_as_image, _load_run, check_patch_run, preimage_patches,
-                                 squared_error)
+from dkha.apply.denoise import as_image, check_patch_run, load_run, preimage_patches, squared_error
+from dkha.apply.preimage import check_options
 from dkha.errors import InputError, ParameterError
+from dkha.runs.run import kernel_of
 
 UPSCALING = ("replicate", "bilinear")
 
@@ -97,8 +98,7 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
                  iterations: int | None = None, tol: float | None = None,
                  eta: float | None = None, gradient_step: float | None = None,
                  nonnegative: bool = False, orthonormalize: bool = False,
-                 block: int | None = None, client=None, scheduler: str | None = None,
-                 scheduler_file: str | None = None, workers: int | None = None,
+                 block: int | None = None, client=None,
                  verbose: bool = False) -> SuperresolveResult:
     """Scale a grey image up ``factor`` times with the kernel principal components of a run
     fitted on high-resolution patches.
@@ -120,14 +120,11 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     method, iterations, tol, eta, gradient_step, nonnegative, orthonormalize :
         The pre-image (:class:`dkha.apply.preimage.RunPreimages`; ``gradient_step`` is its
         ``step``).
-    block, client, scheduler, scheduler_file, workers, verbose :
+    block, client, verbose :
         As :func:`dkha.apply.denoise.denoise_image`.
     """
-    from dkha.apply.preimage import check_options
-    from dkha.transform import kernel_of
-
     t0 = time.perf_counter()
-    ds = _load_run(run)
+    ds = load_run(run)
     check_options(method, kernel_of(ds), eta=eta, step=gradient_step, nonnegative=nonnegative)
     if upscaling not in UPSCALING:
         raise ParameterError(f"unknown upscaling {upscaling!r}; choose one of "
@@ -136,15 +133,15 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     step = store_step if step is None else int(step)
     if step < 1:
         raise ParameterError(f"step must be positive, got {step}")
-    low = _as_image(image, "image")
+    low = as_image(image, "image")
     up = upscale(low, factor, upscaling)
-    ref = None if reference is None else _as_image(reference, "reference")
+    ref = None if reference is None else as_image(reference, "reference")
     if ref is not None and ref.shape != up.shape:
         raise InputError(f"the reference has shape {ref.shape}; the image scaled up {factor}× "
                          f"has {up.shape}")
     out, stats = preimage_patches(
         ds, up, patch, step, desc="superresolve", block=block, verbose=verbose,
-        cluster=(client, scheduler, scheduler_file, workers), method=method,
+        client=client, method=method,
         orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta,
         step=gradient_step, nonnegative=nonnegative)
     return SuperresolveResult(

@@ -18,7 +18,7 @@ coordinator-math.md §3 with its in-block loop compiled (:mod:`dkha.solvers.fact
 kept as the oracle the tests compare against.
 
 The factored engine also takes blocks whose projections were computed on the workers
-(coordinator-math.md §4, :class:`dkha.rows.ProjectedBlock`) while a row engine's stream has
+(coordinator-math.md §4, :class:`dkha.engine.replicas.ProjectedBlock`) while a row engine's stream has
 attached its replicas (:meth:`BatchKHA.attach_replicas`).
 """
 
@@ -111,7 +111,7 @@ class BatchKHA:
         self.xi = float(xi)
         self.rho0 = float(rho0)
         self.state: BatchState | FactoredState | None = None
-        self.replicas = None     # a stream's dkha.rows.WorkerReplicas while one is attached
+        self.replicas = None     # a stream's dkha.engine.replicas.WorkerReplicas while one is attached
 
     @property
     def needs_projection(self) -> bool:
@@ -156,7 +156,7 @@ class BatchKHA:
             st.lam = eigenvalue_estimate(st.A, st.C)
 
     def attach_replicas(self, replicas) -> None:
-        """Let a block stream's worker replicas (:class:`dkha.rows.WorkerReplicas`) follow the
+        """Let a block stream's worker replicas (:class:`dkha.engine.replicas.WorkerReplicas`) follow the
         state: folds made here are recorded with them, and projected blocks are completed by
         them. Only the factored engine supports this."""
         if not isinstance(self.state, FactoredState):
@@ -189,7 +189,7 @@ class BatchKHA:
     def apply_block(self, index: np.ndarray, rows) -> None:
         """Apply one step per entry of ``index``; ``rows[j] = K'[index[j], :]``.
 
-        ``rows`` may instead be a :class:`dkha.rows.ProjectedBlock` from the stream whose
+        ``rows`` may instead be a :class:`dkha.engine.replicas.ProjectedBlock` from the stream whose
         replicas are attached (factored engine): its projections are brought up to date by the
         replicas, and the block's message is recorded with them. At the end of each pass
         (``t`` a multiple of ``l``) the replicas are checked and ``C̃`` is brought home.

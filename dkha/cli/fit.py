@@ -1,0 +1,242 @@
+"""The ``dkha fit`` and ``dkha tune`` commands; their options come from the one parameter table
+(:mod:`dkha.estimators.params`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from dkha.cli.options import (
+    add_cluster_options,
+    centering_line,
+    centering_summary,
+    cluster_kwargs,
+    float_list,
+    positive_int,
+    raise_param,
+)
+from dkha.data.store import open_store
+from dkha.errors import NumericalError, RunDirectoryError
+from dkha.estimators.batch import KernelHebbianPCA, fit_together, run_names
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.estimators.params import BATCH, add_options, cli_values, estimator_kwargs
+from dkha.estimators.params import ONLINE as ONLINE_MODEL
+from dkha.estimators.tune import tune
+from dkha.solvers.online import ALGORITHMS as ONLINE
+
+TYPES = {"positive_int": positive_int, "float_list": float_list}
+
+
+def add_fit_parsers(sub) -> None:
+    """Add ``fit`` and ``tune`` to the ``dkha`` command's subparsers."""
+    p = sub.add_parser("fit", help="fit kernel principal components")
+    p.add_argument("store")
+    p.add_argument("-o", "--out", required=True, metavar="RUN_DIR")
+    add_options(p, types=TYPES)
+    p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
+    c = p.add_mutually_exclusive_group()
+    c.add_argument("--checkpoint-every", type=positive_int, metavar="N",
+                   help="write the complete state to RUN_DIR/checkpoints every N passes "
+                        "(SIGTERM also checkpoints, then exits with code 75)")
+    c.add_argument("--checkpoint-steps", type=positive_int, metavar="N",
+                   help="write the complete state at the first block boundary after every N "
+                        "steps")
+    p.add_argument("--resume", action="store_true",
+                   help="continue RUN_DIR's run from its newest valid checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_cluster_options(p)
+
+    p = sub.add_parser("tune", help="try the {1,2,5}×10^b grid of eta0 (and mu) in one kernel "
+                                    "stream; keep the best run of each algorithm")
+    p.add_argument("store")
+    p.add_argument("-o", "--out", required=True, metavar="TUNE_DIR",
+                   help="gets tune.json (every setting's excess error) and TUNE_DIR/<algorithm>, "
+                        "the best run (resumable: continue it with dkha fit ... --resume)")
+    p.add_argument("--algorithm", default="kha-smd",
+                   help="batch algorithm(s) to tune, comma-separated (default kha-smd)")
+    p.add_argument("--eta0", type=float_list, metavar="ETA0[,ETA0...]",
+                   help="values to try (default 0.01,0.02,0.05,…,5: {1,2,5}×10^b, b = −2…0)")
+    p.add_argument("--mu", type=float_list, metavar="MU[,MU...]",
+                   help="kha-smd: meta-gains to try with every eta0 (default 0.01,…,0.5,1)")
+    p.add_argument("--passes", type=positive_int, default=3,
+                   help="passes of every setting, judged by the excess error after them (default 3)")
+    add_options(p, (BATCH,), types=TYPES, defaults={"evaluate_every": 0},
+                skip={"algorithm", "eta0", "mu", "passes", "steps", "tol", "projections"})
+    p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_cluster_options(p)
+
+
+def _fit_summary(model, run_dir: str) -> dict:
+    last = model.history_[-1] if model.history_ else {}
+    return {"run_dir": run_dir, "algorithm": model.attrs_["algorithm"],
+            "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
+            "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
+                                                   ("pass", "step", "error", "error_min", "excess")},
+            "fit_seconds": last.get("wall_time"), **centering_summary(model.attrs_)}
+
+
+def _model_settings(args) -> list[dict]:
+    """``(algorithm, eta0, mu)`` of each model from ``--algorithm``/``--eta0``/``--mu`` lists
+    (a single value serves every model)."""
+    lists = {"algorithm": [a.strip() for a in args.algorithm.split(",")],
+             "eta0": args.eta0 or [None], "mu": args.mu or [None]}
+    k = max(len(v) for v in lists.values())
+    for name, v in lists.items():
+        if len(v) not in (1, k):
+            raise_param(f"--{name} gives {len(v)} values for {k} models; give one value or one "
+                        "per model")
+    return [{name: v[i] if len(v) > 1 else v[0] for name, v in lists.items()} for i in range(k)]
+
+
+def _batch_model(args, algorithm: str, eta0, mu, **overrides):
+    """The :class:`KernelHebbianPCA` that ``dkha fit``'s (or ``dkha tune``'s) options describe
+    (an option of the online algorithms is refused in one line)."""
+    values = dict(cli_values(args), algorithm=algorithm, eta0=eta0, mu=mu)
+    kwargs = estimator_kwargs(values, BATCH, algorithm)
+    kwargs.update(verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
+                  **cluster_kwargs(args))
+    kwargs.update(overrides)
+    return KernelHebbianPCA(**kwargs)
+
+
+def cmd_fit(args) -> int:
+    settings = _model_settings(args)
+    if len(settings) > 1:
+        return _fit_many(args, settings)
+    args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
+    if args.algorithm in ONLINE:
+        return _fit_online(args)
+    model = _batch_model(args, args.algorithm, args.eta0, args.mu)
+    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
+              checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
+              checkpoint_steps=args.checkpoint_steps or 0)
+    summary = _fit_summary(model, args.out)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{summary['algorithm']}: {summary['n_components']} components of "
+              f"{summary['n_samples']} samples, {summary['kernel']}")
+        line = centering_line(model.attrs_, model.n_samples_)
+        if line:
+            print(line)
+        if model.history_:
+            print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
+                  f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
+        print(f"saved {os.path.join(args.out, 'components.zarr')}")
+    return 0
+
+
+def _fit_many(args, settings: list[dict]) -> int:
+    """Several batch models in one pass over the kernel rows, one run directory each."""
+    for s in settings:
+        if s["algorithm"] in ONLINE or s["algorithm"] == "krylov":
+            raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
+                        "(kha, kha-t, kha-et, kha-smd) to fit several together")
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise RunDirectoryError(f"{args.out} exists and is not a directory")
+    models = [_batch_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]
+    run_dirs = [os.path.join(args.out, name) for name in run_names(models)]
+    fit_together(models, args.store, run_dirs=run_dirs, overwrite=args.overwrite,
+                 checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
+                 checkpoint_steps=args.checkpoint_steps or 0, skip_diverged=True)
+    summaries = []
+    for m, d in zip(models, run_dirs):
+        if m.failure_ is None:
+            summaries.append(_fit_summary(m, d))
+        else:
+            summaries.append({"run_dir": d, "algorithm": m.algorithm, "diverged": m.failure_})
+    if args.json:
+        print(json.dumps(summaries))
+    else:
+        seconds = next((s["fit_seconds"] for s in summaries if s.get("fit_seconds")), None)
+        print(f"{len(models)} models in one pass over the kernel rows"
+              + (f" ({seconds:.1f} s of fitting)" if seconds else ""))
+        for s in summaries:
+            shown = ("diverged" if "diverged" in s else
+                     f"excess {s['excess']:.3e}" if s.get("excess") is not None else "saved")
+            print(f"  {s['run_dir']}: {shown}")
+    failed = [s for s in summaries if "diverged" in s]
+    if failed:
+        raise NumericalError(f"{len(failed)} of {len(models)} models diverged ("
+                             + ", ".join(os.path.basename(s["run_dir"]) for s in failed)
+                             + "): lower their eta0 (or mu); the others were saved")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    algorithms = [a.strip() for a in args.algorithm.split(",")]
+    proto = _batch_model(args, algorithms[0], None, None, projections="coordinator", tol=None)
+    shared = {k: v for k, v in proto.__dict__.items()
+              if k not in ("algorithm", "eta0", "mu", "passes", "steps")}
+    summary = tune(args.store, algorithms, eta0=args.eta0, mu=args.mu, passes=args.passes,
+                   tune_dir=args.out, overwrite=args.overwrite, **shared)
+    if args.json:
+        print(json.dumps(summary, default=float))
+        return 0
+    print(f"{summary['settings']} settings, {args.passes} passes each, in one pass over the "
+          f"kernel rows ({summary['seconds']:.1f} s); excess error E/E_min − 1 after "
+          f"{args.passes} passes:")
+    print(f"  {'algorithm':10s} {'eta0':>8s} {'mu':>8s}  excess")
+    for row in summary["grid"]:
+        mu = "" if row["mu"] is None else f"{row['mu']:g}"
+        shown = "diverged" if row["excess"] is None else f"{row['excess']:.3e}"
+        print(f"  {row['algorithm']:10s} {row['eta0']:>8g} {mu:>8s}  {shown}"
+              + ("  ← best" if row.get("best") else ""))
+    options = {"sigma": "--sigma", "degree": "--degree", "offset": "--offset",
+               "gamma": "--kernel-gamma"}
+    kernel = " ".join(f"{options[k]} {v!r}" for k, v in summary["kernel_parameters"].items()
+                      if k in options)
+    for a, b in summary["best"].items():
+        gains = f"--eta0 {b['eta0']:g}" + ("" if b["mu"] is None else f" --mu {b['mu']:g}")
+        print(f"chosen {a}: {gains} (excess {b['excess']:.3e}), kept in {b['run_dir']}")
+        if b["at_edge"]:
+            print(f"  note: {' and '.join(b['at_edge'])} at the end of the grid; a wider range "
+                  f"(--{' / --'.join(b['at_edge'])}) may do better")
+        print(f"  continue: dkha fit {args.store} -o {b['run_dir']} --algorithm {a} {gains} "
+              f"--components {args.components} --kernel {args.kernel} {kernel} --seed {args.seed}"
+              + (f" --init {args.init}" if args.init != "random" else "")
+              + (f" --xi {args.xi:g}" if args.xi is not None else "")
+              + (f" --rho0 {args.rho0:g}" if args.rho0 else "")
+              + (f" --block {args.block_rows}" if args.block_rows else "")
+              + (f" --center-sample {args.center_sample}" if args.center_sample else "")
+              + f" --evaluate-every {args.evaluate_every} --passes N --resume")
+    for a in summary["algorithms"]:
+        if a not in summary["best"]:
+            print(f"{a}: every setting diverged")
+    print(f"summary: {os.path.join(args.out, 'tune.json')}")
+    return 0
+
+
+def _fit_online(args) -> int:
+    n_samples = open_store(args.store).n_samples
+    values = cli_values(args)
+    # --passes and --evaluate-every count passes; the online estimator counts steps
+    if values["steps"] is None and values["passes"] is not None:
+        values["steps"] = values["passes"] * n_samples
+    values["passes"] = None
+    every = values["evaluate_every"]
+    values["evaluate_every"] = every * n_samples if every > 0 else None
+    kwargs = estimator_kwargs(values, ONLINE_MODEL, args.algorithm)
+    kwargs["verbose"] = not args.quiet and sys.stderr.isatty()
+    model = OnlineKernelPCA(**kwargs)
+    # --checkpoint-every counts passes; the online estimator counts steps
+    checkpoint = (args.checkpoint_every * n_samples if args.checkpoint_every
+                  else args.checkpoint_steps or 0)
+    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
+              ac_reference=args.evaluate_every >= 0, checkpoint_every=checkpoint,
+              resume=args.resume)
+    ds = model.to_dataset()
+    summary = {"run_dir": args.out, "algorithm": args.algorithm,
+               "members": int(ds.sizes.get("member", 0))}
+    if "ac_index" in ds and ds.sizes.get("evaluation", 0):
+        summary["ac_index"] = float(ds["ac_index"].values[-1])
+    print(json.dumps(summary) if args.json else
+          ", ".join(f"{k} = {v}" for k, v in summary.items()))
+    return 0
+
+
+COMMANDS = {"fit": cmd_fit, "tune": cmd_tune}

@@ -1,0 +1,329 @@
+"""The ``dkha`` command.
+
+    dkha demo [-o DIR]
+    dkha ingest array SRC.npy -o STORE.zarr [--labels L.npy] [--chunk-rows N]
+    dkha ingest images IMG... -o STORE.zarr --patch 11 --step 2
+    dkha fit STORE.zarr -o RUN_DIR --algorithm kha-smd --components R ...
+    dkha fit STORE.zarr -o RUN_DIR --algorithm kha-t,kha-et,kha-smd --eta0 0.5,0.2,0.2
+    dkha tune STORE.zarr -o TUNE_DIR --algorithm kha-smd --passes 3
+    dkha evaluate RUN_DIR [--variance] [--json]
+    dkha transform RUN_DIR NEW.zarr -o OUT.zarr
+    dkha report RUN_DIR
+
+Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
+input or parameters, 3 for a diverged fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
+from dkha.cli.apply import add_parsers as add_apply_parsers
+from dkha.cli.fit import COMMANDS as FIT_COMMANDS
+from dkha.cli.fit import add_fit_parsers
+from dkha.cli.options import (
+    add_cluster_options,
+    centering_line,
+    centering_summary,
+    cluster_kwargs,
+    positive_int,
+    raise_param,
+)
+from dkha.data import result
+from dkha.data.store import ingest_array, ingest_images, open_store
+from dkha.engine.cluster import client_for
+from dkha.errors import DkhaError
+from dkha.estimators.batch import KernelHebbianPCA
+from dkha.fit.ac_index import ACReference
+from dkha.fit.control import STOP
+from dkha.fit.evaluate import evaluate
+from dkha.pipeline.report import report_run
+from dkha.pipeline.runner import run_file
+from dkha.runs.run import Run
+from dkha.runs.transform import transform_store
+from dkha.runs.variance import explained_variance
+from dkha.solvers.batch import ALGORITHMS
+from dkha.version import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dkha", description="Kernel PCA by the Kernel Hebbian "
+                                     "Algorithm family, for data sets too large for a kernel matrix.")
+    parser.add_argument("--version", action="version", version=f"dkha {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    # demo
+    p = sub.add_parser("demo", help="ingest scikit-learn's digits and fit KHA-SMD (no cluster needed)")
+    p.add_argument("-o", "--out", default="dkha-demo", help="directory for the store and run (default dkha-demo)")
+    p.add_argument("--passes", type=positive_int, default=20)
+    p.add_argument("--algorithm", default="kha-smd", choices=ALGORITHMS)
+    add_cluster_options(p)
+
+    # ingest
+    p = sub.add_parser("ingest", help="create a data store")
+    isub = p.add_subparsers(dest="kind", required=True)
+    a = isub.add_parser("array", help="from a .npy array (samples × features)")
+    a.add_argument("src")
+    a.add_argument("-o", "--out", required=True)
+    a.add_argument("--labels", help=".npy of one label per sample")
+    a.add_argument("--chunk-rows", type=positive_int)
+    a.add_argument("--overwrite", action="store_true")
+    im = isub.add_parser("images", help="grey-scale patches of images (skimage:NAME for bundled ones)")
+    im.add_argument("images", nargs="+")
+    im.add_argument("-o", "--out", required=True)
+    im.add_argument("--patch", type=positive_int, default=11)
+    im.add_argument("--step", type=positive_int, default=2)
+    im.add_argument("--max-samples", type=positive_int, metavar="N",
+                    help="stop after N patches (the remaining images are not read)")
+    im.add_argument("--chunk-rows", type=positive_int)
+    im.add_argument("--overwrite", action="store_true")
+
+    add_fit_parsers(sub)
+
+    # run (pipelines)
+    p = sub.add_parser("run", help="run a pipeline file (TOML): ingest → fit → evaluate → apply → report")
+    p.add_argument("pipeline")
+    p.add_argument("--run-id", help="name of the run directory (default: the pipeline's name)")
+    p.add_argument("--runs-dir", default="runs", help="where run directories go (default ./runs)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_cluster_options(p)
+
+    # applications: denoise, cluster
+
+    add_apply_parsers(sub)
+
+    # evaluate
+    p = sub.add_parser("evaluate", help="reconstruction error E(A), E_min and the excess (eq. 22); "
+                       "online runs: the AC index; --variance: explained variance (eq. 23)")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--recompute", action="store_true",
+                   help="recompute the top eigenvalues of K' instead of reusing the fit's")
+    p.add_argument("--variance", action="store_true",
+                   help="also Honeine's explained variance per component (eq. 23), blockwise "
+                        "over the training store")
+    p.add_argument("--variance-samples", type=positive_int, metavar="N",
+                   help="estimate the variance on a seeded sample of N rows (huge stores)")
+    p.add_argument("--cache-rows", action="store_true", default=None,
+                   help="keep the kernel's tiles in worker memory while evaluating (pays when "
+                        "the eigenvalues are recomputed: every Krylov iteration is a pass)")
+    add_cluster_options(p)
+
+    # transform
+    p = sub.add_parser("transform", help="project a data store on the components")
+    p.add_argument("run_dir")
+    p.add_argument("new_store")
+    p.add_argument("-o", "--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    add_cluster_options(p)
+
+    # report
+    p = sub.add_parser("report", help="an HTML page of a run: convergence, component pictures, "
+                                      "response maps")
+    p.add_argument("run_dir")
+    p.add_argument("--components", type=positive_int, default=8,
+                   help="components to show (default 8)")
+    return parser
+
+
+def cmd_ingest(args) -> int:
+    if args.kind == "array":
+        st = ingest_array(args.src, args.out, labels=args.labels, chunk_rows=args.chunk_rows,
+                          overwrite=args.overwrite)
+    else:
+        st = ingest_images(args.images, args.out, patch=args.patch, step=args.step,
+                           chunk_rows=args.chunk_rows, max_samples=args.max_samples,
+                           overwrite=args.overwrite)
+    print(f"{st.path}: {st.n_samples} samples × {st.n_features} features "
+          f"in chunks of {st.chunk_rows} rows")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    import numpy as np
+
+
+    run = Run.open(args.run_dir)
+    ds = run.ds
+    if args.variance_samples and not args.variance:
+        raise_param("--variance-samples needs --variance")
+    if run.is_dictionary:
+        return _evaluate_online(args, ds)
+    eig = ds.attrs.get("top_eigenvalues")
+    r = ds.sizes["component"]
+    with client_for(**cluster_kwargs(args)) as client:
+        engine = run.engine(client, cache_rows=args.cache_rows)
+        ev = evaluate(engine, ds["alpha"].values,
+                      None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
+        out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),
+               "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client),
+               **centering_summary(ds.attrs)}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"E(A)   = {ev.error:.10g}\nE_min  = {ev.error_min:.10g}\nexcess = {ev.excess:.6e}")
+        _print_variance(out)
+        line = centering_line(ds.attrs, int(ds.sizes["sample"]))
+        if line:
+            print(line)
+    return 0
+
+
+def _variance(args, ds, client) -> dict:
+    """``dkha evaluate --variance``: eq. 23 per component (empty without the option)."""
+    if not args.variance:
+        return {}
+
+    return explained_variance(ds, client, samples=args.variance_samples,
+                              seed=int(ds.attrs.get("seed", 0))).as_dict()
+
+
+def _print_variance(out: dict) -> None:
+    if "explained_variance" not in out:
+        return
+    total = out["total_variance"]
+    where = (f"a sample of {out['variance_samples']}" if out["variance_sampled"]
+             else f"all {out['variance_samples']}") + " samples"
+    print(f"explained variance (eq. 23, over {where}):")
+    cum = 0.0
+    for j, v in enumerate(out["explained_variance"]):
+        cum += v
+        share = f"  {v / total:7.2%} (cumulative {cum / total:7.2%})" if total else ""
+        print(f"  component {j:3d}  {v:.6g}{share}")
+    print(f"  sum {out['cumulative_variance']:.6g}" +
+          (f" of trace(K')/l = {total:.6g}" if total else ""))
+
+
+def _evaluate_online(args, ds) -> int:
+    """Online runs: the AC index against exact KPCA (a seeded subset of ≤ 2000 samples)."""
+    import numpy as np
+
+
+    store = open_store(ds.attrs["store"])
+    r = ds.sizes["component"]
+    ref = ACReference.from_store(store, Run(ds).kernel, r, seed=int(ds.attrs.get("seed", 0)))
+    cos = ref.cosines(ds["alpha"].values, ds["dictionary"].values)
+    out = {"run_dir": args.run_dir, "algorithm": ds.attrs["algorithm"],
+           "members": int(ds.sizes["member"]), "ac_index": float(np.mean(cos)),
+           "cosines": [float(c) for c in cos]}
+    if args.variance:
+        with client_for(**cluster_kwargs(args)) as client:
+            out.update(_variance(args, ds, client))
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"AC index = {out['ac_index']:.6f} over {r} components "
+              f"({out['members']} dictionary members)")
+        _print_variance(out)
+    return 0
+
+
+def cmd_transform(args) -> int:
+    ds = result.load(args.run_dir)
+    res = transform_store(ds, args.new_store, args.out, overwrite=args.overwrite, **cluster_kwargs(args))
+    print(f"{args.out}: projection {dict(res.sizes)}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    print(report_run(args.run_dir, components=args.components))
+    return 0
+
+
+def cmd_run(args) -> int:
+    code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
+                             cluster=cluster_kwargs(args), verbose=args.verbose > 0)
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print(f"run {summary['run_id']} in {summary['run_dir']}: exit {code}")
+        for name, figs in summary.get("figures", {}).items():
+            shown = ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
+                              for k, v in figs.items() if v is not None)
+            print(f"  {name}: {shown}")
+        print(f"  report: {os.path.join(summary['run_dir'], 'report.html')}")
+    return code
+
+
+def cmd_demo(args) -> int:
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+
+    os.makedirs(args.out, exist_ok=True)
+    d = load_digits()
+    X = np.concatenate([d.data[d.target == k][:100] for k in range(10)]) / 8.0 - 1.0
+    y = np.concatenate([d.target[d.target == k][:100] for k in range(10)])
+    store_path = os.path.join(args.out, "digits.zarr")
+    store = ingest_array(X, store_path, labels=y, chunk_rows=250, overwrite=True)
+    print(f"data store {store.path}: {store.n_samples} digits (8×8, pixels x/8 − 1)")
+    run_dir = os.path.join(args.out, "run")
+    model = KernelHebbianPCA(16, algorithm=args.algorithm, sigma=4.0, passes=args.passes,
+                             evaluate_every=1, verbose=sys.stderr.isatty(), **cluster_kwargs(args))
+    model.fit(store_path, run_dir=run_dir, overwrite=True)
+    print("pass   excess error E/E_min − 1")
+    for h in model.history_:
+        print(f"{h['pass']:4d}   {h['excess']:.3e}")
+    print(f"saved {run_dir}/components.zarr (open it with xarray.open_zarr)")
+    return 0
+
+
+COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, **FIT_COMMANDS,
+            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run,
+            "report": cmd_report}
+
+
+def _quiet_distributed(level: int) -> None:
+    """distributed logs INFO lines on every cluster start; keep them out of the CLI's output."""
+    import distributed  # noqa: F401  (configures its loggers on import; then we override)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("distributed"):
+            logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
+def _install_stop_handler() -> None:
+    """SIGTERM: a running fit checkpoints at the next block and exits with code 75 (resumable).
+
+    A second SIGTERM ends the process at once.
+    """
+    import signal
+
+
+    def handler(signum, frame):
+        if STOP.is_set():
+            raise SystemExit(128 + signum)
+        STOP.set()
+        print("dkha: stopping at the next block (checkpoint, then exit 75)", file=sys.stderr)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (embedded use)
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    for h in logging.root.handlers:  # library INFO lines go to files (pipelines), not the console
+        h.setLevel(level)
+    _quiet_distributed(level)
+
+    _install_stop_handler()
+    try:
+        return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
+    except DkhaError as exc:
+        print(f"dkha: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dkha: interrupted", file=sys.stderr)
+        return 130
+

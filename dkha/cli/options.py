@@ -1,0 +1,63 @@
+"""Command-line options shared by the ``dkha`` subcommands: argument types, where it runs, and
+the one-line summaries of a run's centering. The fit options are generated from the parameter
+table (:mod:`dkha.estimators.params`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dkha.engine.cluster import Where
+from dkha.errors import ParameterError
+
+
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def float_list(s: str) -> list[float]:
+    """``0.1,0.2,0.5`` → ``[0.1, 0.2, 0.5]`` (one value or one per model)."""
+    try:
+        return [float(v) for v in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or a comma-separated list of "
+                                         f"numbers, got {s!r}") from None
+
+
+def add_cluster_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
+    g.add_argument("--scheduler", metavar="ADDRESS",
+                   help="attach to a running Dask scheduler (tcp://HOST:PORT); "
+                        "DASK_SCHEDULER_ADDRESS is used when set")
+    g.add_argument("--scheduler-file", metavar="F", help="attach via a scheduler file")
+    g.add_argument("--workers", type=positive_int, metavar="N",
+                   help="start a local cluster of N worker processes")
+
+
+def cluster_kwargs(args) -> dict:
+    """``{"client": where}`` from ``--scheduler``, ``--scheduler-file`` and ``--workers``: the one
+    where-it-runs value every public function takes (:func:`dkha.engine.cluster.client_for`)."""
+    return {"client": Where(args.scheduler, args.scheduler_file, args.workers)}
+
+
+def raise_param(msg: str):
+    raise ParameterError(msg)
+
+
+def centering_summary(attrs) -> dict:
+    """How a run was centered, for summaries: exact, or from a sample of N columns."""
+    n = attrs.get("center_sample")
+    return {"centering": "exact" if n is None else "sample", "center_sample": n}
+
+
+def centering_line(attrs, n_samples: int) -> str | None:
+    n = attrs.get("center_sample")
+    if n is None:
+        return None
+    return (f"centering: approximate, the MK row estimated from a sample of {n} of the "
+            f"{n_samples} columns (--center-sample); E and E_min use that centering")

@@ -1,0 +1,1 @@
+"""Everything on disk: data stores, images, the centering cache, run results, checkpoints."""

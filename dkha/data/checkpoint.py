@@ -1,0 +1,265 @@
+"""Checkpoints: the complete state of a fit, written atomically, verified when read.
+
+Layout: ``RUN_DIR/checkpoints/step-<t>/`` holding ``state.npz`` (arrays only, loaded with
+``allow_pickle=False``) and ``meta.json`` (step, pass, history, seconds, the run's identifying
+attrs and the SHA-256 of ``state.npz``).
+
+Writing: the files go to ``checkpoints/.tmp-<uuid>/``, are flushed and fsync'ed, the directory is
+fsync'ed, then renamed to ``step-<t>``: the rename is the only commit point, so a crash mid-write
+leaves the previous checkpoint intact (half-written ``.tmp-*`` directories are ignored and
+removed by the next write). The newest ``keep`` checkpoints are kept.
+
+Reading: the newest checkpoint whose ``meta.json`` parses and whose ``state.npz`` matches its
+checksum; a damaged one is skipped with a warning (the previous good one is used), never read as
+numbers.
+
+The solver state is saved exactly as held (for the factored engine: ``S̃``, ``T``, ``C̃``, ``ρ``,
+the Gram matrices, ``λ``, the step and fold counters), so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from dkha.data import result
+from dkha.data.store import replace_directory
+from dkha.errors import (
+    DkhaWarning,
+    InputError,
+    ParameterError,
+    RunDirectoryError,
+    StoreNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+DIRNAME = "checkpoints"
+PREFIX = "step-"
+FORMAT_VERSION = 1
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --- solver state <-> arrays ---------------------------------------------------------------------
+
+_SKIP = {"_cache"}
+
+
+def state_to_arrays(state) -> tuple[dict[str, np.ndarray], dict]:
+    """Split a solver state object into arrays and JSON scalars (every attribute, as held)."""
+    arrays, scalars = {}, {}
+    for k, v in vars(state).items():
+        if k in _SKIP:
+            continue
+        if isinstance(v, np.ndarray):
+            arrays[k] = v
+        elif v is None or isinstance(v, (bool, int, float, str, np.integer, np.floating, np.bool_)):
+            scalars[k] = v.item() if hasattr(v, "item") else v
+        else:
+            raise TypeError(f"cannot checkpoint state attribute {k!r} of type {type(v).__name__}")
+    return arrays, scalars
+
+
+def state_from_arrays(cls, arrays: dict[str, np.ndarray], scalars: dict):
+    """Rebuild a state object of class ``cls`` from :func:`state_to_arrays`' output."""
+    obj = cls.__new__(cls)
+    for k, v in scalars.items():
+        setattr(obj, k, v)
+    for k, v in arrays.items():
+        setattr(obj, k, np.array(v, order="C"))
+    if hasattr(cls, "_value"):  # the factored state's snapshot cache
+        obj._cache = {}
+    return obj
+
+
+# --- on disk ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    """One loaded checkpoint."""
+
+    path: str
+    step: int
+    meta: dict
+    arrays: dict[str, np.ndarray]
+
+
+class Checkpointer:
+    """Writes and finds the checkpoints of one run directory."""
+
+    def __init__(self, run_dir: str, keep: int = 2):
+        self.run_dir = os.fspath(run_dir)
+        self.dir = os.path.join(self.run_dir, DIRNAME)
+        self.keep = max(1, int(keep))
+
+    def save(self, step: int, arrays: dict[str, np.ndarray], meta: dict) -> str:
+        """Write a checkpoint for ``step`` atomically; returns its path."""
+        os.makedirs(self.dir, exist_ok=True)
+        for name in os.listdir(self.dir):  # leftovers of a crash mid-write
+            if name.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+        tmp = os.path.join(self.dir, f".tmp-{uuid.uuid4().hex}")
+        os.makedirs(tmp)
+        npz = os.path.join(tmp, "state.npz")
+        with open(npz, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        meta = dict(meta, step=int(step), format_version=FORMAT_VERSION, sha256=_sha256(npz))
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, default=_json_default)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        final = os.path.join(self.dir, f"{PREFIX}{int(step):012d}")
+        replace_directory(tmp, final)  # the same step again (a re-run) replaces it
+        _fsync_dir(self.dir)
+        self._prune()
+        log.info("checkpoint at step %d: %s", step, final)
+        return final
+
+    def _committed(self) -> list[str]:
+        if not os.path.isdir(self.dir):
+            return []
+        names = [n for n in os.listdir(self.dir) if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()]
+        return sorted(names, reverse=True)
+
+    def _prune(self) -> None:
+        for name in self._committed()[self.keep:]:
+            shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+
+    def latest(self) -> Checkpoint | None:
+        """The newest valid checkpoint, skipping damaged ones (with a warning); None if none."""
+        for name in self._committed():
+            path = os.path.join(self.dir, name)
+            try:
+                return self._load(path)
+            except (OSError, ValueError, KeyError) as exc:
+                warnings.warn(f"checkpoint {path} is damaged ({exc}); trying an older one",
+                              DkhaWarning, stacklevel=2)
+        return None
+
+    def _load(self, path: str) -> Checkpoint:
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"format version {meta.get('format_version')}")
+        npz = os.path.join(path, "state.npz")
+        if _sha256(npz) != meta["sha256"]:
+            raise ValueError("state.npz does not match its checksum")
+        with np.load(npz, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        return Checkpoint(path=path, step=int(meta["step"]), meta=meta, arrays=arrays)
+
+    def at_step(self, step: int) -> Checkpoint | None:
+        """The valid checkpoint written at ``step`` (one of the ``keep`` newest), or None."""
+        path = os.path.join(self.dir, f"{PREFIX}{int(step):012d}")
+        try:
+            return self._load(path) if os.path.isdir(path) else None
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def require_latest(self) -> Checkpoint:
+        """:meth:`latest`, or a clear error when the run has no usable checkpoint."""
+        if not os.path.isdir(self.run_dir):
+            raise StoreNotFoundError(f"cannot resume: no run directory at {self.run_dir}")
+        ck = self.latest()
+        if ck is None:
+            if self._committed():
+                raise InputError(f"cannot resume {self.run_dir}: every checkpoint is damaged; "
+                                 "start again without --resume (with --overwrite)")
+            raise InputError(f"cannot resume {self.run_dir}: it holds no checkpoint "
+                             "(fit with --checkpoint-every N or --checkpoint-steps N to write them)")
+        return ck
+
+    def clear(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _json_default(o):
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
+             checkpoint_every: int = 0, exact: dict | None = None,
+             identity=None) -> tuple[Checkpointer | None, Checkpoint | None, dict]:
+    """Prepare ``run_dir`` for a fit: returns ``(checkpointer, checkpoint, meta)``.
+
+    ``checkpointer`` is ``None`` without a run directory; ``checkpoint`` the one to resume from
+    (``resume``), whose saved ``attrs`` (the run's identifying ``identity`` keys) and ``exact``
+    settings (those a bit-identical continuation also needs, e.g. the block size) must equal the
+    current ones, else the resume is refused listing the differences. Without ``resume`` a
+    directory holding a different run, or checkpoints of an unfinished one, is refused unless
+    ``overwrite`` (then the checkpoints are removed). ``meta`` goes into every checkpoint written.
+    """
+    if checkpoint_every and int(checkpoint_every) < 0:
+        raise ParameterError(f"checkpoint_every must be a positive number, got {checkpoint_every}")
+    if (checkpoint_every or resume) and run_dir is None:
+        raise ParameterError("checkpoints and --resume need a run directory")
+    attrs = result.jsonable(attrs)
+    exact = result.jsonable(exact or {})
+    meta = {"attrs": attrs, "exact": exact}
+    if run_dir is None:
+        return None, None, meta
+    checkpointer = Checkpointer(run_dir)
+    if resume:
+        if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+            raise RunDirectoryError(f"cannot resume: {run_dir} is not a directory")
+        ck = checkpointer.require_latest()
+        keys = tuple(identity if identity is not None else
+                     result.IDENTITY_ATTRS + ("n_samples", "n_features"))
+        diffs = differences(ck.meta.get("attrs", {}), attrs, keys)
+        diffs += differences(ck.meta.get("exact", {}), exact, tuple(exact))
+        if diffs:
+            raise ParameterError(f"cannot resume {run_dir} with different settings or data: "
+                                 + "; ".join(diffs))
+        return checkpointer, ck, meta
+    result.check_run_dir(run_dir, attrs, overwrite)
+    if checkpointer.latest() is not None:
+        if not overwrite:
+            raise RunDirectoryError(
+                f"{run_dir} holds checkpoints of an unfinished run; pass --resume to "
+                "continue it or --overwrite to start over")
+        checkpointer.clear()
+    return checkpointer, None, meta
+
+
+def differences(saved: dict, current: dict, keys) -> list[str]:
+    """``key: saved → current`` for each identifying attr that differs."""
+    out = []
+    for k in keys:
+        a, b = saved.get(k), current.get(k)
+        if json.dumps(a, default=_json_default, sort_keys=True) != json.dumps(b, default=_json_default, sort_keys=True):
+            out.append(f"{k}: {a!r} in the checkpoint, {b!r} now")
+    return out

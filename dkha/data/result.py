@@ -1,0 +1,147 @@
+"""The components dataset: schema, atomic save, load, and run-directory checks.
+
+``RUN_DIR/components.zarr`` is an xarray dataset:
+
+* ``alpha (component, sample)`` float64 — the coefficient matrix ``A``;
+* ``eigenvalue (component)`` — eq. 13 estimates (eigenvalues of ``K'``, not divided by ``l``);
+* ``mk (sample)`` and attr ``mkm`` — the centering (attrs ``centering``: ``"exact"``, or
+  ``"sample"`` for a row estimated from ``center_sample`` columns);
+* history over ``evaluation``: ``pass``, ``step``, ``error``, ``error_min``, ``excess``,
+  ``wall_time`` (seconds of fitting, evaluations excluded);
+* attrs: algorithm, kernel and its parameters, hyper-parameters, seed, data store path,
+  n_samples, n_features, centered, dkha version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import numpy as np
+import xarray as xr
+
+from dkha.data.store import consolidate, replace_directory
+from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
+
+COMPONENTS = "components.zarr"
+HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
+# attrs that identify a run: a directory holding a run that differs in any of these is "different"
+IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
+                  "rho0", "n_steps", "seed", "store", "init", "nu", "gamma", "tau", "max_members",
+                  "centered", "center_sample")
+
+
+def history_dataset(history: list[dict]) -> dict:
+    data = {}
+    for f in HISTORY_FIELDS:
+        dtype = np.int64 if f in ("pass", "step") else np.float64
+        data[f] = ("evaluation", np.array([h[f] for h in history], dtype=dtype))
+    return data
+
+
+def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
+    """The coordinates along ``sample`` of a data store (``{name: ("sample", values)}``, empty
+    for stores without provenance), strings as Python objects: zarr reads them as numpy's
+    StringDType, which unstacking cannot pad with NaN."""
+    ds = xr.open_zarr(path)
+    out = {}
+    for name, var in ds.coords.items():
+        if var.dims == ("sample",):
+            values = np.asarray(var.values)
+            out[name] = ("sample", values if values.dtype.kind in "biuf" else values.astype(object))
+    return out
+
+
+def history_of(ds: xr.Dataset) -> list[dict]:
+    """The history entries of a saved run (every variable over ``evaluation``)."""
+    names = [k for k, v in ds.data_vars.items() if v.dims and v.dims[0] == "evaluation"]
+    out = []
+    for i in range(ds.sizes.get("evaluation", 0)):
+        entry = {}
+        for k in names:
+            v = ds[k].values[i]
+            entry[k] = v.copy() if np.ndim(v) else v.item()
+        out.append(entry)
+    return out
+
+
+def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict], attrs: dict,
+                  *, mk: np.ndarray | None = None, mkm: float | None = None,
+                  member_dim: str = "sample", extra: dict | None = None) -> xr.Dataset:
+    data = {"alpha": (("component", member_dim), np.asarray(alpha, dtype=np.float64)),
+            "eigenvalue": ("component", np.asarray(eigenvalue, dtype=np.float64))}
+    if mk is not None:
+        data["mk"] = ("sample", np.asarray(mk, dtype=np.float64))
+    data.update(history_dataset(history))
+    if extra:
+        data.update(extra)
+    ds = xr.Dataset(data, coords={"component": np.arange(alpha.shape[0])})
+    attrs = dict(attrs)
+    if mkm is not None:
+        attrs["mkm"] = float(mkm)
+    ds.attrs.update(jsonable(attrs))
+    return ds
+
+
+def jsonable(d: dict) -> dict:
+    """``d`` as JSON would give it back (numpy scalars as numbers, tuples as lists)."""
+    return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
+    """Refuse a run directory that is a file, or that holds a different run (unless overwrite)."""
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        raise RunDirectoryError(f"{run_dir} exists and is not a directory")
+    comp = os.path.join(run_dir, COMPONENTS)
+    if overwrite or not os.path.exists(comp):
+        return
+    try:
+        old = dict(xr.open_zarr(comp, consolidated=False).attrs)
+    except Exception:
+        raise RunDirectoryError(
+            f"{run_dir} holds a components.zarr dkha cannot read; pass --overwrite to replace it"
+        ) from None
+    new = jsonable(attrs)
+    diffs = [k for k in IDENTITY_ATTRS if old.get(k) != new.get(k)]
+    if diffs:
+        detail = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:4])
+        raise RunDirectoryError(
+            f"{run_dir} already holds a different run ({detail}); pass --overwrite to replace it"
+        )
+
+
+def save(ds: xr.Dataset, run_dir: str) -> str:
+    """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
+    os.makedirs(run_dir, exist_ok=True)
+    target = os.path.join(run_dir, COMPONENTS)
+    tmp = os.path.join(run_dir, f".{COMPONENTS}.{uuid.uuid4().hex}.tmp")
+    ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
+    consolidate(tmp)
+    replace_directory(tmp, target)
+    return target
+
+
+def load(run_dir: str) -> xr.Dataset:
+    """The components dataset of a run directory, loaded into memory."""
+    run_dir = os.fspath(run_dir)
+    if not os.path.exists(run_dir):
+        raise StoreNotFoundError(f"no run directory at {run_dir}")
+    comp = os.path.join(run_dir, COMPONENTS)
+    if not os.path.isdir(comp):
+        raise InputError(f"{run_dir} is not a dkha run directory (no {COMPONENTS}); fit one with `dkha fit`")
+    try:
+        ds = xr.open_zarr(comp, consolidated=False).load()
+    except Exception as exc:
+        raise InputError(f"cannot read {comp}: {exc}") from None
+    if "alpha" not in ds:
+        raise InputError(f"{comp} has no alpha variable; it was not written by dkha")
+    return objects_for_strings(ds)
+
+
+def objects_for_strings(ds):
+    """``ds`` with its string coordinates as Python objects (zarr gives numpy's StringDType,
+    which cannot be padded with NaN: unstacking patches of images of different sizes needs
+    that)."""
+    strings = {k: v.astype(object) for k, v in ds.coords.items() if v.dtype.kind == "T"}
+    return ds.assign_coords(strings) if strings else ds

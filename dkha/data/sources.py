@@ -1,0 +1,105 @@
+"""Sources of samples for the online algorithms and their prefetched block stream.
+
+A source is a data store (:class:`~dkha.data.store.DataStore`) or an in-memory array
+(:class:`ArraySource`) with the same reading interface. :func:`stream_blocks` reads the blocks of
+the seeded schedule (:func:`dkha.schedule.blocks`: concatenated random permutations, one per
+pass) ahead on a background thread: at most ``prefetch + 1`` blocks of rows are held.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import numpy as np
+
+from dkha import schedule
+from dkha.data.store import DataStore, open_store
+from dkha.errors import InputError
+
+
+class ArraySource:
+    """An in-memory array with the reading interface of :class:`~dkha.data.store.DataStore`."""
+
+    def __init__(self, X: np.ndarray):
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2:
+            raise InputError(f"expected a 2-d array (samples × features), got shape {X.shape}")
+        if X.shape[0] == 0 or X.shape[1] == 0:
+            raise InputError(f"the data is empty (shape {X.shape})")
+        self.X = X
+        self.path = None
+        self.n_samples, self.n_features = X.shape
+
+    def read_rows(self, index: np.ndarray) -> np.ndarray:
+        return self.X[np.asarray(index, dtype=np.int64)]
+
+    def sample(self, n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        n = min(n, self.n_samples)
+        return self.X[np.sort(rng.choice(self.n_samples, size=n, replace=False))]
+
+
+def resolve_source(X) -> DataStore | ArraySource:
+    """A data store (path or :class:`DataStore`) or an in-memory array, ready to read rows from."""
+    if isinstance(X, DataStore):
+        return X
+    if isinstance(X, (str, os.PathLike)):
+        return open_store(X)
+    return ArraySource(X)
+
+
+def read_block(source, index: np.ndarray) -> np.ndarray:
+    """Rows ``index`` (schedule order) read in sorted order and put back in schedule order."""
+    index = np.asarray(index, dtype=np.int64)
+    order = np.argsort(index, kind="stable")
+    rows = source.read_rows(index[order])
+    out = np.empty_like(rows)
+    out[order] = rows
+    bad = ~np.isfinite(out).all(axis=1)
+    if bad.any():
+        where = index[np.flatnonzero(bad)[:5]]
+        raise InputError(f"non-finite values (NaN or inf) in samples {', '.join(map(str, where))} "
+                         "of the data; clean the data or re-ingest it")
+    return out
+
+
+def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows: int,
+                  prefetch: int, stats: dict | None = None
+                  ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """``(pass_index, first_step, index, rows)`` for steps ``start_step .. stop_step-1``.
+
+    A bounded FIFO of ``prefetch`` read futures on one background thread, refilled before
+    blocking on the oldest. ``stats`` (if given) collects ``blocks``, ``rows_read``,
+    ``largest_read`` and ``wait_seconds``.
+    """
+    plan = iter(schedule.blocks(seed, source.n_samples, stop_step, block_rows, start_step))
+    pending: collections.deque = collections.deque()
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dkha-online-read")
+
+    def refill():
+        nxt = next(plan, None)
+        if nxt is not None:
+            pending.append((nxt, executor.submit(read_block, source, nxt[2])))
+
+    try:
+        for _ in range(max(1, prefetch)):
+            refill()
+        while pending:
+            (k, first, idx), fut = pending.popleft()
+            refill()
+            t0 = time.perf_counter()
+            rows = fut.result()
+            if stats is not None:
+                stats["wait_seconds"] = stats.get("wait_seconds", 0.0) + time.perf_counter() - t0
+                stats["blocks"] = stats.get("blocks", 0) + 1
+                stats["rows_read"] = stats.get("rows_read", 0) + len(idx)
+                stats["largest_read"] = max(stats.get("largest_read", 0), len(idx))
+            yield k, first, idx, rows
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+

@@ -1,0 +1,1 @@
+"""Dask: where work runs, worker-side tasks, the row engine, the worker replicas."""

@@ -1,0 +1,273 @@
+"""The coordinator's end of the worker-side replicas of ``S̃`` and ``C̃`` (coordinator-math.md §4):
+it numbers the coordinator's messages, sends them to the replicas in order, submits the blocks'
+projection tasks (:mod:`dkha.engine.tasks`) and turns their results into up-to-date projections.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from dkha.engine.tasks import (
+    ReplicaDivergedError,
+    ReplicaLostError,
+    drop_replicas,
+    replica_build,
+    replica_columns,
+    replica_project,
+    replica_update,
+)
+from dkha.errors import ClusterLostError
+from dkha.solvers.factored import replay_message
+
+log = logging.getLogger(__name__)
+
+
+_UPDATE_PRIORITY = 1        # replica updates before any block's tasks (those have priority −seq)
+_POLL_SECONDS = 2.0         # waiting on pinned tasks: check this often that their workers live
+
+
+@dataclass
+class _PendingBlock:
+    seq: int
+    index: np.ndarray
+    version: int            # the version of S̃ the partial projections use
+    epoch: int              # the replicas' rebuild it was submitted to
+    window_index: np.ndarray    # W ∪ P: the blocks ahead in the FIFO, then this one
+    partials: list          # futures of (K'[P, J] S̃_v[:, J]ᵀ, K'[P, W ∩ J]), one per group
+    offsets: dict           # block seq -> first column of its rows in the window
+
+    def cancel(self) -> None:
+        for f in self.partials:
+            f.cancel()
+
+
+@dataclass
+class ProjectedBlock:
+    """A block whose projections were computed on the workers (coordinator-math.md §4).
+
+    ``partials`` (one ``b×m`` array per column group) sum to ``K'_P S̃_vᵀ`` for the version ``v``
+    of ``S̃``; ``window`` is ``K'[P, W ∪ P]`` with the columns of block ``s`` from
+    ``offsets[s]``: what the coordinator needs to bring the sum up to date
+    (:meth:`WorkerReplicas.projections`).
+    """
+
+    seq: int
+    index: np.ndarray
+    version: int
+    partials: list
+    window: np.ndarray
+    offsets: dict
+
+
+class WorkerReplicas:
+    """The coordinator's end of the worker-side replicas of ``S̃`` and ``C̃`` of one stream.
+
+    It numbers the coordinator's messages (one per block, one per lone fold: the version of
+    ``S̃`` is how many have been recorded), sends them to every replica in order, submits the
+    blocks' tasks, turns their results into up-to-date projections, brings ``C̃`` home, and
+    rebuilds the replicas when one is lost.
+    """
+
+    def __init__(self, engine, state):  # engine: the stream's dkha.engine.rows.RowEngine
+        self.engine = engine
+        self.client = engine.client
+        self.state = state
+        self.run_id = uuid.uuid4().hex
+        self.epoch = -1
+        self.groups = engine.column_groups
+        self.bounds = [(g[0][0], g[-1][1]) for g in self.groups]
+        self.log: collections.deque = collections.deque()     # (version, seq, index, ops)
+        self.version = 0        # messages recorded (the coordinator's S̃)
+        self.sent = 0           # messages sent to the replicas
+        self.keep_from = 0      # the oldest version a block in flight was submitted on
+        self.updates: list = []     # per group: the future of its latest build or update
+        self.workers: list[str] = []
+        self.rebuilds = 0
+
+    def _key(self, g: int) -> tuple:
+        return (self.run_id, self.epoch, g)
+
+    def _pinned(self, g: int, func, *args, priority: int):
+        return self.client.submit(func, *args, workers=[self.workers[g]],
+                                  allow_other_workers=False, priority=priority, pure=False)
+
+    # -- replicas --
+    def build(self) -> None:
+        """(Re)build every replica from the coordinator's state, on the workers present now."""
+        st, eng = self.state, self.engine
+        threads = sorted(self.client.nthreads().items())
+        if not threads:
+            raise ClusterLostError("no Dask workers to hold the replicas of S̃")
+        slots = [addr for addr, n in threads for _ in range(max(1, int(n)))]
+        self.epoch += 1
+        self.workers = [slots[g % len(slots)] for g in range(len(self.groups))]
+        S_A = None
+        if st.keeps_c and st.c_stale:                # C̃ is recomputed there: C̃ = S̃_A K'
+            S_A = eng.put(np.array(st.S_tilde[:st.r]))
+        mk = eng._need_mk()
+        self.updates = []
+        for g, (lo, hi) in enumerate(self.bounds):
+            C = np.array(st.C_tilde[:, lo:hi]) if st.keeps_c and S_A is None else None
+            self.updates.append(self._pinned(
+                g, replica_build, self._key(g), self.groups[g], self.version,
+                np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.store.path, eng.kernel, mk, eng.mkm,
+                eng.all_ranges, priority=_UPDATE_PRIORITY))
+        self.sent = self.version
+
+    def recover(self, exc: ReplicaLostError) -> None:
+        """Rebuild after a lost replica, or raise ``exc`` once the rebuilds are used up."""
+        if self.rebuilds >= self.engine.replica_rebuilds:
+            raise exc
+        self.rebuilds += 1
+        self.engine.stats.replica_rebuilds += 1
+        log.warning("rebuilding the worker replicas of S̃ (%d of at most %d): %s", self.rebuilds,
+                    self.engine.replica_rebuilds, exc)
+        self.build()
+
+    def close(self) -> None:
+        """Drop the replicas (after the updates in flight, so that none fails)."""
+        try:
+            self._wait(list(self.updates), what="the last replica updates")
+        except Exception as exc:  # noqa: BLE001 - cleanup of a stream that is over
+            log.debug("replica updates of run %s did not finish: %s", self.run_id, exc)
+        try:
+            self.client.run(drop_replicas, self.run_id, on_error="ignore")
+        except Exception as exc:  # noqa: BLE001  # pragma: no cover - no cluster: nothing to drop
+            log.debug("could not drop the replicas of run %s: %s", self.run_id, exc)
+
+    # -- messages --
+    def record_block(self, block: ProjectedBlock, ops: list) -> None:
+        """Record the message of ``block`` (the operations the solver appended to ``ops``)."""
+        self.version += 1
+        self.log.append((self.version, block.seq, block.index, tuple(ops)))
+
+    def record_fold(self, F: np.ndarray) -> None:
+        """Record a fold of ``T`` into ``S̃`` made outside a block (a pass start)."""
+        self.version += 1
+        self.log.append((self.version, None, None, (("fold", F),)))
+
+    def flush(self) -> None:
+        """Send the recorded messages to every replica, in order."""
+        for version, seq, index, ops in self.log:
+            if version <= self.sent:
+                continue
+            nbytes = sum(x.nbytes for op in ops for x in op if isinstance(x, np.ndarray))
+            for g in range(len(self.groups)):
+                self.updates[g] = self._pinned(g, replica_update, self._key(g), version, seq,
+                                               index, ops, self.keep_from, self.updates[g],
+                                               priority=_UPDATE_PRIORITY)
+            self.engine.stats.bytes_sent += nbytes * len(self.groups)
+            self.sent = version
+
+    def trim(self) -> None:
+        """Forget the messages no block in flight can need (versions ≤ ``keep_from``)."""
+        while self.log and self.log[0][0] <= self.keep_from:
+            self.log.popleft()
+
+    # -- blocks --
+    def submit(self, seq: int, index: np.ndarray, ahead: list) -> _PendingBlock:
+        """The tasks of block ``seq`` on the current version; ``ahead``: ``(index, seq)`` of the
+        blocks before it in the FIFO, whose columns its window holds."""
+        eng = self.engine
+        assert self.sent == self.version, "flush before submitting"
+        mk = eng._need_mk()
+        offsets, pos = {}, 0
+        for idx, s in ahead:
+            offsets[s] = pos
+            pos += len(idx)
+        offsets[seq] = pos
+        window_index = np.concatenate([idx for idx, _ in ahead] + [index])
+        keep = bool(self.state.keeps_c)
+        partials = [self._pinned(g, replica_project, self._key(g), eng.store.path, eng.kernel,
+                                 mk, eng.mkm, eng.all_ranges, cols, index, window_index,
+                                 self.version, seq, keep, self.updates[g], priority=-seq)
+                    for g, cols in enumerate(self.groups)]
+        return _PendingBlock(seq, index, self.version, self.epoch, window_index, partials, offsets)
+
+    def _wait(self, futures: list, what: str) -> list:
+        """Gather ``futures`` (tasks pinned to the replicas' workers), checking every
+        ``_POLL_SECONDS`` that those workers are still in the cluster."""
+        for f in futures:
+            while not f.done():
+                try:
+                    f.result(timeout=_POLL_SECONDS)
+                except TimeoutError:
+                    if f.done():
+                        break
+                    alive = set(self.client.nthreads())
+                    gone = sorted({w for w in self.workers if w not in alive})
+                    if gone:
+                        raise ReplicaLostError(f"worker {', '.join(gone)} holding replicas of S̃ "
+                                               f"left the cluster while computing {what}") from None
+                except Exception:  # noqa: BLE001 - done with an error: gather raises it, named
+                    break
+        return self.engine.gather(futures, what=what)
+
+    def wait_block(self, pending: _PendingBlock, what: str) -> ProjectedBlock:
+        results = self._wait(pending.partials, what)
+        w = pending.window_index
+        window = np.empty((len(pending.index), len(w)))
+        for (lo, hi), (Y, part) in zip(self.bounds, results):
+            window[:, (w >= lo) & (w < hi)] = part
+        self.engine.stats.bytes_received += sum(Y.nbytes + part.nbytes for Y, part in results)
+        return ProjectedBlock(pending.seq, pending.index, pending.version,
+                              [Y for Y, _ in results], window, pending.offsets)
+
+    def projections(self, block: ProjectedBlock) -> tuple[np.ndarray, np.ndarray]:
+        """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: the partials
+        summed, then every message since their version replayed (coordinator-math.md §4)."""
+        Y = np.array(block.partials[0])
+        for part in block.partials[1:]:
+            Y += part
+        if block.version < self.version:
+            if not self.log or self.log[0][0] > block.version + 1:
+                raise RuntimeError(f"the messages since version {block.version} are no longer "
+                                   f"kept (block {block.seq})")
+            for version, seq, index, ops in self.log:
+                if version <= block.version:
+                    continue
+                cols = None
+                if seq is not None:
+                    if seq not in block.offsets:
+                        raise RuntimeError(f"block {block.seq}'s window lacks the columns of "
+                                           f"block {seq}")
+                    off = block.offsets[seq]
+                    cols = block.window[:, off:off + len(index)]
+                replay_message(Y, ops, cols)
+                self.engine.stats.messages_replayed += 1
+        off, b = block.offsets[block.seq], len(block.index)
+        return Y, np.ascontiguousarray(block.window[:, off:off + b])
+
+    # -- pass ends --
+    def synchronise(self) -> np.ndarray | None:
+        """Check every replica of ``S̃`` against the coordinator's and return the current ``C̃``
+        (``r×l``; ``None`` where ``C`` is not kept). At pass ends and when the stream closes."""
+        st = self.state
+        while True:
+            self.flush()
+            futures = [self._pinned(g, replica_columns, self._key(g), self.version,
+                                    self.updates[g], priority=_UPDATE_PRIORITY)
+                       for g in range(len(self.groups))]
+            try:
+                results = self._wait(futures, what="C̃ from the replicas")
+                break
+            except ReplicaLostError as exc:
+                self.recover(exc)
+        for (lo, hi), (_, squares) in zip(self.bounds, results):
+            want = np.einsum("ij,ij->i", st.S_tilde[:, lo:hi], st.S_tilde[:, lo:hi])
+            if not np.allclose(squares, want, rtol=1e-9, atol=1e-300):
+                raise ReplicaDivergedError(
+                    f"the replica of S̃ columns {lo}:{hi} differs from the coordinator's "
+                    f"(largest relative difference of row norms "
+                    f"{np.max(np.abs(squares - want) / np.maximum(want, 1e-300)):.1e})")
+        self.engine.stats.bytes_received += sum(s.nbytes for _, s in results)
+        if results[0][0] is None:
+            return None
+        C = np.concatenate([c for c, _ in results], axis=1)
+        self.engine.stats.bytes_received += C.nbytes
+        return C

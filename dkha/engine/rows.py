@@ -1,0 +1,548 @@
+"""The coordinator's row engine: centered kernel rows and the MK row, computed blockwise on Dask
+workers by the tasks of :mod:`dkha.engine.tasks`.
+
+The centered kernel (coordinator-math.md §1) is never formed whole::
+
+    K'[P, J] = K[P, J] - mk[J] - mk[P][:, None] + mkm
+
+:func:`center_block` is the one centering function; every path (fit, evaluation, transform)
+goes through it. :class:`RowEngine` owns the data path on the cluster: workers read the data
+store's chunks once and keep them in a per-process cache (:func:`load_rows`), compute the MK row
+tile by tile, the centered row blocks of the schedule ahead of the coordinator (a bounded FIFO
+of futures in schedule order), and the blockwise products ``K' V`` that evaluation needs.
+
+Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are computed is the engine's
+``projections`` setting (``dkha.projections``):
+
+* ``"coordinator"``: workers ship the kernel rows ``K'[P, :]`` (``b·l`` numbers a block) and the
+  coordinator multiplies;
+* ``"workers"`` (coordinator-math.md §4): the worker holding column group ``J`` keeps a replica of
+  ``S̃[:, J]`` (and ``C̃[:, J]``) in a per-process registry (like the chunk cache), updated by
+  small tasks pinned to it that replay the coordinator's messages in order, and returns the
+  partial projections ``K'[P, J] S̃[:, J]ᵀ`` and its part of ``K'[P, W ∪ P]`` (columns of the
+  kernel block it computed anyway) for the window ``W`` of blocks ahead in the FIFO, with which
+  the coordinator brings the projections (computed on the version of ``S̃`` current when the
+  block was submitted) up to date: ``(2r·groups + |W| + b)·b`` numbers a block. Replicas are
+  versioned: a task that finds its replica missing or at the wrong version raises
+  :class:`ReplicaLostError`, and so does a wait on a worker that left the cluster; the
+  coordinator then rebuilds every replica from its own state (``C̃[:, J] = S̃_A K'[:, J]``
+  recomputed on the workers when needed) and resubmits the blocks in flight, up to
+  ``RowEngine.replica_rebuilds`` times per stream. At every pass end each replica of ``S̃`` is
+  checked against the coordinator's (:class:`ReplicaDivergedError` if they differ) and ``C̃`` is
+  brought home (``r·l`` numbers). Blocks are projected on the version current when they were
+  submitted (replicas keep snapshots of ``S̃`` for the blocks in flight), so a run is
+  reproducible bit for bit; resuming from a checkpoint reproduces it up to rounding only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from dkha import config
+from dkha.data.store import DataStore, centering_key, read_centering, write_centering
+from dkha.engine.cluster import total_threads
+from dkha.engine.replicas import ProjectedBlock, WorkerReplicas
+from dkha.engine.tasks import (
+    ReplicaLostError,
+    assemble_rows,
+    center_block,
+    centered_rows,
+    clear_cache,
+    dense_pair,
+    identity,
+    kernel_tile,
+    load_rows,
+    mk_sample_tile,
+    mk_tile,
+    product_pair,
+    project_rows,
+    residual_pair,
+    take_rows,
+    tile_sums,
+    tile_take,
+)
+from dkha.errors import BlockFailedError, ClusterLostError, ParameterError
+from dkha.kernels import Kernel
+from dkha.solvers.factored import FactoredState
+
+log = logging.getLogger(__name__)
+
+PROJECTIONS = ("coordinator", "workers")
+
+__all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "center_block",
+           "clear_cache", "load_rows", "project_rows"]
+
+
+@dataclass
+class StreamStats:
+    """What the block stream measured: blocks, rows, seconds waited, bytes received from the
+    workers (kernel rows, or projections, windows and ``C̃``), bytes of messages sent to replicas,
+    messages replayed on stale projections, and replica rebuilds."""
+
+    blocks: int = 0
+    rows: int = 0
+    wait_seconds: float = 0.0
+    bytes_received: int = 0
+    history: list = field(default_factory=list)
+    bytes_sent: int = 0
+    messages_replayed: int = 0
+    replica_rebuilds: int = 0
+
+
+def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
+                      ) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Consecutive chunk ranges split into about ``n_groups`` groups (each at least one chunk,
+    at most ``max_rows`` rows unless a single chunk is larger)."""
+    chunks = [store.chunk_bounds(i) for i in range(store.n_chunks)]
+    n_groups = max(1, min(n_groups, len(chunks)))
+    per = -(-len(chunks) // n_groups)
+    if max_rows is not None:
+        per = max(1, min(per, max_rows // store.chunk_rows))
+    return tuple(tuple(chunks[i:i + per]) for i in range(0, len(chunks), per))
+
+
+class RowEngine:
+    """Kernel rows of one data store and kernel, on a Dask cluster.
+
+    Parameters
+    ----------
+    store : DataStore
+    kernel : Kernel
+        With all parameters set (``sigma`` resolved).
+    client : distributed.Client
+    block_rows, prefetch, column_groups : int, optional
+        Default from ``dkha.block-rows``, ``dkha.prefetch``, ``dkha.column-groups``.
+    projections : {"coordinator", "workers"}, optional
+        Where a batch solver's block projections are computed (module docstring); default
+        ``dkha.projections``.
+    cache_rows : bool, optional
+        Keep the kernel on the workers (default ``dkha.row-cache``): the upper-triangle tiles
+        ``K[I, J]``, ``I ≤ J``, are computed once (the MK row comes from their sums) and every
+        later row block, product ``K' V`` and residual reads them instead of recomputing kernels.
+        Needs about ``4·l²`` bytes of worker memory (refused above half of what the workers
+        have). Row mode only: worker-side projections compute their own rows.
+
+    Attributes
+    ----------
+    replica_rebuilds : int
+        How many times one stream may rebuild lost worker replicas before it fails (3).
+    """
+
+    replica_rebuilds = 3
+
+    def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
+                 prefetch: int | None = None, column_groups: int | None = None,
+                 projections: str | None = None, cache_rows: bool | None = None):
+        self.projections = str(config.get("projections", projections))
+        if self.projections not in PROJECTIONS:
+            raise ParameterError(f"unknown projections {self.projections!r}; choose one of "
+                                 f"{', '.join(PROJECTIONS)}")
+        self.store = store
+        self.kernel = kernel
+        self.client = client
+        self.block_rows = int(config.get("block-rows", block_rows))
+        self.prefetch = max(1, int(config.get("prefetch", prefetch)))
+        ng = config.get("column-groups", column_groups)
+        if ng is None:
+            ng = total_threads(client)
+        self.column_groups = _groups_of_chunks(store, int(ng))
+        self.all_ranges = tuple(r for g in self.column_groups for r in g)
+        # square tiles for the MK row and evaluation: at most dkha.tile-rows rows a side, and
+        # enough of them to keep every thread busy
+        tile_rows = int(config.get("tile-rows"))
+        threads = total_threads(client)
+        n_tiles = max(2 * threads, -(-store.n_samples // tile_rows))
+        self.tile_groups = _groups_of_chunks(store, n_tiles, max_rows=tile_rows)
+        self.cache_rows = bool(config.get("row-cache", cache_rows))
+        self._tiles: dict | None = None
+        if self.cache_rows:
+            # fewer, larger tiles: a row block takes one piece from each tile it meets, so the
+            # tasks per block grow with the tile count; about 4 tiles a thread keeps all busy
+            self.tile_groups = _groups_of_chunks(store, max(1, int(np.ceil(np.sqrt(8 * threads)))))
+            self._check_cache_memory()
+        self.mk: np.ndarray | None = None
+        self.mkm: float | None = None
+        self._mk_future = None
+        self.stats = StreamStats()
+
+    @property
+    def n_samples(self) -> int:
+        return self.store.n_samples
+
+    # -- the kernel tile cache --
+    def cache_bytes(self) -> int:
+        """Bytes of worker memory the tile cache takes (upper triangle, diagonal tiles whole)."""
+        b = [g[-1][1] - g[0][0] for g in self.tile_groups]
+        return 8 * sum(b[i] * b[j] for i in range(len(b)) for j in range(i, len(b)))
+
+    def _check_cache_memory(self) -> None:
+        import psutil
+
+        workers = self.client.scheduler_info().get("workers", {}).values()
+        limits = [w.get("memory_limit") or 0 for w in workers]
+        total = sum(m if m else psutil.virtual_memory().total for m in limits) or 1
+        need = self.cache_bytes()
+        if need > 0.5 * total:
+            raise ParameterError(
+                f"the row cache needs {need / 2**30:.1f} GiB of worker memory (the kernel's upper "
+                f"triangle at l = {self.n_samples}) but the workers have {total / 2**30:.1f} GiB; "
+                "run without --cache-rows (kernels are then recomputed each pass) or on more workers")
+
+    def _tile_futures(self) -> dict:
+        """The cached tiles ``{(i, j): future of K[I, J]}``, ``i ≤ j``, submitted on first use."""
+        if self._tiles is None:
+            path, g = self.store.path, self.tile_groups
+            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.kernel, g[i], g[j],
+                                                      pure=False)
+                           for i in range(len(g)) for j in range(i, len(g))}
+        return self._tiles
+
+    def _tile(self, i: int, j: int):
+        return self._tile_futures()[(i, j)] if self.cache_rows else None
+
+    def release_cache(self) -> None:
+        """Drop the cached tiles from the workers."""
+        if self._tiles is not None:
+            self.client.cancel(list(self._tiles.values()))
+            self._tiles = None
+
+    # -- MK row --
+    centering: dict | None = None   # what compute_mk made the row in use: method, parameters
+
+    def compute_mk(self, *, center_sample: int | None = None, seed: int = 0,
+                   cache: bool | None = None) -> tuple[np.ndarray, float]:
+        """The MK row ``mk_j = (1/l) Σ_i k(x_i, x_j)`` and ``mkm = (1/l) Σ_j mk_j``.
+
+        Exact by default: one pass over the tiles ``I ≤ J`` (``O(l² n)``). With
+        ``center_sample=N``, an explicitly approximate row from a seeded sample ``S`` of ``N``
+        columns, ``mk_j ≈ (1/N) Σ_{i∈S} k(x_i, x_j)`` (``O(l N n)``; at ``N = l`` it is the exact
+        row up to rounding). Either row is cached in the data store (``cache``, default
+        ``dkha.mk-cache``), keyed by the kernel, its parameters, the method and the content of
+        ``X`` (:func:`dkha.data.store.centering_key`), and read back instead of recomputed.
+        ``self.centering`` describes the row in use.
+        """
+        l = self.n_samples
+        centering = {"kernel": self.kernel.name, "parameters": self.kernel.param_dict,
+                     "centering": "exact"}
+        if center_sample is not None:
+            if not 1 <= int(center_sample) <= l:
+                raise ParameterError(f"center_sample must lie in 1..{l} (the number of samples), "
+                                     f"got {center_sample}")
+            centering.update(centering="sample", center_sample=int(center_sample), seed=int(seed))
+        key = None
+        if bool(config.get("mk-cache", cache)):
+            key = centering_key(self.store, centering)
+            cached = read_centering(self.store, key)
+            if cached is not None:
+                self.set_mk(*cached)
+                self.centering = dict(centering, cached=True)
+                return self.mk, self.mkm
+        t0 = time.perf_counter()
+        mk = self._mk_pass() if center_sample is None else self._mk_sample(int(center_sample), seed)
+        log.info("%s MK row in %.1f s", centering["centering"], time.perf_counter() - t0)
+        self.set_mk(mk, float(mk.mean()))
+        self.centering = dict(centering, cached=False)
+        if key is not None:
+            write_centering(self.store, key, self.mk, self.mkm)
+        return self.mk, self.mkm
+
+    def _mk_pass(self) -> np.ndarray:
+        """The exact MK row: one pass over chunk pairs (tiles ``I ≤ J``)."""
+        path, groups = self.store.path, self.tile_groups
+        futures = []
+        for i, gi in enumerate(groups):
+            for j in range(i, len(groups)):
+                if self.cache_rows:
+                    fut = self.client.submit(tile_sums, self._tile(i, j), i == j, pure=False)
+                else:
+                    fut = self.client.submit(mk_tile, path, self.kernel, gi, groups[j], pure=False)
+                futures.append(((i, j), fut))
+        l = self.n_samples
+        mk = np.zeros(l)
+        bounds = [(g[0][0], g[-1][1]) for g in groups]
+        for (i, j), fut in futures:
+            colsum, rowsum = fut.result()
+            a, b = bounds[j]
+            mk[a:b] += colsum
+            if rowsum is not None:
+                c, d = bounds[i]
+                mk[c:d] += rowsum
+        return mk / l
+
+    def _mk_sample(self, n: int, seed: int) -> np.ndarray:
+        """The MK row estimated from ``n`` seeded random columns (pieces of ≤ ``dkha.tile-rows``)."""
+        l = self.n_samples
+        sample = np.sort(np.random.default_rng([int(seed), 4]).choice(l, size=n, replace=False))
+        piece = int(config.get("tile-rows"))
+        parts = [self.put(self.store.read_rows(sample[a:a + piece])) for a in range(0, n, piece)]
+        groups = self.tile_groups
+        futures = [[self.client.submit(mk_sample_tile, self.store.path, self.kernel, g, part,
+                                       pure=False) for part in parts] for g in groups]
+        mk = np.zeros(l)
+        for g, futs in zip(groups, futures):      # fixed order: reproducible sums
+            a, b = g[0][0], g[-1][1]
+            for fut in futs:
+                mk[a:b] += fut.result()
+        return mk / n
+
+    def set_mk(self, mk: np.ndarray, mkm: float) -> None:
+        self.mk = np.asarray(mk, dtype=np.float64)
+        self.mkm = float(mkm)
+        self._mk_future = self.put(self.mk)
+
+    def gather(self, futures, what: str = "a block"):
+        """``client.gather`` that turns cluster failures into dkha's errors.
+
+        A task that killed every worker it ran on → :class:`BlockFailedError` naming ``what``;
+        a lost scheduler → :class:`ClusterLostError` (exit code 75: resumable).
+        """
+        from distributed import KilledWorker
+        from distributed.comm.core import CommClosedError
+
+        try:
+            return self.client.gather(futures)
+        except KilledWorker as exc:
+            raise BlockFailedError(f"{what} killed every worker it was sent to ({exc}); "
+                                   "the last checkpoint is kept") from None
+        except (CommClosedError, OSError, TimeoutError) as exc:
+            if self.client.status in ("running",) and not isinstance(exc, CommClosedError):
+                raise
+            raise ClusterLostError(f"lost the Dask scheduler while computing {what} ({exc}); "
+                                   "resume with `dkha fit ... --resume`") from None
+
+    def put(self, array: np.ndarray):
+        """A future holding ``array`` that the cluster can rebuild if the worker holding it dies.
+
+        (Scattered data cannot be recomputed; a task that returns the array can.)
+        """
+        return self.client.submit(identity, array, pure=False)
+
+    def _need_mk(self):
+        if self.mk is None:
+            self.compute_mk()
+        return self._mk_future
+
+    # -- centered row blocks --
+    def submit_rows(self, index: np.ndarray, priority: int = 0):
+        """Futures of ``K'[index, J]`` for each column group ``J`` (in column order)."""
+        mk = self._need_mk()
+        path = self.store.path
+        if self.cache_rows:
+            return [self._submit_cached_rows(np.asarray(index), mk, priority)]
+        XP = self.client.submit(take_rows, path, self.all_ranges, index, priority=priority, pure=False)
+        return [self.client.submit(centered_rows, path, self.kernel, XP, mk, self.mkm, index, cols,
+                                   priority=priority, pure=False)
+                for cols in self.column_groups]
+
+    def _submit_cached_rows(self, index: np.ndarray, mk, priority: int):
+        """``K'[index, :]`` assembled from the cached tiles: one take per tile the block meets."""
+        bounds = [self._bounds(g) for g in self.tile_groups]
+        starts = np.array([a for a, _ in bounds])
+        group = np.searchsorted(starts, index, side="right") - 1
+        pieces, places = [], []
+        for (i, j), tile in self._tile_futures().items():
+            in_i = np.flatnonzero(group == i)
+            in_j = np.flatnonzero(group == j) if i != j else None
+            if not len(in_i) and (in_j is None or not len(in_j)):
+                continue
+            pieces.append(self.client.submit(tile_take, tile, index[in_i] - bounds[i][0],
+                                             None if in_j is None else index[in_j] - bounds[j][0],
+                                             priority=priority, pure=False))
+            if len(in_i):
+                places.append((in_i, *bounds[j]))
+            if in_j is not None and len(in_j):
+                places.append((in_j, *bounds[i]))
+        return self.client.submit(assemble_rows, pieces, places, index, mk, self.mkm,
+                                  priority=priority, pure=False)
+
+    def rows(self, index: np.ndarray) -> np.ndarray:
+        """``K'[index, :]`` (blocking)."""
+        return np.concatenate(self.client.gather(self.submit_rows(np.asarray(index))), axis=1)
+
+    def stream(self, blocks: Iterable[tuple[object, np.ndarray]], solver=None
+               ) -> Iterator[tuple[object, np.ndarray, object]]:
+        """``(tag, index, K'[index, :])`` for each ``(tag, index)``, in order, ``prefetch`` ahead.
+
+        A bounded FIFO of futures, refilled before blocking on the oldest, with priorities in
+        schedule order; the seconds spent blocking are added to ``stats.wait_seconds``.
+
+        With ``solver`` (a :class:`~dkha.solvers.batch.BatchKHA` that has started) and
+        ``projections="workers"``, a factored solver gets a :class:`ProjectedBlock` instead of
+        the kernel rows (pass it to ``solver.apply_block`` as is); the solver is attached to the
+        replicas for the stream's lifetime, and its ``C̃`` is brought home when the stream ends.
+        """
+        if solver is not None:
+            state = solver.state
+            if self.projections == "workers" and isinstance(state, FactoredState):
+                return self._stream_projections(blocks, solver)
+            if isinstance(state, FactoredState) and state.c_stale:
+                # e.g. resumed from a state saved mid-pass with C̃ on the replicas: C̃ = S̃_A K'
+                state.set_c_tilde(self.matmat(state.S_tilde[:solver.r].T).T)
+        return self._stream_rows(blocks)
+
+    def _stream_rows(self, blocks):
+        queue: collections.deque = collections.deque()
+        it = iter(blocks)
+        seq = 0
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(queue) < self.prefetch:
+                    try:
+                        tag, idx = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    idx = np.asarray(idx)
+                    queue.append((tag, idx, self.submit_rows(idx, priority=-seq)))
+                    seq += 1
+                if not queue:
+                    return
+                tag, idx, futs = queue.popleft()
+                t0 = time.perf_counter()
+                parts = self.gather(futs, what=f"the block of rows {tag!r} (first sample {idx[0]})")
+                self.stats.wait_seconds += time.perf_counter() - t0
+                block = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+                self.stats.blocks += 1
+                self.stats.rows += len(idx)
+                self.stats.bytes_received += block.nbytes
+                yield tag, idx, block
+        finally:
+            for _, _, futs in queue:
+                for f in futs:
+                    f.cancel()
+
+    def _stream_projections(self, blocks, solver):
+        """The block stream with the projections on the workers (coordinator-math.md §4)."""
+        replicas = WorkerReplicas(self, solver.state)
+        queue: collections.deque = collections.deque()    # [tag, index, seq, pending]
+        it = iter(blocks)
+        seq = 0
+        exhausted = False
+        solver.attach_replicas(replicas)
+        try:
+            replicas.build()
+            while True:
+                replicas.flush()
+                if queue and queue[0][3].epoch != replicas.epoch:     # rebuilt: resubmit all
+                    ahead = []
+                    for entry in queue:
+                        entry[3].cancel()
+                        entry[3] = replicas.submit(entry[2], entry[1], list(ahead))
+                        ahead.append((entry[1], entry[2]))
+                while not exhausted and len(queue) < self.prefetch:
+                    try:
+                        tag, idx = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    idx = np.asarray(idx)
+                    ahead = [(e[1], e[2]) for e in queue]
+                    queue.append([tag, idx, seq, replicas.submit(seq, idx, ahead)])
+                    seq += 1
+                if not queue:
+                    return
+                replicas.keep_from = min(e[3].version for e in queue)
+                replicas.trim()
+                tag, idx, _, pending = queue[0]
+                t0 = time.perf_counter()
+                try:
+                    block = replicas.wait_block(
+                        pending, what=f"the block of rows {tag!r} (first sample {idx[0]})")
+                except ReplicaLostError as exc:
+                    replicas.recover(exc)
+                    continue
+                finally:
+                    self.stats.wait_seconds += time.perf_counter() - t0
+                queue.popleft()
+                self.stats.blocks += 1
+                self.stats.rows += len(idx)
+                yield tag, idx, block
+        finally:
+            for entry in queue:
+                entry[3].cancel()
+            try:
+                state = solver.state
+                if state is replicas.state and state.c_stale:
+                    state.set_c_tilde(replicas.synchronise())
+            except Exception as exc:  # noqa: BLE001 - ending anyway; C stays marked stale
+                log.warning("could not bring C̃ home from the worker replicas: %s", exc)
+            finally:
+                solver.detach_replicas()
+                replicas.close()
+
+    # -- blockwise products for evaluation (symmetric tiles I ≤ J) --
+    def _pairs(self):
+        g = self.tile_groups
+        return [(i, j) for i in range(len(g)) for j in range(i, len(g))]
+
+    def _bounds(self, group):
+        return group[0][0], group[-1][1]
+
+    def matmat(self, V: np.ndarray) -> np.ndarray:
+        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``."""
+        V = np.ascontiguousarray(V, dtype=np.float64)
+        if V.ndim == 1:
+            return self.matmat(V[:, None])[:, 0]
+        mk = self._need_mk()
+        Vf = self.put(V)
+        g = self.tile_groups
+        pairs = self._pairs()
+        futs = [self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
+                                   g[i], g[j], Vf, tile=self._tile(i, j), pure=False)
+                for i, j in pairs]
+        out = np.zeros((self.n_samples, V.shape[1]))
+        for (i, j), fut in zip(pairs, futs):  # fixed order: reproducible sums
+            to_i, to_j = fut.result()
+            a, b = self._bounds(g[i])
+            out[a:b] += to_i
+            if to_j is not None:
+                c, d = self._bounds(g[j])
+                out[c:d] += to_j
+        return out
+
+    def residual(self, C: np.ndarray) -> tuple[float, float]:
+        """``(‖K'‖²_F, ‖K' − CᵀC‖²_F)`` in one blockwise pass (direct form, no cancellation)."""
+        frob2, (res2,) = self.residuals([C])
+        return frob2, res2
+
+    def residuals(self, Cs: list[np.ndarray]) -> tuple[float, list[float]]:
+        """``‖K'‖²_F`` and ``‖K' − CᵀC‖²_F`` for each ``C`` of ``Cs``, all in one blockwise pass."""
+        Cs = tuple(np.ascontiguousarray(C, dtype=np.float64) for C in Cs)
+        mk = self._need_mk()
+        Cf = self.put(Cs)
+        g = self.tile_groups
+        futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
+                                   g[i], g[j], Cf, tile=self._tile(i, j), pure=False)
+                for i, j in self._pairs()]
+        tot = np.zeros(1 + len(Cs))
+        for f in futs:
+            tot += f.result()
+        return float(tot[0]), [float(v) for v in tot[1:]]
+
+    def dense(self) -> np.ndarray:
+        """``K'`` whole: only for small stores (dense E_min, tests)."""
+        mk = self._need_mk()
+        g = self.tile_groups
+        pairs = self._pairs()
+        futs = [self.client.submit(dense_pair, self.store.path, self.kernel, mk, self.mkm,
+                                   g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
+        out = np.empty((self.n_samples, self.n_samples))
+        for (i, j), fut in zip(pairs, futs):
+            K = fut.result()
+            a, b = self._bounds(g[i])
+            c, d = self._bounds(g[j])
+            out[a:b, c:d] = K
+            out[c:d, a:b] = K.T
+        return out
+
+    def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        mk = self._need_mk()
+        return self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
+                                  self.column_groups, alpha, pure=False).result()

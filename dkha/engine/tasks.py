@@ -1,0 +1,416 @@
+"""The worker side of the row engine: module-level pure functions of blocks and scalars that run
+as Dask tasks, and the per-process registries they keep (the chunk cache, the replicas of ``S̃``).
+
+:func:`center_block` is the one centering function (coordinator-math.md §1); every path (fit,
+evaluation, transform) goes through it::
+
+    K'[P, J] = K[P, J] - mk[J] - mk[P][:, None] + mkm
+
+Workers read the data store's chunks once and keep them in a per-process cache
+(:func:`load_rows`). The replicas of ``S̃[:, J]`` (and ``C̃[:, J]``) for the projections on the
+workers (coordinator-math.md §4) live in a per-process registry too, updated by small tasks
+pinned to their worker (:func:`replica_build`, :func:`replica_update`, :func:`replica_project`).
+The coordinator's classes that submit these tasks are :mod:`dkha.engine.rows` and
+:mod:`dkha.engine.replicas`; nothing here imports them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dkha import config
+from dkha.data.store import read_slice
+from dkha.errors import BlockFailedError
+from dkha.kernels import Kernel
+from dkha.solvers.factored import apply_message
+
+# --- the centering function ---------------------------------------------------------------------
+
+
+def center_block(K: np.ndarray, mk_rows: np.ndarray, mk_cols: np.ndarray, mkm: float) -> np.ndarray:
+    """Center a kernel block in place: ``K - mk_cols[None, :] - mk_rows[:, None] + mkm``.
+
+    For new data, ``mk_rows`` is ``k̄(x) = mean_j k(x, x_j)`` and ``mk_cols`` the training mk.
+    """
+    K -= mk_cols[None, :]
+    K -= (mk_rows - mkm)[:, None]
+    return K
+
+
+# --- per-process chunk cache (worker side) -----------------------------------------------------
+
+_CACHE: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
+_CACHE_BYTES = 0
+_CACHE_LOCK = threading.Lock()
+
+
+def _store_token(path: str) -> tuple:
+    if "://" in path:
+        return ()
+    try:
+        st = os.stat(os.path.join(path, "X", "zarr.json"))
+    except OSError:
+        return ()
+    return (st.st_ino, st.st_mtime_ns)
+
+
+def load_rows(path: str | np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a store's ``X`` (one chunk range), cached per process (or of the
+    training array itself, when ``path`` is one).
+
+    The cache is an LRU bounded by ``dkha.cache-bytes``; a chunk is read from zarr once per
+    process, not once per block. For a local store the key includes the identity of ``X``'s
+    metadata file (inode and modification time), so a store written again at the same path
+    (``dkha ingest --overwrite`` replaces it by rename) is read afresh by long-lived workers.
+    Chunks rewritten in place by another program keep the old rows: call :func:`clear_cache`
+    on the workers (``client.run(clear_cache)``).
+    """
+    global _CACHE_BYTES
+    if isinstance(path, np.ndarray):  # training rows held in memory (a model fitted on an array)
+        return path[start:stop]
+    key = (path, start, stop, _store_token(path))
+    with _CACHE_LOCK:
+        arr = _CACHE.get(key)
+        if arr is not None:
+            _CACHE.move_to_end(key)
+            return arr
+    import zarr
+
+
+    arr = np.ascontiguousarray(read_slice(zarr.open_group(path, mode="r")["X"], start, stop, path))
+    arr.setflags(write=False)
+    limit = float(config.get("cache-bytes"))
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = arr
+            _CACHE_BYTES += arr.nbytes
+            while _CACHE_BYTES > limit and len(_CACHE) > 1:
+                _, old = _CACHE.popitem(last=False)
+                _CACHE_BYTES -= old.nbytes
+    return arr
+
+
+def clear_cache() -> None:
+    global _CACHE_BYTES
+    with _CACHE_LOCK:
+        _CACHE.clear()
+        _CACHE_BYTES = 0
+
+
+# --- worker tasks: module-level pure functions of blocks and scalars ----------------------------
+
+
+def identity(x):
+    return x
+
+
+
+def take_rows(path: str, ranges: tuple[tuple[int, int], ...], index: np.ndarray) -> np.ndarray:
+    """``X[index]`` gathered from cached chunk ranges (``ranges`` must cover ``index``)."""
+    index = np.asarray(index)
+    out = np.empty((len(index), 0))
+    first = True
+    for a, b in ranges:
+        sel = (index >= a) & (index < b)
+        if not sel.any():
+            continue
+        chunk = load_rows(path, a, b)
+        if first:
+            out = np.empty((len(index), chunk.shape[1]))
+            first = False
+        out[sel] = chunk[index[sel] - a]
+    return out
+
+
+def group_rows(path: str, ranges: tuple[tuple[int, int], ...]) -> np.ndarray:
+    parts = [load_rows(path, a, b) for a, b in ranges]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
+    """The uncentered tile ``K[I, J]`` for chunk-range groups ``I`` and ``J`` (a new array)."""
+    XI = group_rows(path, gi)
+    return kernel.block(XI, XI if gi == gj else group_rows(path, gj))
+
+
+def mk_tile(path: str, kernel: Kernel, rows_i: tuple, rows_j: tuple) -> tuple[np.ndarray, np.ndarray | None]:
+    """Column sums (over I) and, for an off-diagonal tile, row sums (over J) of ``K[I, J]``."""
+    return tile_sums(_kernel_tile(path, kernel, rows_i, rows_j), rows_i == rows_j)
+
+
+def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> np.ndarray:
+    """Row sums of ``K[I, S]`` for the sampled samples ``XS`` (the estimated MK row)."""
+    return kernel.block(group_rows(path, rows_i), XS).sum(axis=1)
+
+
+def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm: float,
+                  index: np.ndarray, cols: tuple) -> np.ndarray:
+    """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``)."""
+    a, b = cols[0][0], cols[-1][1]
+    K = kernel.block(XP, group_rows(path, cols))
+    return center_block(K, mk[index], mk[a:b], mkm)
+
+
+def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+                   tile: np.ndarray | None = None):
+    """``K'[I, J]``, computed, or centered from a copy of the cached tile ``K[I, J]``."""
+    a, b = gi[0][0], gi[-1][1]
+    c, d = gj[0][0], gj[-1][1]
+    K = np.array(tile) if tile is not None else _kernel_tile(path, kernel, gi, gj)
+    return center_block(K, mk[a:b], mk[c:d], mkm), (a, b), (c, d)
+
+
+def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+                 V: np.ndarray, tile: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``K'[I, J] V[J]`` and, off the diagonal, ``K'[J, I] V[I]`` (K' is symmetric).
+
+    From a cached tile the centering is applied to the products, not the tile (no copy):
+    ``K'[I, J] V[J] = K V[J] − 1 (mk[J]ᵀ V[J]) − (mk[I] − mkm) (1ᵀ V[J])``.
+    """
+    if tile is None:
+        K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
+        return K @ V[c:d], (None if gi == gj else K.T @ V[a:b])
+    a, b = gi[0][0], gi[-1][1]
+    c, d = gj[0][0], gj[-1][1]
+
+    def centered(K, mk_out, V_in, mk_in):
+        out = K @ V_in
+        out -= mk_in @ V_in
+        out -= np.outer(mk_out - mkm, V_in.sum(axis=0))
+        return out
+
+    to_i = centered(tile, mk[a:b], V[c:d], mk[c:d])
+    return to_i, (None if gi == gj else centered(tile.T, mk[c:d], V[a:b], mk[a:b]))
+
+
+def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+                  Cs: tuple, tile: np.ndarray | None = None) -> np.ndarray:
+    """``[‖K'[I,J]‖², ‖K'[I,J] − C[:,I]ᵀ C[:,J]‖² for each C of Cs]``, doubled off the diagonal
+    (both halves)."""
+    K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj, tile)
+    out = np.empty(1 + len(Cs))
+    out[0] = np.einsum("ij,ij->", K, K)
+    R = np.empty_like(K) if len(Cs) > 1 else K
+    for m, C in enumerate(Cs):
+        np.subtract(K, C[:, a:b].T @ C[:, c:d], out=R)
+        out[1 + m] = np.einsum("ij,ij->", R, R)
+    return out if gi == gj else 2.0 * out
+
+
+def dense_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
+               tile: np.ndarray | None = None) -> np.ndarray:
+    """``K'[I, J]`` (small stores only)."""
+    return _centered_tile(path, kernel, mk, mkm, gi, gj, tile)[0]
+
+
+# --- the kernel tile cache (worker side): uncentered tiles K[I, J], I ≤ J, kept as task results ---
+
+
+def kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
+    """The uncentered tile ``K[I, J]`` (read-only: the cache hands it to many tasks)."""
+    K = _kernel_tile(path, kernel, gi, gj)
+    K.setflags(write=False)
+    return K
+
+
+def tile_sums(K: np.ndarray, diagonal: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Column sums and, off the diagonal, row sums of a tile ``K[I, J]`` (the MK row's parts)."""
+    return K.sum(axis=0), (None if diagonal else K.sum(axis=1))
+
+
+def tile_take(K: np.ndarray, rows_i: np.ndarray, rows_j: np.ndarray | None
+              ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """A block's rows from a cached tile ``K[I, J]``: ``K[rows_i, :]`` (rows of the block in
+    ``I``) and, off the diagonal, ``K[:, rows_j]ᵀ = K[J-rows, I]`` (rows of the block in ``J``)."""
+    a = K[rows_i] if len(rows_i) else None
+    b = np.ascontiguousarray(K[:, rows_j].T) if rows_j is not None and len(rows_j) else None
+    return a, b
+
+
+def assemble_rows(pieces: list, places: list, index: np.ndarray, mk: np.ndarray, mkm: float
+                  ) -> np.ndarray:
+    """``K'[index, :]`` from :func:`tile_take` pieces; ``places[k]`` is ``(positions, c, d)``
+    for each non-empty piece in order: its rows go to ``out[positions, c:d]``."""
+    out = np.empty((len(index), len(mk)))
+    flat = [p for pair in pieces for p in pair if p is not None]
+    for piece, (pos, c, d) in zip(flat, places):
+        out[pos, c:d] = piece
+    return center_block(out, mk[index], mk, mkm)
+
+
+def project_rows(path: str, kernel: Kernel, Xnew: np.ndarray, mk: np.ndarray, mkm: float,
+                 groups: tuple, alpha: np.ndarray) -> np.ndarray:
+    """Projections ``alpha · k'(x)`` of new samples on the components (sample × component)."""
+    l = len(mk)
+    Ks = [kernel.block(Xnew, group_rows(path, cols)) for cols in groups]
+    kbar = sum(K.sum(axis=1) for K in Ks) / l
+    out = np.zeros((len(Xnew), alpha.shape[0]))
+    for cols, K in zip(groups, Ks):
+        c, d = cols[0][0], cols[-1][1]
+        out += center_block(K, kbar, mk[c:d], mkm) @ alpha[:, c:d].T
+    return out
+
+
+# --- worker-side replicas of S̃ and C̃ (coordinator-math.md §4) ---------------------------------
+
+
+class ReplicaLostError(BlockFailedError):
+    """A worker-side replica of ``S̃`` is gone or not at the version a task needs (its worker
+    died, restarted or left), or a worker holding one left the cluster."""
+
+
+class ReplicaDivergedError(BlockFailedError):
+    """A replica of ``S̃`` no longer equals the coordinator's: blocks were projected on wrong
+    values. Not recoverable: the fit stops (the last checkpoint is kept)."""
+
+
+@dataclass
+class _Replica:
+    lo: int
+    hi: int
+    version: int
+    snapshots: dict        # version -> S̃[:, lo:hi] at that version (read-only once made)
+    C: np.ndarray | None   # C̃[:, lo:hi] at `version`
+    blocks: dict           # block seq -> K'[P, lo:hi], kept for the C̃ updates of its message
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_REPLICAS: dict[tuple[str, int, int], _Replica] = {}
+_REPLICAS_LOCK = threading.Lock()
+_DROPPED: collections.deque = collections.deque(maxlen=64)   # runs ended here: late tasks no-op
+
+
+def _replica(key: tuple, what: str) -> _Replica | None:
+    """The replica ``key``; ``None`` if its run has ended in this process (a task cancelled
+    too late: its result is not used); raises :class:`ReplicaLostError` if it is missing."""
+    rep = _REPLICAS.get(key)
+    if rep is None:
+        if key[0] in _DROPPED:
+            return None
+        raise ReplicaLostError(f"the replica of column group {key[2]} (run {key[0][:8]}, "
+                               f"rebuild {key[1]}) is not on this worker, needed for {what}: "
+                               "its worker died or restarted")
+    return rep
+
+
+def _c_columns(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, ranges: tuple,
+               cols: tuple, S_A: np.ndarray, rows_per_tile: int = 1024) -> np.ndarray:
+    """``S_A K'[:, J]`` for the column group ``J`` (chunk ranges ``cols``), tile by tile."""
+    c, d = cols[0][0], cols[-1][1]
+    XJ = group_rows(path, cols)
+    out = np.zeros((S_A.shape[0], d - c))
+    for a, b in ranges:
+        X = load_rows(path, a, b)
+        for i in range(a, b, rows_per_tile):
+            k = min(i + rows_per_tile, b)
+            K = center_block(kernel.block(X[i - a:k - a], XJ), mk[i:k], mk[c:d], mkm)
+            out += S_A[:, i:k] @ K
+    return out
+
+
+def replica_build(key: tuple, cols: tuple, version: int, S: np.ndarray, C: np.ndarray | None,
+                  S_A: np.ndarray | None = None, path: str | None = None,
+                  kernel: Kernel | None = None, mk: np.ndarray | None = None,
+                  mkm: float | None = None, ranges: tuple | None = None) -> int:
+    """Make the replica ``key = (run, rebuild, group)`` of ``S̃[:, J]`` (and ``C̃[:, J]``).
+
+    ``C̃[:, J]`` is ``C`` when given, else computed as ``S_A K'[:, J]`` when ``S_A`` (``S̃``'s
+    ``A`` rows, all columns) is given, else not kept. Replicas of earlier rebuilds of the same
+    run and group in this process are dropped. Returns ``version``.
+    """
+    S = np.array(S, dtype=np.float64, order="C")          # never alias the caller's arrays
+    S.setflags(write=False)
+    if C is not None:
+        C = np.array(C, dtype=np.float64, order="C")
+    elif S_A is not None:
+        C = _c_columns(path, kernel, mk, mkm, ranges, cols, S_A)
+    rep = _Replica(cols[0][0], cols[-1][1], int(version), {int(version): S}, C, {})
+    with _REPLICAS_LOCK:
+        for old in [k for k in _REPLICAS if k[0] == key[0] and k[2] == key[2] and k[1] < key[1]]:
+            del _REPLICAS[old]
+        _REPLICAS[key] = rep
+    return int(version)
+
+
+def replica_update(key: tuple, version: int, seq: int | None, index: np.ndarray | None, ops: tuple,
+                   keep_from: int, after: int) -> int:
+    """Apply message ``version`` (the operations ``ops`` of block ``seq``, or a lone fold) to the
+    replica, which must be at ``version - 1``. ``after``, the previous update's result, only
+    orders the updates. Snapshots of ``S̃`` older than ``keep_from`` are dropped."""
+    rep = _replica(key, f"message {version}")
+    if rep is None:
+        return version
+    with rep.lock:
+        if rep.version != version - 1:
+            raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
+                                   f"{rep.version}; message {version} needs {version - 1}")
+        K = None
+        if rep.C is not None and seq is not None and any(op[0] in ("c", "direct") for op in ops):
+            K = rep.blocks.pop(seq, None)
+            if K is None:
+                raise ReplicaLostError(f"the replica of column group {key[2]} lacks the kernel "
+                                       f"block of block {seq} for message {version}")
+        S = np.array(rep.snapshots[rep.version])          # copy on write: snapshots stay valid
+        apply_message(S, rep.C, rep.lo, rep.hi, index, ops, K)
+        S.setflags(write=False)
+        rep.snapshots[version] = S
+        rep.version = version
+        for v in [v for v in rep.snapshots if v < keep_from and v != version]:
+            del rep.snapshots[v]
+    return version
+
+
+def replica_project(key: tuple, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
+                    ranges: tuple, cols: tuple, index: np.ndarray, window_index: np.ndarray,
+                    version: int, seq: int, keep: bool, after: int
+                    ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``K'[P, J] S̃_v[:, J]ᵀ`` (``b×m``) on the replica's snapshot of version ``v = version``, and
+    the window columns that fall in ``J``: ``K'[P, w]`` for the entries ``w`` of
+    ``window_index`` in ``J``, in their order.
+
+    With ``keep``, ``K'[P, J]`` stays with the replica for the ``C̃`` update of block ``seq``.
+    """
+    K = centered_rows(path, kernel, take_rows(path, ranges, index), mk, mkm, index, cols)
+    lo, hi = cols[0][0], cols[-1][1]
+    window_index = np.asarray(window_index)
+    in_group = window_index[(window_index >= lo) & (window_index < hi)]
+    rep = _replica(key, f"the projections of block {seq}")
+    if rep is None:
+        return None
+    with rep.lock:
+        S = rep.snapshots.get(version)
+        if S is None:
+            raise ReplicaLostError(f"the replica of column group {key[2]} no longer holds "
+                                   f"version {version} (now at {rep.version})")
+        if keep:
+            rep.blocks[seq] = K
+    return K @ S.T, K[:, in_group - lo]                  # snapshots are immutable: no lock
+
+
+def replica_columns(key: tuple, version: int, after: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """``C̃[:, J]`` (a copy) at ``version``, and the row sums of squares of ``S̃[:, J]``."""
+    rep = _replica(key, f"C̃ at version {version}")
+    if rep is None:
+        return None, np.zeros(0)
+    with rep.lock:
+        if rep.version != version:
+            raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
+                                   f"{rep.version}, not {version}")
+        S = rep.snapshots[version]
+        C = None if rep.C is None else np.array(rep.C)
+    return C, np.einsum("ij,ij->i", S, S)
+
+
+def drop_replicas(run_id: str) -> int:
+    """Drop every replica of run ``run_id`` in this process; returns how many."""
+    with _REPLICAS_LOCK:
+        _DROPPED.append(run_id)
+        keys = [k for k in _REPLICAS if k[0] == run_id]
+        for k in keys:
+            del _REPLICAS[k]
+    return len(keys)

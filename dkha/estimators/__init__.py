@@ -1,0 +1,1 @@
+"""The public Python API: the estimators, their one parameter table, tuning."""

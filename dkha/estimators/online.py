@@ -1,0 +1,503 @@
+"""The scikit-learn style estimator for the online algorithms (ON-KHA, OO-KHA, okpca).
+
+Samples stream from a data store in prefetched blocks, in the seeded schedule order
+(:func:`dkha.schedule.blocks`: concatenated random permutations, one per pass); a background
+thread reads block ``i + prefetch`` (``DataStore.read_rows`` on the sorted block index) while the
+compiled loop of :mod:`dkha.solvers.online` runs block ``i``. The store is never loaded whole:
+at most ``prefetch + 1`` blocks of rows, the dictionary and the ``m × m`` Cholesky factor are held.
+
+The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
+
+* ``alpha (component, member)`` — component ``i`` is ``Σ_q alpha[i, q] Φ(dictionary[q])``;
+* ``dictionary (member, feature)``, ``member_index (member)`` (the sample's row in the store, or
+  its position in the stream for :meth:`~OnlineKernelPCA.partial_fit`), ``member_step (member)``
+  (the step at which it joined);
+* ``mean_coefficient (member)`` — the running mean ``μ = Σ_q β̄_q Φ(d_q)`` (zeros uncentered);
+  the projection of new ``x`` is ``alpha · (k(D, x) − K_m β̄)`` (see :func:`project`);
+* ``eigenvalue (component)`` — the variance of the data along each unit component,
+  ``mean((w_iᵀ(Φ(x) − μ))²) / ‖w_i‖²`` over a seeded sample of the data (up to 2000 rows; the
+  second moment when uncentered): an estimate of the eigenvalue of the covariance operator,
+  i.e. of ``λ_i(K)/l``;
+* history over ``evaluation``: ``pass, step, error, error_min, excess, wall_time`` (the error
+  fields are NaN: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
+  unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
+  component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (up to 2000
+  rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
+* attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gamma, tau,
+  centered, seed, store, n_samples, n_features, n_steps, dkha_version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+
+import numpy as np
+from sklearn.base import _fit_context
+
+from dkha import config, schedule
+from dkha.apply.preimage import RunPreimages
+from dkha.data import result
+from dkha.data.checkpoint import open_fit
+from dkha.data.sources import ArraySource
+from dkha.data.store import DataStore, open_store
+from dkha.errors import InputError, ParameterError
+from dkha.estimators.batch import resolve_kernel
+from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store
+from dkha.estimators.params import ONLINE, constraints, declare, validate
+from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
+from dkha.fit.control import BlockDriver
+from dkha.fit.evaluate import variance_of
+from dkha.fit.online import coordinator_threads, run_online
+from dkha.kernels import Kernel, make_kernel
+from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, INIT_STD, OnlineKHA, check_algorithm
+from dkha.version import __version__
+
+log = logging.getLogger(__name__)
+
+EIGENVALUE_SAMPLES = 2000
+
+
+# --- the estimator -------------------------------------------------------------------------------
+
+
+@declare(ONLINE)
+class OnlineKernelPCA(DkhaTransformer):
+    """Kernel principal components online, over a dictionary chosen by the ALD criterion.
+
+    Parameters
+    ----------
+    {parameters}
+
+    Attributes
+    ----------
+    alpha_ : ndarray (n_components, n_members)
+        Component ``i`` is ``Σ_q alpha_[i, q] Φ(dictionary_[q])``.
+    dictionary_ : ndarray (n_members, n_features)
+    member_index_, member_step_ : ndarray (n_members,)
+    mean_coefficient_ : ndarray (n_members,)
+        The running mean is ``Σ_q mean_coefficient_[q] Φ(dictionary_[q])`` (zeros uncentered).
+    eigenvalues_ : ndarray (n_components,)
+        Variance of the data along each unit component (see the module docstring).
+    history_ : list of dict
+    kernel_ : dkha.kernels.Kernel
+    n_features_in_, n_samples_seen_, n_steps_ : int
+
+    See Also
+    --------
+    dkha.KernelHebbianPCA : the batch KHA family (whole kernel rows, many passes).
+
+    References
+    ----------
+    J. B. O. Souza Filho and P. S. R. Diniz, "Improving KPCA online extraction by
+    orthonormalization in the feature space", IEEE TNNLS, 2017.
+    P. Honeine, "Online kernel principal component analysis: a reduced-order model",
+    IEEE TPAMI 34(9), 2012.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dkha.estimators.online import OnlineKernelPCA
+    >>> X = np.random.default_rng(0).normal(size=(200, 5))
+    >>> model = OnlineKernelPCA(3, sigma=3.0, steps=2000).fit(X)
+    >>> model.transform(X[:4]).shape
+    (4, 3)
+    """
+
+    # -- validation --
+    #: the parameter table's rows as scikit-learn's constraints (checked at the top of ``fit``
+    #: and ``partial_fit``)
+    _parameter_constraints: dict = constraints(ONLINE)
+
+    def _validated(self) -> dict:
+        validate(self, ONLINE)
+        algorithm = check_algorithm(self.algorithm)
+        r = int(self.n_components)
+        if self.gamma is not None and self.tau is not None:
+            raise ParameterError("give gamma (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
+        gamma, tau = None, None
+        if self.tau is not None:
+            tau = float(self.tau)
+        else:
+            gamma = DEFAULT_GAMMA if self.gamma is None else float(self.gamma)
+        mm = int(self.max_members)
+        if mm < r:
+            raise ParameterError(
+                f"max_members ({mm}) must be at least n_components ({r}): the components live "
+                "in the dictionary's span"
+            )
+        block_rows = int(config.get("block-rows", self.block_rows))
+        prefetch = int(config.get("prefetch", self.prefetch))
+        if block_rows < 1:
+            raise ParameterError(f"block_rows must be positive, got {block_rows}")
+        if prefetch < 1:
+            raise ParameterError(f"prefetch must be positive, got {prefetch}")
+        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gamma": gamma,
+                "tau": tau, "nu": float(self.nu), "max_members": mm, "center": bool(self.center),
+                "block_rows": block_rows, "prefetch": prefetch}
+
+    def _kernel(self, source) -> Kernel:
+        return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
+                              degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
+
+    def _new_solver(self, p: dict, n_features: int, kernel: Kernel) -> OnlineKHA:
+        a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
+        return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
+                         max_members=p["max_members"], eta0=p["eta0"], gamma=p["gamma"],
+                         tau=p["tau"], center=p["center"], a_init=a_init)
+
+    def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
+               n_steps: int) -> dict:
+        attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
+                 "kernel_parameters": kernel.param_dict, "n_components": p["r"], "nu": p["nu"],
+                 "max_members": p["max_members"], "eta0": p["eta0"], "gamma": p["gamma"],
+                 "tau": p["tau"],
+                 "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gamma**s"),
+                 "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
+                 "seed": int(self.seed), "store": store_path, "n_samples": int(n_samples),
+                 "n_features": int(n_features), "centered": p["center"], "init": "random",
+                 "dkha_version": __version__}
+        attrs.update(kernel.param_dict)
+        return attrs
+
+    # -- fitting --
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
+            ac_reference=None, checkpoint_every: int = 0, resume: bool = False
+            ) -> OnlineKernelPCA:
+        """Stream ``steps`` samples of ``X`` in the seeded random order, a block at a time
+        through the same step as :meth:`partial_fit` (``OnlineKHA.apply_block``).
+
+        ``X``: an array-like (validated as scikit-learn does), a data store (path or
+        :class:`DataStore`), or a dask array or xarray DataArray (written blockwise into a
+        temporary store first, never gathered here).
+
+        Parameters
+        ----------
+        run_dir : str, optional
+            Save ``components.zarr`` there; a directory holding a different run is refused
+            before any work unless ``overwrite``.
+        ac_reference : optional
+            Record the AC index in the history: an :class:`~dkha.fit.ac_index.ACReference`, an
+            array of reference samples, or ``True`` for exact KPCA on (a seeded subset of up to
+            2000 samples of) the data, uncentered as eq. 62.
+        checkpoint_every : int, optional
+            Write the complete state (:meth:`OnlineKHA.snapshot`) to ``run_dir/checkpoints`` at
+            the first block boundary after every that many steps, and at the next block boundary
+            when :data:`dkha.fit.control.STOP` is set (SIGTERM in the CLI; then
+            :class:`~dkha.errors.Interrupted` is raised).
+        resume : bool
+            Continue from the newest valid checkpoint in ``run_dir``: the result (alpha,
+            dictionary, history) equals the uninterrupted run's bit for bit. Resuming with other
+            settings or data is refused with the list of differences.
+        """
+        kind = input_kind(X)
+        tmp = None
+        if kind == "array":
+            source = ArraySource(self._validate_array(X, reset=True))
+        else:
+            self._set_lazy_features(X)
+            source, tmp, _ = resolve_store(X)
+        try:
+            return self._fit_source(source, run_dir=run_dir, overwrite=overwrite,
+                                    ac_reference=ac_reference, checkpoint_every=checkpoint_every,
+                                    resume=resume)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _fit_source(self, source, *, run_dir, overwrite, ac_reference, checkpoint_every, resume):
+        p = self._validated()
+        kernel = self._kernel(source)
+        l, n = source.n_samples, source.n_features
+        n_steps = l if self.steps is None else int(self.steps)
+        store_path = _store_path(source)
+        attrs = self._attrs(p, kernel, store_path, l, n, n_steps)
+        every = n_steps if self.evaluate_every is None else int(self.evaluate_every)
+        # the block boundaries (hence the rounding) depend on these too
+        exact = {"block_rows": p["block_rows"], "evaluate_every": every,
+                 "ac_reference": _describe_reference(ac_reference)}
+        checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
+                                             checkpoint_every=checkpoint_every, exact=exact)
+        reference = self._reference(ac_reference, source, kernel, p["r"])
+        self.solver_ = self._new_solver(p, n, kernel)
+        self.solver_.stream_length = l
+        self.kernel_ = kernel
+        self.n_features_in_ = n
+        self.history_ = []
+        self.wall_time_ = 0.0
+        self.stream_stats_ = {}
+        self._reference_ = reference
+        self._params_ = p
+        self._variance_sample_ = source.sample(EIGENVALUE_SAMPLES, self.seed)
+        if ck is not None:
+            self.solver_.restore({k[len("state."):]: v for k, v in ck.arrays.items()
+                                  if k.startswith("state.")}, ck.meta["state_scalars"])
+            self.history_ = list(ck.meta["history"])
+            self.wall_time_ = float(ck.meta["fit_seconds"])
+            self.stream_stats_ = dict(ck.meta["stream_stats"])
+            log.info("resuming at step %d from %s", self.solver_.state.step, ck.path)
+
+        def save(t: int, pass_end_pending: bool) -> None:
+            self.wall_time_ = driver.seconds
+            arrays, scalars = self.solver_.snapshot()
+            meta = dict(ck_meta, history=self.history_, fit_seconds=self.wall_time_,
+                        stream_stats=self.stream_stats_, state_scalars=scalars,
+                        n_steps=n_steps)
+            checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
+
+        def record() -> dict:
+            self.wall_time_ = driver.seconds
+            return self._record(source.n_samples)
+
+        driver = BlockDriver(n_steps, self.solver_.state.step, desc=p["algorithm"],
+                             verbose=self.verbose, save=None if checkpointer is None else save,
+                             checkpoint_steps=int(checkpoint_every or 0), seconds=self.wall_time_)
+        try:
+            run_online(self.solver_, source, driver, seed=self.seed, n_steps=n_steps,
+                       every=every, block_rows=p["block_rows"], prefetch=p["prefetch"],
+                       stats=self.stream_stats_, record=record)
+        finally:
+            driver.close()
+            self.wall_time_ = driver.seconds
+        self.n_samples_seen_ = n_steps
+        self.n_components_ = p["r"]
+        self._finish(source.sample(EIGENVALUE_SAMPLES, self.seed))
+        self.attrs_ = attrs
+        if run_dir is not None:
+            self.save(run_dir)
+            checkpointer.clear()  # the run is complete: its checkpoints are spent
+        return self
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y=None) -> OnlineKernelPCA:
+        """Stream the rows of the array ``X`` in their order, continuing from earlier calls.
+
+        The first call validates the parameters, resolves the kernel on ``X`` and creates the
+        state; later calls (also after :meth:`fit`) continue it. ``member_index_`` then counts
+        positions in the whole stream, and the history gets one entry per call.
+        """
+        first_call = not hasattr(self, "solver_")
+        X = self._validate_array(X, reset=first_call, min_samples=1)
+        if not np.isfinite(X).all():
+            raise InputError("partial_fit: the data holds NaN or inf")
+        if first_call:
+            p = self._validated()
+            kernel = self._kernel(ArraySource(X))
+            self.solver_ = self._new_solver(p, X.shape[1], kernel)
+            self.kernel_ = kernel
+            self.n_features_in_ = X.shape[1]
+            self.history_ = []
+            self.wall_time_ = 0.0
+            self.n_samples_seen_ = 0
+            self.stream_stats_ = {}
+            self._reference_ = None
+            self._params_ = p
+            self.n_components_ = p["r"]
+        p = getattr(self, "_params_", None) or self._validated()
+        b = p["block_rows"]
+        t0 = time.perf_counter()
+        seen = self.n_samples_seen_
+        self._variance_sample_ = X if len(X) <= EIGENVALUE_SAMPLES else X[np.sort(
+            np.random.default_rng(self.seed).choice(len(X), EIGENVALUE_SAMPLES, replace=False))]
+        with coordinator_threads():
+            for a in range(0, len(X), b):
+                rows = X[a:a + b]
+                self.solver_.apply_block(rows, np.arange(seen + a, seen + a + len(rows)))
+        self.wall_time_ += time.perf_counter() - t0
+        self.n_samples_seen_ = seen + len(X)
+        self._record(None)
+        self._finish(X[:EIGENVALUE_SAMPLES] if len(X) <= EIGENVALUE_SAMPLES else
+                     X[np.sort(np.random.default_rng(self.seed).choice(
+                         len(X), EIGENVALUE_SAMPLES, replace=False))])
+        self.attrs_ = self._attrs(p, self.kernel_, "<stream>", self.n_samples_seen_,
+                                  self.n_features_in_, self.n_samples_seen_)
+        return self
+
+    def _reference(self, ac_reference, source, kernel: Kernel, r: int) -> ACReference | None:
+        if ac_reference is None or ac_reference is False:
+            return None
+        if isinstance(ac_reference, ACReference):
+            return ac_reference
+        if ac_reference is True:
+            if isinstance(source, DataStore):
+                return ACReference.from_store(source, kernel, r, seed=self.seed)
+            Xr = source.X if source.n_samples <= DEFAULT_REFERENCE_SAMPLES else \
+                source.sample(DEFAULT_REFERENCE_SAMPLES, self.seed)
+            return ACReference.from_data(Xr, kernel, r)
+        return ACReference.from_data(np.asarray(ac_reference, dtype=np.float64), kernel, r)
+
+    def _record(self, n_samples: int | None) -> dict:
+        st = self.solver_.state
+        ac = float("nan")
+        ref = getattr(self, "_reference_", None)
+        if ref is not None and st.m:
+            ac = ref.score(self.solver_.alpha(), self.solver_.dictionary())
+        passes = 0 if n_samples is None else st.step // n_samples  # no passes in a stream
+        sample = getattr(self, "_variance_sample_", None)
+        variance = (variance_of(self.solver_.transform(sample)) if st.m and sample is not None
+                    else np.full(self.solver_.r, np.nan))
+        entry = {"pass": int(passes), "step": int(st.step),
+                 "error": float("nan"), "error_min": float("nan"), "excess": float("nan"),
+                 "wall_time": float(self.wall_time_), "ac_index": ac, "members": int(st.m),
+                 "explained_variance": variance}
+        self.history_.append(entry)
+        log.info("step %d: %d members, AC %.4f", st.step, st.m, ac)
+        return entry
+
+    def _finish(self, sample: np.ndarray) -> None:
+        s = self._read_solver()
+        norms = s.component_norms()
+        if s.n_members:
+            Y = s.transform(sample)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                self.eigenvalues_ = np.mean(Y**2, axis=0) / norms**2
+        else:
+            self.eigenvalues_ = np.full(s.r, np.nan)
+
+    # -- using the result --
+    def _check_fitted(self):
+        if not hasattr(self, "solver_"):
+            raise ParameterError("this OnlineKernelPCA is not fitted yet; call fit or partial_fit")
+
+    def _transform_array(self, X: np.ndarray) -> np.ndarray:
+        """Projections ``w_iᵀ(Φ(x) − μ)`` of the rows of ``X``, ``(n, n_components)``."""
+        if not np.isfinite(X).all():
+            raise InputError("new data holds NaN or inf")
+        return self._project_rows_blocked(X, self.solver_.transform)
+
+    def _expansion_size(self) -> int:
+        return int(self.solver_.n_members)
+
+    def _start_candidates(self) -> np.ndarray:
+        return self.dictionary_
+
+    def _preimages(self, Y: np.ndarray, start: np.ndarray) -> np.ndarray:
+        return RunPreimages(self.to_dataset(), None).from_projections(Y, start).Z
+
+    def ac_index(self, reference=None, *, centered: bool = False,
+                 max_samples: int = DEFAULT_REFERENCE_SAMPLES, per_component: bool = False):
+        """The AC index (eqs. 61–63) against exact KPCA.
+
+        ``reference``: an :class:`~dkha.fit.ac_index.ACReference`, an array of reference samples, or
+        a data store (path); ``None`` reuses the reference given to :meth:`fit`. Stores larger
+        than ``max_samples`` use a seeded subset. ``centered`` picks the centered reference (the
+        default is the paper's uncentered eq. 62). ``per_component`` returns the ``|cos|``
+        values instead of their mean.
+        """
+        self._check_fitted()
+        r = self.solver_.r
+        if reference is None:
+            ref = getattr(self, "_reference_", None)
+            if ref is None:
+                raise ParameterError("no AC reference: pass reference samples or a data store")
+        elif isinstance(reference, ACReference):
+            ref = reference
+        elif isinstance(reference, (str, os.PathLike, DataStore)):
+            store = reference if isinstance(reference, DataStore) else open_store(reference)
+            ref = ACReference.from_store(store, self.kernel_, r, max_samples=max_samples,
+                                         seed=self.seed, centered=centered)
+        else:
+            ref = ACReference.from_data(np.asarray(reference, dtype=np.float64), self.kernel_, r,
+                                        centered=centered)
+        cos = ref.cosines(self.solver_.alpha(), self.solver_.dictionary())
+        return cos if per_component else float(np.mean(cos))
+
+    def to_dataset(self):
+        """The components as an xarray dataset (the ``components.zarr`` schema)."""
+        self._check_fitted()
+        hist = self.history_
+        extra = {
+            "dictionary": (("member", "feature"), self.dictionary_),
+            "member_index": ("member", self.member_index_),
+            "member_step": ("member", self.member_step_),
+            "mean_coefficient": ("member", self.mean_coefficient_),
+            "ac_index": ("evaluation", np.array([h["ac_index"] for h in hist], dtype=np.float64)),
+            "members": ("evaluation", np.array([h["members"] for h in hist], dtype=np.int64)),
+            "explained_variance": (("evaluation", "component"), np.array(
+                [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
+                    len(hist), self.solver_.r)),
+        }
+        # the solver's complete state, so that dkha.load continues the run (partial_fit)
+        arrays, scalars = self.solver_.snapshot()
+        extra.update({"state_B": (("component", "member"), arrays["B"]),
+                      "state_L": (("member", "member_column"), arrays["L"]),
+                      "state_cbar": ("member", arrays["cbar"]),
+                      "state_a_init": ("component", arrays["a_init"])})
+        attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]), state_scalars=scalars)
+        return result.build_dataset(self.alpha_, self.eigenvalues_, hist, attrs,
+                                    member_dim="member", extra=extra)
+
+    def save(self, run_dir: str) -> str:
+        """Write ``RUN_DIR/components.zarr``."""
+        return result.save(self.to_dataset(), run_dir)
+
+    @classmethod
+    def from_dataset(cls, ds) -> "OnlineKernelPCA":
+        """The fitted estimator of a saved online run (:func:`dkha.load`): it transforms,
+        inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended."""
+        a = ds.attrs
+        kp = dict(a.get("kernel_parameters", {}))
+        model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
+                    sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
+                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"], gamma=a.get("gamma"),
+                    tau=a.get("tau"), nu=a["nu"], max_members=int(a["max_members"]),
+                    center=bool(a["centered"]), seed=int(a["seed"]))
+        p = model._validated()
+        kernel = make_kernel(a["kernel"], **kp)
+        model.solver_ = model._new_solver(p, int(a["n_features"]), kernel)
+        if "state_B" not in ds:
+            raise InputError("this run was saved without the solver's state (dkha before "
+                             "0.1.0+state); it can be analysed but not continued")
+        arrays = {"B": ds["state_B"].values, "L": ds["state_L"].values,
+                  "cbar": ds["state_cbar"].values, "dictionary": ds["dictionary"].values,
+                  "member_index": ds["member_index"].values,
+                  "member_step": ds["member_step"].values, "a_init": ds["state_a_init"].values}
+        model.solver_.restore(arrays, a["state_scalars"])
+        model.kernel_ = kernel
+        model.n_features_in_ = int(a["n_features"])
+        model.n_components_ = p["r"]
+        model._params_ = p
+        model._reference_ = None
+        model.history_ = result.history_of(ds)
+        model.wall_time_ = float(ds["wall_time"].values[-1]) if ds.sizes.get("evaluation") else 0.0
+        model.stream_stats_ = {}
+        model.n_samples_seen_ = int(a["n_steps"])
+        model._read_solver()
+        model.eigenvalues_ = ds["eigenvalue"].values.copy()
+        model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
+        return model
+
+    def _read_solver(self) -> OnlineKHA:
+        """The fitted attributes the solver's state gives (coefficients, dictionary, members)."""
+        s = self.solver_
+        self.alpha_ = s.alpha()
+        self.dictionary_ = s.dictionary()
+        self.member_index_, self.member_step_ = s.members()
+        self.mean_coefficient_ = s.mean_coefficients()
+        self.n_steps_ = s.state.step
+        return s
+
+
+def _describe_reference(ac_reference) -> str | None:
+    """What a checkpoint records of the AC reference (arrays by a digest of their bytes)."""
+    if ac_reference is None or ac_reference is False:
+        return None
+    if ac_reference is True:
+        return "data"
+    if isinstance(ac_reference, ACReference):
+        return "ACReference"
+    arr = np.ascontiguousarray(ac_reference, dtype=np.float64)
+    return f"array {arr.shape} sha256 {hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
+
+
+def _store_path(source) -> str:
+    if isinstance(source, DataStore):
+        return os.path.abspath(source.path) if "://" not in source.path else source.path
+    return "<array>"
+
+
+__all__ = ["OnlineKernelPCA", "ALGORITHMS"]

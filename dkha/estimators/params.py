@@ -1,0 +1,511 @@
+"""The fit parameters, declared once.
+
+:data:`PARAMETERS` is the one table of the estimators' parameters — name, accepted values
+(type and range), default, help — in the manner of scikit-learn's ``_parameter_constraints``
+(``sklearn/utils/_param_validation.py``). Everything that lists fit parameters is generated
+from it:
+
+* the estimators' ``__init__`` (signature, stored attributes) and the Parameters section of
+  their docstrings (:func:`declare`);
+* their validation of the values given (:func:`validate`; what depends on several parameters,
+  e.g. the default gain per algorithm, stays in the estimator);
+* the ``dkha fit`` / ``dkha tune`` options (:func:`add_options`) and the estimator keywords
+  they make (:func:`estimator_kwargs`);
+* the keys of a pipeline's ``[[fit]]`` tables (:func:`pipeline_keys`);
+* the settings that models fitted together must agree on (:func:`shared_settings`).
+
+A new fit option is one :class:`Param` entry here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import Any
+
+from sklearn.utils import _param_validation as sk
+
+from dkha.errors import ParameterError
+from dkha.kernels import KERNEL_ALIASES, KERNELS
+from dkha.solvers import batch as batch_solver
+from dkha.solvers import online as online_solver
+
+BATCH, ONLINE = "batch", "online"
+BOTH = (BATCH, ONLINE)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Numbers of ``kind`` (``Integral`` or ``Real``) between ``left`` and ``right`` (``None``:
+    unbounded); ``closed`` is ``"left"``, ``"right"``, ``"both"`` or ``"neither"``."""
+
+    kind: type
+    left: float | None
+    right: float | None
+    closed: str = "neither"
+
+    def __contains__(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, self.kind):
+            return False
+        if isinstance(value, Real) and not math.isfinite(value):
+            return False
+        lo_ok = self.left is None or (value >= self.left if self.closed in ("left", "both")
+                                      else value > self.left)
+        hi_ok = self.right is None or (value <= self.right if self.closed in ("right", "both")
+                                       else value < self.right)
+        return lo_ok and hi_ok
+
+    def describe(self) -> str:
+        if self.kind is Integral and self.left in (0, 1) and self.right is None:
+            return "a positive integer" if self.left == 1 or self.closed == "neither" else \
+                "a non-negative integer"
+        if self.left == 0 and self.right is None:
+            return "a positive number" if self.closed in ("neither", "right") else \
+                "a non-negative number"
+        if self.left is None and self.right is None:
+            return "an integer" if self.kind is Integral else "finite"
+        lo = "[" if self.closed in ("left", "both") else "("
+        hi = "]" if self.closed in ("right", "both") else ")"
+        return f"lie in {lo}{self.left:g}, {self.right:g}{hi}"
+
+    def message(self, name: str, value) -> str:
+        d = self.describe()
+        verb = "must" if d.startswith("lie") else "must be"
+        return f"{name} {verb} {d}, got {value!r}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of ``values``."""
+
+    values: tuple
+
+    def __contains__(self, value) -> bool:
+        return value in self.values
+
+    def message(self, name: str, value) -> str:
+        return f"unknown {name} {value!r}; choose one of {', '.join(map(str, self.values))}"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One fit parameter.
+
+    name : the estimator's keyword (and attribute).
+    default : its default (``None``: chosen at fit time, see the help).
+    help : the docstring text (the first sentence is the command line's help unless ``short``).
+    accepts : an :class:`Interval`, :class:`Options`, a type or tuple of types, or ``None``
+        (validated where it is used, e.g. kernel parameters by :func:`dkha.kernels.make_kernel`).
+        ``None`` values are always accepted where the default is ``None``.
+    models : the estimators that take it (``"batch"``: :class:`~dkha.KernelHebbianPCA`,
+        ``"online"``: :class:`~dkha.estimators.online.OnlineKernelPCA`).
+    key : the command line's ``args`` attribute and the pipeline key (default ``name``); two rows
+        (one per estimator) may share a key, e.g. ``kernel_gamma``.
+    flag : the command-line option (default ``--key`` with dashes); ``None``: not on the
+        command line.
+    cli : further ``argparse.add_argument`` keywords (``type``, ``metavar``, ``action``,
+        ``default``, ``choices``), and ``group`` (the option group's title), ``aliases``,
+        ``negative`` (a ``--no-...`` flag), ``exclusive`` (a mutually exclusive group's name).
+    shared : models fitted together in one kernel stream must agree on it.
+    pipeline : a key of a pipeline's ``[[fit]]`` table.
+    doc_type : the type shown in the docstring (default from ``accepts`` and ``default``).
+    short : the command line's help.
+    """
+
+    name: str
+    default: Any
+    help: str
+    accepts: Any = None
+    models: tuple = BOTH
+    key: str | None = None
+    flag: str | None = ""
+    cli: dict = field(default_factory=dict)
+    shared: bool = True
+    pipeline: bool = True
+    doc_type: str | None = None
+    short: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.key or self.name
+
+    @property
+    def option(self) -> str | None:
+        if self.flag is None:
+            return None
+        return self.flag or "--" + self.dest.replace("_", "-")
+
+    def check(self, value) -> None:
+        """Raise :class:`~dkha.errors.ParameterError` unless ``value`` is accepted."""
+        if value is None and self.default is None:
+            return
+        a = self.accepts
+        if a is None:
+            return
+        if isinstance(a, (Interval, Options)):
+            if value not in a:
+                raise ParameterError(a.message(self.name, value))
+        elif not isinstance(value, a):
+            names = " or ".join(t.__name__ for t in (a if isinstance(a, tuple) else (a,)))
+            raise ParameterError(f"{self.name} must be {names}, got {value!r}")
+
+
+POSITIVE_INT = Interval(Integral, 1, None, "left")
+POSITIVE = Interval(Real, 0, None, "neither")
+NON_NEGATIVE = Interval(Real, 0, None, "left")
+UNIT = Interval(Real, 0, 1, "both")
+FINITE = Interval(Real, None, None)
+INTEGER = Interval(Integral, None, None)
+
+_ONLINE_GROUP = "online algorithms (on-kha, oo-kha, okpca)"
+_GAINS_GROUP = "gains (a list gives one value per model; one value serves all)"
+
+#: every fit parameter of the estimators, in the order of their signatures
+PARAMETERS: tuple[Param, ...] = (
+    Param("n_components", 8, "Number of components ``r`` (must be below the number of samples).",
+          POSITIVE_INT, key="components", cli={"type": "positive_int", "aliases": ["-r"]},
+          doc_type="int, default 8", short="number of components r (default 8)"),
+    Param("algorithm", "kha-smd",
+          "Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent "
+          "(Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov "
+          "method (LOBPCG) whose products are blockwise passes.",
+          Options(batch_solver.ALGORITHMS + ("krylov",)), models=(BATCH,), shared=False,
+          doc_type='{"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"',
+          short="one of " + ", ".join(batch_solver.ALGORITHMS + ("krylov",)
+                                      + online_solver.ALGORITHMS)
+          + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
+          "several models in one pass over the kernel rows, each in "
+          "RUN_DIR/<algorithm>[-eta0=V][-mu=V]"),
+    Param("algorithm", "on-kha",
+          "ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised, "
+          "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
+          Options(online_solver.ALGORITHMS), models=(ONLINE,), shared=False,
+          doc_type='{"on-kha", "oo-kha", "okpca"}, default "on-kha"'),
+    Param("kernel", "gaussian", "The kernel.", Options(KERNELS + tuple(KERNEL_ALIASES)),
+          cli={"group": "kernel"},
+          doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"',
+          short="gaussian, laplacian, polynomial, sigmoid"),
+    Param("sigma", None,
+          "Width of the gaussian / laplacian kernel. ``None`` uses the median distance between "
+          "samples (recorded in ``kernel_`` and the saved attrs).",
+          cli={"type": float, "group": "kernel"}, doc_type="float, optional",
+          short="gaussian/laplacian width (default: median distance)"),
+    Param("degree", None, "Degree of the polynomial kernel (default 1: the dot product).",
+          cli={"type": int, "group": "kernel"}, doc_type="int, optional",
+          short="polynomial degree (default 1: dot product)"),
+    Param("offset", None, "Offset of the polynomial and sigmoid kernels.",
+          cli={"type": float, "group": "kernel"}, doc_type="float, optional",
+          short="polynomial / sigmoid offset"),
+    Param("gamma", None, "Slope of the sigmoid kernel.", models=(BATCH,), key="kernel_gamma",
+          cli={"type": float, "group": "kernel"}, doc_type="float, optional",
+          short="sigmoid slope"),
+    Param("kernel_gamma", None,
+          "Slope of the sigmoid kernel (``gamma`` is the learning rate's decay here).",
+          models=(ONLINE,), cli={"type": float, "group": "kernel"}, doc_type="float, optional"),
+    Param("eta0", None,
+          "Base gain. Defaults per algorithm: 0.05 (kha), 0.5 (kha-t), 0.2 (kha-et, kha-smd); "
+          "20 times smaller with ``init='nystrom:M'``.", POSITIVE, models=(BATCH,), shared=False,
+          cli={"type": "float_list", "metavar": "ETA0[,ETA0...]", "group": _GAINS_GROUP},
+          doc_type="float, optional", short="base gain (default per algorithm)"),
+    Param("eta0", online_solver.DEFAULT_ETA0, "Initial step size.", POSITIVE, models=(ONLINE,),
+          shared=False, doc_type=f"float, default {online_solver.DEFAULT_ETA0}"),
+    Param("mu", None, f"SMD's meta-gain (default {batch_solver.DEFAULT_MU}).", NON_NEGATIVE,
+          models=(BATCH,), shared=False,
+          cli={"type": "float_list", "metavar": "MU[,MU...]", "group": _GAINS_GROUP},
+          doc_type="float, optional", short=f"SMD meta-gain (default {batch_solver.DEFAULT_MU})"),
+    Param("xi", None, f"SMD's decay factor (default {batch_solver.DEFAULT_XI}).", UNIT,
+          models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
+          doc_type="float, optional", short=f"SMD decay (default {batch_solver.DEFAULT_XI})"),
+    Param("rho0", 0.0,
+          "SMD's initial log-gain. Algorithm 1 prints ρ0 = 1 (which multiplies every initial "
+          "gain by e); ρ0 = 0 converged an order of magnitude lower in our runs.", FINITE,
+          models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
+          doc_type="float, default 0.0",
+          short="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)"),
+    Param("gamma", None,
+          "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17). Default "
+          f"{online_solver.DEFAULT_GAMMA} when ``tau`` is not given either.",
+          Interval(Real, 0, 1, "right"), models=(ONLINE,), shared=False,
+          cli={"type": float, "group": _ONLINE_GROUP}, doc_type="float, optional",
+          short="learning-rate decay η(k) = γ·η(k−1)"),
+    Param("tau", None,
+          "Honeine's search-then-converge step size ``η = η0 / (1 + s/τ)`` (eq. 20) instead.",
+          POSITIVE, models=(ONLINE,), shared=False, cli={"type": float, "group": _ONLINE_GROUP},
+          doc_type="float, optional", short="Honeine's η_t = η0 / (1 + t/τ)"),
+    Param("nu", online_solver.DEFAULT_NU,
+          "ALD threshold: a sample joins the dictionary when ``ε² = k(x,x) − κᵀK_m⁻¹κ ≥ nu``.",
+          POSITIVE, models=(ONLINE,), cli={"type": float, "group": _ONLINE_GROUP},
+          doc_type=f"float, default {online_solver.DEFAULT_NU:g}", short="dictionary threshold ν"),
+    Param("max_members", online_solver.DEFAULT_MAX_MEMBERS,
+          "Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).",
+          POSITIVE_INT, models=(ONLINE,), cli={"type": "positive_int", "group": _ONLINE_GROUP},
+          doc_type=f"int, default {online_solver.DEFAULT_MAX_MEMBERS}",
+          short="dictionary size cap"),
+    Param("center", False,
+          "Center in feature space by the running mean in the dictionary's span (Honeine §5.2). "
+          "The papers' ON-KHA and OO-KHA are uncentered.", bool, models=(ONLINE,),
+          cli={"action": "store_true", "default": None, "negative": "--no-center",
+               "group": _ONLINE_GROUP}, doc_type="bool, default False", short=""),
+    Param("passes", None, "Passes through the data (default 10 when ``steps`` is not given).",
+          POSITIVE_INT, models=(BATCH,), cli={"type": "positive_int", "exclusive": "length"},
+          doc_type="int, optional", short="passes through the data (default 10)"),
+    Param("steps", None,
+          "Number of single-sample steps instead of whole passes (online: samples to stream in "
+          "``fit``, default one pass).", POSITIVE_INT,
+          cli={"type": "positive_int", "exclusive": "length"}, doc_type="int, optional",
+          short="single-sample steps"),
+    Param("seed", 0,
+          "Seeds the initial coefficients, the sample order and the sigma heuristic's sample.",
+          INTEGER, cli={"type": int}, doc_type="int, default 0"),
+    Param("evaluate_every", 1,
+          "Evaluate (eq. 22) every that many passes; 0 only at the end; negative never.", INTEGER,
+          models=(BATCH,), cli={"type": int, "metavar": "N"}, doc_type="int, default 1",
+          short="evaluate every N passes (0: only at the end; -1: never)"),
+    Param("evaluate_every", None,
+          "Record a history entry every that many steps (and at the end).", POSITIVE_INT,
+          models=(ONLINE,), doc_type="int, optional"),
+    Param("block_rows", None,
+          "Schedule positions per block of kernel rows (online: samples per block) "
+          "(``dkha.block-rows``).", POSITIVE_INT, flag="--block",
+          cli={"type": "positive_int", "metavar": "B"}, doc_type="int, optional",
+          short="rows per block (dkha.block-rows)"),
+    Param("prefetch", None, "Blocks computed (online: read) ahead (``dkha.prefetch``).",
+          POSITIVE_INT, cli={"type": "positive_int", "metavar": "D"}, doc_type="int, optional",
+          short="blocks computed ahead"),
+    Param("init", "random",
+          "Initial coefficients: the paper's ``A1 ~ N(0, 1/(r l))`` (``'random'``); the same "
+          "start on ``M`` seeded random columns, ``N(0, 1/(r M))`` there and zero elsewhere "
+          "(``'random:M'``: KHA/et and SMD then compute ``C = A1 K'`` from ``M`` kernel rows "
+          "instead of a pass over all ``l²`` entries: the start for large ``l``); or the Nyström "
+          "solution from ``M`` seeded random landmark rows (``'nystrom:M'``, then refined; the "
+          "default ``eta0`` is 20× smaller, suited to refinement). Recorded in the history as "
+          "pass 0. With ``algorithm='krylov'`` the Nyström vectors start the Krylov iteration.",
+          str, models=(BATCH,), cli={"metavar": "random|random:M|nystrom:M"},
+          doc_type='{"random", "random:M", "nystrom:M"}, default "random"',
+          short="initial coefficients: random (the paper's), the same on M random columns "
+                "(KHA/et, SMD start from M kernel rows instead of a pass: for large data), or "
+                "the Nyström solution from M landmark rows"),
+    Param("tol", None,
+          "Stop once an evaluation's excess error ``E/E_min − 1`` is at most ``tol`` "
+          "(evaluations every ``evaluate_every`` passes, at least every pass when ``tol`` is "
+          "set). For ``algorithm='krylov'``, the relative residual tolerance of the "
+          "eigenvectors.", POSITIVE, models=(BATCH,), shared=False, cli={"type": float},
+          doc_type="float, optional",
+          short="stop once the excess error E/E_min − 1 is at most TOL (krylov: relative "
+                "residual tolerance)"),
+    Param("projections", None,
+          "Where the block projections ``S̃ K'_Pᵀ`` are computed (``dkha.projections``): on the "
+          "coordinator from shipped kernel rows, or on the workers from replicas of the "
+          "coefficients (coordinator-math.md §4; equal up to rounding, less traffic).",
+          Options(("coordinator", "workers")), models=(BATCH,),
+          cli={"choices": ("coordinator", "workers")},
+          doc_type='{"coordinator", "workers"}, optional',
+          short="where block projections are computed (dkha.projections): from kernel rows "
+                "shipped to the coordinator, or on the workers from replicas"),
+    Param("cache_rows", None,
+          "Keep the kernel's upper-triangle tiles on the workers (``dkha.row-cache``; about "
+          "``4·l²`` bytes, refused above half the workers' memory): kernels are computed once, "
+          "not once a pass, which pays from the second pass on (Krylov, many KHA passes, "
+          "evaluations). Results equal the uncached run's up to rounding.", bool,
+          models=(BATCH,), cli={"action": "store_true", "default": None},
+          doc_type="bool, optional",
+          short="keep the kernel's upper-triangle tiles in worker memory (about 4·l² bytes): "
+                "kernels computed once, not once a pass (dkha.row-cache)"),
+    Param("center_sample", None,
+          "Estimate the centering row (the MK row) from a seeded sample of this many columns "
+          "instead of computing it exactly (an ``O(l² n)`` pass): explicitly approximate, "
+          "recorded in the run (attrs ``centering='sample'``, ``center_sample``) and reported "
+          "by ``dkha evaluate``. Either row is cached in the data store (``dkha.mk-cache``).",
+          None, models=(BATCH,), cli={"type": "positive_int", "metavar": "N"},
+          doc_type="int, optional",
+          short="estimate the centering (MK) row from a seeded sample of N columns instead of "
+                "the exact O(l²n) pass: approximate, recorded in the run"),
+    Param("client", None,
+          "Where the kernel rows are computed (:func:`dkha.engine.cluster.client_for`): a "
+          "``distributed.Client`` (used as is), a scheduler address, a number of local worker "
+          "processes, a :class:`~dkha.engine.cluster.Where`, or ``None`` "
+          "(``DASK_SCHEDULER_ADDRESS``, else an in-process cluster).", models=(BATCH,),
+          flag=None, pipeline=False, doc_type="optional"),
+    Param("verbose", False, "Show a progress bar.", None, flag=None, shared=False,
+          pipeline=False, doc_type="bool, default False"),
+)
+
+
+def parameters(model: str) -> tuple[Param, ...]:
+    """The rows of one estimator (``"batch"`` or ``"online"``), in signature order."""
+    return tuple(p for p in PARAMETERS if model in p.models)
+
+
+def constraints(model: str) -> dict:
+    """The table's rows of one estimator as scikit-learn's ``_parameter_constraints`` (checked
+    by ``BaseEstimator._validate_params``, with scikit-learn's messages)."""
+    out = {}
+    for p in parameters(model):
+        a = p.accepts
+        if isinstance(a, Interval):
+            kind = Integral if a.kind is Integral else Real
+            c = [sk.Interval(kind, a.left, a.right, closed=a.closed)]
+        elif isinstance(a, Options):
+            c = [sk.StrOptions(set(a.values)) if all(isinstance(v, str) for v in a.values)
+                 else sk.Options(object, set(a.values))]
+        elif a is None:
+            out[p.name] = "no_validation"     # checked where it is used (e.g. make_kernel)
+            continue
+        elif a is bool or a == (bool,):
+            c = ["boolean"]
+        else:
+            c = list(a) if isinstance(a, tuple) else [a]
+        if p.default is None:
+            c.append(None)
+        out[p.name] = c
+    return out
+
+
+def shared_settings(model: str = BATCH) -> tuple[str, ...]:
+    """What every model of one shared kernel stream must agree on."""
+    return tuple(p.name for p in parameters(model) if p.shared)
+
+
+def pipeline_keys() -> set[str]:
+    """The fit parameters a pipeline's ``[[fit]]`` table may set (beside ``name``,
+    ``algorithm``, ``checkpoint_every``)."""
+    return {p.dest for p in PARAMETERS if p.pipeline}
+
+
+# --- the estimators ------------------------------------------------------------------------------
+
+
+def _signature(model: str) -> inspect.Signature:
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for i, p in enumerate(parameters(model)):
+        kind = (inspect.Parameter.POSITIONAL_OR_KEYWORD if i == 0
+                else inspect.Parameter.KEYWORD_ONLY)
+        params.append(inspect.Parameter(p.name, kind, default=p.default))
+    return inspect.Signature(params)
+
+
+def _docs(model: str) -> str:
+    out = []
+    for p in parameters(model):
+        out.append(f"    {p.name} : {p.doc_type or 'optional'}")
+        words, line = p.help.split(), "       "
+        for w in words:
+            if len(line) + 1 + len(w) > 96:
+                out.append(line)
+                line = "       "
+            line += " " + w
+        out.append(line)
+    return "\n".join(out)
+
+
+def declare(model: str):
+    """Class decorator: the estimator's ``__init__`` (it only stores the parameters, as
+    scikit-learn's do; ``n_components`` may be positional, the rest are keyword-only) and the
+    ``{parameters}`` of its docstring, from :data:`PARAMETERS`."""
+    sig = _signature(model)
+
+    def __init__(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        for name, value in list(bound.arguments.items())[1:]:
+            setattr(self, name, value)
+
+    __init__.__signature__ = sig
+
+    def wrap(cls):
+        __init__.__qualname__ = f"{cls.__name__}.__init__"
+        cls.__init__ = __init__
+        if cls.__doc__ and "{parameters}" in cls.__doc__:
+            cls.__doc__ = cls.__doc__.replace("{parameters}", _docs(model).lstrip())
+        return cls
+
+    return wrap
+
+
+def validate(estimator, model: str) -> None:
+    """Check every parameter's value against its row (type and range); raises
+    :class:`~dkha.errors.ParameterError` naming the first bad one."""
+    for p in parameters(model):
+        p.check(getattr(estimator, p.name))
+
+
+def get_params(estimator, model: str) -> dict:
+    return {p.name: getattr(estimator, p.name) for p in parameters(model)}
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dict | None = None,
+                groups: dict | None = None) -> None:
+    """Add one command-line option per distinct key of the rows of ``model_kinds`` (skipping the
+    keys in ``skip``; ``defaults`` overrides option defaults by key). ``types`` maps the names of
+    the command line's argument types (``"positive_int"``, ``"float_list"``) to functions."""
+    defaults = defaults or {}
+    groups = {} if groups is None else groups
+    exclusive: dict = {}
+    seen = set()
+    for p in PARAMETERS:
+        if p.option is None or p.dest in seen or p.dest in skip or \
+                not set(p.models) & set(model_kinds):
+            continue
+        seen.add(p.dest)
+        extra = dict(p.cli)
+        group_name = extra.pop("group", None)
+        aliases = extra.pop("aliases", [])
+        negative = extra.pop("negative", None)
+        excl = extra.pop("exclusive", None)
+        if isinstance(extra.get("type"), str):
+            extra["type"] = types[extra["type"]]
+        extra.setdefault("default", p.default)
+        if p.dest in defaults:
+            extra["default"] = defaults[p.dest]
+        short = p.short if p.short is not None else p.help.split(". ")[0].rstrip(".")
+        if short:
+            extra["help"] = short
+        if excl is not None:
+            if excl not in exclusive:
+                exclusive[excl] = parser.add_mutually_exclusive_group()
+            target = exclusive[excl]
+        elif group_name is not None:
+            if group_name not in groups:
+                groups[group_name] = parser.add_argument_group(group_name)
+            target = groups[group_name]
+        else:
+            target = parser
+        target.add_argument(p.option, *aliases, dest=p.dest, **extra)
+        if negative:
+            target.add_argument(negative, dest=p.dest, action="store_false")
+
+
+def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "--") -> dict:
+    """The keywords of a ``model`` estimator from command-line or pipeline ``values`` (by key).
+
+    Unset values (``None``) are left to the estimator's defaults. A key that only the other
+    estimator takes must be unset or at that estimator's default, otherwise the one-line error
+    names it (``where`` prefixes the key: ``"--"`` for options, ``""`` for pipeline keys)."""
+    mine = {p.dest: p for p in parameters(model)}
+    out = {}
+    for key, value in values.items():
+        if key in mine:
+            if value is not None:
+                out[mine[key].name] = value
+            continue
+        other = [p for p in PARAMETERS if p.dest == key]
+        if other and value is not None and value != other[0].default:
+            if model == BATCH:
+                kinds = f"online algorithms ({', '.join(online_solver.ALGORITHMS)})"
+            else:
+                kinds = "batch algorithms"
+            name = where + (key.replace("_", "-") if where == "--" else key)
+            raise ParameterError(f"{name} applies to the {kinds}, not {algorithm}")
+    return out
+
+
+def cli_values(args, model_kinds=BOTH) -> dict:
+    """``{key: value}`` of every table option present in parsed ``args``."""
+    return {p.dest: getattr(args, p.dest) for p in PARAMETERS
+            if p.option is not None and set(p.models) & set(model_kinds)
+            and hasattr(args, p.dest)}

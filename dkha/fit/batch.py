@@ -1,0 +1,342 @@
+"""The coordinator: drives a batch solver over the block stream of centered kernel rows.
+
+It owns the schedule (``dkha.schedule``), the passes, the evaluations recorded in the history and
+the progress display. Kernel rows are computed ahead on the workers (``RowEngine.stream``); the
+coordinator only applies the sequential updates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dkha import schedule
+from dkha.data.checkpoint import state_from_arrays, state_to_arrays
+from dkha.errors import NumericalError, ParameterError
+from dkha.fit.control import BlockDriver
+from dkha.fit.evaluate import evaluate_many, projections, projections_many
+from dkha.fit.spectrum import top_eigenvalues
+from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
+from dkha.solvers.factored import FactoredState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchResult:
+    alpha: np.ndarray | None
+    eigenvalue: np.ndarray | None
+    history: list = field(default_factory=list)
+    top_eigenvalues: np.ndarray | None = None
+    wall_time: float = 0.0
+    stream_stats: dict = field(default_factory=dict)
+    #: why a model of a shared stream stopped without a result (it diverged); None otherwise
+    failure: str | None = None
+    #: ``C = A K'`` (component × sample) of the final ``alpha``: the training samples'
+    #: projections, which the final evaluation and eq. 13 use anyway
+    projection: np.ndarray | None = None
+
+
+def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
+              verbose: bool = False, A_init: np.ndarray | None = None,
+              tol: float | None = None, checkpointer=None, checkpoint_every: int = 0,
+              checkpoint_meta: dict | None = None, resume=None,
+              checkpoint_steps: int = 0) -> BatchResult:
+    """Fit ``solver`` for ``n_steps`` steps over ``engine``'s kernel rows.
+
+    ``evaluate_every``: evaluate (eq. 22) every that many passes and at the end; 0 evaluates only
+    at the end; a negative value never evaluates. ``tol``: stop at the first evaluation whose
+    excess error is at most ``tol`` (evaluating at least every pass).
+
+    ``checkpointer`` (a :class:`dkha.data.checkpoint.Checkpointer`) writes the complete state every
+    ``checkpoint_every`` passes, at the first block boundary after every ``checkpoint_steps``
+    steps, and at the next block boundary when :data:`STOP` is set (then
+    :class:`~dkha.errors.Interrupted` is raised). ``resume``: a loaded checkpoint to continue
+    from; the continued run equals the uninterrupted one bit for bit.
+
+    One model of :func:`run_batches`; a diverged run raises :class:`~dkha.errors.NumericalError`.
+    """
+    res = run_batches(engine, [solver], n_steps=n_steps, seed=seed,
+                      evaluate_every=evaluate_every, verbose=verbose, A_init=A_init, tol=tol,
+                      checkpointers=None if checkpointer is None else [checkpointer],
+                      checkpoint_every=checkpoint_every,
+                      checkpoint_metas=None if checkpoint_meta is None else [checkpoint_meta],
+                      resumes=None if resume is None else [resume],
+                      checkpoint_steps=checkpoint_steps)[0]
+    if res.failure is not None:
+        raise NumericalError(res.failure)
+    return res
+
+
+@dataclass
+class _Model:
+    """One solver of a shared stream and what belongs to it alone."""
+
+    solver: BatchKHA
+    tol: float | None
+    checkpointer: object = None
+    meta: dict | None = None
+    history: list = field(default_factory=list)
+    active: bool = True          # still taking steps (false once converged or diverged)
+    failure: str | None = None
+
+
+def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
+                evaluate_every: int = 1, verbose: bool = False,
+                A_init: np.ndarray | None = None, tol: float | Sequence | None = None,
+                checkpointers: Sequence | None = None, checkpoint_every: int = 0,
+                checkpoint_metas: Sequence[dict] | None = None,
+                resumes: Sequence | None = None, checkpoint_steps: int = 0) -> list[BatchResult]:
+    """Fit several batch solvers over one stream of ``engine``'s kernel rows, one result each.
+
+    Every block of centered rows is computed once and applied by every solver in turn, in the
+    same schedule (``seed``, ``n_steps``); each model's coefficients equal those of its fit
+    alone (:func:`run_batch`). The solvers share the number of components and the initial
+    coefficients (``A_init``, or the seeded random start), so the start's ``C = A K'`` and the
+    pass-0 evaluation are computed once; later evaluations of all models share one pass for
+    ``C`` and one for the residuals (:func:`dkha.fit.evaluate.evaluate_many`).
+
+    ``tol`` (one value or one per solver): a model stops taking steps at its first evaluation
+    with an excess error at most its ``tol``; the stream stops when no model is left. A model
+    whose state becomes non-finite is set aside with a ``failure`` message in its result while
+    the others go on. ``checkpointers``, ``checkpoint_metas`` and ``resumes`` are one per solver
+    (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
+    checkpoints must all be at the same step.
+    """
+    solvers = list(solvers)
+    if not solvers:
+        raise ParameterError("no models to fit")
+    if len({s.r for s in solvers}) > 1:
+        raise ParameterError("models fitted together need the same number of components, got "
+                             + ", ".join(str(s.r) for s in solvers))
+    tols = list(tol) if isinstance(tol, (list, tuple)) else [tol] * len(solvers)
+    if any(t is not None for t in tols) and evaluate_every < 1:
+        evaluate_every = 1
+    models = [_Model(s, t) for s, t in zip(solvers, tols)]
+    for m, ck, meta in zip(models, checkpointers or [None] * len(models),
+                           checkpoint_metas or [None] * len(models)):
+        m.checkpointer, m.meta = ck, meta
+    fit = _SharedStream(engine, models, n_steps=n_steps, seed=seed, evaluate_every=evaluate_every)
+    C1 = fit.restore(resumes) if resumes is not None else fit.start(A_init)
+    if evaluate_every > 0 and resumes is None:
+        fit.record(fit.active(), Cs=None if C1 is None else [C1], shared_start=True)
+    desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
+    start_step = solvers[0].state.t
+    fit.driver = BlockDriver(
+        n_steps, start_step, desc=desc, verbose=verbose, seconds=fit.fit_seconds,
+        save=fit.save_checkpoints if any(m.checkpointer is not None for m in models) else None,
+        checkpoint_steps=checkpoint_steps)
+    try:
+        fit.stream(start_step, checkpoint_every,
+                   pass_end_pending=resumes is not None and bool(start_step)
+                   and bool(resumes[0].meta.get("pass_end_pending")))
+        return fit.finish()
+    finally:
+        fit.driver.close()
+
+
+class _SharedStream:
+    """The state of :func:`run_batches`: its models, the shared evaluations and the driver."""
+
+    def __init__(self, engine, models: list[_Model], *, n_steps: int, seed: int,
+                 evaluate_every: int):
+        self.engine, self.models = engine, models
+        self.n_steps, self.seed, self.evaluate_every = n_steps, seed, evaluate_every
+        self.l, self.r = engine.n_samples, models[0].solver.r
+        self.eig_top: np.ndarray | None = None
+        self.fit_seconds = 0.0
+        self.driver: BlockDriver | None = None
+
+    def active(self) -> list[_Model]:
+        return [m for m in self.models if m.active]
+
+    def restore(self, resumes) -> None:
+        """Every model's state from its checkpoint (all at the same step)."""
+        steps = {ck.step for ck in resumes}
+        if len(steps) > 1:
+            raise ParameterError(f"the checkpoints to resume are at different steps "
+                                 f"({', '.join(map(str, sorted(steps)))})")
+        first = resumes[0]
+        self.engine.set_mk(first.arrays["mk"], float(first.meta["mkm"]))
+        l, r = self.l, self.r
+        for m, ck in zip(self.models, resumes):
+            s = m.solver
+            arrays = {k[len("state."):]: v for k, v in ck.arrays.items() if k.startswith("state.")}
+            s.start(np.zeros((r, l)), C=np.zeros((r, l)) if s.needs_projection else None)
+            s.state = state_from_arrays(type(s.state), arrays, ck.meta["state_scalars"])
+            m.history = list(ck.meta["history"])
+            log.info("resuming at step %d from %s", s.state.t, ck.path)
+        self.fit_seconds = float(first.meta["fit_seconds"])
+        if "top_eigenvalues" in first.arrays:
+            self.eig_top = first.arrays["top_eigenvalues"]
+        return None
+
+    def start(self, A_init: np.ndarray | None) -> np.ndarray | None:
+        """The shared start (``A_init`` or the seeded random one); returns its ``C = A K'``
+        where a solver needs it."""
+        engine = self.engine
+        if engine.mk is None:
+            engine.compute_mk()
+        solvers = [m.solver for m in self.models]
+        A1 = (initial_coefficients(self.r, self.l, schedule.init_generator(self.seed))
+              if A_init is None else A_init)
+        C1 = projections(engine, A1) if any(s.needs_projection for s in solvers) else None
+        for s in solvers:
+            s.start(A1, C=C1 if s.needs_projection else None)
+        return C1
+
+    def save_checkpoints(self, t: int | None = None, pass_end_pending: bool = False) -> None:
+        seconds = self.fit_seconds if self.driver is None else self.driver.seconds
+        for m in self.models:
+            if m.checkpointer is not None and m.failure is None:
+                save_checkpoint(m.checkpointer, m.solver, self.engine.mk, self.engine.mkm,
+                                history=m.history, top_eigenvalues=self.eig_top,
+                                fit_seconds=seconds, meta=m.meta, n_steps=self.n_steps,
+                                pass_end_pending=pass_end_pending)
+
+    def record(self, which: list[_Model], Cs=None, shared_start: bool = False) -> None:
+        """Evaluate ``which`` (one pass for C unless given, one for the residuals)."""
+        if not which:
+            return
+        engine = self.engine
+        if self.eig_top is None:
+            self.eig_top = top_eigenvalues(engine, self.r, seed=self.seed)
+        if shared_start:     # every model still holds the one start: one evaluation serves all
+            evs = evaluate_many(engine, [which[0].solver.A], self.eig_top, Cs=Cs) * len(which)
+        else:
+            evs = evaluate_many(engine, [m.solver.A for m in which], self.eig_top, Cs=Cs)
+        seconds = self.fit_seconds if self.driver is None else self.driver.seconds
+        for m, ev in zip(which, evs):
+            t = m.solver.state.t
+            pass_index = -(-t // self.l)
+            m.history.append({"pass": pass_index, "step": t, "error": ev.error,
+                              "error_min": ev.error_min, "excess": ev.excess,
+                              "wall_time": seconds})
+            log.info("%s pass %d step %d: excess error %.3e", m.solver.algorithm, pass_index, t,
+                     ev.excess)
+            if m.tol is not None and ev.excess <= m.tol and m.active:
+                m.active = False
+                log.info("%s: excess error %.3e ≤ tol %.3e after pass %d: stopping",
+                         m.solver.algorithm, ev.excess, m.tol, pass_index)
+        shown = [m.history[-1]["excess"] for m in self.models if m.history]
+        if shown and self.driver is not None:
+            self.driver.show(excess=f"{min(shown):.2e}")
+
+    def set_aside(self, m: _Model, exc: NumericalError) -> None:
+        m.active, m.failure = False, str(exc)
+        # alone, the model's error is raised (and shown once); beside others, it is a warning
+        log.log(logging.WARNING if len(self.models) > 1 else logging.INFO, "%s set aside: %s",
+                m.solver.algorithm, exc)
+
+    def _blocks(self, start_step: int):
+        engine, solvers = self.engine, [m.solver for m in self.models]
+        tagged = ((k, idx) for k, _, idx in
+                  schedule.blocks(self.seed, self.l, self.n_steps, engine.block_rows,
+                                  start_step=start_step))
+        if len(solvers) == 1:
+            return engine.stream(tagged, solver=solvers[0])
+        for s in solvers:   # e.g. resumed from a state saved mid-pass with C̃ on the replicas
+            if isinstance(s.state, FactoredState) and s.state.c_stale:
+                s.state.set_c_tilde(engine.matmat(s.state.S_tilde[:self.r].T).T)
+        return engine.stream(tagged)
+
+    def _end_of_pass(self, done: int, k: int, checkpoint_every: int) -> bool:
+        """The work between passes ``done`` and ``k + 1``; ``False`` when no model is left."""
+        n_passes = -(-self.n_steps // self.l)
+        every = self.evaluate_every
+        with self.driver.paused():
+            if every > 0 and done % every == 0 and done < n_passes:
+                self.record(self.active())
+            if not self.active():
+                return False
+            if checkpoint_every > 0 and k % checkpoint_every == 0:
+                self.save_checkpoints()
+        return True
+
+    def stream(self, start_step: int, checkpoint_every: int, *, pass_end_pending: bool) -> None:
+        """Apply every block of the schedule from ``start_step`` to every active model."""
+        l, driver = self.l, self.driver
+        # a resume mid-pass continues that pass (its eigenvalue refresh already happened)
+        current_pass = start_step // l if start_step % l else -1
+        if pass_end_pending:
+            current_pass = start_step // l - 1   # saved between a pass's last block and its end
+        blocks = self._blocks(start_step)
+        driver.start()
+        # closed here, not when the traceback of an interruption lets go of it (the client
+        # may be gone by then)
+        with contextlib.closing(blocks):
+            for k, idx, rows in ([] if not self.active() else blocks):
+                if k != current_pass:
+                    if current_pass >= 0 and not self._end_of_pass(current_pass + 1, k,
+                                                                   checkpoint_every):
+                        break
+                    for m in self.active():
+                        try:
+                            m.solver.begin_pass()
+                        except NumericalError as exc:
+                            self.set_aside(m, exc)
+                    current_pass = k
+                for m in self.active():
+                    try:
+                        m.solver.apply_block(idx, rows)
+                    except NumericalError as exc:
+                        self.set_aside(m, exc)
+                if not self.active():
+                    break
+                driver.advance(len(idx))
+                t = self.active()[0].solver.state.t
+                driver.between_blocks(t, k + 1, pass_end_pending=t % l == 0)
+        driver.stop_clock()
+
+    def finish(self) -> list[BatchResult]:
+        """The final evaluation (always, unless ``evaluate_every < 0``) and eq. 13 eigenvalues:
+        one pass for C; without an evaluation, the ``C = A K'`` a state keeps (KHA/et, SMD:
+        eq. 18) instead of a pass."""
+        engine, models = self.engine, self.models
+        done = [m for m in models if m.failure is None]
+        kept = [getattr(m.solver.state, "C", None) if self.evaluate_every < 0 else None
+                for m in done]
+        missing = [m.solver.A for m, C in zip(done, kept) if C is None]
+        computed = iter(projections_many(engine, missing) if missing else [])
+        Cs = [next(computed) if C is None else np.array(C) for C in kept]
+        if self.evaluate_every >= 0:
+            last = [(m, C) for m, C in zip(done, Cs)
+                    if not m.history or m.history[-1]["step"] != m.solver.state.t]
+            self.record([m for m, _ in last], Cs=[C for _, C in last])
+        stats = {"blocks": engine.stats.blocks, "wait_seconds": engine.stats.wait_seconds,
+                 "bytes_received": engine.stats.bytes_received}
+        seconds = self.driver.seconds
+        results, Cs = [], iter(Cs)
+        for m in models:
+            if m.failure is not None:
+                results.append(BatchResult(alpha=None, eigenvalue=None, history=m.history,
+                                           top_eigenvalues=self.eig_top, wall_time=seconds,
+                                           stream_stats=stats, failure=m.failure))
+                continue
+            A, C = m.solver.A, next(Cs)
+            results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
+                                       history=m.history, top_eigenvalues=self.eig_top,
+                                       wall_time=seconds, stream_stats=stats, projection=C))
+        return results
+
+
+def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, *,
+                    history: list, top_eigenvalues: np.ndarray | None, fit_seconds: float,
+                    meta: dict | None, n_steps: int, pass_end_pending: bool = False) -> str:
+    """Write ``solver``'s complete state (with the centering ``mk``, ``mkm``) as a checkpoint.
+
+    ``pass_end_pending``: written after a pass's last block but before its end-of-pass work
+    (evaluation, pass checkpoint), which a resume then does first."""
+    arrays, scalars = state_to_arrays(solver.state)
+    out = {f"state.{k}": v for k, v in arrays.items()}
+    out["mk"] = mk
+    if top_eigenvalues is not None:
+        out["top_eigenvalues"] = np.asarray(top_eigenvalues)
+    meta = dict(meta or {}, mkm=mkm, history=history, fit_seconds=fit_seconds,
+                state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
+                pass_end_pending=pass_end_pending)
+    return checkpointer.save(solver.state.t, out, meta)

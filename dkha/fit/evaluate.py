@@ -1,0 +1,102 @@
+"""Blockwise evaluation: reconstruction error E(A) (eq. 22), E_min, excess error, eigenvalues.
+
+With ``C = A K'`` (one blockwise pass, ``K' Aᵀ``)::
+
+    E(A)² = Σ over row blocks I of ‖K'[I, :] − C[:, I]ᵀ C‖²_F     (direct form, second pass)
+    E_min² = ‖K'‖²_F − Σ_{i≤r} λ_i(K')²
+
+``λ_1..λ_r`` come from :mod:`dkha.fit.spectrum`. :func:`variance_of` is Honeine's eq. 23 from
+the values of the principal functions (the explained variance of a saved run is
+:mod:`dkha.runs.variance`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from dkha.fit.spectrum import top_eigenvalues
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Evaluation:
+    """Reconstruction errors of one coefficient matrix."""
+
+    error: float
+    error_min: float
+    excess: float
+    frobenius: float
+
+    def as_dict(self) -> dict:
+        return {"error": self.error, "error_min": self.error_min, "excess": self.excess,
+                "frobenius": self.frobenius}
+
+
+def projections(engine, A: np.ndarray) -> np.ndarray:
+    """``C = A K'`` (``r × l``), one blockwise pass."""
+    return projections_many(engine, [A])[0]
+
+
+def projections_many(engine, As: list[np.ndarray]) -> list[np.ndarray]:
+    """``C = A K'`` for each coefficient matrix of ``As``: one blockwise pass for all of them
+    (the stacked ``[A_1; A_2; …]ᵀ`` multiplied by ``K'``), or, where they are zero outside a few
+    columns ``S`` (a quarter of ``l`` or fewer), ``A[:, S] K'[S, :]`` from the ``|S|`` kernel rows
+    (e.g. the start ``init="random:M"``: ``M`` rows instead of ``l²/2`` tile entries)."""
+    if not As:
+        return []
+    V = np.ascontiguousarray(np.concatenate([np.asarray(A, dtype=np.float64) for A in As]).T)
+    columns = np.flatnonzero(np.any(V != 0, axis=1))
+    if 4 * len(columns) <= V.shape[0]:
+        KV = np.zeros(V.shape)
+        b = engine.block_rows
+        blocks = ((a, columns[a:a + b]) for a in range(0, len(columns), b))
+        for _, index, rows in engine.stream(blocks):
+            KV += rows.T @ V[index]
+    else:
+        KV = engine.matmat(V)
+    out, start = [], 0
+    for A in As:
+        out.append(KV[:, start:start + A.shape[0]].T.copy())
+        start += A.shape[0]
+    return out
+
+
+def evaluate(engine, A: np.ndarray, eigenvalues: np.ndarray | None = None, *,
+             C: np.ndarray | None = None) -> Evaluation:
+    """``E(A)``, ``E_min`` and the excess ``E/E_min − 1`` of eq. 22, blockwise.
+
+    ``eigenvalues`` (the top ``r`` of ``K'``) may be passed to skip their computation.
+    """
+    return evaluate_many(engine, [A], eigenvalues, Cs=None if C is None else [C])[0]
+
+
+def evaluate_many(engine, As: list[np.ndarray], eigenvalues: np.ndarray | None = None, *,
+                  Cs: list[np.ndarray] | None = None) -> list[Evaluation]:
+    """:func:`evaluate` for several coefficient matrices, sharing the kernel passes: one pass
+    for all their ``C = A K'`` (unless ``Cs`` are given) and one for all their residuals."""
+    if Cs is None:
+        Cs = projections_many(engine, As)
+    frob2, res2 = engine.residuals(Cs)
+    r = max(A.shape[0] for A in As)
+    if eigenvalues is None:
+        eigenvalues = top_eigenvalues(engine, r)
+    out = []
+    for A, res in zip(As, res2):
+        emin2 = frob2 - float(np.sum(np.asarray(eigenvalues[:A.shape[0]]) ** 2))
+        error = float(np.sqrt(max(res, 0.0)))
+        error_min = float(np.sqrt(max(emin2, 0.0)))
+        excess = error / error_min - 1.0 if error_min > 0 else float("inf")
+        out.append(Evaluation(error=error, error_min=error_min, excess=excess,
+                              frobenius=float(np.sqrt(frob2))))
+    return out
+
+
+def variance_of(Y: np.ndarray) -> np.ndarray:
+    """Eq. 23 from the values ``Y (n, r)`` of the principal functions on ``n`` samples."""
+    Y = np.asarray(Y, dtype=np.float64)
+    mean = Y.mean(axis=0)
+    return np.maximum(np.mean(Y * Y, axis=0) - mean * mean, 0.0)

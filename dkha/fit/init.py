@@ -1,0 +1,54 @@
+"""Nyström initial coefficients, on the row engine.
+
+Nyström (Williams & Seeger): with ``M`` a seeded random set of ``m`` landmarks,
+``C = K'[:, M]`` and ``W = K'[M, M]``, ``K' ≈ C W⁺ Cᵀ``. Writing ``B = C W^{-1/2}`` and
+``BᵀB = U diag(s) Uᵀ``, the approximation's eigenvectors are ``v_i = B u_i / √s_i`` with
+eigenvalues ``s_i``, so the unit-norm components in feature space have coefficients
+
+    A_i = v_i / √s_i = (W^{-1/2} u_i / s_i)ᵀ Cᵀ          (r × l)
+
+The landmark rows ``K'[M, :]`` are ordinary centered kernel rows from the engine's stream: the
+data path is the one the KHA family uses.
+
+The exact block-Krylov solver is :mod:`dkha.fit.krylov`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dkha.errors import ParameterError
+
+
+def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, K'[M, :])`` for ``m`` seeded random landmarks (sorted), streamed in blocks."""
+    l = engine.n_samples
+    if not 0 < m < l:
+        raise ParameterError(f"nystrom:M needs 0 < M < the number of samples ({l}), got {m}")
+    M = np.sort(np.random.default_rng([int(seed), 2]).choice(l, size=m, replace=False))
+    b = engine.block_rows
+    rows = np.empty((m, l))
+    blocks = ((a, M[a:a + b]) for a in range(0, m, b))
+    for a, idx, block in engine.stream(blocks):
+        rows[a:a + len(idx)] = block
+    return M, rows
+
+
+def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float = 1e-10
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients ``A`` (``r × l``, unit-norm components) and eigenvalues of the Nyström solution."""
+    M, CT = landmark_rows(engine, m, seed)
+    W = CT[:, M]
+    W = 0.5 * (W + W.T)
+    w, Q = np.linalg.eigh(W)
+    keep = w > rcond * w.max()
+    if keep.sum() < r:
+        raise ParameterError(f"the {m} landmarks span only {keep.sum()} dimensions of K'; "
+                             f"use more landmarks than {r} components")
+    W_isqrt = (Q[:, keep] / np.sqrt(w[keep])) @ Q[:, keep].T
+    BT = W_isqrt @ CT                      # Bᵀ = W^{-1/2} Cᵀ   (m × l)
+    s, U = np.linalg.eigh(BT @ BT.T)
+    order = np.argsort(s)[::-1][:r]
+    s, U = s[order], U[:, order]
+    A = (U / s).T @ BT                     # A_i = u_iᵀ Bᵀ / s_i
+    return A, s

@@ -1,0 +1,1 @@
+"""Declarative pipelines and their report."""

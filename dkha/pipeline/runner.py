@@ -1,0 +1,455 @@
+"""Declarative pipelines: one TOML file per experiment, run as an idempotent scheduled job.
+
+    dkha run pipelines/digits-kpca.toml [--run-id ID] [--runs-dir runs] [--scheduler ADDR]
+
+Stages, in order: ``data`` (ingest) → ``fit`` (one or several algorithms) → ``evaluate`` →
+``apply`` (denoise, cluster) → ``report``. Each run lives in ``RUNS_DIR/RUN_ID/``:
+
+* ``state.json``  which stages are done, with a hash of each stage's settings: re-running the
+  same file skips finished stages; a stage whose settings changed runs again (and so do the
+  stages after it); an interrupted fit resumes from its checkpoint;
+* ``.lock``       an exclusive ``flock`` held for the whole run (a second run of the same id exits
+  with code 73 at once; the lock dies with its process, so a killed run never blocks the next);
+* ``pipeline.log``, ``summary.json`` (machine-readable: stages, figures, exit code),
+  ``report.html`` (self-contained) and ``report/*.png``.
+
+Exit codes: 0 done; 2 bad pipeline file or input; 3 a fit diverged; 4 a block killed its
+workers; 73 another run holds the lock; 75 interrupted or lost the cluster — run again to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import tomllib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dkha.apply.clustering import cluster_run, save_clusters
+from dkha.apply.denoise import denoise_image, save_image
+from dkha.data import result
+from dkha.data.checkpoint import Checkpointer
+from dkha.data.store import ingest_array, ingest_images, open_store, read_grey_image
+from dkha.errors import DkhaError, InputError, ParameterError
+from dkha.estimators.batch import KernelHebbianPCA
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.estimators.params import BATCH, estimator_kwargs, pipeline_keys
+from dkha.estimators.params import ONLINE as ONLINE_MODEL
+from dkha.pipeline.report import write_report
+from dkha.solvers.online import ALGORITHMS as ONLINE
+
+log = logging.getLogger(__name__)
+
+EXIT_LOCKED = 73
+
+# -- the schema: every key a pipeline file may hold ------------------------------------------------
+
+PIPELINE_KEYS = {"name", "description"}
+DATA_KEYS = {"kind", "path", "labels", "paths", "patch", "step", "chunk_rows", "per_class",
+             "digits", "noise", "size", "seed", "scale"}
+DATA_KINDS = ("digits", "array", "images", "store")
+#: a [[fit]] table: its name, checkpoint_every, and the fit parameters (from the one table)
+FIT_KEYS = {"name", "checkpoint_every"} | pipeline_keys()
+EVALUATE_KEYS = {"enabled", "ac_index"}
+APPLY_KEYS = {"kind", "fit", "k", "seed", "iterations", "exact"}
+APPLY_KINDS = ("denoise", "cluster")
+REPORT_KEYS = {"enabled", "title", "components"}
+TOP_KEYS = {"pipeline": PIPELINE_KEYS, "data": DATA_KEYS, "fit": FIT_KEYS,
+            "evaluate": EVALUATE_KEYS, "apply": APPLY_KEYS, "report": REPORT_KEYS}
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class PipelineError(InputError):
+    """A pipeline file that cannot be run as written."""
+
+
+class LockedError(DkhaError):
+    exit_code = EXIT_LOCKED
+
+
+@dataclass
+class Pipeline:
+    path: str
+    name: str
+    data: dict
+    fits: list[dict]
+    evaluate: dict
+    apply: list[dict]
+    report: dict
+    raw: dict = field(repr=False, default_factory=dict)
+
+
+def _check_keys(where: str, table, allowed: set) -> None:
+    if not isinstance(table, dict):
+        raise PipelineError(f"{where} must be a table, got {type(table).__name__}")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise PipelineError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def safe_id(run_id: str) -> str:
+    """A run id usable as one directory name: letters, digits, '.', '_', '-'; no '..'."""
+    if not isinstance(run_id, str) or not _SAFE_ID.match(run_id) or ".." in run_id:
+        raise ParameterError(f"unsafe run id {run_id!r}: use letters, digits, '.', '_' and '-' "
+                             "(no '/', no '..', at most 100 characters)")
+    return run_id
+
+
+def load(path: str) -> Pipeline:
+    """Read and validate a pipeline file (unknown keys and bad values are errors)."""
+    if not os.path.exists(path):
+        raise PipelineError(f"no pipeline file at {path}")
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise PipelineError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise PipelineError(f"{path}: unknown section{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(unknown)}; allowed: {', '.join(TOP_KEYS)}")
+    head = raw.get("pipeline", {})
+    _check_keys("[pipeline]", head, PIPELINE_KEYS)
+    name = head.get("name") or os.path.splitext(os.path.basename(path))[0]
+    safe_id(name)
+    data = raw.get("data")
+    if data is None:
+        raise PipelineError(f"{path}: a [data] section is required")
+    _check_keys("[data]", data, DATA_KEYS)
+    if data.get("kind") not in DATA_KINDS:
+        raise PipelineError(f"[data] kind must be one of {', '.join(DATA_KINDS)}, got {data.get('kind')!r}")
+    fits = raw.get("fit", [])
+    if isinstance(fits, dict):
+        fits = [fits]
+    if not fits:
+        raise PipelineError(f"{path}: at least one [[fit]] is required")
+    names = set()
+    for i, f in enumerate(fits):
+        _check_keys(f"[[fit]] #{i + 1}", f, FIT_KEYS)
+        if "algorithm" not in f:
+            raise PipelineError(f"[[fit]] #{i + 1} needs an algorithm")
+        f.setdefault("name", f["algorithm"])
+        safe_id(f["name"])
+        if f["name"] in names:
+            raise PipelineError(f"two [[fit]] sections are named {f['name']!r}; give each a name")
+        names.add(f["name"])
+    ev = raw.get("evaluate", {})
+    _check_keys("[evaluate]", ev, EVALUATE_KEYS)
+    apply = raw.get("apply", [])
+    if isinstance(apply, dict):
+        apply = [apply]
+    for i, a in enumerate(apply):
+        _check_keys(f"[[apply]] #{i + 1}", a, APPLY_KEYS)
+        if a.get("kind") not in APPLY_KINDS:
+            raise PipelineError(f"[[apply]] #{i + 1}: kind must be one of {', '.join(APPLY_KINDS)}")
+        if a.get("fit", fits[0]["name"]) not in names:
+            raise PipelineError(f"[[apply]] #{i + 1}: no [[fit]] named {a.get('fit')!r}")
+        a.setdefault("fit", fits[0]["name"])
+    rep = raw.get("report", {})
+    _check_keys("[report]", rep, REPORT_KEYS)
+    return Pipeline(path=os.path.abspath(path), name=name, data=data, fits=fits, evaluate=ev,
+                    apply=apply, report=rep, raw=raw)
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str):
+    """An exclusive, non-blocking ``flock`` on ``RUN_DIR/.lock`` for the duration."""
+    import fcntl
+
+    os.makedirs(run_dir, exist_ok=True)
+    fd = os.open(os.path.join(run_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockedError(f"another run holds {run_dir} (its .lock is taken); "
+                              "wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def run_directory(runs_dir: str, run_id: str) -> str:
+    """``RUNS_DIR/RUN_ID``, refusing ids and symlinks that would escape ``RUNS_DIR``."""
+    safe_id(run_id)
+    os.makedirs(runs_dir, exist_ok=True)
+    root = os.path.realpath(runs_dir)
+    run_dir = os.path.join(runs_dir, run_id)
+    real = os.path.realpath(run_dir)
+    if os.path.dirname(real) != root:
+        raise ParameterError(f"run directory {run_dir} resolves to {real}, outside {root} "
+                             "(a symlink?); refusing to write there")
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        raise ParameterError(f"{run_dir} exists and is not a directory")
+    return run_dir
+
+
+class Runner:
+    """Runs a :class:`Pipeline` in its run directory, stage by stage, skipping finished ones."""
+
+    def __init__(self, pipeline: Pipeline, run_dir: str, *, cluster: dict | None = None,
+                 verbose: bool = False):
+        self.p = pipeline
+        self.run_dir = run_dir
+        self.cluster = cluster or {}
+        self.verbose = verbose
+        self.state_path = os.path.join(run_dir, "state.json")
+        self.state = self._read_state()
+        self.figures: dict = self.state.setdefault("figures", {})
+        self._invalid = False
+        self.current_stage: str | None = None
+
+    # -- state --
+    def _read_state(self) -> dict:
+        if os.path.exists(self.state_path):
+            try:
+                with open(self.state_path) as f:
+                    return json.load(f)
+            except (OSError, ValueError):
+                log.warning("state.json unreadable; running every stage again")
+        return {"stages": {}, "figures": {}}
+
+    def _write_state(self) -> None:
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.state, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    def _stage(self, key: str, settings, fn):
+        h = _hash(settings)
+        done = self.state["stages"].get(key)
+        if done and done.get("hash") == h and done.get("done") and not self._invalid:
+            log.info("stage %s: done already, skipped", key)
+            return done.get("result")
+        if done and done.get("hash") != h:
+            self._invalid = True  # later stages depend on this one: run them again too
+        log.info("stage %s: running", key)
+        self.current_stage = key
+        t0 = time.perf_counter()
+        self.state["stages"][key] = {"hash": h, "done": False, "started": time.time()}
+        self._write_state()
+        res = fn()
+        self.state["stages"][key] = {"hash": h, "done": True, "seconds": time.perf_counter() - t0,
+                                     "result": res}
+        self._write_state()
+        return res
+
+    # -- stages --
+    def run(self) -> dict:
+        store = self._stage("data", self.p.data, self.ingest)
+        for f in self.p.fits:
+            self._stage(f"fit:{f['name']}", {"fit": f, "data": self.p.data},
+                        lambda f=f: self.fit(store, f))
+        if self.p.evaluate.get("enabled", True):
+            for f in self.p.fits:
+                self._stage(f"evaluate:{f['name']}", {"fit": f}, lambda f=f: self.evaluate(f))
+        for i, a in enumerate(self.p.apply):
+            self._stage(f"apply:{i}:{a['kind']}", {"apply": a, "fit": self._fit(a["fit"])},
+                        lambda a=a, i=i: self.apply(a, i))
+        if self.p.report.get("enabled", True):
+            self.current_stage = "report"
+            write_report(self)  # cheap: always rewritten
+        self.current_stage = None
+        return self.state
+
+    def _fit(self, name: str) -> dict:
+        return next(f for f in self.p.fits if f["name"] == name)
+
+    def fit_dir(self, name: str) -> str:
+        return os.path.join(self.run_dir, "fits", name)
+
+    def ingest(self) -> dict:
+        d = self.p.data
+        kind = d["kind"]
+        out = os.path.join(self.run_dir, "data", "store.zarr")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        info: dict = {"store": out}
+        if kind == "store":
+            st = open_store(self._path(d["path"]), check_finite=True)
+            info["store"] = st.path
+        elif kind == "array":
+            st = ingest_array(self._path(d["path"]), out, overwrite=True,
+                              labels=self._path(d["labels"]) if "labels" in d else None,
+                              chunk_rows=d.get("chunk_rows"))
+        elif kind == "digits":
+            from sklearn.datasets import load_digits
+
+            dg = load_digits()
+            keep = d.get("digits", list(range(10)))
+            per = d.get("per_class")
+            idx = np.concatenate([np.flatnonzero(dg.target == k)[:per] for k in keep])
+            scale = d.get("scale", "x/8-1")
+            X = dg.data[idx] / 8.0 - 1.0 if scale == "x/8-1" else dg.data[idx] / 16.0
+            st = ingest_array(X, out, labels=dg.target[idx], overwrite=True,
+                              chunk_rows=d.get("chunk_rows", 256))
+        else:  # images, optionally resized and with added gaussian noise (the denoising task)
+            st, extra = self._ingest_images(d, out)
+            info.update(extra)
+        info.update({"n_samples": st.n_samples, "n_features": st.n_features})
+        return info
+
+    def _ingest_images(self, d: dict, out: str):
+        import skimage.transform
+
+
+        paths = d.get("paths") or [d["path"]]
+        noise = float(d.get("noise", 0.0))
+        size = d.get("size")
+        rng = np.random.default_rng(d.get("seed", 0))
+        files, extra = [], {"clean": [], "noisy": []}
+        for i, p in enumerate(paths):
+            img = read_grey_image(p if p.startswith("skimage:") else self._path(p))
+            if size:
+                img = skimage.transform.resize(img, (size, size), anti_aliasing=True)
+            clean = os.path.join(self.run_dir, "data", f"clean-{i}.npy")
+            np.save(clean, img)
+            save_image(img, clean[:-4] + ".png")
+            extra["clean"].append(clean)
+            if noise > 0:
+                img = img + noise * rng.standard_normal(img.shape)
+                noisy = os.path.join(self.run_dir, "data", f"noisy-{i}.npy")
+                np.save(noisy, img)
+                save_image(np.clip(img, 0, 1), noisy[:-4] + ".png")
+                extra["noisy"].append(noisy)
+                files.append(noisy)
+            else:
+                files.append(clean)
+        # .npy files: the noisy values as they are (no rescaling to [0, 1])
+        st = ingest_images(files, out, patch=int(d.get("patch", 11)), step=int(d.get("step", 2)),
+                           chunk_rows=d.get("chunk_rows"), overwrite=True)
+        return st, extra
+
+    def _path(self, p: str) -> str:
+        """Paths in a pipeline file are relative to the file."""
+        return p if os.path.isabs(p) or "://" in p else os.path.join(os.path.dirname(self.p.path), p)
+
+    def fit(self, store: dict, f: dict) -> dict:
+        run = self.fit_dir(f["name"])
+        values = {k: v for k, v in f.items() if k not in ("name", "checkpoint_every")}
+        resume = Checkpointer(run).latest() is not None
+        if f["algorithm"] in ONLINE:
+            model = OnlineKernelPCA(verbose=self.verbose,
+                                    **estimator_kwargs(values, ONLINE_MODEL, f["algorithm"], where=""))
+            # online: checkpoint_every counts steps, as the estimator's evaluate_every does
+            model.fit(store["store"], run_dir=run, overwrite=not resume, resume=resume,
+                      checkpoint_every=int(f.get("checkpoint_every", 0)),
+                      ac_reference=self.p.evaluate.get("ac_index", True))
+            ds = model.to_dataset()
+            res = {"run_dir": run, "members": int(ds.sizes.get("member", 0))}
+            if "ac_index" in ds and ds.sizes.get("evaluation", 0):
+                res["ac_index"] = float(ds["ac_index"].values[-1])
+            return res
+
+        model = KernelHebbianPCA(verbose=self.verbose, **self.cluster,
+                                 **estimator_kwargs(values, BATCH, f["algorithm"], where=""))
+        fit_kw = {"run_dir": run, "overwrite": not resume}
+        if "checkpoint_every" in f:
+            fit_kw["checkpoint_every"] = int(f["checkpoint_every"])
+        if resume:
+            fit_kw["resume"] = True
+        model.fit(store["store"], **fit_kw)
+        last = model.history_[-1] if model.history_ else {}
+        return {"run_dir": run, "excess": last.get("excess"), "pass": last.get("pass"),
+                "fit_seconds": last.get("wall_time")}
+
+    def evaluate(self, f: dict) -> dict:
+        ds = result.load(self.fit_dir(f["name"]))
+        out = {}
+        for key in ("pass", "excess", "error", "error_min", "ac_index", "wall_time"):
+            if key in ds and ds.sizes.get("evaluation", 0):
+                v = ds[key].values[-1]
+                out[key] = None if not np.isfinite(v) else float(v)
+        self.figures[f["name"]] = out
+        return out
+
+    def apply(self, a: dict, i: int) -> dict:
+        run = self.fit_dir(a["fit"])
+        if a["kind"] == "cluster":
+            res = cluster_run(run, int(a.get("k", 10)), seed=int(a.get("seed", 0)), **self.cluster)
+            save_clusters(res, os.path.join(self.run_dir, f"apply-{i}-clusters.zarr"), overwrite=True)
+            out = {k: v for k, v in res.summary().items() if v is not None}
+        else:
+            data = self.state["stages"]["data"]["result"]
+            if not data.get("noisy"):
+                raise PipelineError("[[apply]] denoise needs [data] kind = \"images\" with noise > 0")
+            res = denoise_image(run, np.load(data["noisy"][0]), reference=np.load(data["clean"][0]),
+                                iterations=a.get("iterations"), **self.cluster)
+            png = os.path.join(self.run_dir, f"apply-{i}-denoised.png")
+            save_image(np.clip(res.image, 0, 1), png)
+            out = {"image": png, **{k: v for k, v in res.summary().items()
+                                    if isinstance(v, (int, float, str)) or v is None}}
+        self.figures[f"apply-{i}-{a['kind']}"] = out
+        return out
+
+
+def _exit_code(exc: BaseException) -> int:
+    """The exit code a failed pipeline reports: a user's error its own, an interrupt 130, any
+    other failure (a bug, a missing module) 1."""
+    if isinstance(exc, DkhaError):
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    return 1
+
+
+def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
+             cluster: dict | None = None, verbose: bool = False) -> tuple[int, dict]:
+    """Run a pipeline file; returns ``(exit code, summary)``. Writes ``summary.json`` always."""
+    p = load(path)
+    run_dir = run_directory(runs_dir, run_id or p.name)
+    os.makedirs(run_dir, exist_ok=True)
+    summary = {"pipeline": p.path, "run_id": run_id or p.name, "run_dir": os.path.abspath(run_dir),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    handler = logging.FileHandler(os.path.join(run_dir, "pipeline.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    pkg = logging.getLogger("dkha")
+    pkg.addHandler(handler)
+    old_level = pkg.level
+    pkg.setLevel(min(old_level or logging.INFO, logging.INFO))
+    code = 0
+    try:
+        with run_lock(run_dir):
+            runner = Runner(p, run_dir, cluster=cluster, verbose=verbose)
+            try:
+                state = runner.run()
+                summary["stages"] = {k: {"done": v.get("done"), "seconds": v.get("seconds")}
+                                     for k, v in state["stages"].items()}
+                summary["figures"] = runner.figures
+            except BaseException as exc:
+                # any failure, not only a user's error, must show in the exit code and summary
+                code = _exit_code(exc)
+                summary["error"] = str(exc) if isinstance(exc, DkhaError) else \
+                    f"{type(exc).__name__}: {exc}"
+                summary["failed_stage"] = runner.current_stage
+                summary["stages"] = {k: {"done": v.get("done"), "seconds": v.get("seconds")}
+                                     for k, v in runner.state["stages"].items()}
+                log.error("stage %s failed: %s", runner.current_stage, summary["error"])
+                raise
+            finally:
+                summary["exit_code"] = code
+                summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                with open(os.path.join(run_dir, "summary.json"), "w") as f:
+                    json.dump(summary, f, indent=1, default=str)
+    finally:
+        pkg.removeHandler(handler)
+        handler.close()
+        pkg.setLevel(old_level)
+    return code, summary

@@ -1,0 +1,1 @@
+"""A saved run (batch or dictionary), opened once: transform, explained variance."""

@@ -1,0 +1,120 @@
+"""A saved run, opened once: it decides whether it is a batch run (coefficients over the centered
+training samples, read back through the row engine) or a dictionary run (the online algorithms:
+coefficients over a dictionary held in the run), and everything else asks it.
+
+Its kernel is rebuilt from the attrs here and only here (:func:`kernel_of`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import xarray as xr
+
+from dkha.data import result
+from dkha.data.store import DataStore, open_store
+from dkha.engine.rows import RowEngine
+from dkha.errors import InputError
+from dkha.kernels import Kernel, make_kernel
+
+#: the variables of a dictionary run that its projections need (small: the dictionary's size)
+DICTIONARY_VARIABLES = ("alpha", "dictionary", "mean_coefficient")
+
+
+def kernel_of(ds: xr.Dataset) -> Kernel:
+    """The kernel a run was fitted with, from its attrs."""
+    return make_kernel(ds.attrs["kernel"], **ds.attrs.get("kernel_parameters", {}))
+
+
+class Run:
+    """The components of one fit (``components.zarr``) and what they were fitted on.
+
+    Parameters
+    ----------
+    ds : xarray.Dataset
+        The components (:func:`dkha.data.result.load`).
+
+    Attributes
+    ----------
+    ds : xarray.Dataset
+    is_dictionary : bool
+        An online run (ON-KHA, OO-KHA, okpca): components over ``dictionary (member, feature)``;
+        otherwise a batch run over the training store's samples with its centering ``mk``.
+    """
+
+    def __init__(self, ds: xr.Dataset):
+        self.ds = ds
+        self.is_dictionary = "dictionary" in ds
+        self._kernel: Kernel | None = None
+
+    @classmethod
+    def open(cls, run_dir: str) -> Run:
+        return cls(result.load(run_dir))
+
+    @property
+    def attrs(self) -> dict:
+        return self.ds.attrs
+
+    @property
+    def kernel(self) -> Kernel:
+        if self._kernel is None:
+            self._kernel = kernel_of(self.ds)
+        return self._kernel
+
+    @property
+    def n_features(self) -> int:
+        return int(self.ds.attrs["n_features"])
+
+    @property
+    def n_components(self) -> int:
+        return int(self.ds.sizes["component"])
+
+    @property
+    def alpha(self) -> np.ndarray:
+        return np.ascontiguousarray(self.ds["alpha"].values, dtype=np.float64)
+
+    @property
+    def store_path(self) -> str:
+        return self.ds.attrs["store"]
+
+    def training_store(self) -> DataStore:
+        return open_store(self.store_path)
+
+    def check_features(self, n_features: int, what: str = "new data") -> None:
+        if n_features != self.n_features:
+            raise InputError(f"{what} has {n_features} features; the run was fitted on "
+                             f"{self.ds.attrs['n_features']}")
+
+    def engine(self, client, cache_rows: bool | None = None) -> RowEngine:
+        """The row engine of a batch run's training store and kernel, with the run's centering."""
+        if self.is_dictionary:
+            raise InputError("a dictionary (online) run has no kernel rows of its training data")
+        store = self.training_store()
+        if store.n_samples != self.ds.sizes["sample"]:
+            raise InputError(f"the training store {store.path} now holds {store.n_samples} "
+                             f"samples; the run was fitted on {self.ds.sizes['sample']}")
+        engine = RowEngine(store, self.kernel, client, cache_rows=cache_rows)
+        engine.set_mk(self.ds["mk"].values, float(self.ds.attrs["mkm"]))
+        return engine
+
+    def dictionary_part(self) -> xr.Dataset:
+        """A dictionary run's small variables, loaded, with the attrs: what a task projecting
+        blocks of new samples on the workers needs."""
+        small = self.ds[list(DICTIONARY_VARIABLES)].load()
+        small.attrs = dict(self.ds.attrs)
+        return small
+
+
+def as_run(run: Run | xr.Dataset | str | os.PathLike) -> Run:
+    """A :class:`Run` from a run, its components dataset or its directory."""
+    if isinstance(run, Run):
+        return run
+    if isinstance(run, (str, os.PathLike)):
+        return Run.open(os.fspath(run))
+    return Run(run)
+
+
+def engine_for_run(ds: xr.Dataset | Run, client, cache_rows: bool | None = None) -> RowEngine:
+    """The row engine of a batch run (see :meth:`Run.engine`)."""
+    return as_run(ds).engine(client, cache_rows=cache_rows)

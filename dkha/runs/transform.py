@@ -1,0 +1,109 @@
+"""Projection of new samples on saved components.
+
+Batch runs (coordinator-math.md §1 centering): ``k'(x)_j = k(x, x_j) − mk_j − k̄(x) + mkm`` with
+the training ``mk``, ``mkm`` and ``k̄(x) = (1/l) Σ_j k(x, x_j)``; the projection on component
+``i`` is ``Σ_j alpha[i, j] k'(x)_j``. Dictionary (online) runs: ``alpha · (k(D, x) − K_m β̄)``
+(:func:`project_dictionary`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from dkha.data.result import sample_coords
+from dkha.data.store import consolidate, open_store, replace_directory
+from dkha.engine.cluster import client_for
+from dkha.engine.tasks import project_rows
+from dkha.errors import InputError, RunDirectoryError
+from dkha.runs.run import Run, as_run
+
+
+def project_dictionary(ds, X: np.ndarray) -> np.ndarray:
+    """Projections of the rows of ``X`` on the components of a saved dictionary (online) run.
+
+    ``alpha · (k(D, x) − K_m β̄)`` with ``D = dictionary``, ``β̄ = mean_coefficient``.
+    """
+    run = as_run(ds)
+    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+    run.check_features(X.shape[1])
+    kernel = run.kernel
+    D = run.ds["dictionary"].values
+    alpha = run.ds["alpha"].values
+    beta_bar = run.ds["mean_coefficient"].values
+    Kx = kernel.block(X, D)
+    if np.any(beta_bar):
+        Kx = Kx - kernel.block(D, D) @ beta_bar
+    return Kx @ alpha.T
+
+
+def project(ds: xr.Dataset | Run, X: np.ndarray, *, client=None) -> np.ndarray:
+    """``(n, n_components)`` projections of the rows of ``X``."""
+    run = as_run(ds)
+    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+    if run.is_dictionary:  # no kernel rows of the training data
+        return project_dictionary(run, X)
+    run.check_features(X.shape[1])
+    if not np.isfinite(X).all():
+        raise InputError("new data holds NaN or inf")
+    with client_for(client) as c:
+        return run.engine(c).transform(X, run.ds["alpha"].values)
+
+
+def transform_lazy(ds: xr.Dataset | Run, new_store: str) -> xr.DataArray:
+    """Projections of a data store's samples as a lazy, blockwise ``(sample, component)`` array.
+
+    One dask task per chunk of the new store; each reads its chunk and the training chunks
+    (cached per worker process) and projects them. Compute it under any Dask scheduler, or write
+    it with ``.to_zarr``.
+    """
+    run = as_run(ds)
+    ds = run.ds
+    new = open_store(new_store, check_finite=True)
+    run.check_features(new.n_features, new_store)
+    X = da.from_zarr(new.array())
+    r = run.n_components
+    if run.is_dictionary:
+        small = run.dictionary_part()
+        proj = X.map_blocks(lambda b: project_dictionary(small, b), dtype=np.float64,
+                            chunks=(X.chunks[0], (r,)))
+    else:
+        train = run.training_store()
+        groups = tuple((a, b) for a, b in (train.chunk_bounds(i) for i in range(train.n_chunks)))
+        proj = X.map_blocks(_project_chunk, train.path, run.kernel, ds["mk"].values,
+                            float(ds.attrs["mkm"]), groups, run.alpha, dtype=np.float64,
+                            chunks=(X.chunks[0], (r,)))
+    return xr.DataArray(proj, dims=("sample", "component"),
+                        coords={"component": ds["component"].values, **sample_coords(new.path)},
+                        name="projection",
+                        attrs={"run_store": ds.attrs["store"], "source": os.path.abspath(new_store)
+                               if "://" not in new_store else new_store,
+                               "algorithm": ds.attrs["algorithm"]})
+
+
+def _project_chunk(Xc, path, kernel, mk, mkm, groups, alpha):
+    return project_rows(path, kernel, np.asarray(Xc, dtype=np.float64), mk, mkm,
+                        tuple((g,) for g in groups), alpha)
+
+
+def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite: bool = False,
+                    client=None) -> xr.Dataset:
+    """Project every sample of a data store; write ``projection (sample, component)`` to ``out``
+    (blockwise on the cluster, written aside and renamed into place)."""
+    run = as_run(ds)
+    if os.path.lexists(out) and not overwrite:
+        raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
+    if os.path.abspath(out) in (os.path.abspath(new_store), os.path.abspath(run.store_path)):
+        raise RunDirectoryError(f"{out} is an input of this transform; write elsewhere")
+    proj = transform_lazy(run, new_store)
+    res = proj.to_dataset()
+    res.attrs = dict(proj.attrs)
+    tmp = out + ".tmp"
+    with client_for(client):
+        res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
+    consolidate(tmp)
+    replace_directory(tmp, out)
+    return xr.open_zarr(out)

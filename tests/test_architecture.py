@@ -1,0 +1,183 @@
+"""The package's layout rules (docs/architecture.md): the import-linter contracts of
+pyproject.toml (rules 1–5), and, from the AST of every module, zero import cycles between dkha's
+modules counting imports inside functions, no import of another module's private name, imports
+between dkha modules only at the top of a file (rule 6), and no function over 120 lines outside
+numba-compiled kernels. Each check is also run on a package broken on purpose, so that it is seen
+to fail."""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LONGEST = 120
+LINT = ("import sys; from importlinter.cli import lint_imports; "
+        "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
+
+
+# --- import-linter ------------------------------------------------------------------------------
+
+
+def _lint(root: pathlib.Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", LINT], cwd=root, env=env, capture_output=True,
+                          check=False,
+                          text=True, timeout=300)
+
+
+def test_import_linter_contracts_are_kept():
+    proc = _lint(ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Contracts: 6 kept, 0 broken." in proc.stdout
+
+
+@pytest.mark.parametrize("module,line,broken", [
+    ("solvers/batch.py", "import distributed", "Rule 1"),
+    ("engine/tasks.py", "import dkha.fit.evaluate", "Rule 2"),
+    ("data/store.py", "import dkha.engine.cluster", "Rule 3"),
+    ("fit/batch.py", "import dkha.runs.run", "Rule 4"),
+    ("apply/denoise.py", "import dkha.cli.options", "Rule 5"),
+])
+def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, broken):
+    """Not vacuous: a copy of the package with one forbidden import added fails the lint."""
+    shutil.copytree(ROOT / "dkha", tmp_path / "dkha",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / "dkha" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+    proc = _lint(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Broken contracts" in proc.stdout, proc.stdout
+    assert broken in proc.stdout.split("Broken contracts")[1], proc.stdout
+
+
+# --- the structure from the AST -----------------------------------------------------------------
+
+
+def structure(package: pathlib.Path) -> dict:
+    """``cycles`` (lists of modules), ``private`` and ``inner`` (imports of another module's
+    private name; imports of a package module inside a function) and ``long`` functions."""
+    name = package.name
+    modules = {}
+    for path in package.rglob("*.py"):
+        dotted = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        modules[dotted.removesuffix(".__init__")] = path
+
+    def target(module: str, node) -> list[tuple[str, str | None]]:
+        if isinstance(node, ast.Import):
+            return [(a.name, None) for a in node.names]
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".")
+            if modules[module].name != "__init__.py":
+                parts = parts[:-1]
+            base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+        return [(base + "." + a.name if base + "." + a.name in modules else base, a.name)
+                for a in node.names]
+
+    edges: dict[str, set] = {m: set() for m in modules}
+    private, inner, long = [], [], []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        in_function = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                in_function |= {id(n) for n in ast.walk(fn)}
+                decorators = " ".join(ast.unparse(d) for d in fn.decorator_list)
+                n_lines = fn.end_lineno - fn.lineno + 1
+                if n_lines > LONGEST and "jit" not in decorators:
+                    long.append(f"{module}.{fn.name} ({n_lines} lines)")
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for dotted, imported in target(module, node):
+                t = dotted
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if not t or t == module:
+                    continue
+                if id(node) in in_function:
+                    inner.append(f"{module} line {node.lineno}: {ast.unparse(node)}")
+                if modules[t].name == "__init__.py":   # a package's face: no edge
+                    continue
+                edges[module].add(t)
+                if imported and imported.startswith("_") and not imported.startswith("__"):
+                    private.append(f"{module} imports {t}.{imported}")
+    return {"cycles": _cycles(edges), "private": private, "inner": inner, "long": long,
+            "modules": len(modules), "package": name}
+
+
+def _cycles(edges: dict[str, set]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root, targets in edges.items():
+        if root in index:
+            continue
+        work = [(root, iter(sorted(targets)))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_cycles_no_private_imports_no_inner_imports_no_long_functions():
+    s = structure(ROOT / "dkha")
+    assert s["modules"] > 40
+    assert s["cycles"] == [], s["cycles"]
+    assert s["private"] == [], s["private"]
+    assert s["inner"] == [], s["inner"]
+    assert s["long"] == [], s["long"]
+
+
+def test_the_structure_check_sees_what_it_forbids(tmp_path):
+    """Not vacuous: a cycle hidden in a function, a private import, an inner import and a long
+    function are all reported; a long numba kernel is not."""
+    pkg = tmp_path / "toy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from toy.b import helper\n\n\ndef f():\n    return helper()\n")
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST))
+    (pkg / "b.py").write_text(
+        "import numba\n\n\ndef helper():\n    from toy.a import f\n    from toy.c import _hidden\n"
+        "    return f, _hidden\n\n\ndef long():\n" + body + "    return 0\n\n\n"
+        "@numba.njit(cache=True)\ndef kernel():\n" + body + "    return 0\n")
+    (pkg / "c.py").write_text("_hidden = 1\n")
+    s = structure(pkg)
+    assert s["cycles"] == [["toy.a", "toy.b"]]
+    assert s["private"] == ["toy.b imports toy.c._hidden"]
+    assert len(s["inner"]) == 2
+    assert s["long"] == [f"toy.b.long ({LONGEST + 2} lines)"]
