@@ -23,7 +23,7 @@ from dkha import tiles
 from dkha.errors import ParameterError
 
 KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid")
-_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial", "linear": "polynomial"}
+KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial", "linear": "polynomial"}
 _PARAMS = {
     "gaussian": {"sigma": None},
     "laplacian": {"sigma": None},
@@ -159,7 +159,7 @@ def make_kernel(name: str, **params) -> Kernel:
     """
     if not isinstance(name, str):
         raise ParameterError(f"kernel name must be a string, got {type(name).__name__}")
-    key = _ALIASES.get(name.lower(), name.lower())
+    key = KERNEL_ALIASES.get(name.lower(), name.lower())
     if key not in _PARAMS:
         raise ParameterError(f"unknown kernel {name!r}; choose one of {', '.join(KERNELS)}")
     defaults = _PARAMS[key]

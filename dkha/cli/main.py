@@ -8,6 +8,7 @@
     dkha tune STORE.zarr -o TUNE_DIR --algorithm kha-smd --passes 3
     dkha evaluate RUN_DIR [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
+    dkha report RUN_DIR
 
 Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
 input or parameters, 3 for a diverged fit.
@@ -42,6 +43,7 @@ from dkha.estimators.batch import KernelHebbianPCA
 from dkha.fit.ac_index import ACReference
 from dkha.fit.control import STOP
 from dkha.fit.evaluate import evaluate
+from dkha.pipeline.report import report_run
 from dkha.pipeline.runner import run_file
 from dkha.runs.run import Run
 from dkha.runs.transform import transform_store
@@ -123,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     add_cluster_options(p)
+
+    # report
+    p = sub.add_parser("report", help="an HTML page of a run: convergence, component pictures, "
+                                      "response maps")
+    p.add_argument("run_dir")
+    p.add_argument("--components", type=positive_int, default=8,
+                   help="components to show (default 8)")
     return parser
 
 
@@ -225,6 +234,11 @@ def cmd_transform(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    print(report_run(args.run_dir, components=args.components))
+    return 0
+
+
 def cmd_run(args) -> int:
     code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
                              cluster=cluster_kwargs(args), verbose=args.verbose > 0)
@@ -264,7 +278,8 @@ def cmd_demo(args) -> int:
 
 
 COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, **FIT_COMMANDS,
-            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run}
+            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run,
+            "report": cmd_report}
 
 
 def _quiet_distributed(level: int) -> None:

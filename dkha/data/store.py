@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
+import dask.array as da
 import fsspec
 import fsspec.config
 import numpy as np
@@ -446,11 +447,23 @@ class StoreWriter:
         self._lbuf = [L[k:]] if (L is not None and k < len(X)) else []
         self._buffered = len(X) - k
 
-    def commit(self, attrs: dict) -> DataStore:
+    def commit(self, attrs: dict, coords: dict | None = None) -> DataStore:
+        """Write the last rows, the ``coords`` (xarray coordinates of ``X`` along ``sample``:
+        name → ``(dtype, values_of(start, stop))``, written a chunk at a time) and ``attrs``,
+        and move the store into place."""
         self._flush(final=True)
         if self.n == 0:
             self.abort()
             raise InputError("nothing to ingest: the input holds no samples")
+        for name, (dtype, values_of) in (coords or {}).items():
+            arr = self.group.create_array(
+                name, shape=(self.n,), chunks=(self.chunk_rows,), dtype=dtype,
+                dimension_names=["sample"], compressors=_codecs() if dtype is not str else "auto")
+            for a in range(0, self.n, self.chunk_rows):  # a chunk at a time
+                b = min(a + self.chunk_rows, self.n)
+                arr[a:b] = values_of(a, b)
+        if coords:
+            self.X.attrs["coordinates"] = " ".join(coords)
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
         if self.tmp is None:
             consolidate(self.out)
@@ -470,6 +483,16 @@ class StoreWriter:
             log.warning("could not remove the partly written store %s: %s", self.out, exc)
 
 
+def _check_matrix(data, name: str) -> None:
+    """Refuse what cannot be a store's ``X``: not 2-d, not numeric, or empty."""
+    if data.ndim != 2:
+        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
+    if data.dtype.kind not in "fiub":
+        raise InputError(f"{name}: dtype {data.dtype} is not numeric")
+    if data.shape[0] == 0 or data.shape[1] == 0:
+        raise InputError(f"{name} is empty (shape {data.shape})")
+
+
 def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
                  labels: str | os.PathLike | np.ndarray | None = None,
                  chunk_rows: int | None = None, overwrite: bool = False) -> DataStore:
@@ -484,12 +507,7 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
     else:
         name = os.fspath(src)
         data = _load_npy(name, mmap=True)
-    if data.ndim != 2:
-        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
-    if data.dtype.kind not in "fiub":
-        raise InputError(f"{name}: dtype {data.dtype} is not numeric")
-    if data.shape[0] == 0 or data.shape[1] == 0:
-        raise InputError(f"{name} is empty (shape {data.shape})")
+    _check_matrix(data, name)
     lab = None
     if labels is not None:
         lab = labels if isinstance(labels, np.ndarray) else _load_npy(labels)
@@ -510,6 +528,24 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
             writer.append(block, None if lab is None else lab[a:a + step])
         return writer.commit({"source": {"kind": "array", "path": name, "shape": list(data.shape),
                                          "dtype": str(data.dtype)}})
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def ingest_dask(X, out: str | os.PathLike, *, chunk_rows: int | None = None,
+                overwrite: bool = False) -> DataStore:
+    """Write a 2-d dask array into a data store blockwise: the chunks are computed and written
+    where Dask runs them (the workers, under a distributed client); nothing is gathered here."""
+    _check_matrix(X, "<dask array>")
+    writer = StoreWriter(out, X.shape[1], chunk_rows=chunk_rows, overwrite=overwrite)
+    try:
+        writer.X.resize(X.shape)
+        da.store(X.astype(np.float64).rechunk((writer.chunk_rows, X.shape[1])), writer.X,
+                 lock=False)
+        writer.n = int(X.shape[0])
+        return writer.commit({"source": {"kind": "dask", "shape": list(X.shape),
+                                         "dtype": str(X.dtype)}})
     except BaseException:
         writer.abort()
         raise
@@ -629,10 +665,38 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
                  "scaling": "grey, [0, 1] (skimage img_as_float)"}
         if max_samples is not None:
             attrs["max_samples"] = int(max_samples)
-        return writer.commit(attrs)
+        return writer.commit(attrs, coords=patch_coords(images))
     except BaseException:
         writer.abort()
         raise
+
+
+def patch_coords(images: list[dict]) -> dict:
+    """Where each patch came from, from the ``images`` entries of a patch store's attrs: the
+    image's index and name, and the patch's row and column on that image's patch grid, as
+    :meth:`StoreWriter.commit` coordinates (computed for one range of samples at a time)."""
+    first = np.array([im["first_sample"] for im in images], dtype=np.int64)
+    cols = np.array([im["grid"][1] for im in images], dtype=np.int64)
+    names = np.array([im["path"] for im in images], dtype=object)
+
+    def image(a, b):
+        return np.searchsorted(first, np.arange(a, b), side="right") - 1
+
+    def position(a, b):
+        i = image(a, b)
+        return i, np.arange(a, b) - first[i], cols[i]
+
+    def row(a, b):
+        _, k, c = position(a, b)
+        return (k // c).astype(np.int32)
+
+    def col(a, b):
+        _, k, c = position(a, b)
+        return (k % c).astype(np.int32)
+
+    return {"image": (np.int32, lambda a, b: image(a, b).astype(np.int32)),
+            "image_name": (str, lambda a, b: names[image(a, b)].astype(str)),
+            "row": (np.int32, row), "col": (np.int32, col)}
 
 
 def _load_npy(path, what: str = "file", mmap: bool = False) -> np.ndarray:

@@ -5,6 +5,7 @@ here by :func:`client_for`: a ``distributed.Client`` (used as is), a scheduler a
 (``"tcp://HOST:PORT"``), an ``int`` N (a local cluster of N worker processes), a :class:`Where`
 (what the command line's ``--scheduler``, ``--scheduler-file`` and ``--workers`` say), or
 ``None``. Order: an explicit scheduler address → a scheduler file → ``DASK_SCHEDULER_ADDRESS`` →
+the active ``distributed.Client`` of this process (the one a user made, as dask-ml uses it) →
 a local cluster. The local default is an in-process cluster (threads, no serialisation) sized to
 the machine. Either way the fit runs the same code path as on a real cluster.
 """
@@ -17,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, default_client
 from distributed.diagnostics.plugin import WorkerPlugin
 from threadpoolctl import threadpool_limits
 
@@ -111,6 +112,11 @@ def client_for(client=None) -> Iterator[Client]:
         finally:
             c.close()
         return
+    if not workers:
+        active = _active_client()
+        if active is not None:
+            yield active
+            return
     ncores = os.cpu_count() or 1
     if workers:
         n = int(workers)
@@ -125,6 +131,15 @@ def client_for(client=None) -> Iterator[Client]:
     finally:
         c.close()
         cluster.close()
+
+
+def _active_client():
+    """The process's default ``distributed.Client`` if one is running, else None."""
+    try:
+        c = default_client()
+    except ValueError:
+        return None
+    return c if c.status == "running" else None
 
 
 def total_threads(client) -> int:

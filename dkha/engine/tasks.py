@@ -73,8 +73,9 @@ def _store_token(path: str) -> tuple:
     return (st.st_ino, st.st_mtime_ns)
 
 
-def load_rows(path: str, start: int, stop: int) -> np.ndarray:
-    """Rows ``start:stop`` of a store's ``X`` (one chunk range), cached per process.
+def load_rows(path: str | np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a store's ``X`` (one chunk range), cached per process (or of the
+    training array itself, when ``path`` is one).
 
     The cache is an LRU bounded by ``dkha.cache-bytes``; a chunk is read from zarr once per
     process, not once per block. For a local store the key includes the identity of ``X``'s
@@ -84,6 +85,8 @@ def load_rows(path: str, start: int, stop: int) -> np.ndarray:
     on the workers (``client.run(clear_cache)``).
     """
     global _CACHE_BYTES
+    if isinstance(path, np.ndarray):  # training rows held in memory (a model fitted on an array)
+        return path[start:stop]
     key = (path, start, stop, _store_token(path))
     with _CACHE_LOCK:
         arr = _CACHE.get(key)

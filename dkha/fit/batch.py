@@ -36,6 +36,9 @@ class BatchResult:
     stream_stats: dict = field(default_factory=dict)
     #: why a model of a shared stream stopped without a result (it diverged); None otherwise
     failure: str | None = None
+    #: ``C = A K'`` (component × sample) of the final ``alpha``: the training samples'
+    #: projections, which the final evaluation and eq. 13 use anyway
+    projection: np.ndarray | None = None
 
 
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
@@ -338,10 +341,10 @@ class _SharedStream:
                                            top_eigenvalues=self.eig_top, wall_time=seconds,
                                            stream_stats=stats, failure=m.failure))
                 continue
-            A = m.solver.A
-            results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, next(Cs)),
+            A, C = m.solver.A, next(Cs)
+            results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
                                        history=m.history, top_eigenvalues=self.eig_top,
-                                       wall_time=seconds, stream_stats=stats))
+                                       wall_time=seconds, stream_stats=stats, projection=C))
         return results
 
 
