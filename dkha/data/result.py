@@ -61,6 +61,32 @@ def backoffs_of(ds: xr.Dataset) -> list[dict]:
             for i in range(ds.sizes["backoff"])]
 
 
+def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
+    """The coordinates along ``sample`` of a data store (``{name: ("sample", values)}``, empty
+    for stores without provenance), strings as Python objects: zarr reads them as numpy's
+    StringDType, which unstacking cannot pad with NaN."""
+    ds = xr.open_zarr(path)
+    out = {}
+    for name, var in ds.coords.items():
+        if var.dims == ("sample",):
+            values = np.asarray(var.values)
+            out[name] = ("sample", values if values.dtype.kind in "biuf" else values.astype(object))
+    return out
+
+
+def history_of(ds: xr.Dataset) -> list[dict]:
+    """The history entries of a saved run (every variable over ``evaluation``)."""
+    names = [k for k, v in ds.data_vars.items() if v.dims and v.dims[0] == "evaluation"]
+    out = []
+    for i in range(ds.sizes.get("evaluation", 0)):
+        entry = {}
+        for k in names:
+            v = ds[k].values[i]
+            entry[k] = v.copy() if np.ndim(v) else v.item()
+        out.append(entry)
+    return out
+
+
 def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict], attrs: dict,
                   *, mk: np.ndarray | None = None, mkm: float | None = None,
                   member_dim: str = "sample", extra: dict | None = None,
@@ -133,4 +159,12 @@ def load(run_dir: str) -> xr.Dataset:
         raise InputError(f"cannot read {comp}: {exc}") from None
     if "alpha" not in ds:
         raise InputError(f"{comp} has no alpha variable; it was not written by dkha")
-    return ds
+    return objects_for_strings(ds)
+
+
+def objects_for_strings(ds):
+    """``ds`` with its string coordinates as Python objects (zarr gives numpy's StringDType,
+    which cannot be padded with NaN: unstacking patches of images of different sizes needs
+    that)."""
+    strings = {k: v.astype(object) for k, v in ds.coords.items() if v.dtype.kind == "T"}
+    return ds.assign_coords(strings) if strings else ds

@@ -16,9 +16,9 @@ import numpy as np
 
 from dkha import schedule
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
-from dkha.errors import NumericalError, ParameterError
+from dkha.errors import Interrupted, NumericalError, ParameterError
 from dkha.fit.control import BlockDriver
-from dkha.fit.evaluate import evaluate_many, projections, projections_many
+from dkha.fit.evaluate import announce_cost, evaluate_many, projections, projections_many
 from dkha.fit.spectrum import top_eigenvalues
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, initial_coefficients
 from dkha.solvers.factored import FactoredState
@@ -38,6 +38,9 @@ class BatchResult:
     failure: str | None = None
     #: the model's backoffs (:attr:`dkha.solvers.batch.BatchKHA.backoffs`), oldest first
     backoffs: list = field(default_factory=list)
+    #: ``C = A K'`` (component × sample) of the final ``alpha``: the training samples'
+    #: projections, which the final evaluation and eq. 13 use anyway
+    projection: np.ndarray | None = None
 
 
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
@@ -129,8 +132,11 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     fit = _SharedStream(engine, models, n_steps=n_steps, seed=seed, evaluate_every=evaluate_every,
                         divergence_level=divergence_level)
     C1 = fit.restore(resumes) if resumes is not None else fit.start(A_init)
-    if evaluate_every > 0 and resumes is None:
-        fit.record(fit.active(), Cs=None if C1 is None else [C1], shared_start=True)
+    try:
+        if evaluate_every > 0 and resumes is None:
+            fit.record(fit.active(), Cs=None if C1 is None else [C1], shared_start=True)
+    except Interrupted as exc:
+        raise fit.stopped(exc) from None
     desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
     start_step = solvers[0].state.t
     fit.driver = BlockDriver(
@@ -142,6 +148,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                    pass_end_pending=resumes is not None and bool(start_step)
                    and bool(resumes[0].meta.get("pass_end_pending")))
         return fit.finish()
+    except Interrupted as exc:
+        raise fit.stopped(exc) from None
     finally:
         fit.driver.close()
 
@@ -212,12 +220,15 @@ class _SharedStream:
         if not which:
             return
         engine = self.engine
+        announce_cost(engine, passes=(Cs is None) + 1, krylov=self.eig_top is None)
         if self.eig_top is None:
             self.eig_top = top_eigenvalues(engine, self.r, seed=self.seed)
         if shared_start:     # every model still holds the one start: one evaluation serves all
-            evs = evaluate_many(engine, [which[0].solver.A], self.eig_top, Cs=Cs) * len(which)
+            evs = evaluate_many(engine, [which[0].solver.A], self.eig_top, Cs=Cs,
+                                announce=False) * len(which)
         else:
-            evs = evaluate_many(engine, [m.solver.A for m in which], self.eig_top, Cs=Cs)
+            evs = evaluate_many(engine, [m.solver.A for m in which], self.eig_top, Cs=Cs,
+                                announce=False)
         seconds = self.fit_seconds if self.driver is None else self.driver.seconds
         for m, ev in zip(which, evs):
             t = m.solver.state.t
@@ -234,6 +245,22 @@ class _SharedStream:
         shown = [m.history[-1]["excess"] for m in self.models if m.history]
         if shown and self.driver is not None:
             self.driver.show(excess=f"{min(shown):.2e}")
+
+    def stopped(self, exc: Interrupted) -> Interrupted:
+        """The error to raise for a stop asked outside the driver's check between blocks
+        (inside an evaluation, while waiting for a block): the state at the last block boundary
+        is consistent, so it is checkpointed as a stop between blocks would have."""
+        if getattr(exc, "checkpointed", False):
+            return exc
+        t, l = self.models[0].solver.state.t, self.l
+        if t > 0 and any(m.checkpointer is not None for m in self.models):
+            self.save_checkpoints(t, pass_end_pending=t % l == 0)
+            return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
+                               "continue with `dkha fit ... --resume`")
+        if t > 0:
+            return Interrupted(f"{exc} at step {t}; no checkpoint (fit with a run directory to "
+                               "make runs resumable)")
+        return Interrupted(f"{exc}, before the first step; nothing to keep: run the command again")
 
     def set_aside(self, m: _Model, exc: NumericalError) -> None:
         m.active, m.failure = False, str(exc)
@@ -327,10 +354,10 @@ class _SharedStream:
                                            stream_stats=stats, failure=m.failure,
                                            backoffs=list(m.solver.backoffs)))
                 continue
-            A = m.solver.A
-            results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, next(Cs)),
+            A, C = m.solver.A, next(Cs)
+            results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
                                        history=m.history, top_eigenvalues=self.eig_top,
-                                       wall_time=seconds, stream_stats=stats,
+                                       wall_time=seconds, stream_stats=stats, projection=C,
                                        backoffs=list(m.solver.backoffs)))
         return results
 

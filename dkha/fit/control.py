@@ -14,15 +14,12 @@ evaluations and checkpoints (scikit-learn's ``IncrementalPCA.fit`` is one loop o
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import Callable, Iterator
 
+from dkha.engine.stop import STOP
 from dkha.errors import Interrupted
 from dkha.progress import Progress
-
-#: set (e.g. by the CLI's SIGTERM handler) to make a running fit checkpoint and stop
-STOP = threading.Event()
 
 
 class BlockDriver:
@@ -112,11 +109,13 @@ class BlockDriver:
                 self.last_checkpoint = t
         if stopping:
             self.stop_clock()
-            raise Interrupted(
+            exc = Interrupted(
                 f"stopped at step {t} (pass {pass_number}); " +
                 ("checkpoint written: continue with `dkha fit ... --resume`"
                  if self.save is not None else
                  "no checkpoint (fit with a run directory to make runs resumable)"))
+            exc.checkpointed = True     # nothing more to save (dkha.fit.batch)
+            raise exc
 
     def close(self) -> None:
         self.stop_clock()

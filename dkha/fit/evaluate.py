@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dkha import config
 from dkha.fit.spectrum import top_eigenvalues
 from dkha.progress import Progress
 
@@ -79,14 +80,38 @@ def evaluate(engine, A: np.ndarray, eigenvalues: np.ndarray | None = None, *,
     return evaluate_many(engine, [A], eigenvalues, Cs=None if C is None else [C])[0]
 
 
+#: evaluations above this many samples say what they will cost before they start
+ANNOUNCE_SAMPLES = 50_000
+
+
+def announce_cost(engine, *, passes: int, krylov: bool) -> None:
+    """Say, before an evaluation at large ``l``, how many passes over the kernel it makes (each
+    ``l²/2`` kernel entries, about as long as the MK pass when this engine made one), and that
+    ``--evaluate-every -1`` skips it."""
+    l = engine.n_samples
+    if l < ANNOUNCE_SAMPLES:
+        return
+    limit = int(config.get("dense-eigh-limit"))
+    what = f"{passes} pass{'es' if passes > 1 else ''}"
+    if krylov and l > limit:
+        what += " and, for E_min, one per Krylov (LOBPCG) product (typically 10–40)"
+    seconds = getattr(getattr(engine, "stats", None), "mk_pass_seconds", None)
+    each = f", each about {seconds:.0f} s like the MK pass" if seconds else ""
+    log.warning("evaluating at l = %d: %s over the kernel's %.2g entries%s; "
+                "--evaluate-every -1 skips evaluations", l, what, l * (l + 1) / 2.0, each)
+
+
 def evaluate_many(engine, As: list[np.ndarray], eigenvalues: np.ndarray | None = None, *,
-                  Cs: list[np.ndarray] | None = None) -> list[Evaluation]:
+                  Cs: list[np.ndarray] | None = None, announce: bool = True) -> list[Evaluation]:
     """:func:`evaluate` for several coefficient matrices, sharing the kernel passes: one pass
-    for all their ``C = A K'`` (unless ``Cs`` are given) and one for all their residuals."""
+    for all their ``C = A K'`` (unless ``Cs`` are given) and one for all their residuals.
+    ``announce``: say the cost first at large ``l`` (:func:`announce_cost`)."""
+    r = max(A.shape[0] for A in As)
+    if announce:
+        announce_cost(engine, passes=(Cs is None) + 1, krylov=eigenvalues is None)
     if Cs is None:
         Cs = projections_many(engine, As)
     frob2, res2 = engine.residuals(Cs)
-    r = max(A.shape[0] for A in As)
     if eigenvalues is None:
         eigenvalues = top_eigenvalues(engine, r)
     out = []

@@ -15,10 +15,14 @@ The exact block-Krylov solver is :mod:`dkha.fit.krylov`.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from dkha.errors import ParameterError
 from dkha.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,16 +21,18 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
             Kc = engine.dense()
         w = np.linalg.eigvalsh(Kc)
         return w[::-1][:r].copy()
-    return krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter)[0]
+    return krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, exact=True)[0]
 
 
 def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
-                      oversample: int | None = None, X0: np.ndarray | None = None):
+                      oversample: int | None = None, X0: np.ndarray | None = None,
+                      exact: bool = False):
     """Top-``r`` eigenpairs of ``K'`` by LOBPCG (a block Krylov method) on blockwise products.
 
     Each iteration is one blockwise pass ``K' V`` on the workers. ``tol`` is relative to the
     largest eigenvalue: iterations stop when every residual ``‖K'v − θv‖ ≤ tol·λ_1``, which bounds
-    the eigenvalue errors by about ``(tol·λ_1)² / gap``.
+    the eigenvalue errors by about ``(tol·λ_1)² / gap``. ``exact``: float64 products whatever the
+    engine's precision (E_min).
     """
     l = engine.n_samples
     k = min(l - 1, r + (oversample if oversample is not None else max(5, r // 2)))
@@ -42,7 +44,7 @@ def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxit
         def matmat(V):
             bar.update()
             with engine.labelled(f"Krylov product {bar.n}"):
-                return engine.matmat(V)
+                return engine.matmat(V, exact=True) if exact else engine.matmat(V)
 
         KX = matmat(X)
         lam1 = float(np.max(np.linalg.eigvalsh(X.T @ KX)))  # Rayleigh-Ritz scale of the spectrum

@@ -221,9 +221,13 @@ class FactoredState:
             if self.c_stale:
                 raise RuntimeError("C̃ is held by worker replicas; bring it home "
                                    "(set_c_tilde) before applying kernel rows")
-            rows = np.ascontiguousarray(rows, dtype=np.float64)
-            Kpp = np.take(rows, index, axis=1)       # K'_P[:, P], b×b
-            Y = rows @ self.S_tilde.T                 # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
+            single = getattr(rows, "dtype", None) == np.float32     # --precision float32
+            rows = np.ascontiguousarray(rows, dtype=np.float32 if single else np.float64)
+            Kpp = np.take(rows, index, axis=1).astype(np.float64)    # K'_P[:, P], b×b
+            if single:      # the block's GEMM in the rows' precision; Y₀ and the state float64
+                Y = (rows @ self.S_tilde.T.astype(np.float32)).astype(np.float64)
+            else:
+                Y = rows @ self.S_tilde.T             # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
             C_arg = self.C_tilde if keeps_c else _EMPTY
             direct_log = _EMPTY
         self._cache.clear()
@@ -258,7 +262,7 @@ class FactoredState:
                 ops.append(("c", np.array(U[:, :r])))
                 self.c_stale = True
             else:
-                self.C_tilde += U[:, :r].T @ rows
+                self.C_tilde += U[:, :r].T.astype(rows.dtype) @ rows
 
 
 # --- messages: replicas of S̃ and C̃, projections from earlier versions (§4) --------------------
