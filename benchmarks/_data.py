@@ -41,3 +41,8 @@ def peak_rss_mb(children: bool = False) -> float:
     """Peak resident memory of this process (or its finished children), in MiB."""
     who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
     return resource.getrusage(who).ru_maxrss / 1024.0
+
+
+def load_average() -> str:
+    """The load average (the machine may be shared) and the core count, for a benchmark's log."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" ({os.cpu_count()} cores)"

@@ -35,10 +35,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _data import patch_store, peak_rss_mb  # noqa: E402
+from _data import load_average, patch_store, peak_rss_mb  # noqa: E402
 
 from dkha import KernelHebbianPCA  # noqa: E402
-from dkha.kernels import make_kernel  # noqa: E402
 from dkha.engine.tasks import center_block  # noqa: E402
 from dkha.solvers import reference  # noqa: E402
 from dkha.data.store import StoreWriter  # noqa: E402
@@ -97,10 +96,6 @@ def large_rate(workdir, l=200_000, n=16, r=20, steps=4096, workers=None):
     t_small, _ = fit_seconds(path, r, steps=1024, workers=workers)
     t_big, m = fit_seconds(path, r, steps=1024 + steps, workers=workers)
     return steps * l / (t_big - t_small), m
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" ({os.cpu_count()} cores)"
 
 
 def expected_bytes(mode, l, r, b, groups, prefetch):

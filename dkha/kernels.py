@@ -14,15 +14,16 @@ Kernels (``x``, ``y`` row vectors):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from dkha import tiles
 from dkha.errors import ParameterError
 
 KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid")
-_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial", "linear": "polynomial"}
+KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial", "linear": "polynomial"}
 _PARAMS = {
     "gaussian": {"sigma": None},
     "laplacian": {"sigma": None},
@@ -42,6 +43,8 @@ class Kernel:
 
     name: str
     params: tuple[tuple[str, Any], ...] = field(default=())
+    precision: str = "float64"
+    device: str = "cpu"
 
     def __getitem__(self, key: str):
         return dict(self.params)[key]
@@ -53,40 +56,62 @@ class Kernel:
     def with_params(self, **updates) -> Kernel:
         p = dict(self.params)
         p.update(updates)
-        return make_kernel(self.name, **p)
+        return replace(make_kernel(self.name, **p), precision=self.precision, device=self.device)
+
+    def computed_with(self, precision: str | None = None, device: str | None = None) -> "Kernel":
+        """The same kernel with its tiles computed in ``precision`` on ``device``
+        (:mod:`dkha.tiles`; ``None`` keeps the current setting)."""
+        precision = self.precision if precision is None else str(precision)
+        device = self.device if device is None else str(device)
+        tiles.dtype_of(precision)
+        tiles.resolve_device(device if device != "auto" else "cpu")
+        return replace(self, precision=precision, device=device)
+
+    def tile_spec(self) -> tiles.TileSpec:
+        """The kernel as the tile functions of :mod:`dkha.tiles` take it."""
+        name = self.name
+        if name in ("gaussian", "laplacian"):
+            sigma = self["sigma"]
+            if sigma is None:
+                raise ParameterError(f"the {name} kernel needs sigma; none was set")
+            if name == "gaussian":
+                return tiles.TileSpec(tiles.GAUSSIAN, 1.0 / (2.0 * sigma * sigma), 0.0, 0.0,
+                                      self.precision, self.device)
+            return tiles.TileSpec(tiles.LAPLACIAN, 1.0 / sigma, 0.0, 0.0, self.precision,
+                                  self.device)
+        if name == "polynomial":
+            return tiles.TileSpec(tiles.POLYNOMIAL, self["degree"], self["offset"], 0.0,
+                                  self.precision, self.device)
+        return tiles.TileSpec(tiles.SIGMOID, self["gamma"], self["offset"], 0.0, self.precision,
+                              self.device)
 
     def needs_sigma(self) -> bool:
         return self.name in ("gaussian", "laplacian") and self["sigma"] is None
 
     def block(self, X: np.ndarray, Y: np.ndarray) -> np.ndarray:
         """Kernel values ``k(X[i], Y[j])`` as an ``len(X) × len(Y)`` float64 array."""
-        X = np.asarray(X, dtype=np.float64)
-        Y = np.asarray(Y, dtype=np.float64)
-        name = self.name
-        if name in ("gaussian", "laplacian"):
-            sigma = self["sigma"]
-            if sigma is None:
-                raise ParameterError(f"the {name} kernel needs sigma; none was set")
-            d2 = squared_distances(X, Y, refine_close=name == "laplacian")
-            if name == "gaussian":
-                d2 *= -1.0 / (2.0 * sigma * sigma)
-                return np.exp(d2, out=d2)
-            d = np.sqrt(d2, out=d2)
-            d *= -1.0 / sigma
-            return np.exp(d, out=d)
-        G = X @ Y.T
-        if name == "polynomial":
-            degree, offset = self["degree"], self["offset"]
-            if offset != 0.0:
-                G += offset
-            if degree != 1:
-                G = G**degree
-            return G
-        if name == "sigmoid":
-            G *= self["gamma"]
-            G += self["offset"]
-            return np.tanh(G, out=G)
-        raise ParameterError(f"unknown kernel {name!r}")  # pragma: no cover - make_kernel checks
+        return tiles.kernel_tile(self.tile_spec(), X, Y)
+
+    def centered_block(self, X: np.ndarray, Y: np.ndarray, mk_rows: np.ndarray,
+                       mk_cols: np.ndarray, mkm: float, *, dtype=np.float64) -> np.ndarray:
+        """The centered block ``K'[X, Y] = K[X, Y] − mk_cols − mk_rows[:, None] + mkm``, in one
+        sweep over the GEMM's output (coordinator-math.md §1; for new data ``mk_rows`` is
+        ``k̄(x)``)."""
+        return tiles.kernel_tile(self.tile_spec(), X, Y, mk_rows, mk_cols, mkm, out_dtype=dtype)
+
+    def products(self, X: np.ndarray, Y: np.ndarray, V: np.ndarray | None = None,
+                 W: np.ndarray | None = None, mk_rows: np.ndarray | None = None,
+                 mk_cols: np.ndarray | None = None, mkm: float = 0.0, *, sums: bool = False):
+        """``(T V, Tᵀ W, T 1, Tᵀ 1)`` of the (centered) block ``T = K'[X, Y]`` without writing it
+        out (:func:`dkha.tiles.tile_product`)."""
+        return tiles.tile_product(self.tile_spec(), X, Y, V, W, mk_rows, mk_cols, mkm, sums=sums)
+
+    def residuals(self, X: np.ndarray, Y: np.ndarray, Cs: tuple, C_rows: slice, C_cols: slice,
+                  mk_rows: np.ndarray, mk_cols: np.ndarray, mkm: float) -> np.ndarray:
+        """``[‖T‖², ‖T − C[:, C_rows]ᵀ C[:, C_cols]‖² for C in Cs]`` of the centered block
+        ``T = K'[X, Y]`` without writing it out (:func:`dkha.tiles.tile_residuals`)."""
+        return tiles.tile_residuals(self.tile_spec(), X, Y, Cs, C_rows, C_cols, mk_rows, mk_cols,
+                                    mkm)
 
     def diagonal(self, X: np.ndarray) -> np.ndarray:
         """``k(x, x)`` for each row of ``X``."""
@@ -134,7 +159,7 @@ def make_kernel(name: str, **params) -> Kernel:
     """
     if not isinstance(name, str):
         raise ParameterError(f"kernel name must be a string, got {type(name).__name__}")
-    key = _ALIASES.get(name.lower(), name.lower())
+    key = KERNEL_ALIASES.get(name.lower(), name.lower())
     if key not in _PARAMS:
         raise ParameterError(f"unknown kernel {name!r}; choose one of {', '.join(KERNELS)}")
     defaults = _PARAMS[key]

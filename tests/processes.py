@@ -46,11 +46,8 @@ def start_dask_cluster(directory: str, n_workers: int, *, nthreads: int = 1, nan
             time.sleep(0.2)
         time.sleep(0.3)
         for i in range(n_workers):
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
-                 sched_file, "--nthreads", str(nthreads), "--no-dashboard", "--host", "127.0.0.1",
-                 "--name", f"w{i}", *([] if nanny else ["--no-nanny"]), *worker_args],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            workers.append(start_dask_worker(sched_file, f"w{i}", nthreads=nthreads, nanny=nanny,
+                                             worker_args=worker_args, env=env))
         from distributed import Client
 
         kw = {"security": security} if security is not None else {}
@@ -61,6 +58,33 @@ def start_dask_cluster(directory: str, n_workers: int, *, nthreads: int = 1, nan
         stop_processes([scheduler, *workers])
         raise
     return address, sched_file, scheduler, workers
+
+
+def start_dask_worker(sched_file: str, name: str, *, nthreads: int = 1, nanny: bool = True,
+                      worker_args=(), env=None) -> subprocess.Popen:
+    """One ``dask worker`` process joining the scheduler of ``sched_file`` (not waited for)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", sched_file,
+         "--nthreads", str(nthreads), "--no-dashboard", "--host", "127.0.0.1", "--name", name,
+         *([] if nanny else ["--no-nanny"]), *worker_args],
+        env=env or subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def reference_and_background_fit(store: str, directory: str, fit_args, sched_file: str):
+    """Fit ``store`` on the cluster of ``sched_file`` to the end (the undisturbed reference),
+    then start the same fit, checkpointing every pass, in the background.
+
+    Returns ``(reference run directory, run directory, the background fit's process)``.
+    """
+    ref = os.path.join(directory, "undisturbed")
+    subprocess.run(dkha_command("fit", store, "-o", ref, *fit_args, "--scheduler-file", sched_file),
+                   env=subprocess_env(), check=True, timeout=600)
+    run = os.path.join(directory, "disturbed")
+    fit = subprocess.Popen(dkha_command("fit", store, "-o", run, *fit_args, "--scheduler-file",
+                                        sched_file, "--checkpoint-every", "1"),
+                           env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    return ref, run, fit
 
 
 def stop_processes(procs) -> None:

@@ -193,7 +193,7 @@ def test_too_many_components_refused(digits_store, r):
 def test_nonpositive_eta0_refused(digits_store, eta0):
     model = KernelHebbianPCA(R, algorithm="kha-et", sigma=SIGMA, eta0=eta0, passes=1,
                              client=UNREACHABLE)
-    with pytest.raises(ParameterError, match="eta0 must be a positive number"):
+    with pytest.raises(ParameterError, match="'eta0' parameter of KernelHebbianPCA must be a float"):
         model.fit(digits_store.path)
 
 

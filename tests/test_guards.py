@@ -74,9 +74,11 @@ def first_bad_step(Kc, algorithm, eta0, mu, rho0, passes):
     return None
 
 
-def fit(Kc, algorithm, engine, *, eta0, mu=0.2, rho0=0.0, passes=3, block=16):
+def fit(Kc, algorithm, engine, *, eta0, mu=0.2, rho0=0.0, passes=3, block=16,
+        on_divergence="stop"):
     l = len(Kc)
-    solver = BatchKHA(algorithm, R, l, eta0=eta0, mu=mu, xi=XI, rho0=rho0, engine=engine)
+    solver = BatchKHA(algorithm, R, l, eta0=eta0, mu=mu, xi=XI, rho0=rho0, engine=engine,
+                      on_divergence=on_divergence)
     A = initial_coefficients(R, l, schedule.init_generator(0))
     solver.start(A, C=A @ Kc if solver.needs_projection else None)
     for _, t, idx in schedule.blocks(0, l, passes * l, block):
@@ -139,7 +141,7 @@ def test_cli_reports_the_bad_step_exits_3_and_keeps_only_good_checkpoints(digits
                                     "--eta0", "3", "--components", "4", "--sigma", "4",
                                     "--init", "random",
                                     "--passes", "2", "--checkpoint-steps", "8", "--block", "8",
-                                    "--quiet"),
+                                    "--on-divergence", "stop", "--quiet"),
                        env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 3, p.stderr
     lines = p.stderr.strip().splitlines()

@@ -142,10 +142,10 @@ def cholesky_steps(Xs, algorithm, r, *, nu, eta0, gamma=None, tau=None, center=F
 
 
 def run_solver(Xs, algorithm, r, *, nu, eta0, gamma=None, tau=None, center=False, a_init,
-               block_rows=16, max_members=10**6):
+               block_rows=16, max_members=10**6, on_divergence="stop"):
     solver = OnlineKHA(algorithm, r, Xs.shape[1], make_kernel("gaussian", sigma=SIGMA), nu=nu,
                        max_members=max_members, eta0=eta0, gamma=gamma, tau=tau, center=center,
-                       a_init=a_init)
+                       a_init=a_init, on_divergence=on_divergence)
     for a in range(0, len(Xs), block_rows):
         solver.apply_block(Xs[a:a + block_rows], np.arange(a, min(a + block_rows, len(Xs))))
     return solver
@@ -358,14 +358,14 @@ def test_on_kha_converges_towards_exact_kpca(online_digits):
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"algorithm": "kha"}, "unknown online algorithm"),
+    ({"algorithm": "kha"}, "The 'algorithm' parameter of OnlineKernelPCA must be a str among"),
     ({"gamma": 0.99, "tau": 10.0}, "not both"),
-    ({"gamma": 1.5}, "gamma must lie in"),
-    ({"nu": 0.0}, "nu must be a positive"),
-    ({"eta0": -1}, "eta0 must be a positive"),
-    ({"tau": 0}, "tau must be a positive"),
+    ({"gamma": 1.5}, r"'gamma' parameter of OnlineKernelPCA must be .* range \(0.0, 1.0\]"),
+    ({"nu": 0.0}, r"'nu' parameter of OnlineKernelPCA must be a float in the range \(0.0, inf\)"),
+    ({"eta0": -1}, "'eta0' parameter of OnlineKernelPCA must be a float in the range"),
+    ({"tau": 0}, "'tau' parameter of OnlineKernelPCA must be a float in the range"),
     ({"max_members": 2}, "at least n_components"),
-    ({"steps": 0}, "steps must be a positive"),
+    ({"steps": 0}, r"'steps' parameter of OnlineKernelPCA must be an int in the range \[1, inf\)"),
 ])
 def test_parameters_are_validated(online_digits, kw, match):
     with pytest.raises(ParameterError, match=match):
@@ -373,5 +373,7 @@ def test_parameters_are_validated(online_digits, kw, match):
 
 
 def test_transform_before_fit_is_refused():
-    with pytest.raises(ParameterError, match="not fitted"):
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError, match="This OnlineKernelPCA instance is not fitted yet"):
         OnlineKernelPCA(2).transform(np.zeros((1, 2)))

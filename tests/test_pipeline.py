@@ -98,6 +98,12 @@ def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path):
     (tmp_path / "p.toml").write_text(TINY.format(passes=3))
     first = _run(["p.toml", "--json"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
+    # the stages show as they start and end, without -v
+    stages = [ln for ln in first.stderr.splitlines() if ln.startswith("dkha run: stage ")]
+    assert stages[:2] == ["dkha run: stage data: running",
+                          stages[1]] and stages[1].startswith("dkha run: stage data: done in")
+    assert "dkha run: stage fit:smd: running" in stages and stages[-1].startswith(
+        "dkha run: stage report: writing")
     summary = json.loads(first.stdout)
     run_dir = summary["run_dir"]
     assert summary["exit_code"] == 0

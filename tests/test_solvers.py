@@ -284,7 +284,7 @@ def test_batch_resumes_at_t(problem, A0, seed):
 
 def test_divergence_is_reported(problem, A0):
     Kc = problem
-    solver = BatchKHA("kha", R, len(Kc), eta0=1e8)
+    solver = BatchKHA("kha", R, len(Kc), eta0=1e8, on_divergence="stop")
     solver.start(A0 * 100)
     with np.errstate(all="ignore"), pytest.raises(NumericalError, match="lower eta0"):
         idx = np.arange(len(Kc))

@@ -162,18 +162,37 @@ def test_ingest_png_files(tmp_path, seed):
     assert s.n_samples == 94 and s.chunk_rows == 7 and s.n_chunks == 14
 
 
-def test_ingest_images_max_samples(tmp_path):
+def test_ingest_images_max_samples_spreads_over_the_images(tmp_path):
+    """``max_samples`` draws its patches from every image (not the first image's top rows)."""
     import skimage.data
+    from scipy.spatial.distance import pdist
 
-    s = ingest_images(["skimage:camera", "skimage:moon", "skimage:coins"], tmp_path / "m.zarr",
-                      patch=11, step=16, chunk_rows=100, max_samples=1500)
-    want = np.concatenate([direct_patches(getattr(skimage.data, n)() / 255.0, 11, 16)
-                           for n in ("camera", "moon")])[:1500]
-    np.testing.assert_allclose(s.read(), want, rtol=0, atol=1e-15)
+    names = ("camera", "moon", "coins")
+    every = [direct_patches(getattr(skimage.data, n)() / 255.0, 11, 16) for n in names]
+    s = ingest_images([f"skimage:{n}" for n in names], tmp_path / "m.zarr", patch=11, step=16,
+                      chunk_rows=100, max_samples=1500, seed=3)
+    X = s.read()
+    assert X.shape == (1500, 121)
+    # each stored patch is one of its image's patches, in raster order, none twice
     images = s.attrs["source"]["images"]
-    assert [(im["path"], im["first_sample"], im["n_samples"]) for im in images] == [
-        ("skimage:camera", 0, 1024), ("skimage:moon", 1024, 476)]     # coins never read
-    assert s.attrs["max_samples"] == 1500
+    total = sum(len(p) for p in every)
+    for im, patches in zip(images, every):
+        part = X[im["first_sample"]:im["first_sample"] + im["n_samples"]]
+        previous = -1
+        for row in part:
+            match = np.flatnonzero(np.abs(patches - row).max(axis=1) < 1e-12)
+            match = match[match > previous]
+            assert match.size, "a stored patch that is no later patch of its image"
+            previous = match[0]
+        # the image's share of the draw (hypergeometric: within 4 standard deviations)
+        expect = 1500 * len(patches) / total
+        assert abs(im["n_samples"] - expect) < 4 * np.sqrt(expect)
+    assert s.attrs["max_samples"] == 1500 and s.attrs["sample"]["seed"] == 3
+    # the spread shows in the kernel width the median heuristic would choose
+    all_patches = np.concatenate(every)
+    first = np.median(pdist(all_patches[:1500]))
+    spread = np.median(pdist(X))
+    assert abs(spread / np.median(pdist(all_patches)) - 1) < 0.1 < abs(first / spread - 1)
 
 
 def test_ingest_images_streams(tmp_path, seed):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 import xarray as xr
 
 from dkha.data.store import ingest_array
-from tests.processes import dkha_command, start_dask_cluster, stop_processes, subprocess_env
+from tests.processes import reference_and_background_fit, start_dask_cluster, stop_processes
 
 pytestmark = pytest.mark.cluster
 FIT = ["--algorithm", "kha-smd", "--components", "6", "--sigma", "4", "--passes", "6",
@@ -27,14 +26,7 @@ def test_killing_a_worker_mid_fit_leaves_alpha_unchanged(tmp_path):
     _, sched_file, scheduler, workers = start_dask_cluster(str(tmp_path), 3, nanny=False)
     procs = [scheduler, *workers]
     try:
-        ref = str(tmp_path / "undisturbed")
-        subprocess.run(dkha_command("fit", store, "-o", ref, *FIT, "--scheduler-file", sched_file),
-                       env=subprocess_env(), check=True, timeout=600)
-        run = str(tmp_path / "disturbed")
-        fit = subprocess.Popen(dkha_command("fit", store, "-o", run, *FIT, "--scheduler-file",
-                                            sched_file, "--checkpoint-every", "1"),
-                               env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+        ref, run, fit = reference_and_background_fit(store, str(tmp_path), FIT, sched_file)
         ck = os.path.join(run, "checkpoints")
         deadline = time.time() + 300
         while not (os.path.isdir(ck) and any(n.startswith("step-") for n in os.listdir(ck))):

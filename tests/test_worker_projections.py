@@ -352,3 +352,33 @@ def test_two_process_cluster_survives_a_killed_worker(digits_store):
         got = drive(engine, "kha-smd", on_block=kill).state
         assert killed and engine.stats.replica_rebuilds >= 1
         assert_agrees(snapshot(got), snapshot(want))
+
+
+def test_replicas_move_onto_a_worker_that_joins(digits_store):
+    """Four groups on two worker processes; a third joins mid-pass 1: at the next pass end the
+    replicas are rebuilt over all three (the new worker holds groups and computes their
+    projections), and the fit still equals shipped rows."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        want = drive(make_engine(digits_store, client, "coordinator", column_groups=4),
+                     "kha-smd").state
+        engine = make_engine(digits_store, client, "workers", column_groups=4)
+        before = set(client.nthreads())
+        holders = []
+
+        def join(i, solver, block):
+            if i == 2:
+                cluster.scale(3)
+                client.wait_for_workers(3, timeout=120)
+            holders.append(list(solver.replicas.workers))
+
+        got = drive(engine, "kha-smd", on_block=join).state
+        (new,) = set(client.nthreads()) - before
+        assert engine.stats.replica_moves >= 1 and engine.stats.replica_rebuilds == 0
+        assert new not in holders[0] and new in holders[-1]
+        executed = client.run(lambda dask_worker: dask_worker.state.executed_count,
+                              workers=[new])[new]
+        assert executed > 0
+        assert_agrees(snapshot(got), snapshot(want))

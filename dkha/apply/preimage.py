@@ -666,5 +666,10 @@ class RunPreimages:
         """Pre-images of the projections of the rows of ``P`` (started from ``start``, default
         ``P`` itself)."""
         P = np.ascontiguousarray(P, dtype=np.float64)
-        return solve(self.method, self.training, self.expand(self.project(P)),
-                     P if start is None else start, **self.options)
+        return self.from_projections(self.project(P), P if start is None else start)
+
+    def from_projections(self, y: np.ndarray, start: np.ndarray) -> PreimageResult:
+        """Pre-images of the points whose projections on the components are the rows of ``y``
+        (e.g. ``t·e_i``: the point ``t`` along component ``i`` from the mean), from ``start``."""
+        return solve(self.method, self.training, self.expand(np.atleast_2d(y)), start,
+                     **self.options)

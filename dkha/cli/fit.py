@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from dkha.cli.options import (
     add_cluster_options,
     centering_line,
@@ -23,6 +25,7 @@ from dkha.estimators.online import OnlineKernelPCA
 from dkha.estimators.params import BATCH, add_options, cli_values, estimator_kwargs
 from dkha.estimators.params import ONLINE as ONLINE_MODEL
 from dkha.estimators.tune import tune
+from dkha.solvers.batch import ALGORITHMS
 from dkha.solvers.online import ALGORITHMS as ONLINE
 
 TYPES = {"positive_int": positive_int, "float_list": float_list}
@@ -76,7 +79,51 @@ def _fit_summary(model, run_dir: str) -> dict:
             "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
             "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
                                                    ("pass", "step", "error", "error_min", "excess")},
-            "fit_seconds": last.get("wall_time"), **centering_summary(model.attrs_)}
+            "excess_precision": excess_precision(
+                last.get("error_min"), model.attrs_.get("top_eigenvalues"), model.n_samples_)
+            if last else None,
+            "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
+            **centering_summary(model.attrs_)}
+
+
+def excess_precision(error_min: float, top_eigenvalues, n_samples: int) -> float:
+    """How far rounding can move an evaluated excess ``E/E_min − 1``: ``E_min² = ‖K'‖²_F −
+    Σλ²`` cancels, so its relative error is about ``ε √l ‖K'‖²_F / E_min²`` (``ε`` the machine
+    epsilon, ``√l`` the growth of blockwise sums)."""
+    if not error_min or top_eigenvalues is None:
+        return float("nan")
+    frob2 = error_min ** 2 + float(np.sum(np.square(top_eigenvalues)))
+    return float(np.finfo(np.float64).eps * np.sqrt(n_samples) * frob2 / error_min ** 2)
+
+
+def _excess_text(excess: float, precision: float) -> str:
+    """The excess clipped at 0, with its precision (a negative excess is rounding)."""
+    if excess is None:
+        return "n/a"
+    precision = max(precision, -excess) if precision == precision else -excess
+    if excess <= precision:
+        return f"0 (below its precision, ±{precision:.1e})" if precision > 0 else "0"
+    return f"{excess:.3e}" + (f" (±{precision:.1e})" if precision > 0 else "")
+
+
+def _print_backoffs(backoffs: list[dict]) -> None:
+    """One line for a run's backoffs (none: nothing)."""
+    if backoffs:
+        first, last = backoffs[0], backoffs[-1]
+        print(f"diverged and backed off {len(backoffs)} time{'s' * (len(backoffs) > 1)} "
+              f"(first at step {first['step']}, pass {first['pass']}): eta0 "
+              f"{first['gain_before']:.3g} → {last['gain_after']:.3g}")
+
+
+def _backed_off(n: int | None) -> str:
+    return f" (backed off {n}×)" if n else ""
+
+
+def _check_algorithm_names(names, choices) -> None:
+    """An unknown ``--algorithm`` value, named with the values the option takes."""
+    for name in names:
+        if name not in choices:
+            raise_param(f"unknown --algorithm {name!r}; choose one of {', '.join(choices)}")
 
 
 def _model_settings(args) -> list[dict]:
@@ -105,6 +152,7 @@ def _batch_model(args, algorithm: str, eta0, mu, **overrides):
 
 def cmd_fit(args) -> int:
     settings = _model_settings(args)
+    _check_algorithm_names([s["algorithm"] for s in settings], ALGORITHMS + ("krylov",) + ONLINE)
     if len(settings) > 1:
         return _fit_many(args, settings)
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
@@ -124,8 +172,11 @@ def cmd_fit(args) -> int:
         if line:
             print(line)
         if model.history_:
-            print(f"after {summary['step']} steps: E = {summary['error']:.6g}, "
-                  f"E_min = {summary['error_min']:.6g}, excess = {summary['excess']:.3e}")
+            after = (f"after {summary['pass']} Krylov products" if summary["algorithm"] == "krylov"
+                     else f"after {summary['step']} steps")
+            print(f"{after}: E = {summary['error']:.6g}, E_min = {summary['error_min']:.6g}, "
+                  f"excess = {_excess_text(summary['excess'], summary['excess_precision'])}")
+        _print_backoffs(model.backoffs_)
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
     return 0
 
@@ -158,7 +209,7 @@ def _fit_many(args, settings: list[dict]) -> int:
         for s in summaries:
             shown = ("diverged" if "diverged" in s else
                      f"excess {s['excess']:.3e}" if s.get("excess") is not None else "saved")
-            print(f"  {s['run_dir']}: {shown}")
+            print(f"  {s['run_dir']}: {shown}{_backed_off(s.get('backoffs'))}")
     failed = [s for s in summaries if "diverged" in s]
     if failed:
         raise NumericalError(f"{len(failed)} of {len(models)} models diverged ("
@@ -169,6 +220,7 @@ def _fit_many(args, settings: list[dict]) -> int:
 
 def cmd_tune(args) -> int:
     algorithms = [a.strip() for a in args.algorithm.split(",")]
+    _check_algorithm_names(algorithms, ALGORITHMS)
     proto = _batch_model(args, algorithms[0], None, None, projections="coordinator", tol=None)
     shared = {k: v for k, v in proto.__dict__.items()
               if k not in ("algorithm", "eta0", "mu", "passes", "steps")}
@@ -185,7 +237,7 @@ def cmd_tune(args) -> int:
         mu = "" if row["mu"] is None else f"{row['mu']:g}"
         shown = "diverged" if row["excess"] is None else f"{row['excess']:.3e}"
         print(f"  {row['algorithm']:10s} {row['eta0']:>8g} {mu:>8s}  {shown}"
-              + ("  ← best" if row.get("best") else ""))
+              + _backed_off(row.get("backoffs")) + ("  ← best" if row.get("best") else ""))
     options = {"sigma": "--sigma", "degree": "--degree", "offset": "--offset",
                "gamma": "--kernel-gamma"}
     kernel = " ".join(f"{options[k]} {v!r}" for k, v in summary["kernel_parameters"].items()
@@ -234,6 +286,9 @@ def _fit_online(args) -> int:
                "members": int(ds.sizes.get("member", 0))}
     if "ac_index" in ds and ds.sizes.get("evaluation", 0):
         summary["ac_index"] = float(ds["ac_index"].values[-1])
+    if model.backoffs_:
+        summary["backoffs"] = len(model.backoffs_)
+        summary["eta0_final"] = model.backoffs_[-1]["gain_after"]
     print(json.dumps(summary) if args.json else
           ", ".join(f"{k} = {v}" for k, v in summary.items()))
     return 0

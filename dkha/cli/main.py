@@ -8,6 +8,7 @@
     dkha tune STORE.zarr -o TUNE_DIR --algorithm kha-smd --passes 3
     dkha evaluate RUN_DIR [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
+    dkha report RUN_DIR
 
 Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
 input or parameters, 3 for a diverged fit.
@@ -27,6 +28,7 @@ from dkha.cli.fit import COMMANDS as FIT_COMMANDS
 from dkha.cli.fit import add_fit_parsers
 from dkha.cli.options import (
     add_cluster_options,
+    add_storage_options,
     centering_line,
     centering_summary,
     cluster_kwargs,
@@ -34,13 +36,14 @@ from dkha.cli.options import (
     raise_param,
 )
 from dkha.data import result
-from dkha.data.store import ingest_array, ingest_images, open_store
+from dkha.data.store import ingest_array, ingest_images, open_store, set_storage_options
 from dkha.engine.cluster import client_for
 from dkha.errors import DkhaError
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.fit.ac_index import ACReference
 from dkha.fit.control import STOP
 from dkha.fit.evaluate import evaluate
+from dkha.pipeline.report import report_run
 from dkha.pipeline.runner import run_file
 from dkha.runs.run import Run
 from dkha.runs.transform import transform_store
@@ -72,15 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--labels", help=".npy of one label per sample")
     a.add_argument("--chunk-rows", type=positive_int)
     a.add_argument("--overwrite", action="store_true")
+    add_storage_options(a)
     im = isub.add_parser("images", help="grey-scale patches of images (skimage:NAME for bundled ones)")
     im.add_argument("images", nargs="+")
     im.add_argument("-o", "--out", required=True)
     im.add_argument("--patch", type=positive_int, default=11)
     im.add_argument("--step", type=positive_int, default=2)
     im.add_argument("--max-samples", type=positive_int, metavar="N",
-                    help="stop after N patches (the remaining images are not read)")
+                    help="keep N patches drawn uniformly (seeded) from all the images' patch "
+                         "positions, in raster order")
+    im.add_argument("--seed", type=int, default=0, help="seed of the --max-samples draw")
     im.add_argument("--chunk-rows", type=positive_int)
     im.add_argument("--overwrite", action="store_true")
+    add_storage_options(im)
 
     add_fit_parsers(sub)
 
@@ -120,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     add_cluster_options(p)
+
+    # report
+    p = sub.add_parser("report", help="an HTML page of a run: convergence, component pictures, "
+                                      "response maps")
+    p.add_argument("run_dir")
+    p.add_argument("--components", type=positive_int, default=8,
+                   help="components to show (default 8)")
     return parser
 
 
@@ -130,7 +144,7 @@ def cmd_ingest(args) -> int:
     else:
         st = ingest_images(args.images, args.out, patch=args.patch, step=args.step,
                            chunk_rows=args.chunk_rows, max_samples=args.max_samples,
-                           overwrite=args.overwrite)
+                           seed=args.seed, overwrite=args.overwrite)
     print(f"{st.path}: {st.n_samples} samples × {st.n_features} features "
           f"in chunks of {st.chunk_rows} rows")
     return 0
@@ -222,9 +236,26 @@ def cmd_transform(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    print(report_run(args.run_dir, components=args.components))
+    return 0
+
+
 def cmd_run(args) -> int:
-    code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
-                             cluster=cluster_kwargs(args), verbose=args.verbose > 0)
+    # the stages as they start and end, without -v (the pipeline's INFO lines, to stderr)
+    stages = logging.StreamHandler(sys.stderr)
+    stages.setLevel(logging.INFO)
+    stages.setFormatter(logging.Formatter("dkha run: %(message)s"))
+    stages.addFilter(lambda record: record.levelno < logging.WARNING
+                     and record.getMessage().startswith("stage "))
+    pipeline_log = logging.getLogger("dkha.pipeline")
+    pipeline_log.addHandler(stages)
+    try:
+        code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
+                                 cluster=cluster_kwargs(args),
+                                 verbose=args.verbose > 0 or sys.stderr.isatty())
+    finally:
+        pipeline_log.removeHandler(stages)
     if args.json:
         print(json.dumps(summary, default=str))
     else:
@@ -261,7 +292,8 @@ def cmd_demo(args) -> int:
 
 
 COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, **FIT_COMMANDS,
-            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run}
+            "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run,
+            "report": cmd_report}
 
 
 def _quiet_distributed(level: int) -> None:
@@ -285,7 +317,8 @@ def _install_stop_handler() -> None:
         if STOP.is_set():
             raise SystemExit(128 + signum)
         STOP.set()
-        print("dkha: stopping at the next block (checkpoint, then exit 75)", file=sys.stderr)
+        print("dkha: stopping at the next task (checkpoint where there is a state to keep, then "
+              "exit 75)", file=sys.stderr)
 
     try:
         signal.signal(signal.SIGTERM, handler)
@@ -293,7 +326,17 @@ def _install_stop_handler() -> None:
         pass
 
 
+def _announce(argv: list[str]) -> None:
+    """``dkha fit``'s first progress line, before the workers start (seconds): in a terminal
+    unless ``--quiet``, and with ``-v``."""
+    words = [a for a in argv if not a.startswith("-")]
+    verbose = any(a.startswith("-v") or a == "--verbose" for a in argv)
+    if words[:1] == ["fit"] and "--quiet" not in argv and (verbose or sys.stderr.isatty()):
+        print("dkha fit: starting the Dask workers", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _announce(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
@@ -304,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
 
     _install_stop_handler()
     try:
+        if getattr(args, "storage_option", None):
+            set_storage_options(dict(args.storage_option))
         return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
     except DkhaError as exc:
         print(f"dkha: error: {exc}", file=sys.stderr)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 
+from dkha.data.store import parse_storage_option
 from dkha.engine.cluster import Where
-from dkha.errors import ParameterError
+from dkha.errors import DkhaError, ParameterError
 
 
 def positive_int(s: str) -> int:
@@ -29,7 +30,22 @@ def float_list(s: str) -> list[float]:
                                          f"numbers, got {s!r}") from None
 
 
+def storage_option(s: str) -> tuple[str, object]:
+    try:
+        return parse_storage_option(s)
+    except DkhaError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_storage_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", type=storage_option, action="append", metavar="KEY=VALUE",
+                   help="a setting of the object store of s3://… (gs://, az://…) stores, passed to "
+                        "fsspec (e.g. endpoint_url=http://host:9000, anon=true); repeatable; the "
+                        "environment's AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID … apply too")
+
+
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
+    add_storage_options(p)
     g = p.add_argument_group("where it runs (default: an in-process local Dask cluster)")
     g.add_argument("--scheduler", metavar="ADDRESS",
                    help="attach to a running Dask scheduler (tcp://HOST:PORT); "

@@ -8,6 +8,9 @@
   ``"sample"`` for a row estimated from ``center_sample`` columns);
 * history over ``evaluation``: ``pass``, ``step``, ``error``, ``error_min``, ``excess``,
   ``wall_time`` (seconds of fitting, evaluations excluded);
+* the backoffs over ``backoff`` (a step guard tripped; the fit rolled back to the start of the
+  block and halved its gain): ``backoff_step``, ``backoff_pass`` (of the bad step),
+  ``backoff_gain_before``, ``backoff_gain_after`` (the effective η0) — empty when none;
 * attrs: algorithm, kernel and its parameters, hyper-parameters, seed, data store path,
   n_samples, n_features, centered, dkha version.
 """
@@ -26,6 +29,7 @@ from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
+BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
 # attrs that identify a run: a directory holding a run that differs in any of these is "different"
 IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
                   "rho0", "n_steps", "seed", "store", "init", "nu", "gamma", "tau", "max_members",
@@ -40,14 +44,59 @@ def history_dataset(history: list[dict]) -> dict:
     return data
 
 
+def backoff_dataset(backoffs: list[dict]) -> dict:
+    """The ``backoff_*`` variables of a run's backoffs (:attr:`BatchKHA.backoffs`)."""
+    data = {}
+    for f in BACKOFF_FIELDS:
+        dtype = np.int64 if f in ("step", "pass") else np.float64
+        data[f"backoff_{f}"] = ("backoff", np.array([b[f] for b in backoffs], dtype=dtype))
+    return data
+
+
+def backoffs_of(ds: xr.Dataset) -> list[dict]:
+    """A saved run's backoffs as dicts (empty for runs without, or saved before backoffs)."""
+    if "backoff_step" not in ds:
+        return []
+    return [{f: ds[f"backoff_{f}"].values[i].item() for f in BACKOFF_FIELDS}
+            for i in range(ds.sizes["backoff"])]
+
+
+def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
+    """The coordinates along ``sample`` of a data store (``{name: ("sample", values)}``, empty
+    for stores without provenance), strings as Python objects: zarr reads them as numpy's
+    StringDType, which unstacking cannot pad with NaN."""
+    ds = xr.open_zarr(path)
+    out = {}
+    for name, var in ds.coords.items():
+        if var.dims == ("sample",):
+            values = np.asarray(var.values)
+            out[name] = ("sample", values if values.dtype.kind in "biuf" else values.astype(object))
+    return out
+
+
+def history_of(ds: xr.Dataset) -> list[dict]:
+    """The history entries of a saved run (every variable over ``evaluation``)."""
+    names = [k for k, v in ds.data_vars.items() if v.dims and v.dims[0] == "evaluation"]
+    out = []
+    for i in range(ds.sizes.get("evaluation", 0)):
+        entry = {}
+        for k in names:
+            v = ds[k].values[i]
+            entry[k] = v.copy() if np.ndim(v) else v.item()
+        out.append(entry)
+    return out
+
+
 def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict], attrs: dict,
                   *, mk: np.ndarray | None = None, mkm: float | None = None,
-                  member_dim: str = "sample", extra: dict | None = None) -> xr.Dataset:
+                  member_dim: str = "sample", extra: dict | None = None,
+                  backoffs: list[dict] = ()) -> xr.Dataset:
     data = {"alpha": (("component", member_dim), np.asarray(alpha, dtype=np.float64)),
             "eigenvalue": ("component", np.asarray(eigenvalue, dtype=np.float64))}
     if mk is not None:
         data["mk"] = ("sample", np.asarray(mk, dtype=np.float64))
     data.update(history_dataset(history))
+    data.update(backoff_dataset(list(backoffs)))
     if extra:
         data.update(extra)
     ds = xr.Dataset(data, coords={"component": np.arange(alpha.shape[0])})
@@ -110,4 +159,12 @@ def load(run_dir: str) -> xr.Dataset:
         raise InputError(f"cannot read {comp}: {exc}") from None
     if "alpha" not in ds:
         raise InputError(f"{comp} has no alpha variable; it was not written by dkha")
-    return ds
+    return objects_for_strings(ds)
+
+
+def objects_for_strings(ds):
+    """``ds`` with its string coordinates as Python objects (zarr gives numpy's StringDType,
+    which cannot be padded with NaN: unstacking patches of images of different sizes needs
+    that)."""
+    strings = {k: v.astype(object) for k, v in ds.coords.items() if v.dtype.kind == "T"}
+    return ds.assign_coords(strings) if strings else ds

@@ -26,6 +26,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
+import dask.array as da
+import fsspec
+import fsspec.config
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
@@ -73,6 +76,55 @@ def _codecs():
 
 def _is_url(path: str) -> bool:
     return "://" in str(path)
+
+
+# --- object storage: fsspec settings per protocol ------------------------------------------------
+
+#: ``--storage-option KEY=VALUE`` settings, applied to the protocol of every store URL dkha opens
+_STORAGE_OPTIONS: dict = {}
+
+
+def parse_storage_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` → ``(KEY, VALUE)``, the value read as JSON where it is JSON (``true``,
+    ``3``, ``{"region_name": "eu"}``) and as a string otherwise."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ParameterError(f"a storage option is KEY=VALUE (e.g. endpoint_url=http://host:9000), "
+                             f"got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value
+
+
+def set_storage_options(options: dict) -> None:
+    """Settings of the file systems of store URLs (fsspec keyword arguments, e.g. s3fs's
+    ``endpoint_url``, ``key``, ``secret``, ``anon``), added to what the environment gives
+    (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``FSSPEC_S3_*`` …). They take effect for the
+    protocol of each URL opened afterwards, in this process and, through the row engine, on the
+    workers (:func:`dkha.engine.cluster.share_storage_options`)."""
+    _STORAGE_OPTIONS.update(options)
+
+
+def url_protocol(path: str) -> str | None:
+    """``"s3"`` for ``s3://bucket/x.zarr``; ``None`` for a local path."""
+    return str(path).split("://", 1)[0] if _is_url(path) else None
+
+
+def storage_settings(path: str) -> dict:
+    """The fsspec settings this process uses for ``path``'s protocol (empty for local paths);
+    ``--storage-option`` settings are merged into fsspec's configuration on first use."""
+    protocol = url_protocol(path)
+    if protocol is None:
+        return {}
+    if _STORAGE_OPTIONS:
+        fsspec.config.conf.setdefault(protocol, {}).update(_STORAGE_OPTIONS)
+    return dict(fsspec.config.conf.get(protocol, {}))
+
+
+def apply_storage_settings(protocol: str, settings: dict) -> None:
+    """Make ``settings`` this process's fsspec defaults for ``protocol`` (run on workers)."""
+    fsspec.config.conf.setdefault(protocol, {}).update(settings)
 
 
 def read_slice(arr: zarr.Array, start: int, stop: int, path: str) -> np.ndarray:
@@ -163,8 +215,6 @@ class DataStore:
     def content_checksum(self) -> str:
         """SHA-256 of ``X`` as stored: its metadata and the stored bytes of every chunk, file by
         file in name order. Any change to the data changes it; copying the store does not."""
-        import fsspec
-
         fs, root = fsspec.core.url_to_fs(self.path)
         root = root.rstrip("/")
         digest = hashlib.sha256()
@@ -188,7 +238,10 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
     a usable store: not a zarr group, no ``X``, wrong dims or dtype, empty, bad ``label``.
     """
     path = os.fspath(path)
-    if not _is_url(path):
+    if _is_url(path):
+        storage_settings(path)
+        _check_url_store(path)
+    else:
         if not os.path.exists(path):
             raise StoreNotFoundError(f"no data store at {path}")
         if not os.path.isdir(path):
@@ -247,6 +300,27 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
     return store
 
 
+def _url_fs(path: str):
+    try:
+        return fsspec.core.url_to_fs(path)
+    except (ImportError, ValueError) as exc:
+        raise ParameterError(f"cannot open {path}: {exc} (object stores need their fsspec "
+                             "package, e.g. s3fs for s3://)") from None
+
+
+def _check_url_store(path: str) -> None:
+    """A one-line error for a store URL that cannot be reached or holds nothing."""
+    fs, root = _url_fs(path)
+    try:
+        found = fs.exists(f"{root.rstrip('/')}/zarr.json")
+    except Exception as exc:  # noqa: BLE001 - botocore/aiohttp raise many kinds
+        raise InputError(f"cannot reach the data store {path}: {type(exc).__name__}: {exc} "
+                         "(check the endpoint and credentials: AWS_ENDPOINT_URL, "
+                         "AWS_ACCESS_KEY_ID, … or --storage-option KEY=VALUE)") from None
+    if not found:
+        raise StoreNotFoundError(f"no data store at {path}")
+
+
 def _check_chunks_present(X: zarr.Array, path: str) -> None:
     """Refuse a store with chunks missing (they would read back as the fill value)."""
     try:
@@ -291,20 +365,13 @@ class StoreWriter:
     def __init__(self, out: str | os.PathLike, n_features: int, *, chunk_rows: int | None = None,
                  overwrite: bool = False, with_labels: bool = False, label_dtype="i8"):
         self.out = os.fspath(out)
-        if _is_url(self.out):
-            raise ParameterError("ingest writes to a local path; copy the store to object storage after")
-        if os.path.lexists(self.out):
-            if not overwrite:
-                raise RunDirectoryError(f"{self.out} already exists; pass --overwrite to replace it")
-            if not os.path.isdir(self.out) or os.path.islink(self.out):
-                raise RunDirectoryError(f"{self.out} exists and is not a directory; remove it first")
         self.chunk_rows = int(config.get("chunk-rows", chunk_rows))
         if self.chunk_rows < 1:
             raise ParameterError(f"chunk rows must be positive, got {self.chunk_rows}")
-        parent = os.path.dirname(os.path.abspath(self.out))
-        os.makedirs(parent, exist_ok=True)
-        self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.{uuid.uuid4().hex}.tmp")
-        self.group = zarr.open_group(self.tmp, mode="w")
+        if _is_url(self.out):
+            self._open_url(overwrite)
+        else:
+            self._open_local(overwrite)
         self.X = self.group.create_array(
             "X", shape=(0, n_features), chunks=(self.chunk_rows, n_features), dtype="f8",
             dimension_names=["sample", "feature"], compressors=_codecs(), fill_value=np.nan,
@@ -319,6 +386,36 @@ class StoreWriter:
         self._buf: list[np.ndarray] = []
         self._lbuf: list[np.ndarray] = []
         self._buffered = 0
+
+    def _open_local(self, overwrite: bool) -> None:
+        if os.path.lexists(self.out):
+            if not overwrite:
+                raise RunDirectoryError(f"{self.out} already exists; pass --overwrite to replace it")
+            if not os.path.isdir(self.out) or os.path.islink(self.out):
+                raise RunDirectoryError(f"{self.out} exists and is not a directory; remove it first")
+        parent = os.path.dirname(os.path.abspath(self.out))
+        os.makedirs(parent, exist_ok=True)
+        self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.{uuid.uuid4().hex}.tmp")
+        self.group = zarr.open_group(self.tmp, mode="w")
+
+    def _open_url(self, overwrite: bool) -> None:
+        """Object storage has no atomic rename: the store is written in place, its group
+        metadata (with ``format``, which marks a complete dkha store) last, and removed on
+        failure. An existing store is removed first (``overwrite``)."""
+        storage_settings(self.out)
+        fs, root = _url_fs(self.out)
+        self.tmp = None
+        try:
+            exists = fs.exists(root)
+        except Exception as exc:  # noqa: BLE001 - botocore/aiohttp raise many kinds
+            raise InputError(f"cannot reach {self.out}: {type(exc).__name__}: {exc} (check the "
+                             "endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, … or "
+                             "--storage-option KEY=VALUE)") from None
+        if exists:
+            if not overwrite:
+                raise RunDirectoryError(f"{self.out} already exists; pass --overwrite to replace it")
+            fs.rm(root, recursive=True)
+        self.group = zarr.open_group(self.out, mode="w")
 
     def append(self, X: np.ndarray, labels: np.ndarray | None = None) -> None:
         X = np.asarray(X, dtype=np.float64)
@@ -350,18 +447,50 @@ class StoreWriter:
         self._lbuf = [L[k:]] if (L is not None and k < len(X)) else []
         self._buffered = len(X) - k
 
-    def commit(self, attrs: dict) -> DataStore:
+    def commit(self, attrs: dict, coords: dict | None = None) -> DataStore:
+        """Write the last rows, the ``coords`` (xarray coordinates of ``X`` along ``sample``:
+        name → ``(dtype, values_of(start, stop))``, written a chunk at a time) and ``attrs``,
+        and move the store into place."""
         self._flush(final=True)
         if self.n == 0:
             self.abort()
             raise InputError("nothing to ingest: the input holds no samples")
+        for name, (dtype, values_of) in (coords or {}).items():
+            arr = self.group.create_array(
+                name, shape=(self.n,), chunks=(self.chunk_rows,), dtype=dtype,
+                dimension_names=["sample"], compressors=_codecs() if dtype is not str else "auto")
+            for a in range(0, self.n, self.chunk_rows):  # a chunk at a time
+                b = min(a + self.chunk_rows, self.n)
+                arr[a:b] = values_of(a, b)
+        if coords:
+            self.X.attrs["coordinates"] = " ".join(coords)
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
-        consolidate(self.tmp)
-        replace_directory(self.tmp, self.out)
+        if self.tmp is None:
+            consolidate(self.out)
+        else:
+            consolidate(self.tmp)
+            replace_directory(self.tmp, self.out)
         return open_store(self.out)
 
     def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        try:
+            fs, root = _url_fs(self.out)
+            fs.rm(root, recursive=True)
+        except Exception as exc:  # noqa: BLE001 - cleaning up after a failure already raised
+            log.warning("could not remove the partly written store %s: %s", self.out, exc)
+
+
+def _check_matrix(data, name: str) -> None:
+    """Refuse what cannot be a store's ``X``: not 2-d, not numeric, or empty."""
+    if data.ndim != 2:
+        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
+    if data.dtype.kind not in "fiub":
+        raise InputError(f"{name}: dtype {data.dtype} is not numeric")
+    if data.shape[0] == 0 or data.shape[1] == 0:
+        raise InputError(f"{name} is empty (shape {data.shape})")
 
 
 def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
@@ -378,12 +507,7 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
     else:
         name = os.fspath(src)
         data = _load_npy(name, mmap=True)
-    if data.ndim != 2:
-        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
-    if data.dtype.kind not in "fiub":
-        raise InputError(f"{name}: dtype {data.dtype} is not numeric")
-    if data.shape[0] == 0 or data.shape[1] == 0:
-        raise InputError(f"{name} is empty (shape {data.shape})")
+    _check_matrix(data, name)
     lab = None
     if labels is not None:
         lab = labels if isinstance(labels, np.ndarray) else _load_npy(labels)
@@ -404,6 +528,24 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
             writer.append(block, None if lab is None else lab[a:a + step])
         return writer.commit({"source": {"kind": "array", "path": name, "shape": list(data.shape),
                                          "dtype": str(data.dtype)}})
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def ingest_dask(X, out: str | os.PathLike, *, chunk_rows: int | None = None,
+                overwrite: bool = False) -> DataStore:
+    """Write a 2-d dask array into a data store blockwise: the chunks are computed and written
+    where Dask runs them (the workers, under a distributed client); nothing is gathered here."""
+    _check_matrix(X, "<dask array>")
+    writer = StoreWriter(out, X.shape[1], chunk_rows=chunk_rows, overwrite=overwrite)
+    try:
+        writer.X.resize(X.shape)
+        da.store(X.astype(np.float64).rechunk((writer.chunk_rows, X.shape[1])), writer.X,
+                 lock=False)
+        writer.n = int(X.shape[0])
+        return writer.commit({"source": {"kind": "dask", "shape": list(X.shape),
+                                         "dtype": str(X.dtype)}})
     except BaseException:
         writer.abort()
         raise
@@ -485,16 +627,18 @@ def patch_bands(img: np.ndarray, patch: int, step: int, rows: int) -> Iterator[n
 
 def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, step: int = 2,
                   chunk_rows: int | None = None, max_samples: int | None = None,
-                  overwrite: bool = False) -> DataStore:
+                  seed: int = 0, overwrite: bool = False) -> DataStore:
     """Cut grey-scale images into patches and store them as samples.
 
     Each image is read, converted to grey in [0, 1], cut into ``patch×patch`` patches on a grid
     of ``step`` pixels, and appended a band of grid rows at a time (memory: one image and one
-    chunk of patches). ``max_samples`` stops after that many patches (the remaining images are
-    not read). Attrs record, per image, its path, shape, the patch grid and the range of samples
-    it produced, so patches can be put back. An item may also be a 2-d array or a ``.npy`` file
-    of one: taken as grey values as they are (no rescaling — a noisy image keeps values outside
-    [0, 1]).
+    chunk of patches). ``max_samples`` keeps that many patches spread over all the images: a
+    seeded (``seed``) uniform sample of the grid positions of every image, in raster order
+    (the first ``N`` patches would be the top rows of the first image — e.g. camera's sky).
+    Attrs record, per image, its path, shape, the patch grid and the range of samples it
+    produced (and with ``max_samples``, how many of its positions were drawn), so patches can
+    be put back. An item may also be a 2-d array or a ``.npy`` file of one: taken as grey values
+    as they are (no rescaling — a noisy image keeps values outside [0, 1]).
     """
     if patch < 1 or step < 1:
         raise ParameterError(f"patch and step must be positive, got patch={patch}, step={step}")
@@ -502,17 +646,27 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
         raise ParameterError(f"max_samples must be positive, got {max_samples}")
     if paths is None or len(paths) == 0:
         raise InputError("no images given")
+    keep = None        # per image: the sorted positions (raster order) of its kept patches
+    if max_samples is not None:
+        sizes = [int(np.prod(patch_grid(_grey_values(p, i)[0].shape, patch, step)))
+                 for i, p in enumerate(paths)]
+        if max_samples < sum(sizes):
+            drawn = np.sort(np.random.default_rng([int(seed), 5]).choice(
+                sum(sizes), size=int(max_samples), replace=False))
+            starts = np.cumsum([0] + sizes)
+            keep = [drawn[(drawn >= a) & (drawn < b)] - a for a, b in zip(starts, starts[1:])]
     writer = StoreWriter(out, patch * patch, chunk_rows=chunk_rows, overwrite=overwrite)
     images = []
     try:
         for i, p in enumerate(paths):
             first = writer.n + writer._buffered
-            if max_samples is not None and first >= max_samples:
-                break
             img, name = _grey_values(p, i)
+            position = 0
             for band in patch_bands(img, patch, step, writer.chunk_rows):
-                if max_samples is not None:
-                    band = band[:max_samples - (writer.n + writer._buffered)]
+                if keep is not None:
+                    chosen = keep[i][(keep[i] >= position) & (keep[i] < position + len(band))]
+                    position += len(band)
+                    band = band[chosen - (position - len(band))]
                 if len(band):
                     writer.append(band)
             images.append({"path": name, "shape": list(img.shape),
@@ -523,10 +677,43 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
                  "scaling": "grey, [0, 1] (skimage img_as_float)"}
         if max_samples is not None:
             attrs["max_samples"] = int(max_samples)
-        return writer.commit(attrs)
+            attrs["sample"] = ({"kind": "seeded uniform sample of the patch positions",
+                                "seed": int(seed)} if keep is not None else "all patches")
+        return writer.commit(attrs, coords=patch_coords(images, keep))
     except BaseException:
         writer.abort()
         raise
+
+
+def patch_coords(images: list[dict], keep: list[np.ndarray] | None = None) -> dict:
+    """Where each patch came from, from the ``images`` entries of a patch store's attrs: the
+    image's index and name, and the patch's row and column on that image's patch grid, as
+    :meth:`StoreWriter.commit` coordinates (computed for one range of samples at a time).
+    ``keep``: per image, the sorted raster positions of the patches kept (``--max-samples``)."""
+    first = np.array([im["first_sample"] for im in images], dtype=np.int64)
+    cols = np.array([im["grid"][1] for im in images], dtype=np.int64)
+    names = np.array([im["path"] for im in images], dtype=object)
+    raster = None if keep is None else np.concatenate(keep).astype(np.int64)
+
+    def image(a, b):
+        return np.searchsorted(first, np.arange(a, b), side="right") - 1
+
+    def position(a, b):
+        i = image(a, b)
+        k = np.arange(a, b) - first[i] if raster is None else raster[a:b]
+        return i, k, cols[i]
+
+    def row(a, b):
+        _, k, c = position(a, b)
+        return (k // c).astype(np.int32)
+
+    def col(a, b):
+        _, k, c = position(a, b)
+        return (k % c).astype(np.int32)
+
+    return {"image": (np.int32, lambda a, b: image(a, b).astype(np.int32)),
+            "image_name": (str, lambda a, b: names[image(a, b)].astype(str)),
+            "row": (np.int32, row), "col": (np.int32, col)}
 
 
 def _load_npy(path, what: str = "file", mmap: bool = False) -> np.ndarray:

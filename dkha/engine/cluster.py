@@ -5,6 +5,7 @@ here by :func:`client_for`: a ``distributed.Client`` (used as is), a scheduler a
 (``"tcp://HOST:PORT"``), an ``int`` N (a local cluster of N worker processes), a :class:`Where`
 (what the command line's ``--scheduler``, ``--scheduler-file`` and ``--workers`` say), or
 ``None``. Order: an explicit scheduler address → a scheduler file → ``DASK_SCHEDULER_ADDRESS`` →
+the active ``distributed.Client`` of this process (the one a user made, as dask-ml uses it) →
 a local cluster. The local default is an in-process cluster (threads, no serialisation) sized to
 the machine. Either way the fit runs the same code path as on a real cluster.
 """
@@ -17,10 +18,12 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, default_client
+from distributed.diagnostics.plugin import WorkerPlugin
 from threadpoolctl import threadpool_limits
 
 from dkha import config
+from dkha.data.store import apply_storage_settings, storage_settings, url_protocol
 from dkha.errors import ParameterError
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,11 @@ def client_for(client=None) -> Iterator[Client]:
         finally:
             c.close()
         return
+    if not workers:
+        active = _active_client()
+        if active is not None:
+            yield active
+            return
     ncores = os.cpu_count() or 1
     if workers:
         n = int(workers)
@@ -123,6 +131,15 @@ def client_for(client=None) -> Iterator[Client]:
     finally:
         c.close()
         cluster.close()
+
+
+def _active_client():
+    """The process's default ``distributed.Client`` if one is running, else None."""
+    try:
+        c = default_client()
+    except ValueError:
+        return None
+    return c if c.status == "running" else None
 
 
 def total_threads(client) -> int:
@@ -144,3 +161,33 @@ def blas_threads_for(client) -> Iterator[None]:
         return
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+class StorageSettings(WorkerPlugin):
+    """A worker plugin: one protocol's fsspec settings, applied on every worker as it starts
+    (those present when registered and every one that joins later)."""
+
+    def __init__(self, protocol: str, settings: dict):
+        self.protocol = protocol
+        self.settings = settings
+        self.name = f"dkha-storage-{protocol}"
+
+    def setup(self, worker=None) -> None:
+        apply_storage_settings(self.protocol, self.settings)
+
+
+def share_storage_options(client, path: str) -> None:
+    """Give the workers this process's fsspec settings for the protocol of a store URL
+    (``--storage-option``, ``FSSPEC_<PROTOCOL>_*``), present and future workers alike, so they
+    read the store's chunks themselves. Nothing to do for a local path or without settings
+    (the workers' own environment — ``AWS_ENDPOINT_URL``, credentials — then applies)."""
+    protocol = url_protocol(path)
+    settings = storage_settings(path) if protocol else {}
+    if not settings:
+        return
+    address = getattr(getattr(client, "scheduler", None), "address", "") or ""
+    if str(address).startswith("inproc://"):
+        return      # the workers are this process: they use its settings already
+    plugin = StorageSettings(protocol, settings)
+    client.register_plugin(plugin, name=plugin.name)
+    log.info("%s settings (%s) sent to the workers", protocol, ", ".join(sorted(settings)))

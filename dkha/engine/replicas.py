@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from dkha.engine.tasks import (
     replica_project,
     replica_update,
 )
+from dkha.engine.stop import check_stop
 from dkha.errors import ClusterLostError
 from dkha.solvers.factored import replay_message
 
@@ -28,7 +30,8 @@ log = logging.getLogger(__name__)
 
 
 _UPDATE_PRIORITY = 1        # replica updates before any block's tasks (those have priority −seq)
-_POLL_SECONDS = 2.0         # waiting on pinned tasks: check this often that their workers live
+_REBALANCE_SECONDS = 1.0    # how often the replicas look for workers that joined
+_POLL_SECONDS = 1.0         # waiting on pinned tasks: check this often that their workers live
 
 
 @dataclass
@@ -88,6 +91,7 @@ class WorkerReplicas:
         self.updates: list = []     # per group: the future of its latest build or update
         self.workers: list[str] = []
         self.rebuilds = 0
+        self._checked = time.monotonic()    # when rebalance last asked who is in the cluster
 
     def _key(self, g: int) -> tuple:
         return (self.run_id, self.epoch, g)
@@ -128,6 +132,31 @@ class WorkerReplicas:
         log.warning("rebuilding the worker replicas of S̃ (%d of at most %d): %s", self.rebuilds,
                     self.engine.replica_rebuilds, exc)
         self.build()
+
+    def rebalance(self) -> bool:
+        """Move the replicas onto workers that joined since they were built, where some worker
+        holds several groups (e.g. the survivors of a lost worker): every group is then rebuilt
+        from the coordinator's state. Called where ``C̃`` is home (pass ends: nothing to
+        recompute) or, for states without ``C̃``, at most every ``_REBALANCE_SECONDS``.
+        Returns whether it moved them."""
+        holders = collections.Counter(self.workers)
+        if not holders or max(holders.values()) < 2:
+            return False
+        now = time.monotonic()
+        if self.state.keeps_c:
+            if self.state.c_stale:      # mid-pass: C̃ lives on the replicas
+                return False
+        elif now - self._checked < _REBALANCE_SECONDS:
+            return False
+        self._checked = now
+        joined = sorted(set(self.client.nthreads()) - set(holders))
+        if not joined:
+            return False
+        log.info("moving the replicas of S̃ onto %d joined worker(s): %s", len(joined),
+                 ", ".join(joined))
+        self.engine.stats.replica_moves += 1
+        self.build()
+        return True
 
     def close(self) -> None:
         """Drop the replicas (after the updates in flight, so that none fails)."""
@@ -199,6 +228,7 @@ class WorkerReplicas:
                 except TimeoutError:
                     if f.done():
                         break
+                    check_stop(what)
                     alive = set(self.client.nthreads())
                     gone = sorted({w for w in self.workers if w not in alive})
                     if gone:

@@ -37,17 +37,20 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import numpy as np
+from distributed import wait as wait_for
 
 from dkha import config
 from dkha.data.store import DataStore, centering_key, read_centering, write_centering
-from dkha.engine.cluster import total_threads
+from dkha.engine.cluster import share_storage_options, total_threads
 from dkha.engine.replicas import ProjectedBlock, WorkerReplicas
+from dkha.engine.stop import check_stop
 from dkha.engine.tasks import (
     ReplicaLostError,
     assemble_rows,
@@ -70,11 +73,13 @@ from dkha.engine.tasks import (
 )
 from dkha.errors import BlockFailedError, ClusterLostError, ParameterError
 from dkha.kernels import Kernel
+from dkha.progress import Progress
 from dkha.solvers.factored import FactoredState
 
 log = logging.getLogger(__name__)
 
 PROJECTIONS = ("coordinator", "workers")
+_STOP_POLL_SECONDS = 0.5    # waiting on a task: check the stop request this often
 
 __all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "center_block",
            "clear_cache", "load_rows", "project_rows"]
@@ -94,6 +99,13 @@ class StreamStats:
     bytes_sent: int = 0
     messages_replayed: int = 0
     replica_rebuilds: int = 0
+    #: replicas moved onto workers that joined (:meth:`WorkerReplicas.rebalance`)
+    replica_moves: int = 0
+    #: seconds of this engine's exact MK pass (one pass over the tiles I ≤ J), if it made one
+    mk_pass_seconds: float | None = None
+    #: one entry per tile pass (MK row, K'V, residuals): what, tasks, wall and waiting seconds
+    #: of the coordinator, bytes of results it received
+    passes: list = field(default_factory=list)
 
 
 def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
@@ -128,24 +140,41 @@ class RowEngine:
         later row block, product ``K' V`` and residual reads them instead of recomputing kernels.
         Needs about ``4·l²`` bytes of worker memory (refused above half of what the workers
         have). Row mode only: worker-side projections compute their own rows.
+    precision : {"float64", "float32"}, optional
+        The kernel tiles' precision (``dkha.precision``, default float64): float32 runs the
+        distance GEMM and the fused sweep in single precision (:mod:`dkha.tiles`); rows, products
+        and everything the coordinator accumulates stay float64.
+    device : {"cpu", "cuda", "auto"}, optional
+        Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with CuPy
+        (``dkha[gpu]``), ``auto`` on the workers that declare a ``GPU`` resource.
 
     Attributes
     ----------
     replica_rebuilds : int
         How many times one stream may rebuild lost worker replicas before it fails (3).
+    verbose : bool
+        Show the progress of whole passes (the MK row, products ``K' V``, residuals) by tile
+        (:class:`dkha.progress.Progress`); ``pass_label`` names the pass in progress (e.g.
+        ``"Krylov product 3"``). Set by the estimators' ``verbose=``.
     """
 
     replica_rebuilds = 3
 
     def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
                  prefetch: int | None = None, column_groups: int | None = None,
-                 projections: str | None = None, cache_rows: bool | None = None):
+                 projections: str | None = None, cache_rows: bool | None = None,
+                 precision: str | None = None, device: str | None = None):
+        share_storage_options(client, store.path)
         self.projections = str(config.get("projections", projections))
         if self.projections not in PROJECTIONS:
             raise ParameterError(f"unknown projections {self.projections!r}; choose one of "
                                  f"{', '.join(PROJECTIONS)}")
         self.store = store
-        self.kernel = kernel
+        self.kernel = kernel.computed_with(str(config.get("precision", precision)),
+                                           str(config.get("device", device)))
+        # evaluation (E(A), E_min) and the row cache stay float64 whatever the precision: E_min² =
+        # ‖K'‖² − Σλ² cancels, and float32 tiles moved E_min by 1.6e-5 on the digits
+        self.exact_kernel = self.kernel.computed_with(precision="float64")
         self.client = client
         self.block_rows = int(config.get("block-rows", block_rows))
         self.prefetch = max(1, int(config.get("prefetch", prefetch)))
@@ -171,6 +200,21 @@ class RowEngine:
         self.mkm: float | None = None
         self._mk_future = None
         self.stats = StreamStats()
+        self.verbose = False
+        self.pass_label: str | None = None
+
+    @contextlib.contextmanager
+    def labelled(self, label: str):
+        """Name the passes made meanwhile (their progress shows ``label``)."""
+        old, self.pass_label = self.pass_label, label
+        try:
+            yield self
+        finally:
+            self.pass_label = old
+
+    def _tiles_progress(self, desc: str, total: int, transient: bool = True) -> Progress:
+        return Progress(self.verbose, total, self.pass_label or desc, unit="tile",
+                        transient=transient)
 
     @property
     def n_samples(self) -> int:
@@ -199,8 +243,8 @@ class RowEngine:
         """The cached tiles ``{(i, j): future of K[I, J]}``, ``i ≤ j``, submitted on first use."""
         if self._tiles is None:
             path, g = self.store.path, self.tile_groups
-            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.kernel, g[i], g[j],
-                                                      pure=False)
+            self._tiles = {(i, j): self.client.submit(kernel_tile, path, self.exact_kernel, g[i],
+                                                      g[j], pure=False)
                            for i in range(len(g)) for j in range(i, len(g))}
         return self._tiles
 
@@ -231,6 +275,8 @@ class RowEngine:
         l = self.n_samples
         centering = {"kernel": self.kernel.name, "parameters": self.kernel.param_dict,
                      "centering": "exact"}
+        if self.kernel.precision != "float64":      # float64 rows keep their cache keys
+            centering["precision"] = self.kernel.precision
         if center_sample is not None:
             if not 1 <= int(center_sample) <= l:
                 raise ParameterError(f"center_sample must lie in 1..{l} (the number of samples), "
@@ -247,6 +293,8 @@ class RowEngine:
         t0 = time.perf_counter()
         mk = self._mk_pass() if center_sample is None else self._mk_sample(int(center_sample), seed)
         log.info("%s MK row in %.1f s", centering["centering"], time.perf_counter() - t0)
+        if center_sample is None:
+            self.stats.mk_pass_seconds = time.perf_counter() - t0
         self.set_mk(mk, float(mk.mean()))
         self.centering = dict(centering, cached=False)
         if key is not None:
@@ -256,19 +304,20 @@ class RowEngine:
     def _mk_pass(self) -> np.ndarray:
         """The exact MK row: one pass over chunk pairs (tiles ``I ≤ J``)."""
         path, groups = self.store.path, self.tile_groups
-        futures = []
-        for i, gi in enumerate(groups):
-            for j in range(i, len(groups)):
-                if self.cache_rows:
-                    fut = self.client.submit(tile_sums, self._tile(i, j), i == j, pure=False)
-                else:
-                    fut = self.client.submit(mk_tile, path, self.kernel, gi, groups[j], pure=False)
-                futures.append(((i, j), fut))
+        pairs = self._pairs()
+
+        def submit(k):
+            i, j = pairs[k]
+            if self.cache_rows:
+                return self.client.submit(tile_sums, self._tile(i, j), i == j, pure=False)
+            return self.client.submit(mk_tile, path, self.kernel, groups[i], groups[j], pure=False)
+
         l = self.n_samples
         mk = np.zeros(l)
         bounds = [(g[0][0], g[-1][1]) for g in groups]
-        for (i, j), fut in futures:
-            colsum, rowsum = fut.result()
+        results = self.ordered_results(submit, len(pairs), "the MK row (centering) pass",
+                                     progress="centering (MK row)", transient=False)
+        for (i, j), (colsum, rowsum) in zip(pairs, results):
             a, b = bounds[j]
             mk[a:b] += colsum
             if rowsum is not None:
@@ -283,13 +332,15 @@ class RowEngine:
         piece = int(config.get("tile-rows"))
         parts = [self.put(self.store.read_rows(sample[a:a + piece])) for a in range(0, n, piece)]
         groups = self.tile_groups
-        futures = [[self.client.submit(mk_sample_tile, self.store.path, self.kernel, g, part,
-                                       pure=False) for part in parts] for g in groups]
+        tasks = [(g, part) for g in groups for part in parts]
+        results = self.ordered_results(
+            lambda k: self.client.submit(mk_sample_tile, self.store.path, self.kernel,
+                                         tasks[k][0], tasks[k][1], pure=False),
+            len(tasks), "the sampled MK row", progress="centering (MK row from a sample)",
+            transient=False)
         mk = np.zeros(l)
-        for g, futs in zip(groups, futures):      # fixed order: reproducible sums
-            a, b = g[0][0], g[-1][1]
-            for fut in futs:
-                mk[a:b] += fut.result()
+        for (g, _), part_sum in zip(tasks, results):      # fixed order: reproducible sums
+            mk[g[0][0]:g[-1][1]] += part_sum
         return mk / n
 
     def centered_diagonal(self) -> np.ndarray:
@@ -337,6 +388,63 @@ class RowEngine:
         (Scattered data cannot be recomputed; a task that returns the array can.)
         """
         return self.client.submit(identity, array, pure=False)
+
+    @property
+    def tasks_in_flight(self) -> int:
+        """Tasks of a blockwise pass submitted at once (``dkha.tasks-in-flight``; default four
+        per worker thread): enough to keep every thread busy, and the bound on the results a
+        pass holds at a time."""
+        n = config.get("tasks-in-flight")
+        return max(1, int(n) if n is not None else 4 * total_threads(self.client))
+
+    def wait(self, future, what: str):
+        """The result of one task, checking the stop request while waiting
+        (:func:`dkha.engine.stop.check_stop`: :class:`~dkha.errors.Interrupted` within a
+        second of it)."""
+        while True:
+            check_stop(what)
+            try:
+                wait_for(future, timeout=_STOP_POLL_SECONDS)
+                break
+            except TimeoutError:
+                continue
+        return self.gather([future], what=what)[0]
+
+    def ordered_results(self, submit, n: int, what: str, *, progress: str | None = None,
+                        transient: bool = True) -> Iterator:
+        """The results of ``submit(0) … submit(n − 1)`` (each returns a future), in that order,
+        with at most :attr:`tasks_in_flight` submitted at once and the stop request checked
+        between tasks: a pass's memory is bounded by the tasks in flight, and a stop ends it
+        within a task's time (the tasks in flight are cancelled). ``progress``: the label of its
+        progress bar (``what`` when not given)."""
+        with self._tiles_progress(progress or what, n, transient=transient) as bar:
+            for result in self._ordered_results(submit, n, what):
+                yield result
+                bar.update()
+
+    def _ordered_results(self, submit, n: int, what: str) -> Iterator:
+        window = self.tasks_in_flight
+        log.info("%s: %d tasks, at most %d at a time", what, n, window)
+        pending: collections.deque = collections.deque()
+        nxt = 0
+        record = {"what": what, "tasks": n, "wall_seconds": 0.0, "wait_seconds": 0.0,
+                  "bytes_received": 0}
+        start = time.perf_counter()
+        try:
+            while nxt < n or pending:
+                while nxt < n and len(pending) < window:
+                    pending.append(submit(nxt))
+                    nxt += 1
+                t0 = time.perf_counter()
+                result = self.wait(pending.popleft(), what)
+                record["wait_seconds"] += time.perf_counter() - t0
+                record["bytes_received"] += _nbytes(result)
+                yield result
+        finally:
+            for f in pending:
+                f.cancel()
+            record["wall_seconds"] = time.perf_counter() - start
+            self.stats.passes.append(record)
 
     def _need_mk(self):
         if self.mk is None:
@@ -421,7 +529,8 @@ class RowEngine:
                     return
                 tag, idx, futs = queue.popleft()
                 t0 = time.perf_counter()
-                parts = self.gather(futs, what=f"the block of rows {tag!r} (first sample {idx[0]})")
+                what = f"the block of rows {tag!r} (first sample {idx[0]})"
+                parts = [self.wait(f, what) for f in futs]
                 self.stats.wait_seconds += time.perf_counter() - t0
                 block = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
                 self.stats.blocks += 1
@@ -445,6 +554,7 @@ class RowEngine:
             replicas.build()
             while True:
                 replicas.flush()
+                replicas.rebalance()
                 if queue and queue[0][3].epoch != replicas.epoch:     # rebuilt: resubmit all
                     ahead = []
                     for entry in queue:
@@ -500,21 +610,24 @@ class RowEngine:
     def _bounds(self, group):
         return group[0][0], group[-1][1]
 
-    def matmat(self, V: np.ndarray) -> np.ndarray:
-        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``."""
+    def matmat(self, V: np.ndarray, *, exact: bool = False) -> np.ndarray:
+        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``
+        (``exact``: float64 tiles whatever the engine's precision, for E_min)."""
         V = np.ascontiguousarray(V, dtype=np.float64)
         if V.ndim == 1:
-            return self.matmat(V[:, None])[:, 0]
+            return self.matmat(V[:, None], exact=exact)[:, 0]
         mk = self._need_mk()
         Vf = self.put(V)
         g = self.tile_groups
         pairs = self._pairs()
-        futs = [self.client.submit(product_pair, self.store.path, self.kernel, mk, self.mkm,
-                                   g[i], g[j], Vf, tile=self._tile(i, j), pure=False)
-                for i, j in pairs]
+        kernel = self.exact_kernel if exact else self.kernel
+        results = self.ordered_results(
+            lambda k: self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
+                                         g[pairs[k][0]], g[pairs[k][1]], Vf,
+                                         tile=self._tile(*pairs[k]), pure=False),
+            len(pairs), "a K' V product pass", progress="product K' V")
         out = np.zeros((self.n_samples, V.shape[1]))
-        for (i, j), fut in zip(pairs, futs):  # fixed order: reproducible sums
-            to_i, to_j = fut.result()
+        for (i, j), (to_i, to_j) in zip(pairs, results):  # fixed order: reproducible sums
             a, b = self._bounds(g[i])
             out[a:b] += to_i
             if to_j is not None:
@@ -533,12 +646,15 @@ class RowEngine:
         mk = self._need_mk()
         Cf = self.put(Cs)
         g = self.tile_groups
-        futs = [self.client.submit(residual_pair, self.store.path, self.kernel, mk, self.mkm,
-                                   g[i], g[j], Cf, tile=self._tile(i, j), pure=False)
-                for i, j in self._pairs()]
+        pairs = self._pairs()
         tot = np.zeros(1 + len(Cs))
-        for f in futs:
-            tot += f.result()
+        for part in self.ordered_results(
+                lambda k: self.client.submit(residual_pair, self.store.path, self.exact_kernel, mk,
+                                             self.mkm, g[pairs[k][0]], g[pairs[k][1]], Cf,
+                                             tile=self._tile(*pairs[k]), pure=False),
+                len(pairs), "the residual pass of an evaluation",
+                progress="evaluation (residuals)"):
+            tot += part
         return float(tot[0]), [float(v) for v in tot[1:]]
 
     def dense(self) -> np.ndarray:
@@ -546,18 +662,29 @@ class RowEngine:
         mk = self._need_mk()
         g = self.tile_groups
         pairs = self._pairs()
-        futs = [self.client.submit(dense_pair, self.store.path, self.kernel, mk, self.mkm,
+        futs = [self.client.submit(dense_pair, self.store.path, self.exact_kernel, mk, self.mkm,
                                    g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
         out = np.empty((self.n_samples, self.n_samples))
-        for (i, j), fut in zip(pairs, futs):
-            K = fut.result()
-            a, b = self._bounds(g[i])
-            c, d = self._bounds(g[j])
-            out[a:b, c:d] = K
-            out[c:d, a:b] = K.T
+        with self._tiles_progress("K' (dense)", len(futs)) as bar:
+            for (i, j), fut in zip(pairs, futs):
+                K = fut.result()
+                a, b = self._bounds(g[i])
+                c, d = self._bounds(g[j])
+                out[a:b, c:d] = K
+                out[c:d, a:b] = K.T
+                bar.update()
         return out
 
     def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         mk = self._need_mk()
         return self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
                                   self.column_groups, alpha, pure=False).result()
+
+
+def _nbytes(result) -> int:
+    """Bytes of the arrays in a task's result (an array, or a tuple of arrays and ``None``)."""
+    if isinstance(result, np.ndarray):
+        return result.nbytes
+    if isinstance(result, (tuple, list)):
+        return sum(_nbytes(x) for x in result)
+    return 8

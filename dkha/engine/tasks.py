@@ -22,12 +22,26 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+from distributed import get_worker
 
-from dkha import config
+from dkha import config, tiles
 from dkha.data.store import read_slice
 from dkha.errors import BlockFailedError
 from dkha.kernels import Kernel
 from dkha.solvers.factored import apply_message
+
+
+def worker_has_gpu() -> bool:
+    """Whether this process is a Dask worker that declares a ``GPU`` resource (``dask worker
+    --resources GPU=1``): where ``device="auto"`` computes kernel tiles with CuPy."""
+    try:
+        return float(get_worker().state.total_resources.get("GPU", 0)) > 0
+    except ValueError:              # not in a worker
+        return False
+
+
+tiles.set_gpu_probe(worker_has_gpu)
+
 
 # --- the centering function ---------------------------------------------------------------------
 
@@ -59,8 +73,9 @@ def _store_token(path: str) -> tuple:
     return (st.st_ino, st.st_mtime_ns)
 
 
-def load_rows(path: str, start: int, stop: int) -> np.ndarray:
-    """Rows ``start:stop`` of a store's ``X`` (one chunk range), cached per process.
+def load_rows(path: str | np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of a store's ``X`` (one chunk range), cached per process (or of the
+    training array itself, when ``path`` is one).
 
     The cache is an LRU bounded by ``dkha.cache-bytes``; a chunk is read from zarr once per
     process, not once per block. For a local store the key includes the identity of ``X``'s
@@ -70,6 +85,8 @@ def load_rows(path: str, start: int, stop: int) -> np.ndarray:
     on the workers (``client.run(clear_cache)``).
     """
     global _CACHE_BYTES
+    if isinstance(path, np.ndarray):  # training rows held in memory (a model fitted on an array)
+        return path[start:stop]
     key = (path, start, stop, _store_token(path))
     with _CACHE_LOCK:
         arr = _CACHE.get(key)
@@ -136,8 +153,12 @@ def _kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
 
 
 def mk_tile(path: str, kernel: Kernel, rows_i: tuple, rows_j: tuple) -> tuple[np.ndarray, np.ndarray | None]:
-    """Column sums (over I) and, for an off-diagonal tile, row sums (over J) of ``K[I, J]``."""
-    return tile_sums(_kernel_tile(path, kernel, rows_i, rows_j), rows_i == rows_j)
+    """Column sums (over I) and, for an off-diagonal tile, row sums (over J) of ``K[I, J]``
+    (summed while each panel of the tile is in cache: the tile is never written out)."""
+    XI = group_rows(path, rows_i)
+    XJ = XI if rows_i == rows_j else group_rows(path, rows_j)
+    _, _, rowsum, colsum = kernel.products(XI, XJ, sums=True)
+    return colsum, (None if rows_i == rows_j else rowsum)
 
 
 def diagonal_rows(path: str, kernel: Kernel, ranges: tuple) -> np.ndarray:
@@ -147,15 +168,17 @@ def diagonal_rows(path: str, kernel: Kernel, ranges: tuple) -> np.ndarray:
 
 def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> np.ndarray:
     """Row sums of ``K[I, S]`` for the sampled samples ``XS`` (the estimated MK row)."""
-    return kernel.block(group_rows(path, rows_i), XS).sum(axis=1)
+    return kernel.products(group_rows(path, rows_i), XS, sums=True)[2]
 
 
 def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm: float,
                   index: np.ndarray, cols: tuple) -> np.ndarray:
-    """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``)."""
+    """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``): one GEMM and one
+    fused sweep (:mod:`dkha.tiles`), in the kernel's precision (float32 rows: half the bytes, and
+    the coordinator's block GEMMs in float32, its state in float64)."""
     a, b = cols[0][0], cols[-1][1]
-    K = kernel.block(XP, group_rows(path, cols))
-    return center_block(K, mk[index], mk[a:b], mkm)
+    return kernel.centered_block(XP, group_rows(path, cols), mk[index], mk[a:b], mkm,
+                                 dtype=kernel.precision)
 
 
 def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
@@ -163,8 +186,11 @@ def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tu
     """``K'[I, J]``, computed, or centered from a copy of the cached tile ``K[I, J]``."""
     a, b = gi[0][0], gi[-1][1]
     c, d = gj[0][0], gj[-1][1]
-    K = np.array(tile) if tile is not None else _kernel_tile(path, kernel, gi, gj)
-    return center_block(K, mk[a:b], mk[c:d], mkm), (a, b), (c, d)
+    if tile is not None:
+        return center_block(np.array(tile), mk[a:b], mk[c:d], mkm), (a, b), (c, d)
+    XI = group_rows(path, gi)
+    XJ = XI if gi == gj else group_rows(path, gj)
+    return kernel.centered_block(XI, XJ, mk[a:b], mk[c:d], mkm), (a, b), (c, d)
 
 
 def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
@@ -174,11 +200,14 @@ def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tupl
     From a cached tile the centering is applied to the products, not the tile (no copy):
     ``K'[I, J] V[J] = K V[J] − 1 (mk[J]ᵀ V[J]) − (mk[I] − mkm) (1ᵀ V[J])``.
     """
-    if tile is None:
-        K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj)
-        return K @ V[c:d], (None if gi == gj else K.T @ V[a:b])
     a, b = gi[0][0], gi[-1][1]
     c, d = gj[0][0], gj[-1][1]
+    if tile is None:        # fused: each panel of K'[I, J] multiplied while it is in cache
+        XI = group_rows(path, gi)
+        XJ = XI if gi == gj else group_rows(path, gj)
+        to_i, to_j, _, _ = kernel.products(XI, XJ, V[c:d], None if gi == gj else V[a:b],
+                                           mk[a:b], mk[c:d], mkm)
+        return to_i, to_j
 
     def centered(K, mk_out, V_in, mk_in):
         out = K @ V_in
@@ -194,6 +223,13 @@ def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tup
                   Cs: tuple, tile: np.ndarray | None = None) -> np.ndarray:
     """``[‖K'[I,J]‖², ‖K'[I,J] − C[:,I]ᵀ C[:,J]‖² for each C of Cs]``, doubled off the diagonal
     (both halves)."""
+    if tile is None:        # fused: each panel of K'[I, J] reduced while it is in cache
+        a, b = gi[0][0], gi[-1][1]
+        c, d = gj[0][0], gj[-1][1]
+        XI = group_rows(path, gi)
+        XJ = XI if gi == gj else group_rows(path, gj)
+        out = kernel.residuals(XI, XJ, Cs, slice(a, b), slice(c, d), mk[a:b], mk[c:d], mkm)
+        return out if gi == gj else 2.0 * out
     K, (a, b), (c, d) = _centered_tile(path, kernel, mk, mkm, gi, gj, tile)
     out = np.empty(1 + len(Cs))
     out[0] = np.einsum("ij,ij->", K, K)
@@ -305,14 +341,14 @@ def _c_columns(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, ranges: tu
     """``S_A K'[:, J]`` for the column group ``J`` (chunk ranges ``cols``), tile by tile."""
     c, d = cols[0][0], cols[-1][1]
     XJ = group_rows(path, cols)
-    out = np.zeros((S_A.shape[0], d - c))
+    out = np.zeros((d - c, S_A.shape[0]))
     for a, b in ranges:
         X = load_rows(path, a, b)
         for i in range(a, b, rows_per_tile):
             k = min(i + rows_per_tile, b)
-            K = center_block(kernel.block(X[i - a:k - a], XJ), mk[i:k], mk[c:d], mkm)
-            out += S_A[:, i:k] @ K
-    return out
+            out += kernel.products(X[i - a:k - a], XJ, W=S_A[:, i:k].T, mk_rows=mk[i:k],
+                                   mk_cols=mk[c:d], mkm=mkm)[1]
+    return out.T
 
 
 def replica_build(key: tuple, cols: tuple, version: int, S: np.ndarray, C: np.ndarray | None,

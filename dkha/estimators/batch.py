@@ -5,27 +5,32 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
+from sklearn.base import _fit_context
 
 from dkha import config, schedule
+from dkha.apply.preimage import RunPreimages, preimages
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
-from dkha.data.store import DataStore, ingest_array, open_store
+from dkha.data.store import DataStore, open_store
 from dkha.engine.cluster import blas_threads_for, client_for
 from dkha.engine.rows import RowEngine
+from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
-from dkha.estimators.params import BATCH, declare, shared_settings, validate
+from dkha.estimators.contract import START_CANDIDATES, DkhaTransformer, input_kind, resolve_store
+from dkha.estimators.params import BATCH, constraints, declare, shared_settings, validate
+from dkha.estimators.pictures import component_images, is_patch_store, projection_array
 from dkha.fit.batch import run_batches, save_checkpoint
 from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
 from dkha.fit.krylov import run_krylov
 from dkha.kernels import make_kernel, median_distance
-from dkha.runs.transform import project
+from dkha.progress import Progress
+from dkha.runs.run import kernel_of
 from dkha.solvers.batch import (
     ALGORITHMS,
     DEFAULT_MU,
@@ -44,20 +49,6 @@ from dkha.version import __version__
 log = logging.getLogger(__name__)
 
 
-def resolve_store(X) -> tuple[DataStore, str | None]:
-    """A validated store for ``X``: a path, a :class:`DataStore`, or an array (ingested aside).
-
-    Returns the store and the temporary directory to remove later (arrays only).
-    """
-    if isinstance(X, DataStore):
-        return X, None
-    if isinstance(X, (str, os.PathLike)):
-        return open_store(X), None
-    arr = np.asarray(X)
-    tmp = tempfile.mkdtemp(prefix="dkha-")
-    return ingest_array(arr, os.path.join(tmp, "data.zarr")), tmp
-
-
 def resolve_kernel(store, kernel: str, seed: int, **params):
     """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
     sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``)."""
@@ -70,7 +61,7 @@ def resolve_kernel(store, kernel: str, seed: int, **params):
 
 
 @declare(BATCH)
-class KernelHebbianPCA:
+class KernelHebbianPCA(DkhaTransformer):
     """Kernel principal components by the Kernel Hebbian Algorithm family.
 
     Parameters
@@ -87,10 +78,15 @@ class KernelHebbianPCA:
     history_ : list of dict
         ``pass, step, error, error_min, excess, wall_time`` per evaluation (``wall_time``: seconds
         of the passes so far, evaluations excluded).
+    backoffs_ : list of dict
+        ``step, pass, gain_before, gain_after`` (the effective η0), ``rolled_back_to`` and
+        ``reason`` per backoff (``on_divergence="backoff"``), oldest first.
     timings_ : dict
         Seconds spent before the first pass: ``centering`` (the MK row; with ``cache_rows`` also
         the kernel tiles) and ``init`` (the Nyström start); and ``stream``, the seconds of the
-        passes (the block stream, evaluations excluded).
+        passes (the block stream, evaluations excluded); ``passes``: one dict per tile pass of
+        the row engine (``what``, ``tasks``, ``wall_seconds``, ``wait_seconds`` of the
+        coordinator, ``bytes_received``).
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
@@ -109,6 +105,10 @@ class KernelHebbianPCA:
     >>> model.transform(X[:3]).shape
     (3, 4)
     """
+
+    #: the parameter table's rows as scikit-learn's constraints (checked at the top of ``fit``)
+    _parameter_constraints: dict = constraints(BATCH)
+    _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
     def _init(self, n_samples: int) -> tuple[str, int | None]:
@@ -189,10 +189,13 @@ class KernelHebbianPCA:
         attrs.update({k: v for k, v in kernel.param_dict.items()})
         return attrs
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             checkpoint_every: int = 0, resume: bool = False,
             checkpoint_steps: int = 0) -> KernelHebbianPCA:
-        """Fit on ``X`` (a data store path, a :class:`DataStore` or an array).
+        """Fit on ``X``: an array-like (validated as scikit-learn does), a dask array or an
+        xarray DataArray (written blockwise into a temporary store, never gathered here), or
+        a data store (path or :class:`DataStore`).
 
         With ``run_dir``, the components are saved there (``components.zarr``); a directory
         holding a different run is refused before any work unless ``overwrite``.
@@ -203,14 +206,26 @@ class KernelHebbianPCA:
         with other settings or data is refused with the list of differences; more passes (or
         steps) than the checkpointed run asked for continue it.
         """
+        if input_kind(X) == "array":
+            X = self._validate_array(X, reset=True)
+        else:
+            self._set_lazy_features(X)
         fit_together([self], X, run_dirs=None if run_dir is None else [run_dir],
                      overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
                      checkpoint_steps=checkpoint_steps)
         return self
 
     def to_dataset(self):
+        """The components as an xarray dataset (the ``components.zarr`` schema), with the
+        training projections and, for patch data, the component pictures."""
+        extra = {}
+        if getattr(self, "projection_", None) is not None:
+            extra["projection"] = self.projection_
+        if getattr(self, "component_image_", None) is not None:
+            extra["component_image"] = self.component_image_
         return result.build_dataset(self.alpha_, self.eigenvalues_, self.history_, self.attrs_,
-                                    mk=self.mk_, mkm=self.mkm_)
+                                    mk=self.mk_, mkm=self.mkm_, extra=extra,
+                                    backoffs=getattr(self, "backoffs_", []))
 
     def save(self, run_dir: str, *, resumable: bool = False) -> str:
         """Write the components to ``run_dir/components.zarr``.
@@ -230,9 +245,84 @@ class KernelHebbianPCA:
                             n_steps=int(self.attrs_["n_steps"]))
         return out
 
-    def transform(self, X) -> np.ndarray:
-        """Projections of new samples on the components, ``(n, n_components)``."""
-        return project(self.to_dataset(), np.asarray(X, dtype=np.float64), client=self.client)
+    @classmethod
+    def from_dataset(cls, ds) -> "KernelHebbianPCA":
+        """The fitted estimator of a saved batch run (:func:`dkha.load`): it transforms and
+        inverse-transforms against the run's training store; with more ``passes`` (or
+        ``steps``), ``fit(store, run_dir=RUN_DIR, resume=True)`` continues a run saved with
+        ``save(..., resumable=True)`` or stopped at a checkpoint."""
+        a = ds.attrs
+        kp = dict(a.get("kernel_parameters", {}))
+        l = int(a["n_samples"])
+        n_steps = int(a["n_steps"])
+        model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
+                    sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
+                    gamma=kp.get("gamma"), eta0=a.get("eta0"), mu=a.get("mu"), xi=a.get("xi"),
+                    rho0=a.get("rho0", 0.0), seed=int(a["seed"]), init=a.get("init", "random"),
+                    tol=a.get("tol"), center_sample=a.get("center_sample"),
+                    passes=n_steps // l if n_steps % l == 0 else None,
+                    steps=None if n_steps % l == 0 else n_steps)
+        model.alpha_ = ds["alpha"].values.copy()
+        model.eigenvalues_ = ds["eigenvalue"].values.copy()
+        model.n_components_ = int(model.alpha_.shape[0])
+        model.mk_, model.mkm_ = ds["mk"].values.copy(), float(a["mkm"])
+        model.history_ = result.history_of(ds)
+        model.attrs_ = {k: v for k, v in a.items() if k != "mkm"}
+        model.kernel_ = kernel_of(ds)
+        model.store_ = open_store(a["store"])
+        if model.store_.n_samples != l:
+            raise InputError(f"the training store {a['store']} now holds "
+                             f"{model.store_.n_samples} samples; the run was fitted on {l}")
+        model.n_samples_, model.n_features_in_ = l, int(a["n_features"])
+        model.X_fit_ = None
+        model.timings_, model.failure_ = {}, None
+        model.projection_ = ds["projection"] if "projection" in ds else None
+        model.component_image_ = ds["component_image"] if "component_image" in ds else None
+        return model
+
+    def fit_transform(self, X, y=None, **fit_params):
+        """Fit, and return the training samples' projections (which the fit's last pass
+        computed: no further pass)."""
+        self.fit(X, y, **fit_params)
+        if input_kind(X) == "array":
+            return self.projection_.values.copy()
+        return self.transform(X)
+
+    def _training_rows(self):
+        """The training samples for projections: the array fitted on, or the store's path."""
+        return self.X_fit_ if getattr(self, "X_fit_", None) is not None else self.store_.path
+
+    def _column_groups(self) -> tuple:
+        if getattr(self, "X_fit_", None) is not None:
+            return (((0, len(self.X_fit_)),),)
+        return tuple((self.store_.chunk_bounds(i),) for i in range(self.store_.n_chunks))
+
+    def _expansion_size(self) -> int:
+        return int(self.n_samples_)
+
+    def _transform_array(self, X: np.ndarray) -> np.ndarray:
+        """``alpha · k'(x)`` with the training centering (:func:`dkha.engine.tasks.project_rows`), in
+        this process (on a worker for lazy inputs), blocks of rows at a time."""
+        if not np.isfinite(X).all():
+            raise InputError("new data holds NaN or inf")
+        rows, groups = self._training_rows(), self._column_groups()
+        return self._project_rows_blocked(X, lambda part: project_rows(
+            rows, self.kernel_, part, self.mk_, self.mkm_, groups, self.alpha_))
+
+    def _start_candidates(self) -> np.ndarray:
+        if getattr(self, "X_fit_", None) is not None:
+            X = self.X_fit_
+            if len(X) <= START_CANDIDATES:
+                return X
+            pick = np.random.default_rng(self.seed).choice(len(X), START_CANDIDATES, replace=False)
+            return X[np.sort(pick)]
+        return self.store_.sample(START_CANDIDATES, self.seed)
+
+    def _preimages(self, Y: np.ndarray, start: np.ndarray) -> np.ndarray:
+        if getattr(self, "X_fit_", None) is not None:
+            return preimages(self.X_fit_, self.kernel_, self.alpha_, Y, start).Z
+        with client_for(self.client) as c:
+            return RunPreimages(self.to_dataset(), c).from_projections(Y, start).Z
 
 
 #: settings that every model of one shared kernel stream must agree on (from the table)
@@ -305,15 +395,17 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
 
 
 def _keep_results(models, results, solvers, attrs, metas, engine, kernel, store, tmp_store,
-                  timings, run_dirs, checkpointers, params) -> list[str]:
+                  timings, run_dirs, checkpointers, params, X_fit, pictures) -> list[str]:
     """Each model's fitted attributes from its result (saved in its run directory, if any);
     returns the failures of the diverged ones."""
     failures = []
     for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
         m._tmp_store = tmp_store
-        m.timings_ = dict(timings, stream=res.wall_time)
+        # and every tile pass of the engine (MK row, K'V, residuals): tasks, wall, waiting, bytes
+        m.timings_ = dict(timings, stream=res.wall_time, passes=list(engine.stats.passes))
         m.failure_ = res.failure
         m.history_ = res.history
+        m.backoffs_ = res.backoffs
         m.kernel_ = kernel
         m.store_ = store
         m.n_samples_ = store.n_samples
@@ -326,6 +418,10 @@ def _keep_results(models, results, solvers, attrs, metas, engine, kernel, store,
             continue
         m.alpha_ = res.alpha
         m.eigenvalues_ = res.eigenvalue
+        m.n_components_ = int(res.alpha.shape[0])
+        m.X_fit_ = X_fit
+        m.projection_ = projection_array(res.projection, store)
+        m.component_image_ = pictures[i]
         m.mk_, m.mkm_ = engine.mk, engine.mkm
         m.attrs_ = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
                         else [float(v) for v in res.top_eigenvalues])
@@ -371,6 +467,51 @@ def _start(engine, params: list[dict], metas: list[dict], cks, n_samples: int, s
     return A_init, C_init
 
 
+def _solver(model: KernelHebbianPCA, p: dict, n_samples: int) -> BatchKHA:
+    return BatchKHA(p["algorithm"], p["r"], n_samples, eta0=p["eta0"], mu=p["mu"], xi=p["xi"],
+                    rho0=p["rho0"], on_divergence=model.on_divergence,
+                    feature_norm=None)
+
+
+def _check_data(store: DataStore, verbose: bool, *, connect: bool) -> Progress:
+    """Check that the data is finite, then show the next stage: connecting to Dask, or starting
+    its workers (the progress of the seconds before the first pass can show its own)."""
+    stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
+                      transient=True)
+    store.check_finite()
+    stages.describe("connecting to Dask" if connect else "starting the Dask workers")
+    return stages
+
+
+def _pictures(results, attrs, engine, client, store, seed: int) -> list:
+    """Each fitted model's component pictures, for patch data (None otherwise)."""
+    pictures = [None] * len(results)
+    if is_patch_store(store):
+        for i, (res, a) in enumerate(zip(results, attrs)):
+            if res.failure is None:
+                ds = result.build_dataset(res.alpha, res.eigenvalue, [], a, mk=engine.mk,
+                                          mkm=engine.mkm)
+                pictures[i] = component_images(ds, client, store, res.projection.std(axis=1),
+                                               seed=seed)
+    return pictures
+
+
+def _check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, resume: bool,
+                    overwrite: bool) -> None:
+    """Refuse run directories inside the data store, and (unless resuming) every directory
+    that may not be written, before any is cleared."""
+    if "://" not in store.path:
+        real_store = os.path.realpath(store.path)
+        for run_dir in run_dirs:
+            real_run = os.path.realpath(run_dir)
+            if real_run == real_store or real_run.startswith(real_store + os.sep):
+                raise RunDirectoryError(f"the run directory {run_dir} is inside the data "
+                                        f"store {store.path} being read; write the run elsewhere")
+    if not resume:
+        for run_dir, a in zip(run_dirs, attrs):
+            result.check_run_dir(run_dir, a, overwrite)
+
+
 def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[str] | None = None,
                  overwrite: bool = False, checkpoint_every: int = 0, resume: bool = False,
                  checkpoint_steps: int = 0, skip_diverged: bool = False) -> list[KernelHebbianPCA]:
@@ -410,7 +551,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
             raise ParameterError("models fitted together need a run directory each")
     _check_shared(models)
     first = models[0]
-    store, tmp = resolve_store(X)
+    store, tmp, X_fit = resolve_store(X)
     tmp_store = None if tmp is None else _TemporaryStore(tmp)
     params = [m._validated(store.n_samples) for m in models]
     p0 = params[0]
@@ -428,16 +569,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
                                                                             "n_features")
     if run_dirs is not None:
-        if "://" not in store.path:
-            real_store = os.path.realpath(store.path)
-            for run_dir in run_dirs:
-                real_run = os.path.realpath(run_dir)
-                if real_run == real_store or real_run.startswith(real_store + os.sep):
-                    raise RunDirectoryError(f"the run directory {run_dir} is inside the data "
-                                            f"store {store.path} being read; write the run elsewhere")
-        if not resume:      # every directory refused or accepted before any is cleared
-            for run_dir, a in zip(run_dirs, attrs):
-                result.check_run_dir(run_dir, a, overwrite)
+        _check_run_dirs(run_dirs, store, attrs, resume=resume, overwrite=overwrite)
     opened = [open_fit(d, a, overwrite=overwrite, resume=resume,
                        checkpoint_every=checkpoint_every or checkpoint_steps, exact=exact,
                        identity=identity)
@@ -447,12 +579,16 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     cks = None
     if resume:
         cks = _common_step(checkpointers, [o[1] for o in opened], p0["n_steps"])
-    store.check_finite()
+    verbose = any(m.verbose for m in models)
+    stages = _check_data(store, verbose, connect=first.client is not None)
     with client_for(first.client) as client, \
             blas_threads_for(client):
+        stages.close()
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
                            prefetch=first.prefetch, projections=first.projections,
-                           cache_rows=first.cache_rows)
+                           cache_rows=first.cache_rows, precision=first.precision,
+                           device=first.device)
+        engine.verbose = verbose
         t0 = time.perf_counter()
         if cks is None:
             engine.compute_mk(center_sample=p0["center_sample"], seed=first.seed)
@@ -466,17 +602,17 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
                                   with_evaluation=first.evaluate_every >= 0)]
             solvers = [None]
         else:
-            solvers = [BatchKHA(p["algorithm"], p["r"], store.n_samples, eta0=p["eta0"],
-                                mu=p["mu"], xi=p["xi"], rho0=p["rho0"], feature_norm=None)
-                       for p in params]
+            solvers = [_solver(m, p, store.n_samples) for m, p in zip(models, params)]
             results = run_batches(
                 engine, solvers, n_steps=p0["n_steps"], seed=first.seed,
                 evaluate_every=first.evaluate_every, verbose=any(m.verbose for m in models),
                 A_init=A_init, tol=[m.tol for m in models], checkpointers=checkpointers,
                 checkpoint_every=int(checkpoint_every or 0), checkpoint_metas=metas, resumes=cks,
-                checkpoint_steps=int(checkpoint_steps or 0), C_init=C_init)
+                checkpoint_steps=int(checkpoint_steps or 0), C_init=C_init, divergence_level=(
+                    logging.INFO if skip_diverged else logging.WARNING))
+        pictures = _pictures(results, attrs, engine, client, store, first.seed)
     failures = _keep_results(models, results, solvers, attrs, metas, engine, kernel, store,
-                             tmp_store, timings, run_dirs, checkpointers, params)
+                             tmp_store, timings, run_dirs, checkpointers, params, X_fit, pictures)
     if failures and not skip_diverged:
         if len(models) == 1:
             raise NumericalError(results[0].failure)

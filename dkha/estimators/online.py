@@ -32,23 +32,27 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import time
 
 import numpy as np
+from sklearn.base import _fit_context
 
 from dkha import config, schedule
+from dkha.apply.preimage import RunPreimages
 from dkha.data import result
 from dkha.data.checkpoint import open_fit
-from dkha.data.sources import ArraySource, resolve_source
+from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError, ParameterError
 from dkha.estimators.batch import resolve_kernel
-from dkha.estimators.params import ONLINE, declare, validate
+from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store
+from dkha.estimators.params import ONLINE, constraints, declare, validate
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import variance_of
 from dkha.fit.online import coordinator_threads, run_online
-from dkha.kernels import Kernel
+from dkha.kernels import Kernel, make_kernel
 from dkha.solvers.online import (
     ALGORITHMS,
     DEFAULT_GAMMA,
@@ -69,7 +73,7 @@ EIGENVALUE_SAMPLES = 2000
 
 
 @declare(ONLINE)
-class OnlineKernelPCA:
+class OnlineKernelPCA(DkhaTransformer):
     """Kernel principal components online, over a dictionary chosen by the ALD criterion.
 
     Parameters
@@ -87,6 +91,9 @@ class OnlineKernelPCA:
     eigenvalues_ : ndarray (n_components,)
         Variance of the data along each unit component (see the module docstring).
     history_ : list of dict
+    backoffs_ : list of dict
+        ``step, pass, gain_before, gain_after`` (the step size's η0), ``rolled_back_to`` and
+        ``reason`` per backoff, oldest first.
     kernel_ : dkha.kernels.Kernel
     n_features_in_, n_samples_seen_, n_steps_ : int
 
@@ -112,6 +119,10 @@ class OnlineKernelPCA:
     """
 
     # -- validation --
+    #: the parameter table's rows as scikit-learn's constraints (checked at the top of ``fit``
+    #: and ``partial_fit``)
+    _parameter_constraints: dict = constraints(ONLINE)
+
     def _validated(self) -> dict:
         validate(self, ONLINE)
         algorithm = check_algorithm(self.algorithm)
@@ -136,8 +147,10 @@ class OnlineKernelPCA:
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
         return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gamma": gamma,
-                "tau": tau, "nu": None if self.nu is None else float(self.nu), "max_members": mm, "center": bool(self.center),
-                "block_rows": block_rows, "prefetch": prefetch}
+                "tau": tau, "nu": None if self.nu is None else float(self.nu),
+                "max_members": mm, "center": bool(self.center),
+                "block_rows": block_rows, "prefetch": prefetch,
+                "on_divergence": self.on_divergence}
 
     def _kernel(self, source) -> Kernel:
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
@@ -165,7 +178,8 @@ class OnlineKernelPCA:
         a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
         return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
                          max_members=p["max_members"], eta0=p["gain"], gamma=p["gamma"],
-                         tau=p["tau"], center=p["center"], a_init=a_init)
+                         tau=p["tau"], center=p["center"], a_init=a_init,
+                         on_divergence=p["on_divergence"])
 
     def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
                n_steps: int) -> dict:
@@ -183,11 +197,16 @@ class OnlineKernelPCA:
         return attrs
 
     # -- fitting --
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             ac_reference=None, checkpoint_every: int = 0, resume: bool = False
             ) -> OnlineKernelPCA:
-        """Stream ``steps`` samples of ``X`` (a data store path, a :class:`DataStore` or an
-        array) in the seeded random order.
+        """Stream ``steps`` samples of ``X`` in the seeded random order, a block at a time
+        through the same step as :meth:`partial_fit` (``OnlineKHA.apply_block``).
+
+        ``X``: an array-like (validated as scikit-learn does), a data store (path or
+        :class:`DataStore`), or a dask array or xarray DataArray (written blockwise into a
+        temporary store first, never gathered here).
 
         Parameters
         ----------
@@ -208,8 +227,22 @@ class OnlineKernelPCA:
             dictionary, history) equals the uninterrupted run's bit for bit. Resuming with other
             settings or data is refused with the list of differences.
         """
+        kind = input_kind(X)
+        tmp = None
+        if kind == "array":
+            source = ArraySource(self._validate_array(X, reset=True))
+        else:
+            self._set_lazy_features(X)
+            source, tmp, _ = resolve_store(X)
+        try:
+            return self._fit_source(source, run_dir=run_dir, overwrite=overwrite,
+                                    ac_reference=ac_reference, checkpoint_every=checkpoint_every,
+                                    resume=resume)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
-        source = resolve_source(X)
+    def _fit_source(self, source, *, run_dir, overwrite, ac_reference, checkpoint_every, resume):
         kernel = self._kernel(source)
         p = self._scaled(self._validated(), source, kernel)
         l, n = source.n_samples, source.n_features
@@ -237,6 +270,7 @@ class OnlineKernelPCA:
             self.solver_.restore({k[len("state."):]: v for k, v in ck.arrays.items()
                                   if k.startswith("state.")}, ck.meta["state_scalars"])
             self.history_ = list(ck.meta["history"])
+            self.solver_.backoffs = list(ck.meta.get("backoffs", []))
             self.wall_time_ = float(ck.meta["fit_seconds"])
             self.stream_stats_ = dict(ck.meta["stream_stats"])
             log.info("resuming at step %d from %s", self.solver_.state.step, ck.path)
@@ -245,6 +279,7 @@ class OnlineKernelPCA:
             self.wall_time_ = driver.seconds
             arrays, scalars = self.solver_.snapshot()
             meta = dict(ck_meta, history=self.history_, fit_seconds=self.wall_time_,
+                        backoffs=self.solver_.backoffs,
                         stream_stats=self.stream_stats_, state_scalars=scalars,
                         n_steps=n_steps)
             checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
@@ -264,6 +299,7 @@ class OnlineKernelPCA:
             driver.close()
             self.wall_time_ = driver.seconds
         self.n_samples_seen_ = n_steps
+        self.n_components_ = p["r"]
         self._finish(source.sample(EIGENVALUE_SAMPLES, self.seed))
         self.attrs_ = attrs
         if run_dir is not None:
@@ -271,6 +307,7 @@ class OnlineKernelPCA:
             checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None) -> OnlineKernelPCA:
         """Stream the rows of the array ``X`` in their order, continuing from earlier calls.
 
@@ -278,12 +315,10 @@ class OnlineKernelPCA:
         state; later calls (also after :meth:`fit`) continue it. ``member_index_`` then counts
         positions in the whole stream, and the history gets one entry per call.
         """
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[0] == 0:
-            raise InputError(f"partial_fit needs a non-empty 2-d array, got shape {X.shape}")
+        first_call = not hasattr(self, "solver_")
+        X = self._validate_array(X, reset=first_call, min_samples=1)
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
-        first_call = not hasattr(self, "solver_")
         if first_call:
             kernel = self._kernel(ArraySource(X))
             p = self._scaled(self._validated(), ArraySource(X), kernel)
@@ -296,9 +331,7 @@ class OnlineKernelPCA:
             self.stream_stats_ = {}
             self._reference_ = None
             self._params_ = p
-        elif X.shape[1] != self.n_features_in_:
-            raise InputError(f"partial_fit got {X.shape[1]} features; earlier calls had "
-                             f"{self.n_features_in_}")
+            self.n_components_ = p["r"]
         p = getattr(self, "_params_", None) or self._validated()
         b = p["block_rows"]
         t0 = time.perf_counter()
@@ -351,12 +384,7 @@ class OnlineKernelPCA:
         return entry
 
     def _finish(self, sample: np.ndarray) -> None:
-        s = self.solver_
-        self.alpha_ = s.alpha()
-        self.dictionary_ = s.dictionary()
-        self.member_index_, self.member_step_ = s.members()
-        self.mean_coefficient_ = s.mean_coefficients()
-        self.n_steps_ = s.state.step
+        s = self._read_solver()
         norms = s.component_norms()
         if s.n_members:
             Y = s.transform(sample)
@@ -370,16 +398,20 @@ class OnlineKernelPCA:
         if not hasattr(self, "solver_"):
             raise ParameterError("this OnlineKernelPCA is not fitted yet; call fit or partial_fit")
 
-    def transform(self, X) -> np.ndarray:
+    def _transform_array(self, X: np.ndarray) -> np.ndarray:
         """Projections ``w_iᵀ(Φ(x) − μ)`` of the rows of ``X``, ``(n, n_components)``."""
-        self._check_fitted()
-        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
-        if X.shape[1] != self.n_features_in_:
-            raise InputError(f"new data has {X.shape[1]} features; the model was fitted on "
-                             f"{self.n_features_in_}")
         if not np.isfinite(X).all():
             raise InputError("new data holds NaN or inf")
-        return self.solver_.transform(X)
+        return self._project_rows_blocked(X, self.solver_.transform)
+
+    def _expansion_size(self) -> int:
+        return int(self.solver_.n_members)
+
+    def _start_candidates(self) -> np.ndarray:
+        return self.dictionary_
+
+    def _preimages(self, Y: np.ndarray, start: np.ndarray) -> np.ndarray:
+        return RunPreimages(self.to_dataset(), None).from_projections(Y, start).Z
 
     def ac_index(self, reference=None, *, centered: bool = False,
                  max_samples: int = DEFAULT_REFERENCE_SAMPLES, per_component: bool = False):
@@ -424,13 +456,67 @@ class OnlineKernelPCA:
                 [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
                     len(hist), self.solver_.r)),
         }
-        attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]))
+        # the solver's complete state, so that dkha.load continues the run (partial_fit)
+        arrays, scalars = self.solver_.snapshot()
+        extra.update({"state_B": (("component", "member"), arrays["B"]),
+                      "state_L": (("member", "member_column"), arrays["L"]),
+                      "state_cbar": ("member", arrays["cbar"]),
+                      "state_a_init": ("component", arrays["a_init"])})
+        attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]), state_scalars=scalars)
         return result.build_dataset(self.alpha_, self.eigenvalues_, hist, attrs,
-                                    member_dim="member", extra=extra)
+                                    member_dim="member", extra=extra,
+                                    backoffs=getattr(self, "backoffs_", []))
 
     def save(self, run_dir: str) -> str:
         """Write ``RUN_DIR/components.zarr``."""
         return result.save(self.to_dataset(), run_dir)
+
+    @classmethod
+    def from_dataset(cls, ds) -> "OnlineKernelPCA":
+        """The fitted estimator of a saved online run (:func:`dkha.load`): it transforms,
+        inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended."""
+        a = ds.attrs
+        kp = dict(a.get("kernel_parameters", {}))
+        model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
+                    sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
+                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"], gamma=a.get("gamma"),
+                    tau=a.get("tau"), nu=a["nu"], max_members=int(a["max_members"]),
+                    center=bool(a["centered"]), seed=int(a["seed"]))
+        p = model._validated()
+        kernel = make_kernel(a["kernel"], **kp)
+        model.solver_ = model._new_solver(p, int(a["n_features"]), kernel)
+        if "state_B" not in ds:
+            raise InputError("this run was saved without the solver's state (dkha before "
+                             "0.1.0+state); it can be analysed but not continued")
+        arrays = {"B": ds["state_B"].values, "L": ds["state_L"].values,
+                  "cbar": ds["state_cbar"].values, "dictionary": ds["dictionary"].values,
+                  "member_index": ds["member_index"].values,
+                  "member_step": ds["member_step"].values, "a_init": ds["state_a_init"].values}
+        model.solver_.restore(arrays, a["state_scalars"])
+        model.kernel_ = kernel
+        model.n_features_in_ = int(a["n_features"])
+        model.n_components_ = p["r"]
+        model._params_ = p
+        model._reference_ = None
+        model.history_ = result.history_of(ds)
+        model.wall_time_ = float(ds["wall_time"].values[-1]) if ds.sizes.get("evaluation") else 0.0
+        model.stream_stats_ = {}
+        model.n_samples_seen_ = int(a["n_steps"])
+        model._read_solver()
+        model.eigenvalues_ = ds["eigenvalue"].values.copy()
+        model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
+        return model
+
+    def _read_solver(self) -> OnlineKHA:
+        """The fitted attributes the solver's state gives (coefficients, dictionary, members)."""
+        s = self.solver_
+        self.backoffs_ = list(s.backoffs)
+        self.alpha_ = s.alpha()
+        self.dictionary_ = s.dictionary()
+        self.member_index_, self.member_step_ = s.members()
+        self.mean_coefficient_ = s.mean_coefficients()
+        self.n_steps_ = s.state.step
+        return s
 
 
 def _describe_reference(ac_reference) -> str | None:

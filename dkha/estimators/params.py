@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
+from sklearn.utils import _param_validation as sk
+
 from dkha.errors import ParameterError
+from dkha.kernels import KERNEL_ALIASES, KERNELS
 from dkha.solvers import batch as batch_solver
 from dkha.solvers import online as online_solver
 
@@ -167,7 +170,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("algorithm", "kha-smd",
           "Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent "
           "(Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov "
-          "method (LOBPCG) whose products are blockwise passes.", models=(BATCH,), shared=False,
+          "method (LOBPCG) whose products are blockwise passes.",
+          Options(batch_solver.ALGORITHMS + ("krylov",)), models=(BATCH,), shared=False,
           doc_type='{"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"',
           short="one of " + ", ".join(batch_solver.ALGORITHMS + ("krylov",)
                                       + online_solver.ALGORITHMS)
@@ -177,9 +181,10 @@ PARAMETERS: tuple[Param, ...] = (
     Param("algorithm", "on-kha",
           "ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised, "
           "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
-          models=(ONLINE,), shared=False,
+          Options(online_solver.ALGORITHMS), models=(ONLINE,), shared=False,
           doc_type='{"on-kha", "oo-kha", "okpca"}, default "on-kha"'),
-    Param("kernel", "gaussian", "The kernel.", str, cli={"group": "kernel"},
+    Param("kernel", "gaussian", "The kernel.", Options(KERNELS + tuple(KERNEL_ALIASES)),
+          cli={"group": "kernel"},
           doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"',
           short="gaussian, laplacian, polynomial, sigmoid"),
     Param("sigma", None,
@@ -327,6 +332,23 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="bool, optional",
           short="keep the kernel's upper-triangle tiles in worker memory (about 4·l² bytes): "
                 "kernels computed once, not once a pass (dkha.row-cache)"),
+    Param("precision", None,
+          "The kernel tiles' precision (``dkha.precision``, default float64): ``float32`` runs "
+          "the distance GEMM and the fused kernel sweep in single precision (:mod:`dkha.tiles`; "
+          "the data shifted by their mean against cancellation) and the coordinator's block "
+          "GEMMs on float32 rows; its state, products and evaluation (E, E_min) stay float64.",
+          Options(("float64", "float32")), models=(BATCH,),
+          cli={"choices": ("float64", "float32")}, doc_type='{"float64", "float32"}, optional',
+          short="kernel tiles' precision (dkha.precision, default float64); the coordinator's "
+                "state and the evaluation stay float64"),
+    Param("device", None,
+          "Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with "
+          "CuPy (``pip install 'dkha[gpu]'``), ``auto`` on the workers that declare a ``GPU`` "
+          "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
+          Options(("cpu", "cuda", "auto")), models=(BATCH,),
+          cli={"choices": ("cpu", "cuda", "auto")}, doc_type='{"cpu", "cuda", "auto"}, optional',
+          short="where workers compute kernel tiles (dkha.device): cpu, cuda (CuPy, dkha[gpu]), "
+                "auto (cuda on workers with a GPU resource)"),
     Param("center_sample", None,
           "Estimate the centering row (the MK row) from a seeded sample of this many columns "
           "instead of computing it exactly (an ``O(l² n)`` pass): explicitly approximate, "
@@ -336,6 +358,16 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="int, optional",
           short="estimate the centering (MK) row from a seeded sample of N columns instead of "
                 "the exact O(l²n) pass: approximate, recorded in the run"),
+    Param("on_divergence", "backoff",
+          "When a step guard trips (non-finite values, a component's feature-space norm or a "
+          "gain factor past 10⁶): ``'backoff'`` rolls the fit back to the start of the block "
+          "(online: of the slice of samples), halves the gain and goes on (each event in "
+          "``backoffs_`` and the saved run's ``backoff_*`` variables; a resume continues bit for "
+          "bit); ``'stop'`` raises :class:`~dkha.errors.NumericalError` (exit status 3).",
+          Options(("backoff", "stop")), shared=False, cli={"choices": ("backoff", "stop")},
+          doc_type="{'backoff', 'stop'}, default 'backoff'",
+          short="when a step diverges: roll back to the block's start, halve the gain and go on "
+                "(backoff, recorded in the run) or stop with exit status 3"),
     Param("client", None,
           "Where the kernel rows are computed (:func:`dkha.engine.cluster.client_for`): a "
           "``distributed.Client`` (used as is), a scheduler address, a number of local worker "
@@ -350,6 +382,31 @@ PARAMETERS: tuple[Param, ...] = (
 def parameters(model: str) -> tuple[Param, ...]:
     """The rows of one estimator (``"batch"`` or ``"online"``), in signature order."""
     return tuple(p for p in PARAMETERS if model in p.models)
+
+
+def constraints(model: str) -> dict:
+    """The table's rows of one estimator as scikit-learn's ``_parameter_constraints`` (checked
+    by ``BaseEstimator._validate_params``, with scikit-learn's messages)."""
+    out = {}
+    for p in parameters(model):
+        a = p.accepts
+        if isinstance(a, Interval):
+            kind = Integral if a.kind is Integral else Real
+            c = [sk.Interval(kind, a.left, a.right, closed=a.closed)]
+        elif isinstance(a, Options):
+            c = [sk.StrOptions(set(a.values)) if all(isinstance(v, str) for v in a.values)
+                 else sk.Options(object, set(a.values))]
+        elif a is None:
+            out[p.name] = "no_validation"     # checked where it is used (e.g. make_kernel)
+            continue
+        elif a is bool or a == (bool,):
+            c = ["boolean"]
+        else:
+            c = list(a) if isinstance(a, tuple) else [a]
+        if p.default is None:
+            c.append(None)
+        out[p.name] = c
+    return out
 
 
 def shared_settings(model: str = BATCH) -> tuple[str, ...]:

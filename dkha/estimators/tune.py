@@ -59,7 +59,7 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     Returns
     -------
     dict : the summary written to ``tune.json``: ``grid`` (one entry per setting: algorithm,
-        eta0, mu, excess or the divergence), ``best`` (per algorithm: its gains, excess and run
+        eta0, mu, excess or the divergence, its number of backoffs and the gain it ended with), ``best`` (per algorithm: its gains, excess and run
         directory), ``seconds`` and the shared settings.
     """
     algorithms = list(dict.fromkeys(algorithms))
@@ -87,7 +87,10 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     seconds = time.perf_counter() - t0
     rows = []
     for m in models:
-        row = {"algorithm": m.algorithm, "eta0": m.eta0, "mu": m.mu}
+        row = {"algorithm": m.algorithm, "eta0": m.eta0, "mu": m.mu,
+               "backoffs": len(m.backoffs_)}
+        if m.backoffs_:     # the gain it ended with (halved by each backoff)
+            row["eta0_final"] = m.backoffs_[-1]["gain_after"]
         if m.failure_ is None and m.history_:
             row.update(excess=m.history_[-1]["excess"], error=m.history_[-1]["error"])
         else:

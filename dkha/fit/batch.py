@@ -16,9 +16,9 @@ import numpy as np
 
 from dkha import schedule
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
-from dkha.errors import NumericalError, ParameterError
+from dkha.errors import Interrupted, NumericalError, ParameterError
 from dkha.fit.control import BlockDriver
-from dkha.fit.evaluate import evaluate_many, projections, projections_many
+from dkha.fit.evaluate import announce_cost, evaluate_many, projections, projections_many
 from dkha.fit.spectrum import top_eigenvalues
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, feature_norm, initial_coefficients
 from dkha.solvers.factored import FactoredState
@@ -36,6 +36,11 @@ class BatchResult:
     stream_stats: dict = field(default_factory=dict)
     #: why a model of a shared stream stopped without a result (it diverged); None otherwise
     failure: str | None = None
+    #: the model's backoffs (:attr:`dkha.solvers.batch.BatchKHA.backoffs`), oldest first
+    backoffs: list = field(default_factory=list)
+    #: ``C = A K'`` (component × sample) of the final ``alpha``: the training samples'
+    #: projections, which the final evaluation and eq. 13 use anyway
+    projection: np.ndarray | None = None
 
 
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
@@ -88,7 +93,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                 checkpointers: Sequence | None = None, checkpoint_every: int = 0,
                 checkpoint_metas: Sequence[dict] | None = None,
                 resumes: Sequence | None = None, checkpoint_steps: int = 0,
-                C_init: np.ndarray | None = None) -> list[BatchResult]:
+                C_init: np.ndarray | None = None,
+                divergence_level: int = logging.WARNING) -> list[BatchResult]:
     """Fit several batch solvers over one stream of ``engine``'s kernel rows, one result each.
 
     Every block of centered rows is computed once and applied by every solver in turn, in the
@@ -101,7 +107,11 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     ``tol`` (one value or one per solver): a model stops taking steps at its first evaluation
     with an excess error at most its ``tol``; the stream stops when no model is left. A model
     whose state becomes non-finite is set aside with a ``failure`` message in its result while
-    the others go on. ``checkpointers``, ``checkpoint_metas`` and ``resumes`` are one per solver
+    the others go on; with ``on_divergence="backoff"`` (:class:`BatchKHA`) a model first backs
+    off on its own (rolls back to its block's start and halves its gain) and is set aside only
+    when backoffs do not help. ``divergence_level``: the log level of backoffs and set-aside
+    models beside others (INFO where a table reports them). ``checkpointers``,
+    ``checkpoint_metas`` and ``resumes`` are one per solver
     (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
     checkpoints must all be at the same step.
 
@@ -118,10 +128,13 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     if any(t is not None for t in tols) and evaluate_every < 1:
         evaluate_every = 1
     models = [_Model(s, t) for s, t in zip(solvers, tols)]
+    for s in solvers:
+        s.log_level = divergence_level
     for m, ck, meta in zip(models, checkpointers or [None] * len(models),
                            checkpoint_metas or [None] * len(models)):
         m.checkpointer, m.meta = ck, meta
-    fit = _SharedStream(engine, models, n_steps=n_steps, seed=seed, evaluate_every=evaluate_every)
+    fit = _SharedStream(engine, models, n_steps=n_steps, seed=seed, evaluate_every=evaluate_every,
+                        divergence_level=divergence_level)
     C1 = fit.restore(resumes) if resumes is not None else fit.start(A_init, C_init)
     unset = [s for s in solvers if s.feature_norm is None]
     if unset:       # the gains' unit κ̄ from the centered diagonal (O(l n); no kernel rows)
@@ -129,8 +142,11 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         log.info("gain unit: mean squared feature-space norm (weighted) %.4g", kappa)
         for s in unset:
             s.set_feature_norm(kappa)
-    if evaluate_every > 0 and resumes is None:
-        fit.record(fit.active(), Cs=None if C1 is None else [C1], shared_start=True)
+    try:
+        if evaluate_every > 0 and resumes is None:
+            fit.record(fit.active(), Cs=None if C1 is None else [C1], shared_start=True)
+    except Interrupted as exc:
+        raise fit.stopped(exc) from None
     desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
     start_step = solvers[0].state.t
     fit.driver = BlockDriver(
@@ -142,6 +158,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                    pass_end_pending=resumes is not None and bool(start_step)
                    and bool(resumes[0].meta.get("pass_end_pending")))
         return fit.finish()
+    except Interrupted as exc:
+        raise fit.stopped(exc) from None
     finally:
         fit.driver.close()
 
@@ -150,8 +168,9 @@ class _SharedStream:
     """The state of :func:`run_batches`: its models, the shared evaluations and the driver."""
 
     def __init__(self, engine, models: list[_Model], *, n_steps: int, seed: int,
-                 evaluate_every: int):
+                 evaluate_every: int, divergence_level: int = logging.WARNING):
         self.engine, self.models = engine, models
+        self.divergence_level = divergence_level
         self.n_steps, self.seed, self.evaluate_every = n_steps, seed, evaluate_every
         self.l, self.r = engine.n_samples, models[0].solver.r
         self.eig_top: np.ndarray | None = None
@@ -176,6 +195,7 @@ class _SharedStream:
             s.start(np.zeros((r, l)), C=np.zeros((r, l)) if s.needs_projection else None)
             s.state = state_from_arrays(type(s.state), arrays, ck.meta["state_scalars"])
             m.history = list(ck.meta["history"])
+            s.backoffs = list(ck.meta.get("backoffs", []))
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         self.fit_seconds = float(first.meta["fit_seconds"])
         if "top_eigenvalues" in first.arrays:
@@ -212,12 +232,15 @@ class _SharedStream:
         if not which:
             return
         engine = self.engine
+        announce_cost(engine, passes=(Cs is None) + 1, krylov=self.eig_top is None)
         if self.eig_top is None:
             self.eig_top = top_eigenvalues(engine, self.r, seed=self.seed)
         if shared_start:     # every model still holds the one start: one evaluation serves all
-            evs = evaluate_many(engine, [which[0].solver.A], self.eig_top, Cs=Cs) * len(which)
+            evs = evaluate_many(engine, [which[0].solver.A], self.eig_top, Cs=Cs,
+                                announce=False) * len(which)
         else:
-            evs = evaluate_many(engine, [m.solver.A for m in which], self.eig_top, Cs=Cs)
+            evs = evaluate_many(engine, [m.solver.A for m in which], self.eig_top, Cs=Cs,
+                                announce=False)
         seconds = self.fit_seconds if self.driver is None else self.driver.seconds
         for m, ev in zip(which, evs):
             t = m.solver.state.t
@@ -235,10 +258,26 @@ class _SharedStream:
         if shown and self.driver is not None:
             self.driver.show(excess=f"{min(shown):.2e}")
 
+    def stopped(self, exc: Interrupted) -> Interrupted:
+        """The error to raise for a stop asked outside the driver's check between blocks
+        (inside an evaluation, while waiting for a block): the state at the last block boundary
+        is consistent, so it is checkpointed as a stop between blocks would have."""
+        if getattr(exc, "checkpointed", False):
+            return exc
+        t, l = self.models[0].solver.state.t, self.l
+        if t > 0 and any(m.checkpointer is not None for m in self.models):
+            self.save_checkpoints(t, pass_end_pending=t % l == 0)
+            return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
+                               "continue with `dkha fit ... --resume`")
+        if t > 0:
+            return Interrupted(f"{exc} at step {t}; no checkpoint (fit with a run directory to "
+                               "make runs resumable)")
+        return Interrupted(f"{exc}, before the first step; nothing to keep: run the command again")
+
     def set_aside(self, m: _Model, exc: NumericalError) -> None:
         m.active, m.failure = False, str(exc)
         # alone, the model's error is raised (and shown once); beside others, it is a warning
-        log.log(logging.WARNING if len(self.models) > 1 else logging.INFO, "%s set aside: %s",
+        log.log(self.divergence_level if len(self.models) > 1 else logging.INFO, "%s set aside: %s",
                 m.solver.algorithm, exc)
 
     def _blocks(self, start_step: int):
@@ -324,12 +363,14 @@ class _SharedStream:
             if m.failure is not None:
                 results.append(BatchResult(alpha=None, eigenvalue=None, history=m.history,
                                            top_eigenvalues=self.eig_top, wall_time=seconds,
-                                           stream_stats=stats, failure=m.failure))
+                                           stream_stats=stats, failure=m.failure,
+                                           backoffs=list(m.solver.backoffs)))
                 continue
-            A = m.solver.A
-            results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, next(Cs)),
+            A, C = m.solver.A, next(Cs)
+            results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
                                        history=m.history, top_eigenvalues=self.eig_top,
-                                       wall_time=seconds, stream_stats=stats))
+                                       wall_time=seconds, stream_stats=stats, projection=C,
+                                       backoffs=list(m.solver.backoffs)))
         return results
 
 
@@ -346,6 +387,7 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
     if top_eigenvalues is not None:
         out["top_eigenvalues"] = np.asarray(top_eigenvalues)
     meta = dict(meta or {}, mkm=mkm, history=history, fit_seconds=fit_seconds,
+                backoffs=solver.backoffs,
                 state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
                 pass_end_pending=pass_end_pending)
     return checkpointer.save(solver.state.t, out, meta)

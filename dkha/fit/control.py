@@ -14,23 +14,12 @@ evaluations and checkpoints (scikit-learn's ``IncrementalPCA.fit`` is one loop o
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import Callable, Iterator
 
+from dkha.engine.stop import STOP
 from dkha.errors import Interrupted
-
-#: set (e.g. by the CLI's SIGTERM handler) to make a running fit checkpoint and stop
-STOP = threading.Event()
-
-
-def progress_bar(verbose: bool, total: int, desc: str):
-    """A progress bar over ``total`` steps when ``verbose`` (tqdm), else ``None``."""
-    if not verbose:
-        return None
-    from tqdm.auto import tqdm  # optional display dependency, only for verbose fits
-
-    return tqdm(total=total, desc=desc, unit="step", unit_scale=True, leave=True)
+from dkha.progress import Progress
 
 
 class BlockDriver:
@@ -63,9 +52,7 @@ class BlockDriver:
         self.seconds = float(seconds)
         self.last_checkpoint = int(start_step)
         self._t0: float | None = None
-        self.bar = progress_bar(verbose, self.n_steps, desc)
-        if self.bar is not None and start_step:
-            self.bar.update(start_step)
+        self.bar = Progress(verbose, self.n_steps, desc, initial=start_step)
 
     # -- the clock --
     def start(self) -> None:
@@ -122,11 +109,13 @@ class BlockDriver:
                 self.last_checkpoint = t
         if stopping:
             self.stop_clock()
-            raise Interrupted(
+            exc = Interrupted(
                 f"stopped at step {t} (pass {pass_number}); " +
                 ("checkpoint written: continue with `dkha fit ... --resume`"
                  if self.save is not None else
                  "no checkpoint (fit with a run directory to make runs resumable)"))
+            exc.checkpointed = True     # nothing more to save (dkha.fit.batch)
+            raise exc
 
     def close(self) -> None:
         self.stop_clock()

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dkha import config
 from dkha.fit.spectrum import top_eigenvalues
+from dkha.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +52,18 @@ def projections_many(engine, As: list[np.ndarray]) -> list[np.ndarray]:
         return []
     V = np.ascontiguousarray(np.concatenate([np.asarray(A, dtype=np.float64) for A in As]).T)
     columns = np.flatnonzero(np.any(V != 0, axis=1))
+    desc = "projections C = A K'"
     if 4 * len(columns) <= V.shape[0]:
         KV = np.zeros(V.shape)
         b = engine.block_rows
         blocks = ((a, columns[a:a + b]) for a in range(0, len(columns), b))
-        for _, index, rows in engine.stream(blocks):
-            KV += rows.T @ V[index]
+        with Progress(getattr(engine, "verbose", False), len(columns), desc, unit="row") as bar:
+            for _, index, rows in engine.stream(blocks):
+                KV += rows.T @ V[index]
+                bar.update(len(index))
     else:
-        KV = engine.matmat(V)
+        with engine.labelled(desc):
+            KV = engine.matmat(V)
     out, start = [], 0
     for A in As:
         out.append(KV[:, start:start + A.shape[0]].T.copy())
@@ -74,14 +80,38 @@ def evaluate(engine, A: np.ndarray, eigenvalues: np.ndarray | None = None, *,
     return evaluate_many(engine, [A], eigenvalues, Cs=None if C is None else [C])[0]
 
 
+#: evaluations above this many samples say what they will cost before they start
+ANNOUNCE_SAMPLES = 50_000
+
+
+def announce_cost(engine, *, passes: int, krylov: bool) -> None:
+    """Say, before an evaluation at large ``l``, how many passes over the kernel it makes (each
+    ``l²/2`` kernel entries, about as long as the MK pass when this engine made one), and that
+    ``--evaluate-every -1`` skips it."""
+    l = engine.n_samples
+    if l < ANNOUNCE_SAMPLES:
+        return
+    limit = int(config.get("dense-eigh-limit"))
+    what = f"{passes} pass{'es' if passes > 1 else ''}"
+    if krylov and l > limit:
+        what += " and, for E_min, one per Krylov (LOBPCG) product (typically 10–40)"
+    seconds = getattr(getattr(engine, "stats", None), "mk_pass_seconds", None)
+    each = f", each about {seconds:.0f} s like the MK pass" if seconds else ""
+    log.warning("evaluating at l = %d: %s over the kernel's %.2g entries%s; "
+                "--evaluate-every -1 skips evaluations", l, what, l * (l + 1) / 2.0, each)
+
+
 def evaluate_many(engine, As: list[np.ndarray], eigenvalues: np.ndarray | None = None, *,
-                  Cs: list[np.ndarray] | None = None) -> list[Evaluation]:
+                  Cs: list[np.ndarray] | None = None, announce: bool = True) -> list[Evaluation]:
     """:func:`evaluate` for several coefficient matrices, sharing the kernel passes: one pass
-    for all their ``C = A K'`` (unless ``Cs`` are given) and one for all their residuals."""
+    for all their ``C = A K'`` (unless ``Cs`` are given) and one for all their residuals.
+    ``announce``: say the cost first at large ``l`` (:func:`announce_cost`)."""
+    r = max(A.shape[0] for A in As)
+    if announce:
+        announce_cost(engine, passes=(Cs is None) + 1, krylov=eigenvalues is None)
     if Cs is None:
         Cs = projections_many(engine, As)
     frob2, res2 = engine.residuals(Cs)
-    r = max(A.shape[0] for A in As)
     if eigenvalues is None:
         eigenvalues = top_eigenvalues(engine, r)
     out = []

@@ -15,9 +15,14 @@ The exact block-Krylov solver is :mod:`dkha.fit.krylov`.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from dkha.errors import ParameterError
+from dkha.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -29,8 +34,11 @@ def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     b = engine.block_rows
     rows = np.empty((m, l))
     blocks = ((a, M[a:a + b]) for a in range(0, m, b))
-    for a, idx, block in engine.stream(blocks):
-        rows[a:a + len(idx)] = block
+    with Progress(getattr(engine, "verbose", False), m, "Nyström landmark rows",
+                  unit="row") as bar:
+        for a, idx, block in engine.stream(blocks):
+            rows[a:a + len(idx)] = block
+            bar.update(len(idx))
     return M, rows
 
 

@@ -51,6 +51,7 @@ def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, t
         ev = evaluate(engine, alpha, w)
         history.append({"pass": passes[0], "step": 0, "error": ev.error, "error_min": ev.error_min,
                         "excess": ev.excess, "wall_time": seconds})
+    # alpha_i = v_i/√λ_i, so C = A K' = λ_i alpha_i exactly
     return BatchResult(alpha=alpha, eigenvalue=w, history=history, top_eigenvalues=w,
-                       wall_time=seconds, stream_stats={"blocks": 0, "wait_seconds": 0.0,
+                       wall_time=seconds, projection=w[:, None] * alpha, stream_stats={"blocks": 0, "wait_seconds": 0.0,
                                                         "bytes_received": 0})

@@ -8,6 +8,7 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from dkha import config
+from dkha.progress import Progress
 
 
 def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = None,
@@ -16,30 +17,41 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
     l = engine.n_samples
     limit = int(config.get("dense-eigh-limit", dense_limit))
     if l <= limit:
-        Kc = engine.dense()
+        with engine.labelled("eigenvalues of K' (dense)"):
+            Kc = engine.dense()
         w = np.linalg.eigvalsh(Kc)
         return w[::-1][:r].copy()
-    return krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter)[0]
+    return krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, exact=True)[0]
 
 
 def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
-                      oversample: int | None = None, X0: np.ndarray | None = None):
+                      oversample: int | None = None, X0: np.ndarray | None = None,
+                      exact: bool = False):
     """Top-``r`` eigenpairs of ``K'`` by LOBPCG (a block Krylov method) on blockwise products.
 
     Each iteration is one blockwise pass ``K' V`` on the workers. ``tol`` is relative to the
     largest eigenvalue: iterations stop when every residual ``‖K'v − θv‖ ≤ tol·λ_1``, which bounds
-    the eigenvalue errors by about ``(tol·λ_1)² / gap``.
+    the eigenvalue errors by about ``(tol·λ_1)² / gap``. ``exact``: float64 products whatever the
+    engine's precision (E_min).
     """
     l = engine.n_samples
     k = min(l - 1, r + (oversample if oversample is not None else max(5, r // 2)))
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((l, k)) if X0 is None else np.asarray(X0, dtype=np.float64)
     X, _ = np.linalg.qr(X)
-    KX = engine.matmat(X)
-    lam1 = float(np.max(np.linalg.eigvalsh(X.T @ KX)))  # Rayleigh-Ritz scale of the spectrum
-    X, _ = np.linalg.qr(KX)  # one step of subspace iteration as the start
-    op = LinearOperator((l, l), matvec=lambda v: engine.matmat(v.reshape(-1, 1)).ravel(),
-                        matmat=engine.matmat, dtype=np.float64)
-    w, V = lobpcg(op, X, largest=True, tol=tol * abs(lam1), maxiter=maxiter, verbosityLevel=0)
+    verbose = getattr(engine, "verbose", False)
+    with Progress(verbose, maxiter + 1, "Krylov (LOBPCG)", unit="product") as bar:
+        def matmat(V):
+            bar.update()
+            with engine.labelled(f"Krylov product {bar.n}"):
+                return engine.matmat(V, exact=True) if exact else engine.matmat(V)
+
+        KX = matmat(X)
+        lam1 = float(np.max(np.linalg.eigvalsh(X.T @ KX)))  # Rayleigh-Ritz scale of the spectrum
+        X, _ = np.linalg.qr(KX)  # one step of subspace iteration as the start
+        op = LinearOperator((l, l), matvec=lambda v: matmat(v.reshape(-1, 1)).ravel(),
+                            matmat=matmat, dtype=np.float64)
+        w, V = lobpcg(op, X, largest=True, tol=tol * abs(lam1), maxiter=maxiter,
+                      verbosityLevel=0)
     order = np.argsort(w)[::-1]
     return w[order][:r], V[:, order][:, :r]

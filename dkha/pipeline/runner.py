@@ -245,7 +245,9 @@ class Runner:
         self.state["stages"][key] = {"hash": h, "done": False, "started": time.time()}
         self._write_state()
         res = fn()
-        self.state["stages"][key] = {"hash": h, "done": True, "seconds": time.perf_counter() - t0,
+        seconds = time.perf_counter() - t0
+        log.info("stage %s: done in %.1f s", key, seconds)
+        self.state["stages"][key] = {"hash": h, "done": True, "seconds": seconds,
                                      "result": res}
         self._write_state()
         return res
@@ -264,6 +266,7 @@ class Runner:
                         lambda a=a, i=i: self.apply(a, i))
         if self.p.report.get("enabled", True):
             self.current_stage = "report"
+            log.info("stage report: writing %s", os.path.join(self.run_dir, "report.html"))
             write_report(self)  # cheap: always rewritten
         self.current_stage = None
         return self.state
@@ -351,7 +354,8 @@ class Runner:
                       checkpoint_every=int(f.get("checkpoint_every", 0)),
                       ac_reference=self.p.evaluate.get("ac_index", True))
             ds = model.to_dataset()
-            res = {"run_dir": run, "members": int(ds.sizes.get("member", 0))}
+            res = {"run_dir": run, "members": int(ds.sizes.get("member", 0)),
+                   "backoffs": len(model.backoffs_)}
             if "ac_index" in ds and ds.sizes.get("evaluation", 0):
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
@@ -366,7 +370,7 @@ class Runner:
         model.fit(store["store"], **fit_kw)
         last = model.history_[-1] if model.history_ else {}
         return {"run_dir": run, "excess": last.get("excess"), "pass": last.get("pass"),
-                "fit_seconds": last.get("wall_time")}
+                "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_)}
 
     def evaluate(self, f: dict) -> dict:
         ds = result.load(self.fit_dir(f["name"]))

@@ -14,6 +14,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from dkha.data.result import sample_coords
 from dkha.data.store import consolidate, open_store, replace_directory
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
@@ -76,7 +77,8 @@ def transform_lazy(ds: xr.Dataset | Run, new_store: str) -> xr.DataArray:
                             float(ds.attrs["mkm"]), groups, run.alpha, dtype=np.float64,
                             chunks=(X.chunks[0], (r,)))
     return xr.DataArray(proj, dims=("sample", "component"),
-                        coords={"component": ds["component"].values}, name="projection",
+                        coords={"component": ds["component"].values, **sample_coords(new.path)},
+                        name="projection",
                         attrs={"run_store": ds.attrs["store"], "source": os.path.abspath(new_store)
                                if "://" not in new_store else new_store,
                                "algorithm": ds.attrs["algorithm"]})

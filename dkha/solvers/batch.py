@@ -39,6 +39,7 @@ attached its replicas (:meth:`BatchKHA.attach_replicas`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,8 @@ import numpy as np
 from dkha.errors import NumericalError, ParameterError
 from dkha.solvers import reference
 from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
+
+log = logging.getLogger(__name__)
 
 ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
 ENGINES = ("factored", "reference")
@@ -109,6 +112,17 @@ def feature_norm(diagonal: np.ndarray) -> float:
                              "far too large); choose another kernel or width")
     return float((kappa * kappa).sum() / total)
 DEFAULT_XI = 0.99
+ON_DIVERGENCE = ("backoff", "stop")
+#: a backoff halves the gain; a run still diverging after this many halvings (gain × 2⁻³⁰) fails
+MAX_BACKOFFS = 30
+
+
+def check_on_divergence(value: str) -> str:
+    """``value`` if it is one of :data:`ON_DIVERGENCE`, else a :class:`ParameterError`."""
+    if value not in ON_DIVERGENCE:
+        raise ParameterError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}, "
+                             f"got {value!r}")
+    return value
 
 
 def check_algorithm(algorithm: str) -> str:
@@ -148,6 +162,7 @@ class BatchState:
     C: np.ndarray | None = None
     lam: np.ndarray | None = None
     t: int = 0
+    gain_factor: float = 1.0     # halved by each backoff (a checkpointed part of the state)
 
 
 class BatchKHA:
@@ -170,12 +185,19 @@ class BatchKHA:
         per-step form, for tests.
     fold_condition : float
         Factored engine: fold ``T`` into ``S̃`` before ``cond(T)`` exceeds this.
+    on_divergence : {"backoff", "stop"}
+        What a bad step does (:func:`reference.guard`): ``"backoff"`` (default) rolls the state
+        back to the start of its block, halves the gain (the state's ``gain_factor``, which
+        multiplies every gain; KHA-SMD also lowers log-gains ``ρ`` above ``rho0`` to ``rho0``),
+        records the event in :attr:`backoffs` and applies the block again; ``"stop"`` raises
+        :class:`NumericalError`. A run still diverging after :data:`MAX_BACKOFFS` halvings
+        raises it too.
     """
 
     def __init__(self, algorithm: str, n_components: int, n_samples: int, *, eta0: float,
                  mu: float = DEFAULT_MU, xi: float = DEFAULT_XI, rho0: float = 0.0,
                  engine: str = "factored", fold_condition: float = DEFAULT_FOLD_CONDITION,
-                 feature_norm: float | None = 1.0):
+                 feature_norm: float | None = 1.0, on_divergence: str = "backoff"):
         if engine not in ENGINES:
             raise ParameterError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         self.engine = engine
@@ -192,6 +214,13 @@ class BatchKHA:
             self.set_feature_norm(feature_norm)
         self.state: BatchState | FactoredState | None = None
         self.replicas = None     # a stream's dkha.engine.replicas.WorkerReplicas while one is attached
+        self.on_divergence = check_on_divergence(on_divergence)
+        #: one dict per backoff: step, pass (1-based, of the bad step), gain_before, gain_after
+        #: (the effective η0, ``eta0 × gain_factor``), rolled_back_to (the block's first step)
+        #: and reason
+        self.backoffs: list[dict] = []
+        self._saved: tuple[object, dict] | None = None   # (state, its block-start copy)
+        self.log_level = logging.WARNING    # of the backoff messages (INFO where a table shows them)
 
     @property
     def needs_projection(self) -> bool:
@@ -296,14 +325,75 @@ class BatchKHA:
     def apply_block(self, index: np.ndarray, rows) -> None:
         """Apply one step per entry of ``index``; ``rows[j] = K'[index[j], :]``.
 
-        ``rows`` may instead be a :class:`dkha.engine.replicas.ProjectedBlock` from the stream whose
-        replicas are attached (factored engine): its projections are brought up to date by the
+        With ``on_divergence="backoff"`` a bad step rolls the state back to the block's start,
+        halves the gain and applies the block again (:meth:`back_off`).
+
+        ``rows`` may instead be a :class:`dkha.engine.replicas.ProjectedBlock` from the stream
+        whose replicas are attached (factored engine): its projections are brought up to date by the
         replicas, and the block's message is recorded with them. At the end of each pass
         (``t`` a multiple of ``l``) the replicas are checked and ``C̃`` is brought home.
         """
+        if self.on_divergence == "stop":
+            self._apply_block(index, rows)
+            return
+        self._save_state()
+        while True:
+            try:
+                self._apply_block(index, rows)
+                return
+            except NumericalError as exc:
+                self.back_off(exc)
+
+    def _save_state(self) -> None:
+        """Copy the state (into buffers kept from the last block): the block's rollback point."""
+        st = self.state
+        saved = self._saved[1] if self._saved is not None and self._saved[0] is st else {}
+        for k, v in vars(st).items():
+            if k == "_cache":
+                continue
+            old = saved.get(k)
+            if isinstance(v, np.ndarray):
+                if isinstance(old, np.ndarray) and old.shape == v.shape and old.dtype == v.dtype:
+                    np.copyto(old, v)
+                else:
+                    saved[k] = v.copy()
+            else:
+                saved[k] = v
+        self._saved = (st, saved)
+
+    def back_off(self, exc: NumericalError) -> None:
+        """Roll the state back to the block's start and halve the gain; record the event.
+
+        Raises ``exc`` (with the backoffs named) once :data:`MAX_BACKOFFS` halvings did not help.
+        """
+        st, saved = self._saved
+        t_bad = getattr(exc, "step", None)
+        factor = st.gain_factor
+        if len(self.backoffs) >= MAX_BACKOFFS:
+            raise NumericalError(f"{exc} (still, after {len(self.backoffs)} backoffs that "
+                                 f"halved the gain to {factor:g} of eta0)") from None
+        saved["gain_factor"] = factor * 0.5      # also where a second rollback returns to
+        for k, v in saved.items():
+            setattr(st, k, v.copy() if isinstance(v, np.ndarray) else v)
+        if getattr(st, "rho", None) is not None:
+            # SMD: its divergences are runaway log-gains; those above the start go back to it
+            st.rho = np.minimum(st.rho, self.rho0)
+        if hasattr(st, "_cache"):
+            st._cache = {}
+        before = self.eta0 * factor
+        t_bad = st.t if t_bad is None else t_bad
+        event = {"step": int(t_bad) + 1, "pass": int(t_bad) // self.l + 1,
+                 "gain_before": before, "gain_after": self.eta0 * st.gain_factor,
+                 "rolled_back_to": int(st.t), "reason": str(exc)}
+        self.backoffs.append(event)
+        log.log(self.log_level, "%s diverged at step %d (pass %d); rolled back to step %d and "
+                "halved the gain: eta0 %.3g → %.3g", self.algorithm, event["step"], event["pass"],
+                st.t, event["gain_before"], event["gain_after"])
+
+    def _apply_block(self, index: np.ndarray, rows) -> None:
         st = self.state
         if isinstance(st, FactoredState):
-            eta = self.block_gains(st.t, len(index))
+            eta = self.block_gains(st.t, len(index)) * st.gain_factor
             try:
                 if isinstance(rows, np.ndarray):
                     st.apply_block(index, rows, eta, mu=self.meta_gain, xi=self.xi)
@@ -327,7 +417,7 @@ class BatchKHA:
             return
         smd = self.algorithm == "kha-smd"
         for j, p in enumerate(index):
-            eta = self.base_gain(st.t)
+            eta = self.base_gain(st.t) * st.gain_factor
             kp = rows[j]
             y = st.A @ kp
             if smd:
@@ -355,10 +445,12 @@ class BatchKHA:
                 "gain runaway": f"runaway growth of the gain{i}: e^ρ passed "
                                 f"{reference.RUNAWAY:g}",
                 "Gram": "non-finite values in SMD's Gram matrices"}.get(quantity, quantity)
-        return NumericalError(
+        exc = NumericalError(
             f"{self.algorithm} diverged at step {t + 1} (pass {t // self.l + 1}): {what}; the "
             f"step was not kept and nothing of it was checkpointed; lower eta0 (now {self.eta0})"
             + (f" or mu (now {self.mu})" if self.algorithm == "kha-smd" else ""))
+        exc.step = t
+        return exc
 
     def check_finite(self) -> None:
         """Raise :class:`NumericalError` if the state holds non-finite values (a diverged run)."""

@@ -73,6 +73,7 @@ class FactoredState:
     """
 
     c_stale = False     # a class default: states saved before this attribute existed read False
+    gain_factor = 1.0   # multiplies every gain; halved by each backoff (BatchKHA.back_off)
 
     def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None, smd: bool = False,
                  rho0: float = 0.0, t: int = 0, fold_condition: float = DEFAULT_FOLD_CONDITION):
@@ -93,6 +94,7 @@ class FactoredState:
         self.t = int(t)
         self.fold_condition = float(fold_condition)
         self.folds = 0
+        self.gain_factor = 1.0
         self._fresh = True       # T is exactly the identity
         self._cache: dict[str, np.ndarray] = {}
         if smd:
@@ -220,9 +222,13 @@ class FactoredState:
             if self.c_stale:
                 raise RuntimeError("C̃ is held by worker replicas; bring it home "
                                    "(set_c_tilde) before applying kernel rows")
-            rows = np.ascontiguousarray(rows, dtype=np.float64)
-            Kpp = np.take(rows, index, axis=1)       # K'_P[:, P], b×b
-            Y = rows @ self.S_tilde.T                 # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
+            single = getattr(rows, "dtype", None) == np.float32     # --precision float32
+            rows = np.ascontiguousarray(rows, dtype=np.float32 if single else np.float64)
+            Kpp = np.take(rows, index, axis=1).astype(np.float64)    # K'_P[:, P], b×b
+            if single:      # the block's GEMM in the rows' precision; Y₀ and the state float64
+                Y = (rows @ self.S_tilde.T.astype(np.float32)).astype(np.float64)
+            else:
+                Y = rows @ self.S_tilde.T             # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
             C_arg = self.C_tilde if keeps_c else _EMPTY
             direct_log = _EMPTY
         self._cache.clear()
@@ -257,7 +263,7 @@ class FactoredState:
                 ops.append(("c", np.array(U[:, :r])))
                 self.c_stale = True
             else:
-                self.C_tilde += U[:, :r].T @ rows
+                self.C_tilde += U[:, :r].T.astype(rows.dtype) @ rows
 
 
 # --- messages: replicas of S̃ and C̃, projections from earlier versions (§4) --------------------

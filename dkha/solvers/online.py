@@ -49,6 +49,7 @@ step costs tens of microseconds of interpreter overhead, more than the ``O(m r)`
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,7 +59,10 @@ from scipy.linalg.blas import dtrsm
 
 from dkha.errors import NumericalError, ParameterError
 from dkha.kernels import Kernel
+from dkha.solvers.batch import MAX_BACKOFFS, check_on_divergence
 from dkha.solvers.compiled import RUNAWAY
+
+log = logging.getLogger(__name__)
 
 ALGORITHMS = ("on-kha", "oo-kha", "okpca")
 _ALGORITHM_CODE = {"on-kha": 0, "oo-kha": 1, "okpca": 2}
@@ -244,6 +248,7 @@ class OnlineState:
     m: int = 0
     count: int = 0  # samples in the running mean
     step: int = 0  # samples consumed
+    gain_factor: float = 1.0  # multiplies the step size; halved by each backoff
 
     @property
     def capacity(self) -> int:
@@ -270,11 +275,17 @@ class OnlineKHA:
         Track the running mean in the dictionary's span (Honeine §5.2).
     a_init : ndarray (n_components,)
         The first member's coefficients (``A(1)`` of Table I).
+    on_divergence : {"backoff", "stop"}
+        A bad step (the guard of :func:`online_block`): ``"backoff"`` (default) rolls the state
+        back to the start of its slice of samples, halves the step size (the state's
+        ``gain_factor``), records the event in :attr:`backoffs` and goes on; ``"stop"`` raises
+        :class:`NumericalError`, as does a run still diverging after ``MAX_BACKOFFS`` halvings.
     """
 
     def __init__(self, algorithm: str, n_components: int, n_features: int, kernel: Kernel, *,
                  nu: float, max_members: int, eta0: float, gamma: float | None = None,
-                 tau: float | None = None, center: bool = False, a_init: np.ndarray):
+                 tau: float | None = None, center: bool = False, a_init: np.ndarray,
+                 on_divergence: str = "backoff"):
         self.algorithm = check_algorithm(algorithm)
         self.r = int(n_components)
         self.n_features = int(n_features)
@@ -293,6 +304,10 @@ class OnlineKHA:
         self.state = self._allocate(min(self.max_members, 64))
         self._factor_copy: tuple[int, np.ndarray] | None = None  # (m, Fortran copy of L[:m,:m])
         self.stream_length: int | None = None  # samples per pass, when known (for messages)
+        self.on_divergence = check_on_divergence(on_divergence)
+        #: one dict per backoff, as :attr:`dkha.solvers.batch.BatchKHA.backoffs` (gains: η0)
+        self.backoffs: list[dict] = []
+        self.log_level = logging.WARNING
 
     # -- storage --
     def _allocate(self, capacity: int) -> OnlineState:
@@ -316,6 +331,7 @@ class OnlineKHA:
         new.member_index[:m] = st.member_index[:m]
         new.member_step[:m] = st.member_step[:m]
         new.m, new.count, new.step = st.m, st.count, st.step
+        new.gain_factor = st.gain_factor
         self.state = new
 
     # -- checkpoints --
@@ -332,7 +348,7 @@ class OnlineKHA:
                   "dictionary": st.dictionary[:m], "member_index": st.member_index[:m],
                   "member_step": st.member_step[:m], "a_init": self.a_init}
         return arrays, {"m": int(m), "count": int(st.count), "step": int(st.step),
-                        "capacity": int(st.capacity)}
+                        "capacity": int(st.capacity), "gain_factor": float(st.gain_factor)}
 
     def restore(self, arrays: dict[str, np.ndarray], scalars: dict) -> None:
         """Continue from a :meth:`snapshot` (of a solver with the same settings)."""
@@ -353,6 +369,7 @@ class OnlineKHA:
         st.member_index[:m] = arrays["member_index"]
         st.member_step[:m] = arrays["member_step"]
         st.m, st.count, st.step = m, int(scalars["count"]), int(scalars["step"])
+        st.gain_factor = float(scalars.get("gain_factor", 1.0))
         self.state = st
         self._factor_copy = None
 
@@ -398,11 +415,22 @@ class OnlineKHA:
             rate_kind, rate_param = RATE_SEARCH_THEN_CONVERGE, self.tau
         else:
             rate_kind, rate_param = RATE_EXPONENTIAL, (1.0 if self.gamma is None else self.gamma)
-        step0 = st.step
-        m, count, step, n_joined, bad = online_block(
-            _ALGORITHM_CODE[self.algorithm], self.center, rate_kind, self.eta0, rate_param,
-            self.nu, st.m, st.count, st.step, st.capacity, st.B, st.L, st.cbar, self.a_init,
-            C0, Kbb, kdiag, joined)
+        step0, count0 = st.step, st.count
+        backoff = self.on_divergence == "backoff"
+        if backoff:     # the rollback point: what the slice changes of the members so far
+            B0, cbar0 = st.B[:, :m0].copy(), st.cbar[:m0].copy()
+        while True:
+            m, count, step, n_joined, bad = online_block(
+                _ALGORITHM_CODE[self.algorithm], self.center, rate_kind,
+                self.eta0 * st.gain_factor, rate_param, self.nu, m0, count0, step0, st.capacity,
+                st.B, st.L, st.cbar, self.a_init, C0, Kbb, kdiag, joined)
+            if bad < 0 or not backoff:
+                break
+            if len(self.backoffs) >= MAX_BACKOFFS:
+                break
+            st.B[:, :m0], st.cbar[:m0] = B0, cbar0      # members that joined are dropped
+            st.B[:, m0:m], st.cbar[m0:m], st.L[m0:m] = 0.0, 0.0, 0.0
+            self._back_off(step, bad, step0)
         pos = joined[:n_joined]
         st.dictionary[m0:m] = X[pos]
         st.member_index[m0:m] = sample_index[pos]
@@ -414,13 +442,32 @@ class OnlineKHA:
             raise NumericalError(
                 f"{self.algorithm} diverged at step {step + 1}{where}: component {bad}'s "
                 f"feature-space norm became non-finite or passed {RUNAWAY:g}; the step was not "
-                f"kept and nothing of it was checkpointed; lower eta0 (now {self.eta0})")
+                f"kept and nothing of it was checkpointed; lower eta0 (now {self.eta0})"
+                + (f" (still, after {len(self.backoffs)} backoffs that halved the step size to "
+                   f"{st.gain_factor:g} of eta0)" if self.backoffs else ""))
         if not np.isfinite(st.B[:, :m]).all():
             raise NumericalError(
                 f"{self.algorithm} diverged: non-finite coefficients by step {st.step}; "
                 f"lower eta0 (now {self.eta0})"
             )
         return int(n_joined)
+
+    def _back_off(self, step: int, component: int, rolled_back_to: int) -> None:
+        """Halve the step size after a bad step (0-based ``step``); record the event."""
+        st = self.state
+        before = self.eta0 * st.gain_factor
+        st.gain_factor *= 0.5
+        where = "" if self.stream_length is None else f" (pass {step // self.stream_length + 1})"
+        event = {"step": int(step) + 1,
+                 "pass": 0 if self.stream_length is None else int(step) // self.stream_length + 1,
+                 "gain_before": before, "gain_after": self.eta0 * st.gain_factor,
+                 "rolled_back_to": int(rolled_back_to),
+                 "reason": f"component {component}'s feature-space norm became non-finite or "
+                           f"passed {RUNAWAY:g}"}
+        self.backoffs.append(event)
+        log.log(self.log_level, "%s diverged at step %d%s; rolled back to step %d and halved "
+                "the step size: eta0 %.3g → %.3g", self.algorithm, event["step"], where,
+                rolled_back_to, before, event["gain_after"])
 
     # -- outputs --
     @property

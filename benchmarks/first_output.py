@@ -1,0 +1,111 @@
+"""Progress from the first second: when does ``dkha fit`` first show something, and what?
+
+On ``--samples`` 11×11 patches of camera (step 3, the patches spread over the image by
+``ingest --max-samples``), ``dkha fit STORE -o RUN --components 16`` runs in a pseudo-terminal
+(where it draws progress bars) and, with ``-v``, with its standard error in a pipe (where it logs
+progress lines). Printed, in seconds from the start of the process: the first output, the first
+bar or line of the centering pass (the MK row, recomputed: the store's centering cache is off),
+and the first bar or line of the steps. The fit is stopped there. With ``--baseline DIR`` the
+same is measured for the dkha checkout in ``DIR`` (e.g. ``/work/main``), in the same run.
+
+    python benchmarks/first_output.py [--samples 20000] [--baseline /work/main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import pty
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKS = {"centering": (b"centering", b"MK row"), "steps": (b"kha-smd:", b"kha-smd pass 0")}
+
+
+def watch(checkout: str, store: str, run: str, terminal: bool, limit: float) -> dict:
+    """Seconds to the first output and to each of :data:`MARKS`; stops the fit after them."""
+    env = dict(os.environ, PYTHONPATH=checkout, DASK_DKHA__MK_CACHE="false")
+    cmd = [sys.executable, "-m", "dkha.cli", *([] if terminal else ["-v"]), "fit", store,
+           "-o", run, "--components", "16", "--overwrite"]
+    if terminal:
+        master, slave = pty.openpty()
+        # a terminal 120 columns wide (a new pty is 0×0: tqdm would draw empty bars)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=slave, stderr=slave, cwd=checkout)
+        os.close(slave)
+        fd = master
+    else:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                cwd=checkout)
+        fd = proc.stdout.fileno()
+    seen, out = {}, b""
+    try:
+        while len(seen) < 1 + len(MARKS) and time.perf_counter() - t0 < limit:
+            ready, _, _ = select.select([fd], [], [], 0.05)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            now = time.perf_counter() - t0
+            out += chunk
+            seen.setdefault("first output", now)
+            for name, words in MARKS.items():
+                if name not in seen and any(w in out for w in words):
+                    seen[name] = now
+    finally:
+        proc.kill()
+        proc.wait()
+        if terminal:
+            os.close(fd)
+    first_line = out.replace(b"\r", b"\n").decode(errors="replace").strip().splitlines()
+    seen["first line"] = first_line[0][:100] if first_line else ""
+    return seen
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--baseline", help="another dkha checkout to measure in the same run")
+    ap.add_argument("--limit", type=float, default=300.0, help="seconds to wait for each mark")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="dkha-first-output-")
+    try:
+        store = os.path.join(work, "camera.zarr")
+        subprocess.run([sys.executable, "-m", "dkha.cli", "ingest", "images", "skimage:camera",
+                        "-o", store, "--patch", "11", "--step", "3", "--max-samples",
+                        str(args.samples)], check=True, env=dict(os.environ, PYTHONPATH=HERE),
+                       stdout=subprocess.DEVNULL)
+        print(f"dkha fit {args.samples} camera patches (11×11) --components 16; seconds from "
+              f"the start of the process (machine: {os.cpu_count()} cores):")
+        checkouts = [("this checkout", HERE)] + ([("baseline", args.baseline)]
+                                                 if args.baseline else [])
+        for label, checkout in checkouts:
+            for terminal in (True, False):
+                seen = watch(checkout, store, os.path.join(work, "run"), terminal, args.limit)
+                marks = ", ".join(f"{k} {seen[k]:.2f} s" if k in seen else f"{k} not within "
+                                  f"{args.limit:.0f} s" for k in ("first output", *MARKS))
+                where = "terminal (bars)" if terminal else "pipe, -v (log lines)"
+                print(f"  {label:13s} {where:22s} {marks}")
+                print(f"  {'':13s} {'':22s} first line: {seen['first line']!r}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

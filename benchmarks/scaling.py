@@ -1,0 +1,188 @@
+"""Where a pass spends its time, per kind of pass, and how it scales with the workers.
+
+For each worker count N (a LocalCluster of N single-threaded worker processes, or the cluster of
+``--scheduler-file``), on ``--samples`` 11×11 patches (gaussian σ = 3): the exact MK pass, one
+``K'V`` product (``--columns`` columns), and one KHA-SMD pass (r = ``--components``) with the
+projections on the coordinator (rows shipped) and on the workers (coordinator-math §4). For each:
+wall seconds, the coordinator's busy seconds (wall minus waiting for results), the workers'
+summed task seconds (distributed's task stream), bytes received by the coordinator, tasks, and
+the idle worker time per task (N·wall − task seconds, over the tasks: scheduler overhead and
+waiting on the coordinator). Then the speed-ups over the first N measured in this run, the KHA
+model's predicted speed-ups at 4, 16 and 64 workers, T(P) = C + W/P from the measured busy
+coordinator seconds C and task seconds W, and the KHA pass's bytes against (2r + w)·l·8
+(w = prefetch·block, the correction window).
+
+    python benchmarks/scaling.py --samples 20000 --workers 1 2
+    python benchmarks/scaling.py --samples 20000 --scheduler-file sched.json   # a real cluster
+    python benchmarks/scaling.py --samples 12000 --workers 1 2 --by-hand --skip-kha  # the
+        # 2-core acceptance: `dask scheduler` + 1 or 2 `dask worker --nthreads 1`, ratios printed
+
+Timings on a shared machine vary: compare the ratios of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = "1"   # inherited by the worker processes: one BLAS thread per worker
+
+import numpy as np  # noqa: E402
+
+
+def task_seconds(stream) -> float:
+    return sum(s["stop"] - s["start"] for t in stream for s in t.get("startstops", ())
+               if s.get("action") == "compute")
+
+
+@contextlib.contextmanager
+def cluster(n, scheduler_file, by_hand=False, workdir="."):
+    from distributed import Client, LocalCluster
+
+    if scheduler_file:
+        with Client(scheduler_file=scheduler_file) as client:
+            yield client
+        return
+    if by_hand:     # `dask scheduler` + n `dask worker --nthreads 1` processes
+        from tests.processes import start_dask_cluster, stop_processes
+
+        directory = os.path.join(workdir, f"cluster-{n}")
+        os.makedirs(directory, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(directory, "scheduler.json"))
+        _, sched_file, scheduler, workers = start_dask_cluster(directory, n, nthreads=1)
+        try:
+            with Client(scheduler_file=sched_file) as client:
+                yield client
+        finally:
+            stop_processes([scheduler, *workers])
+        return
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.WARNING) as c, Client(c) as client:
+        yield client
+
+
+def measure(engine, client, kind, run):
+    """``run()`` under the task stream: a row of figures for ``kind``."""
+    from distributed import get_task_stream
+
+    n_workers = len(client.scheduler_info()["workers"])
+    engine.stats.passes.clear()
+    before = (engine.stats.wait_seconds, engine.stats.bytes_received, engine.stats.bytes_sent)
+    with get_task_stream(client) as ts:
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    W = task_seconds(ts.data)
+    tasks = len(ts.data)
+    wait = sum(p["wait_seconds"] for p in engine.stats.passes) + engine.stats.wait_seconds - before[0]
+    nbytes = (sum(p["bytes_received"] for p in engine.stats.passes)
+              + engine.stats.bytes_received - before[1])
+    return {"kind": kind, "workers": n_workers, "wall": wall, "busy": wall - wait, "tasks": tasks,
+            "task_seconds": W, "bytes": nbytes, "sent": engine.stats.bytes_sent - before[2],
+            "idle_per_task": (n_workers * wall - W) / max(tasks, 1)}
+
+
+def kha_pass(engine, l, r, seed=0):
+    from dkha.fit.batch import run_batch
+    from dkha.solvers.batch import BatchKHA
+
+    solver = BatchKHA("kha-smd", r, l, eta0=0.01, mu=0.01)
+    return run_batch(engine, solver, n_steps=l, seed=seed, evaluate_every=-1).alpha
+
+
+def krylov_fit(engine, r):
+    """A whole krylov fit without the centering cache: the MK pass, then LOBPCG's products."""
+    from dkha.fit.krylov import run_krylov
+
+    mk = engine._mk_pass()
+    engine.set_mk(mk, float(mk.mean()))
+    return run_krylov(engine, r, seed=0, tol=1e-2, with_evaluation=False).alpha
+
+
+def main():
+    from _data import patch_store
+    from dkha.kernels import make_kernel
+    from dkha.engine.rows import RowEngine
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--scheduler-file", help="measure on this cluster instead (one row)")
+    ap.add_argument("--by-hand", action="store_true",
+                    help="for each N, start `dask scheduler` + N `dask worker --nthreads 1` "
+                         "processes instead of a LocalCluster")
+    ap.add_argument("--skip-kha", action="store_true", help="only the MK pass, K'V and krylov")
+    ap.add_argument("--components", type=int, default=20)
+    ap.add_argument("--columns", type=int, default=30)
+    ap.add_argument("--block", type=int, default=256)
+    ap.add_argument("--prefetch", type=int, default=4)
+    ap.add_argument("--workdir", default="/tmp/dkha-bench")
+    args = ap.parse_args()
+    args.workdir = os.path.abspath(args.workdir)
+    os.makedirs(args.workdir, exist_ok=True)
+    l, r = args.samples, args.components
+    store = patch_store(os.path.join(args.workdir, f"patches-{l}.zarr"), l)
+    kernel = make_kernel("gaussian", sigma=3.0)
+    V = np.random.default_rng(0).standard_normal((l, args.columns))
+    rows = []
+    counts = [None] if args.scheduler_file else args.workers
+    for n in counts:
+        with cluster(n, args.scheduler_file, args.by_hand, args.workdir) as client:
+            nw = len(client.scheduler_info()["workers"])
+            engines = {p: RowEngine(store, kernel, client, block_rows=args.block,
+                                    prefetch=args.prefetch, projections=p)
+                       for p in ("coordinator", "workers")}
+            eng = engines["coordinator"]
+            eng._mk_pass()      # warm-up: imports, chunk reads
+            mk = eng._mk_pass()
+            eng.set_mk(mk, float(mk.mean()))
+            engines["workers"].set_mk(mk, float(mk.mean()))
+            rows.append(measure(eng, client, "MK pass", eng._mk_pass))
+            rows.append(measure(eng, client, f"K'V ({args.columns} cols)", lambda: eng.matmat(V)))
+            rows.append(measure(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
+                                lambda: krylov_fit(eng, r)))
+            if args.skip_kha:
+                continue
+            alphas = {}
+            for p, e in engines.items():
+                rows.append(measure(e, client, f"KHA-SMD pass, projections {p}",
+                                    lambda e=e, p=p: alphas.__setitem__(p, kha_pass(e, l, r))))
+            same = np.array_equal(alphas["coordinator"], alphas["workers"])
+            print(f"{nw} workers: KHA alpha, projections on workers vs coordinator: "
+                  f"{'equal' if same else 'max diff %.1e' % np.abs(alphas['coordinator'] - alphas['workers']).max()}",
+                  flush=True)
+    print(f"\nl = {l}, n = {store.n_features}, r = {r}, block {args.block}, prefetch "
+          f"{args.prefetch}, {os.cpu_count()} cores (shared machine: compare ratios)")
+    print(f"{'kind':36s} {'N':>3s} {'wall s':>8s} {'coord busy':>10s} {'task s':>8s} "
+          f"{'tasks':>6s} {'MB to coord':>11s} {'idle ms/task':>12s} {'speed-up':>8s}")
+    base = {}
+    for row in rows:
+        b = base.setdefault(row["kind"], row["wall"])
+        print(f"{row['kind']:36s} {row['workers']:3d} {row['wall']:8.2f} {row['busy']:10.2f} "
+              f"{row['task_seconds']:8.2f} {row['tasks']:6d} {row['bytes'] / 1e6:11.1f} "
+              f"{1e3 * row['idle_per_task']:12.2f} {b / row['wall']:7.2f}×")
+    w = args.prefetch * args.block
+    bound = (2 * r + w) * l * 8
+    print(f"\nKHA pass bytes to the coordinator, bound (2r + w)·l·8 = {bound / 1e6:.1f} MB "
+          f"(w = prefetch·block = {w}):")
+    for row in rows:
+        if row["kind"].startswith("KHA"):
+            C, W = row["busy"], row["task_seconds"]
+            pred = "  ".join(f"{P}: {(C + W) / (C + W / P):5.1f}×" for P in (4, 16, 64))
+            print(f"  {row['kind']:36s} N={row['workers']}: {row['bytes'] / 1e6:8.1f} MB "
+                  f"({'within' if row['bytes'] <= bound else 'above'} the bound); coordinator "
+                  f"busy / task seconds = {C / max(W, 1e-9):.3f} (≤ 1/16 = 0.0625 needed); "
+                  f"model T(P) = C + W/P predicts {pred}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Kernel evaluations per second against the machine's bound for one pass, in one run.
+
+On ``--samples`` 11×11 patches of the bundled photographs (n = 121, gaussian kernel, sigma =
+median distance), for each precision (float64, float32), interleaved so that a change of load
+hits the bound and dkha alike:
+
+* the bound for one pass: the distance GEMM ``l×n·n×l`` plus ``exp`` of ``l²`` values, each at
+  its best on this machine (BLAS with all cores via threadpoolctl, ``exp`` in one NumPy thread
+  per core, in cache) — the issue's bound; and the same plus the GEMM that multiplies the tile
+  (``l×l·l×k``) for the passes that do (``+products``);
+* dkha on the in-process cluster (one thread per core, one BLAS thread each), one pass of:
+  ``MK`` (the exact MK row), ``K'V`` (one Krylov product, k = r + r/2 columns), ``KHA`` (one
+  KHA-SMD pass: the block stream of a 1-pass fit, centering cached; the coordinator multiplies
+  each block by S̃ (2r columns) and updates C̃ (r)), ``evaluation`` (one residual pass
+  ``‖K' − CᵀC‖``, r columns; always float64 tiles, so printed for float64 only);
+* printed: seconds, kernel evaluations per second per core and dkha as % of the bound of the
+  same precision (and of the bound with the pass's products), both for the evaluations the pass
+  makes: l² for KHA, about l²/2 for MK, K'V and evaluation, which use K's symmetry. Each figure is
+  the fastest of ``--repeat`` rounds.
+
+    python benchmarks/throughput.py [--samples 20000] [--components 20] [--repeat 2]
+                                    [--precision both|float64|float32] [--projections coordinator]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import dask.config
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _data import load_average, patch_store  # noqa: E402
+
+from dkha import KernelHebbianPCA  # noqa: E402
+from dkha.engine.cluster import blas_threads_for, client_for  # noqa: E402
+from dkha.kernels import make_kernel, median_distance  # noqa: E402
+from dkha.engine.rows import RowEngine  # noqa: E402
+
+
+def bound_parts(X: np.ndarray, dtype, ks: tuple[int, ...], rows: int, cores: int) -> dict:
+    """Seconds for the parts of one pass's bound over all of ``X``, each at its best here:
+    ``gemm``, the distances ``X Xᵀ`` (blocks of ``rows`` rows, BLAS on all cores); ``gemmK``,
+    ``l×l·l×K`` for each ``K`` of ``ks`` (a 256-row panel times ``V``, repeated l/256 times);
+    ``exp``, exp of l² values (one NumPy thread per core on chunks of 32 768 values, in cache)."""
+    l = len(X)
+    Xd = np.ascontiguousarray(X, dtype=dtype)
+    out: dict = {}
+    buf = np.empty((rows, l), dtype=dtype)
+    with threadpool_limits(limits=cores, user_api="blas"):
+        t0 = time.perf_counter()
+        for a in range(0, l, rows):
+            b = min(a + rows, l)
+            np.matmul(Xd[a:b], Xd.T, out=buf[:b - a])
+        out["gemm"] = time.perf_counter() - t0
+        panel = np.ascontiguousarray(buf[:256])
+        for k in ks:
+            V = np.ones((l, k), dtype=dtype)
+            t0 = time.perf_counter()
+            for _ in range(0, l, 256):
+                _ = panel @ V
+            out[f"gemm{k}"] = time.perf_counter() - t0
+    chunk = 1 << 15
+    args = -np.random.default_rng(0).random(chunk).astype(dtype)   # exp arguments in [−1, 0]
+    per_thread = -(-l * l // (chunk * cores))
+
+    def exp_part(_):
+        res = np.empty_like(args)
+        for _ in range(per_thread):
+            np.exp(args, out=res)
+
+    with ThreadPoolExecutor(cores) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(exp_part, range(cores)))
+        out["exp"] = time.perf_counter() - t0
+    return out
+
+
+def kha_pass(store, r: int, client, sigma: float, projections: str, precision: str) -> float:
+    """Seconds of one KHA-SMD pass: the block stream of a 1-pass fit (``timings_["stream"]``:
+    start-up, the cached centering row and the final eigenvalue estimate excluded)."""
+    m = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=1, evaluate_every=-1,
+                         seed=0, eta0=0.05, mu=0.05, client=client, projections=projections,
+                         precision=precision)
+    m.fit(store.path)
+    return float(m.timings_["stream"])
+
+
+def dkha_passes(store, kernel, client, r: int, precision: str, projections: str) -> dict:
+    l = store.n_samples
+    out = {}
+    with dask.config.set({"dkha.precision": precision}):
+        engine = RowEngine(store, kernel, client)
+        t0 = time.perf_counter()
+        engine.compute_mk(cache=False)
+        out["MK"] = time.perf_counter() - t0
+        V = np.random.default_rng(0).standard_normal((l, r + r // 2))
+        t0 = time.perf_counter()
+        engine.matmat(V)
+        out["K'V"] = time.perf_counter() - t0
+        C = np.random.default_rng(1).standard_normal((r, l)) / np.sqrt(l)
+        t0 = time.perf_counter()
+        engine.residual(C)
+        out["evaluation"] = time.perf_counter() - t0
+        out["KHA"] = kha_pass(store, r, client, kernel["sigma"], projections, precision)
+        sides = [g[-1][1] - g[0][0] for g in engine.tile_groups]
+        symmetric = sum(sides[i] * sides[j] for i in range(len(sides)) for j in range(i, len(sides)))
+    return out, symmetric
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--components", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=2, help="rounds; the fastest of each counts")
+    ap.add_argument("--rows", type=int, default=2048, help="rows per block of the bound's GEMMs")
+    ap.add_argument("--precision", choices=("both", "float64", "float32"), default="both")
+    ap.add_argument("--projections", choices=("coordinator", "workers"), default="coordinator")
+    ap.add_argument("--workdir", default="/tmp/dkha-bench")
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    print(f"load average before: {load_average()}", flush=True)
+    l, r = args.samples, args.components
+    store = patch_store(os.path.join(args.workdir, f"patches-{l}.zarr"), l)
+    X = store.read_rows(np.arange(l))
+    sigma = median_distance(X[np.random.default_rng(0).choice(l, min(l, 1000), replace=False)])
+    kernel = make_kernel("gaussian", sigma=sigma)
+    cores = os.cpu_count() or 1
+    precisions = ("float64", "float32") if args.precision == "both" else (args.precision,)
+    columns = {"MK": 0, "K'V": r + r // 2, "KHA": 3 * r, "evaluation": r}
+    ks = tuple(sorted({k for k in columns.values() if k}))
+    best_bound: dict = {}
+    best_dkha: dict = {}
+    print(f"l = {l}, n = {X.shape[1]}, r = {r}, sigma = {sigma:.3f}, {cores} cores, KHA-SMD "
+          f"projections on the {args.projections}", flush=True)
+    with client_for() as client, blas_threads_for(client):
+        for p in precisions:            # warm-up: compilation, the cached centering rows
+            with dask.config.set({"dkha.precision": p}):
+                KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, steps=256, evaluate_every=-1,
+                                 eta0=0.05, mu=0.05,
+                                 client=client).fit(store.path)
+        for rnd in range(max(1, args.repeat)):
+            for p in precisions:        # bound and dkha interleaved: load changes hit both
+                dtype = np.dtype(p)
+                b = bound_parts(X, dtype, ks, args.rows, cores)
+                d, symmetric = dkha_passes(store, kernel, client, r, p, args.projections)
+                print(f"  round {rnd + 1} {p}: bound parts "
+                      + ", ".join(f"{k} {v:.2f} s" for k, v in b.items()) + "; dkha "
+                      + ", ".join(f"{k} {v:.2f} s" for k, v in d.items()), flush=True)
+                for k, v in b.items():
+                    best_bound[p, k] = min(v, best_bound.get((p, k), np.inf))
+                for k, v in d.items():
+                    best_dkha[p, k] = min(v, best_dkha.get((p, k), np.inf))
+    print(f"load average after: {load_average()}")
+    print(f"\n{'pass':<12}{'precision':<10}{'bound s':>9}{'+products':>10}{'dkha s':>9}"
+          f"{'bound ev/s/core':>17}{'dkha ev/s/core':>16}{'% of bound':>12}{'% +products':>13}")
+    for name, k in columns.items():
+        # MK, K'V and evaluation use K's symmetry (tiles I ≤ J): their bound is for the
+        # evaluations they make; a KHA pass computes whole rows, l² evaluations
+        share = 1.0 if name == "KHA" else symmetric / (l * l)
+        rate = lambda s: share * l * l / s / cores  # noqa: E731
+        for p in precisions:
+            if name == "evaluation" and p != "float64":
+                continue        # evaluation always uses float64 tiles (RowEngine.exact_kernel)
+            bound = share * (best_bound[p, "gemm"] + best_bound[p, "exp"])
+            full = bound + share * (best_bound[p, f"gemm{k}"] if k else 0.0)
+            t = best_dkha[p, name]
+            print(f"{name:<12}{p:<10}{bound:>9.2f}{full:>10.2f}{t:>9.2f}{rate(bound):>17.3e}"
+                  f"{rate(t):>16.3e}{100 * bound / t:>11.0f}%{100 * full / t:>12.0f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""Kernel tiles at the speed of the hardware: one GEMM, then one fused sweep.
+
+A kernel tile ``K[I, J]`` (optionally centered, coordinator-math.md §1) is computed as
+
+1. ``G = X_I X_Jᵀ`` by one GEMM (BLAS; ``float64``, or ``float32`` with ``precision="float32"``);
+2. one compiled sweep over ``G`` (:func:`fused_sweep`) that turns each entry into the centered
+   kernel value: the squared distance ``‖x‖² + ‖y‖² − 2 G`` clipped at zero, scale, exp (a
+   vectorisable exp, not the C library's scalar one), the laplacian's square root (near pairs
+   recomputed exactly), the polynomial's power or the sigmoid's tanh, and the centering
+   ``− mk[J] − (mk[I] − mkm)`` — where NumPy made six to eight passes over the tile.
+
+Where the tile is only needed as a product (``K' V``, the projections ``S̃ K'ᵀ``, the MK row
+sums) :func:`tile_product` computes it panel by panel (a few rows at a time, small enough to stay
+in cache) and multiplies each panel by ``V`` (and its transpose by ``W``) before moving on: the
+tile is never written out whole. Products are accumulated in float64 whatever the precision.
+
+``precision="float32"``: the GEMM and the sweep run in single precision. The distance expansion
+loses ``~eps₃₂·(‖x‖² + ‖y‖²)`` to cancellation, so both blocks are first shifted by the mean of
+the column block (distances do not change; the norms shrink to the data's spread), the norms are
+computed in float64, the distance is formed in float64 from the float32 product, and for the
+laplacian the near pairs (where the square root magnifies the error) are recomputed exactly.
+The row engine keeps evaluation (E(A), E_min) and its tile cache in float64 whatever the
+precision (``RowEngine.exact_kernel``): ``E_min² = ‖K'‖² − Σλ²`` cancels.
+
+Devices. ``device="cpu"`` runs the compiled sweep. ``device="cuda"`` runs the same tile
+functions with CuPy arrays (:func:`array_module`; install ``dkha[gpu]``): the array path
+(:func:`_array_tile`) is written once against the NumPy/CuPy array API, so on a machine without a
+GPU the same code runs with NumPy behind it (the tests do). ``device="auto"`` picks ``cuda`` on a
+Dask worker that declares a ``GPU`` resource (``dask worker --resources GPU=1``) and ``cpu``
+elsewhere: the choice is made per worker, where the task runs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from dkha.errors import ParameterError
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("float64", "float32")
+DEVICES = ("cpu", "cuda", "auto")
+
+# kernel codes of the compiled sweep (dkha.kernels.Kernel.tile_code)
+GAUSSIAN, LAPLACIAN, POLYNOMIAL, SIGMOID = 0, 1, 2, 3
+
+PANEL_BYTES = 1 << 23      # a panel of a product's tile: rows × |J| values in about 8 MiB (BLAS wants rows)
+REFINE_FLOAT64 = 1e-6      # laplacian: recompute pairs with d² ≤ this · (max ‖x‖² + max ‖y‖²)
+REFINE_FLOAT32 = 1e-3      # float32: recompute pairs with d² ≤ this · (‖x‖² + ‖y‖²)
+
+
+def dtype_of(precision: str) -> np.dtype:
+    """The floating type of kernel tiles for ``precision`` (``float64`` or ``float32``)."""
+    if precision not in PRECISIONS:
+        raise ParameterError(f"unknown precision {precision!r}; choose one of "
+                             f"{', '.join(PRECISIONS)}")
+    return np.dtype(precision)
+
+
+# --- devices -------------------------------------------------------------------------------------
+
+
+def _no_gpu() -> bool:
+    return False
+
+
+_gpu_probe = _no_gpu      # set by the worker-side tasks (dkha.engine.tasks): this worker's GPU
+
+
+def set_gpu_probe(probe) -> None:
+    """Tell ``device="auto"`` how to ask whether this process is a worker with a ``GPU`` resource
+    (a function of no arguments; :mod:`dkha.engine.tasks` installs one reading the Dask worker's
+    resources, so this module imports no Dask)."""
+    global _gpu_probe
+    _gpu_probe = probe
+
+
+def resolve_device(device: str) -> str:
+    """``cpu`` or ``cuda``: ``auto`` becomes ``cuda`` on a worker declaring a ``GPU`` resource."""
+    if device not in DEVICES:
+        raise ParameterError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "auto":
+        return "cuda" if _gpu_probe() else "cpu"
+    return device
+
+
+def array_module(device: str):
+    """The array module behind ``device``: NumPy for ``cpu``, CuPy for ``cuda``."""
+    if resolve_device(device) == "cpu":
+        return np
+    try:
+        import cupy
+    except ImportError:
+        raise ParameterError("device 'cuda' needs CuPy on the workers: pip install 'dkha[gpu]' "
+                             "(or run with --device cpu)") from None
+    return cupy
+
+
+def to_host(xp, a):
+    """``a`` as a NumPy array (copies from the GPU for CuPy)."""
+    return a if xp is np else xp.asnumpy(a)
+
+
+# --- the compiled sweep --------------------------------------------------------------------------
+
+
+def _bitcast(int_type, float_type):
+    """A compiled reinterpretation of ``int_type`` bits as ``float_type`` (for 2^k in the exp)."""
+    @intrinsic
+    def cast(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(float_type))
+        return float_type(int_type), codegen
+    return cast
+
+
+_int_as_float64 = _bitcast(types.int64, types.float64)
+_int_as_float32 = _bitcast(types.int32, types.float32)
+
+
+@njit(inline="always", fastmath=True)
+def _exp_neg64(x):
+    """``exp(x)`` for ``x ≤ 0`` (2 ulp; 0 below −708): Cody–Waite reduction, degree-12 Taylor
+    polynomial, 2^k from its bits. No call, so LLVM vectorises the loop around it."""
+    x = max(x, -708.0)
+    k = np.floor(x * 1.4426950408889634 + 0.5)
+    r = x - k * 0.693145751953125 - k * 1.42860682030941723212e-6
+    p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (
+        1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (
+            1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600))))))))))))
+    return p * _int_as_float64((np.int64(k) + 1023) << 52)
+
+
+_F32 = np.float32
+
+
+@njit(inline="always", fastmath=True)
+def _exp_neg32(x):
+    """``exp(x)`` for ``x ≤ 0`` in float32 (2 ulp; 0 below −87), as :func:`_exp_neg64`."""
+    x = max(x, _F32(-87.0))
+    k = _F32(np.floor(x * _F32(1.44269504) + _F32(0.5)))
+    r = x - k * _F32(0.693359375) + k * _F32(2.12194440e-4)
+    p = _F32(1.0) + r * (_F32(1.0) + r * (_F32(0.5) + r * (_F32(1.0 / 6) + r * (_F32(1.0 / 24) + r * (
+        _F32(1.0 / 120) + r * (_F32(1.0 / 720) + r * _F32(1.0 / 5040)))))))
+    return p * _int_as_float32((np.int32(k) + np.int32(127)) << np.int32(23))
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def fused_sweep(T, xx, yy, code, p1, p2, p3, mk_rows, mk_cols, mkm, X, Y, refine, single):
+    """``T[i, j] ← k(x_i, y_j) − mk_cols[j] − (mk_rows[i] − mkm)`` from ``T = G = X Yᵀ``, one sweep
+    in place (one array: LLVM vectorises only loops it can prove free of aliasing).
+
+    ``code``/``p1..p3``: gaussian (``p1 = 1/(2σ²)``), laplacian (``p1 = 1/σ``; pairs with
+    ``d² ≤ refine[0] + refine[1]·(‖x‖² + ‖y‖²)`` are recomputed from ``X`` and ``Y`` in float64),
+    polynomial (degree ``p1``, offset ``p2``), sigmoid (gamma ``p1``, offset ``p2``). ``xx``/``yy``:
+    float64 squared norms (distance kernels). Zero ``mk`` rows and ``mkm`` leave it uncentered.
+    ``single``: the gaussian's exp in float32.
+    """
+    m, n = T.shape
+    for i in range(m):
+        g = T[i]
+        o = g
+        ci = mk_rows[i] - mkm
+        xi = xx[i]
+        if code == GAUSSIAN:
+            if single:
+                s = np.float32(-p1)
+                for j in range(n):
+                    d = max(xi + yy[j] - 2.0 * g[j], 0.0)
+                    o[j] = _exp_neg32(np.float32(d) * s) - np.float32(mk_cols[j] + ci)
+            else:
+                for j in range(n):
+                    d = max(xi + yy[j] - 2.0 * g[j], 0.0)
+                    o[j] = _exp_neg64(-p1 * d) - mk_cols[j] - ci
+        elif code == LAPLACIAN:
+            for j in range(n):
+                d = max(xi + yy[j] - 2.0 * g[j], 0.0)
+                if d <= refine[0] + refine[1] * (xi + yy[j]):
+                    d = 0.0
+                    for f in range(X.shape[1]):
+                        t = np.float64(X[i, f]) - np.float64(Y[j, f])
+                        d += t * t
+                o[j] = _exp_neg64(-p1 * np.sqrt(d)) - mk_cols[j] - ci
+        elif code == POLYNOMIAL:
+            degree = int(p1)
+            for j in range(n):
+                b = g[j] + p2
+                v = b
+                for _ in range(degree - 1):
+                    v *= b
+                o[j] = v - mk_cols[j] - ci
+        else:
+            for j in range(n):
+                o[j] = np.tanh(p1 * g[j] + p2) - mk_cols[j] - ci
+
+
+# --- one tile: GEMM + sweep (compiled on CPU, array functions on GPU) -------------------------
+
+
+class TileSpec:
+    """What a tile function needs of a kernel: its code and parameters, precision, device.
+
+    Built by :meth:`dkha.kernels.Kernel.tile_spec`; a plain value, cheap to make per task.
+    """
+
+    __slots__ = ("code", "p1", "p2", "p3", "dtype", "device")
+
+    def __init__(self, code: int, p1: float, p2: float, p3: float, precision: str, device: str):
+        self.code, self.p1, self.p2, self.p3 = int(code), float(p1), float(p2), float(p3)
+        self.dtype = dtype_of(precision)
+        self.device = device
+
+    @property
+    def distance(self) -> bool:
+        return self.code in (GAUSSIAN, LAPLACIAN)
+
+
+def _operands(spec: TileSpec, X: np.ndarray, Y: np.ndarray):
+    """``(Xs, Ys, xx, yy)``: the blocks in the tile's precision (shifted by ``Y``'s mean for a
+    distance kernel in float32: distances unchanged, cancellation reduced) and float64 norms."""
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64)
+    if spec.distance:
+        if spec.dtype == np.float32 and len(Y):
+            shift = Y.mean(axis=0)
+            X = X - shift
+            Y = Y - shift
+        xx = np.einsum("ij,ij->i", X, X)
+        yy = np.einsum("ij,ij->i", Y, Y)
+    else:
+        xx = yy = np.zeros(0)
+    if spec.dtype == np.float32:
+        return X.astype(np.float32), Y.astype(np.float32), xx, yy, X, Y
+    return X, Y, xx, yy, X, Y
+
+
+def _refine(spec: TileSpec, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
+    """Thresholds ``(absolute, relative)`` for recomputing near pairs of the laplacian."""
+    if spec.dtype == np.float32:
+        return np.array([0.0, REFINE_FLOAT32])
+    scale = (xx.max() if len(xx) else 0.0) + (yy.max() if len(yy) else 0.0)
+    return np.array([REFINE_FLOAT64 * scale, 0.0])
+
+
+
+def _mk_args(m: int, n: int, mk_rows, mk_cols):
+    mr = np.zeros(m) if mk_rows is None else np.ascontiguousarray(mk_rows, dtype=np.float64)
+    mc = np.zeros(n) if mk_cols is None else np.ascontiguousarray(mk_cols, dtype=np.float64)
+    return mr, mc
+
+
+def _cpu_panel(spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm):
+    """The (centered) tile of the rows ``Xs`` against ``Ys`` on the CPU: GEMM, then the sweep."""
+    T = Xs @ Ys.T
+    fused_sweep(T, xx, yy, spec.code, spec.p1, spec.p2, spec.p3, mr, mc, float(mkm),
+                X64, Y64, refine, spec.dtype == np.float32)
+    return T
+
+
+def _array_tile(xp, spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm):
+    """The same tile with array functions only (CuPy on a GPU, NumPy in the tests on CPU)."""
+    G = Xs @ Ys.T
+    if spec.distance:
+        d = xx[:, None] + yy[None, :] - 2.0 * G.astype(xp.float64)
+        xp.maximum(d, 0.0, out=d)
+        if spec.code == LAPLACIAN:
+            i, j = xp.nonzero(d <= refine[0] + refine[1] * (xx[:, None] + yy[None, :]))
+            for s in range(0, len(i), 4096):
+                diff = X64[i[s:s + 4096]] - Y64[j[s:s + 4096]]
+                d[i[s:s + 4096], j[s:s + 4096]] = (diff * diff).sum(axis=1)
+            d = xp.exp(-spec.p1 * xp.sqrt(d))
+        else:
+            d = xp.exp((-spec.p1 * d).astype(spec.dtype))
+        K = d.astype(spec.dtype, copy=False)
+    elif spec.code == POLYNOMIAL:
+        K = (G + spec.p2) ** int(spec.p1)
+    else:
+        K = xp.tanh(spec.p1 * G + spec.p2)
+    K = K - mc[None, :].astype(spec.dtype) - (mr - mkm)[:, None].astype(spec.dtype)
+    return K.astype(spec.dtype, copy=False)
+
+
+def _device_tile(xp, spec, ops, refine, mr, mc, mkm):
+    """The whole (centered) tile on the device: operands moved there, :func:`_array_tile`."""
+    return _array_tile(xp, spec, *(xp.asarray(a) for a in (*ops, refine, mr, mc)), mkm)
+
+
+def kernel_tile(spec: TileSpec, X, Y, mk_rows=None, mk_cols=None, mkm: float = 0.0,
+                *, out_dtype=np.float64) -> np.ndarray:
+    """``K[X, Y]``, centered when ``mk_rows``/``mk_cols`` are given, as a NumPy array of
+    ``out_dtype`` (the coordinator's rows: float64; the tile cache may keep the tile precision)."""
+    Xs, Ys, xx, yy, X64, Y64 = _operands(spec, X, Y)
+    mr, mc = _mk_args(len(Xs), len(Ys), mk_rows, mk_cols)
+    refine = _refine(spec, xx, yy)
+    xp = array_module(spec.device)
+    if xp is np:
+        T = _cpu_panel(spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm)
+        return T.astype(out_dtype, copy=False)
+    K = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
+    return to_host(xp, K).astype(out_dtype, copy=False)
+
+
+def _panel_rows(n_cols: int, itemsize: int) -> int:
+    return int(max(64, min(4096, PANEL_BYTES // max(1, n_cols * itemsize))))
+
+
+def tile_product(spec: TileSpec, X, Y, V=None, W=None, mk_rows=None, mk_cols=None,
+                 mkm: float = 0.0, *, sums: bool = False):
+    """Products of the (centered) tile ``T = K'[X, Y]`` without writing ``T`` out.
+
+    Returns ``(T V, Tᵀ W, T 1, Tᵀ 1)``: ``V`` is ``|Y| × k``, ``W`` is ``|X| × k'`` (each product
+    ``None`` when its operand is); with ``sums``, the row and column sums too (else ``None``).
+    All float64; the tile is computed ``panel`` rows at a time, each panel multiplied while it is
+    in cache (compiled sweep on CPU; one array-function tile on GPU).
+    """
+    Xs, Ys, xx, yy, X64, Y64 = _operands(spec, X, Y)
+    m, n = len(Xs), len(Ys)
+    mr, mc = _mk_args(m, n, mk_rows, mk_cols)
+    refine = _refine(spec, xx, yy)
+    dt = spec.dtype
+    Vd = None if V is None else np.ascontiguousarray(V, dtype=dt)
+    Wd = None if W is None else np.ascontiguousarray(W, dtype=dt)
+    TV = None if V is None else np.empty((m, V.shape[1]))
+    TW = None if W is None else np.zeros((n, W.shape[1]))
+    rowsum = np.empty(m) if sums else None
+    colsum = np.zeros(n) if sums else None
+    xp = array_module(spec.device)
+    if xp is not np:
+        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
+        if V is not None:
+            TV[:] = to_host(xp, T @ xp.asarray(Vd))
+        if W is not None:
+            TW[:] = to_host(xp, T.T @ xp.asarray(Wd))
+        if sums:
+            rowsum[:] = to_host(xp, T.sum(axis=1, dtype=xp.float64))
+            colsum[:] = to_host(xp, T.sum(axis=0, dtype=xp.float64))
+        return TV, TW, rowsum, colsum
+    step = _panel_rows(n, dt.itemsize)
+    for a in range(0, m, step):
+        b = min(a + step, m)
+        T = _cpu_panel(spec, Xs[a:b], Ys, xx[a:b] if len(xx) else xx, yy, X64[a:b], Y64, refine,
+                       mr[a:b], mc, mkm)
+        if V is not None:
+            TV[a:b] = T @ Vd
+        if W is not None:
+            TW += T.T @ Wd[a:b]
+        if sums:
+            rowsum[a:b] = T.sum(axis=1, dtype=np.float64)
+            colsum += T.sum(axis=0, dtype=np.float64)
+    return TV, TW, rowsum, colsum
+
+
+def tile_residuals(spec: TileSpec, X, Y, Cs: tuple, C_rows: slice, C_cols: slice,
+                   mk_rows=None, mk_cols=None, mkm: float = 0.0) -> np.ndarray:
+    """``[‖T‖², ‖T − C[:, rows]ᵀ C[:, cols]‖² for each C of Cs]`` for the (centered) tile
+    ``T = K'[X, Y]``, panel by panel (each panel's residuals taken while it is in cache; float64
+    sums; on GPU one array-function tile)."""
+    Xs, Ys, xx, yy, X64, Y64 = _operands(spec, X, Y)
+    m, n = len(Xs), len(Ys)
+    mr, mc = _mk_args(m, n, mk_rows, mk_cols)
+    refine = _refine(spec, xx, yy)
+    out = np.zeros(1 + len(Cs))
+    xp = array_module(spec.device)
+    if xp is not np:
+        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
+        T = T.astype(xp.float64)
+        out[0] = float((T * T).sum())
+        for k, C in enumerate(Cs):
+            Cd = xp.asarray(C)
+            R = T - Cd[:, C_rows].T @ Cd[:, C_cols]
+            out[1 + k] = float((R * R).sum())
+        return out
+    rows0 = C_rows.start or 0
+    step = _panel_rows(n, spec.dtype.itemsize)
+    for a in range(0, m, step):
+        b = min(a + step, m)
+        T = _cpu_panel(spec, Xs[a:b], Ys, xx[a:b] if len(xx) else xx, yy, X64[a:b], Y64, refine,
+                       mr[a:b], mc, mkm)
+        flat = T.ravel()
+        out[0] += float(np.dot(flat, flat))
+        for k, C in enumerate(Cs):
+            R = C[:, rows0 + a:rows0 + b].T @ C[:, C_cols]
+            R -= T
+            flat = R.ravel()
+            out[1 + k] += float(np.dot(flat, flat))
+    return out

@@ -1,0 +1,33 @@
+"""Every script in examples/ runs to the end on small data (DKHA_EXAMPLE_SMALL=1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.processes import REPO, subprocess_env
+
+EXAMPLES = sorted(f for f in os.listdir(os.path.join(REPO, "examples")) if f.endswith(".py"))
+
+
+def test_the_gallery_has_its_three_examples():
+    assert EXAMPLES == ["plot_cluster_run.py", "plot_digits_estimator.py",
+                        "plot_image_patches.py"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_runs(name, tmp_path):
+    env = subprocess_env(DKHA_EXAMPLE_SMALL="1", MPLBACKEND="Agg")
+    p = subprocess.run([sys.executable, os.path.join(REPO, "examples", name)], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    pngs = [f for f in os.listdir(tmp_path) if f.endswith(".png")]
+    if name != "plot_cluster_run.py":
+        assert pngs and all(os.path.getsize(tmp_path / f) > 1000 for f in pngs)
+    else:
+        assert "excess error after" in p.stdout and "Array (3000, 8)" in p.stdout

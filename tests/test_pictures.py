@@ -1,0 +1,125 @@
+"""Patch provenance, training projections as response maps, component pictures, the report page
+in a real headless Chromium."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from dkha import KernelHebbianPCA
+from dkha.data import result
+from dkha.data.store import open_store
+from tests.browser import chromium, decoded_images
+from tests.processes import dkha_command, subprocess_env
+
+PATCH, STEP = 5, 2
+
+
+def _dkha(*args, cwd):
+    p = subprocess.run(dkha_command(*args), cwd=cwd, env=subprocess_env(), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.fixture(scope="module")
+def photo_run(tmp_path_factory, client):
+    """Two photographs of different sizes ingested by ``dkha ingest images``, a KHA/et fit saved
+    as a run, and ``dkha transform`` of the same store."""
+    import skimage.data
+    import skimage.io
+    import skimage.transform
+
+    d = tmp_path_factory.mktemp("photos")
+    shapes = {"camera.png": (30, 38), "coins.png": (24, 28)}
+    for name, shape in shapes.items():
+        img = getattr(skimage.data, name[:-4])()
+        img = skimage.transform.resize(img, shape, anti_aliasing=True)
+        skimage.io.imsave(d / name, (img * 255).astype(np.uint8), check_contrast=False)
+    _dkha("ingest", "images", "camera.png", "coins.png", "-o", "patches.zarr", "--patch",
+          str(PATCH), "--step", str(STEP), cwd=d)
+    model = KernelHebbianPCA(3, algorithm="kha-et", sigma=1.5, passes=2, block_rows=64,
+                             client=client).fit(str(d / "patches.zarr"), run_dir=str(d / "run"))
+    _dkha("transform", "run", "patches.zarr", "-o", "projected.zarr", cwd=d)
+    return d, shapes, model
+
+
+def test_store_carries_patch_provenance(photo_run):
+    import skimage.io
+
+    d, shapes, _ = photo_run
+    ds = xr.open_zarr(d / "patches.zarr")
+    assert {"image", "image_name", "row", "col"} <= set(ds.coords)
+    X = ds["X"].values
+    for i, (name, shape) in enumerate(shapes.items()):
+        img = np.asarray(skimage.io.imread(d / name), dtype=np.float64) / 255
+        sel = ds["image"].values == i
+        assert set(ds["image_name"].values[sel]) == {name}
+        # each patch is the pixels at (STEP·row, STEP·col) of its image
+        for k in np.flatnonzero(sel)[[0, 7, -1]]:
+            r, c = int(ds["row"].values[k]), int(ds["col"].values[k])
+            np.testing.assert_allclose(X[k].reshape(PATCH, PATCH),
+                                       img[STEP * r:STEP * r + PATCH, STEP * c:STEP * c + PATCH])
+
+
+def test_response_maps_equal_dkha_transform(photo_run):
+    d, shapes, model = photo_run
+    ds = result.load(d / "run")
+    assert ds["projection"].dims == ("sample", "component")
+    maps = ds.projection.set_index(sample=["image", "row", "col"]).unstack()
+    projected = result.objects_for_strings(xr.open_zarr(d / "projected.zarr")).load()
+    assert {"image", "row", "col"} <= set(projected.coords)  # carried through the transform
+    expected = projected.projection.set_index(sample=["image", "row", "col"]).unstack()
+    store = open_store(d / "patches.zarr")
+    for i, (name, shape) in enumerate(shapes.items()):
+        grid = ((shape[0] - PATCH) // STEP + 1, (shape[1] - PATCH) // STEP + 1)
+        one = maps.sel(image=i).dropna("row", how="all").dropna("col", how="all")
+        assert one.sizes["row"] == grid[0] and one.sizes["col"] == grid[1]
+        assert np.isfinite(one.values).all()
+        ref = expected.sel(image=i).dropna("row", how="all").dropna("col", how="all")
+        np.testing.assert_allclose(one.transpose("component", "row", "col").values,
+                                   ref.transpose("component", "row", "col").values,
+                                   rtol=0, atol=1e-10)
+        assert store.attrs["source"]["images"][i]["grid"] == list(grid)
+    # and the in-memory transform of a few patches agrees with the saved projections
+    np.testing.assert_allclose(model.transform(store.read(0, 9)), ds["projection"].values[:9],
+                               rtol=0, atol=1e-10)
+
+
+def test_component_pictures_are_preimages(photo_run, client):
+    """Each picture is a fixed point of Mika's iteration for its target point: the weighted mean
+    of the training patches with weights γ_j k(z, x_j), computed here with plain numpy."""
+    from scipy.spatial.distance import cdist
+
+    d, _, _ = photo_run
+    ds = result.load(d / "run")
+    pics = ds["component_image"]
+    assert pics.dims == ("component", "patch_row", "patch_col") and pics.shape == (3, PATCH, PATCH)
+    X = open_store(d / "patches.zarr").read()
+    A = ds["alpha"].values
+    sigma = ds.attrs["sigma"]
+    spread = ds["projection"].values.std(axis=0)
+    for i in range(3):
+        beta = np.zeros(3)
+        beta[i] = 2.0 * spread[i]
+        gamma = beta @ A + (1.0 - beta @ A.sum(axis=1)) / len(X)  # PΦ + mean, over Φ(x_j)
+        z = pics.values[i].ravel()
+        w = gamma * np.exp(-cdist(z[None], X, "sqeuclidean")[0] / (2 * sigma**2))
+        np.testing.assert_allclose(w @ X / w.sum(), z, atol=1e-3)
+
+
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (.ci/run installs it)")
+def test_report_page_decodes_in_chromium(photo_run):
+    d, _, _ = photo_run
+    p = _dkha("report", "run", cwd=d)
+    assert p.stdout.strip().endswith("report.html")
+    page = open(d / "run" / "report.html").read()
+    sizes = decoded_images(page)
+    # the convergence curve, the component pictures, the response maps: all decoded
+    assert len(sizes) == 3 and all(w > 50 and h > 50 for w, h in sizes), sizes
+    # the probe can fail: a broken picture decodes to nothing
+    broken = page.replace("base64,iVBOR", "base64,AAAA", 1)
+    assert sorted(w for w, _ in decoded_images(broken))[0] == 0

@@ -1,0 +1,65 @@
+"""Progress from the first second: what a fit shows outside a terminal (log lines), the krylov
+summary's wording and the excess printed clipped at 0 with its precision."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import dask.config
+import numpy as np
+
+from dkha import KernelHebbianPCA, progress
+from dkha.cli.fit import _excess_text, excess_precision
+from dkha.cli.main import main
+
+
+def test_progress_logs_start_periodic_and_end_lines_outside_a_terminal(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="dkha.progress")
+    now = [0.0]
+    monkeypatch.setattr(progress, "_clock", lambda: now[0])
+    bar = progress.Progress(True, 10, "centering (MK row)", unit="tile")
+    for seconds in (4.0, 11.0, 12.0):      # a line once 10 s passed since the last one
+        now[0] = seconds
+        bar.update(2)
+    now[0] = 30.0
+    bar.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["centering (MK row): 0/10 tiles so far in 0 s",
+                     "centering (MK row): 4/10 tiles so far in 11 s",
+                     "centering (MK row): 6/10 tiles in 30 s"]
+    caplog.clear()
+    with progress.Progress(False, 3, "hidden") as quiet:
+        quiet.update(3)
+    with progress.Progress(True, 3, "a short pass", transient=True) as short:
+        short.update(3)
+    assert caplog.records == []
+
+
+def test_a_verbose_fit_shows_each_phase(digits_store, client, caplog):
+    caplog.set_level(logging.INFO, logger="dkha.progress")
+    with dask.config.set({"dkha.mk-cache": False}):     # the MK row computed, not read back
+        KernelHebbianPCA(3, algorithm="kha-et", sigma=4.0, passes=1, client=client,
+                         verbose=True).fit(digits_store)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("centering (MK row): 0/") for m in lines)
+    assert any(m.startswith("kha-et: 0/300 steps") for m in lines)
+    assert any(m.startswith("kha-et: 300/300 steps in") for m in lines)
+
+
+def test_excess_is_printed_clipped_at_zero_with_its_precision():
+    assert _excess_text(-2.3e-9, 1e-14) == "0 (below its precision, ±2.3e-09)"
+    assert _excess_text(1.5e-3, 2e-12) == "1.500e-03 (±2.0e-12)"
+    # ε √l ‖K'‖²_F / E_min², with ‖K'‖²_F = E_min² + Σλ²
+    p = excess_precision(2.0, [3.0, 1.0], 400)
+    assert np.isclose(p, np.finfo(float).eps * 20 * (4 + 10) / 4)
+
+
+def test_krylov_summary_counts_its_products(digits_store, client, capsys, tmp_path):
+    assert main(["fit", digits_store.path, "-o", str(tmp_path / "k"), "--algorithm", "krylov",
+                 "--components", "3", "--sigma", "4", "--quiet",
+                 "--scheduler", client.scheduler.address]) == 0
+    out = capsys.readouterr().out
+    products = re.search(r"after (\d+) Krylov products: .* excess = (\S+)", out)
+    assert products and int(products.group(1)) > 1, out
+    assert not products.group(2).startswith("-"), out
