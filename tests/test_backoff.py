@@ -98,8 +98,7 @@ def test_backoff_gives_up_after_its_limit(kc):
 
 # --- whole fits: history, saved run, kill + resume across a backoff -------------------------------
 
-BLOCK = 8     # small blocks: the backoffs of kha-t at eta0 = 7 roll back to step 16, not 0
-ROLLBACK = 16
+BLOCK = 8     # small blocks: the backoffs of kha-t at eta0 = 7 roll back to a block start past 0
 
 
 def make(client, seed, algorithm="kha-t", eta0=7.0, **kw):
@@ -136,8 +135,9 @@ def diverging(digits_store, client, seed, tmp_path_factory):
 def test_batch_fit_records_its_backoffs_and_saves_them(diverging):
     model, run = diverging
     b = model.backoffs_
-    assert len(b) >= 2 and {x["rolled_back_to"] for x in b} == {ROLLBACK}
-    assert all(x["rolled_back_to"] % BLOCK == 0 and x["rolled_back_to"] < x["step"] for x in b)
+    # each backoff rolls back to the start of the block its bad step lies in
+    assert len(b) >= 2 and any(x["rolled_back_to"] > 0 for x in b)
+    assert all(x["rolled_back_to"] == x["step"] // BLOCK * BLOCK for x in b)
     assert np.isfinite(model.alpha_).all() and model.history_[-1]["excess"] < 0.5
     ds = xr.open_zarr(os.path.join(run, "components.zarr")).load()
     assert ds["backoff_step"].values.tolist() == [x["step"] for x in b]
@@ -149,12 +149,13 @@ def test_batch_kill_and_resume_across_a_backoff_is_bit_identical(digits_store, c
                                                                  monkeypatch):
     full, _ = diverging
     run = str(tmp_path / "run")
-    restore = kill_at_checkpoint(monkeypatch, ROLLBACK + BLOCK)
+    after = max(x["step"] for x in full.backoffs_) // BLOCK * BLOCK + BLOCK  # past the last one
+    restore = kill_at_checkpoint(monkeypatch, after)
     with pytest.raises(Killed):        # after the backoffs: the halved gain is in the checkpoint
         make(client, seed).fit(digits_store, run_dir=run, checkpoint_steps=BLOCK)
     restore()
     ck = Checkpointer(run).latest()
-    assert ck.step == ROLLBACK + BLOCK and ck.meta["backoffs"] == full.backoffs_
+    assert ck.step == after and ck.meta["backoffs"] == full.backoffs_
     assert ck.meta["state_scalars"]["gain_factor"] == 0.5 ** len(full.backoffs_)
     resumed = make(client, seed).fit(digits_store, run_dir=run, resume=True)
     np.testing.assert_array_equal(resumed.alpha_, full.alpha_)
