@@ -120,8 +120,9 @@ def grids(coarse: bool) -> dict:
             "kha-smd": [(e, m) for e in g(-4, -1) for m in (0.1, 1.0, 10.0)]}
 
 
-def store_for(name: str, builder, workdir: str) -> str:
-    path = os.path.join(workdir, f"{name}.zarr")
+def store_for(name: str, builder, workdir: str, small: bool) -> str:
+    """The data set's store in ``workdir``, made once (``--small`` ones apart from the others)."""
+    path = os.path.join(workdir, f"{name}{'-small' if small else ''}.zarr")
     if not os.path.exists(path):
         ingest_array(builder(), path, chunk_rows=1024)
     return path
@@ -134,7 +135,7 @@ def run_panel(names, args, client, workdir) -> list[dict]:
     rows = []
     for name in names:
         builder, kernel_options, gaussian = data[name]
-        path = store_for(name, builder, workdir)
+        path = store_for(name, builder, workdir, args.small)
         kw = {k: v for k, v in kernel_options.items() if k != "sigma_times_median"}
         if "sigma_times_median" in kernel_options:
             kw["sigma"] = kernel_options["sigma_times_median"] * median(open_store(path).read())
