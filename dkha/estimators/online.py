@@ -482,7 +482,8 @@ class OnlineKernelPCA(DkhaTransformer):
                     kernel_gamma=kp.get("gamma"), eta0=a["eta0"], gamma=a.get("gamma"),
                     tau=a.get("tau"), nu=a["nu"], max_members=int(a["max_members"]),
                     center=bool(a["centered"]), seed=int(a["seed"]))
-        p = model._validated()
+        # the scales the run was fitted with (the unit of eta0, read off its data then)
+        p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
         kernel = make_kernel(a["kernel"], **kp)
         model.solver_ = model._new_solver(p, int(a["n_features"]), kernel)
         if "state_B" not in ds:
