@@ -1,17 +1,49 @@
 """dkha: kernel principal components of data sets too large for a kernel matrix.
 
 The Kernel Hebbian Algorithm family (KHA, KHA/t, KHA/et, KHA-SMD) on a Dask row engine.
+
+The public names load on first use (PEP 562, as scipy and scikit-image do): ``import dkha``
+and the ``dkha`` command start in milliseconds, and the seconds dask, xarray and scikit-learn
+take to import come when a name that needs them is first used.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from dkha import config  # noqa: F401  (registers dkha.* defaults with dask.config)
-from dkha.data.store import DataStore, ingest_array, ingest_images, open_store
-from dkha.estimators.batch import KernelHebbianPCA, fit_together
-from dkha.estimators.online import OnlineKernelPCA
-from dkha.estimators.saved import load
-from dkha.estimators.tune import tune
-from dkha.kernels import Kernel, make_kernel
-from dkha.runs.variance import explained_variance
 from dkha.version import __version__
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "KernelHebbianPCA": "dkha.estimators.batch", "fit_together": "dkha.estimators.batch",
+    "OnlineKernelPCA": "dkha.estimators.online", "load": "dkha.estimators.saved",
+    "tune": "dkha.estimators.tune", "explained_variance": "dkha.runs.variance",
+    "Kernel": "dkha.kernels", "make_kernel": "dkha.kernels",
+    "DataStore": "dkha.data.store", "ingest_array": "dkha.data.store",
+    "ingest_images": "dkha.data.store", "open_store": "dkha.data.store",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value     # once loaded, an ordinary attribute
+        return value
+    raise AttributeError(f"module 'dkha' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:   # what static tools see
+    from dkha.data.store import DataStore, ingest_array, ingest_images, open_store
+    from dkha.estimators.batch import KernelHebbianPCA, fit_together
+    from dkha.estimators.online import OnlineKernelPCA
+    from dkha.estimators.saved import load
+    from dkha.estimators.tune import tune
+    from dkha.kernels import Kernel, make_kernel
+    from dkha.runs.variance import explained_variance
 
 __all__ = ["KernelHebbianPCA", "OnlineKernelPCA", "fit_together", "load", "tune", "explained_variance",
            "Kernel", "make_kernel", "DataStore", "ingest_array", "ingest_images", "open_store",

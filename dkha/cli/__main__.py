@@ -2,6 +2,6 @@
 
 import sys
 
-from dkha.cli.main import main
+from dkha.cli import main
 
 sys.exit(main())

@@ -326,17 +326,7 @@ def _install_stop_handler() -> None:
         pass
 
 
-def _announce(argv: list[str]) -> None:
-    """``dkha fit``'s first progress line, before the workers start (seconds): in a terminal
-    unless ``--quiet``, and with ``-v``."""
-    words = [a for a in argv if not a.startswith("-")]
-    verbose = any(a.startswith("-v") or a == "--verbose" for a in argv)
-    if words[:1] == ["fit"] and "--quiet" not in argv and (verbose or sys.stderr.isatty()):
-        print("dkha fit: starting the Dask workers", file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
-    _announce(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
