@@ -146,7 +146,9 @@ def test_sigterm_checkpoints_mid_pass_and_exits_75(store, uninterrupted, tmp_pat
     alpha_ref, _ = uninterrupted
     run = str(tmp_path / "term")
     proc = _start(store, run, FIT, pipe=True)
-    time.sleep(0.3)
+    # right after pass 1's checkpoint, early in pass 2: its end (1200) brings an evaluation,
+    # and a SIGTERM during an evaluation checkpoints at that pass end instead
+    time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err
