@@ -155,6 +155,39 @@ def test_cli_reports_the_bad_step_exits_3_and_keeps_only_good_checkpoints(digits
     assert all(np.isfinite(v).all() for v in ck.arrays.values())
 
 
+def test_cli_keeps_distributed_warnings_off_its_one_line_errors(capfd):
+    """A fit that stops on divergence cancels its prefetched row tasks, and distributed logs a
+    WARNING for each one still running (CI once saw it as a second stderr line above the error).
+    Without -v the CLI lets distributed log errors only, in this process and in the worker
+    processes of the clusters it starts (their stderr is this process's); -v shows warnings."""
+    import logging
+
+    from dkha.cli.main import _quiet_distributed
+    from dkha.engine.cluster import client_for
+
+    def say(tag):
+        logging.getLogger("distributed.worker.state_machine").warning("warning-%s", tag)
+        logging.getLogger("distributed.worker.state_machine").error("error-%s", tag)
+
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("distributed")]
+    old = {n: logging.getLogger(n).level for n in names}
+    try:
+        for level, shown in [(logging.WARNING, {"error"}), (logging.INFO, {"warning", "error"})]:
+            _quiet_distributed(level)
+            machine = logging.getLogger("distributed.worker.state_machine")
+            assert {k for k, lv in [("warning", logging.WARNING), ("error", logging.ERROR)]
+                    if machine.isEnabledFor(lv)} == shown
+            capfd.readouterr()
+            with client_for(2) as c:
+                c.run(say, "worker")
+            err = capfd.readouterr().err
+            for kind in ["warning", "error"]:
+                assert err.count(f"{kind}-worker") == (2 if kind in shown else 0), err
+    finally:
+        for n, level in old.items():
+            logging.getLogger(n).setLevel(level)
+
+
 @pytest.mark.parametrize("algorithm", ["oo-kha", "okpca"])
 def test_online_diverging_gain_stops_at_its_first_bad_step(online_digits, algorithm):
     """The papers' dictionary form (tests/test_online.py) replayed step by step: the first step

@@ -297,12 +297,19 @@ COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, **FIT_COMMANDS,
 
 
 def _quiet_distributed(level: int) -> None:
-    """distributed logs INFO lines on every cluster start; keep them out of the CLI's output."""
+    """distributed logs INFO lines on every cluster start, and a WARNING for each task a stop
+    cancels (a fit that ends on bad input or divergence cancels its prefetched rows): keep them
+    out of the CLI's output, where an error is one line. ``-v`` shows its warnings, ``-vv`` all.
+
+    The local clusters dkha starts take the same level into their worker processes
+    (``engine.cluster.client_for``).
+    """
     import distributed  # noqa: F401  (configures its loggers on import; then we override)
 
+    quiet = {logging.WARNING: logging.ERROR, logging.INFO: logging.WARNING}.get(level, level)
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("distributed"):
-            logging.getLogger(name).setLevel(max(level, logging.WARNING))
+            logging.getLogger(name).setLevel(quiet)
 
 
 def _install_stop_handler() -> None:

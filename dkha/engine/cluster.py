@@ -118,13 +118,16 @@ def client_for(client=None) -> Iterator[Client]:
             yield active
             return
     ncores = os.cpu_count() or 1
+    # the level this process gives distributed's loggers (the CLI raises it to ERROR), at least
+    # WARNING, goes into the worker processes too
+    silence = max(logging.WARNING, logging.getLogger("distributed").getEffectiveLevel())
     if workers:
         n = int(workers)
         cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n), processes=True,
-                               dashboard_address=":0", silence_logs=logging.WARNING)
+                               dashboard_address=":0", silence_logs=silence)
     else:
         cluster = LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
-                               dashboard_address=":0", silence_logs=logging.WARNING)
+                               dashboard_address=":0", silence_logs=silence)
     c = Client(cluster)
     try:
         yield c
