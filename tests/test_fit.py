@@ -153,7 +153,7 @@ def test_run_dir_holding_a_different_run(digits_store, client, seed, tmp_path):
                                                                 run_dir=run_dir, overwrite=True)
     np.testing.assert_array_equal(saved_alpha(), replaced.alpha_)
     assert not np.array_equal(replaced.alpha_, first.alpha_)
-    assert sorted(os.listdir(run_dir)) == ["components.zarr"]  # no temporaries left
+    assert sorted(os.listdir(run_dir)) == ["components.zarr", "timings.json"]  # no temporaries
 
     (tmp_path / "afile").write_text("x")
     with pytest.raises(RunDirectoryError, match="not a directory"):

@@ -382,3 +382,71 @@ def test_replicas_move_onto_a_worker_that_joins(digits_store):
                               workers=[new])[new]
         assert executed > 0
         assert_agrees(snapshot(got), snapshot(want))
+
+
+def test_auto_projections_follow_the_cluster_and_the_run_records_them(digits_store, tmp_path):
+    """``projections="auto"``: on a cluster of worker processes the fit computes
+    its projections on the workers (the coordinator receives (2r + w)·b numbers a block, not
+    b·l), and equals a fit from shipped rows; in-process workers and the row cache keep the
+    coordinator. The choice, its reason and one record per pass (MK row, each KHA pass, the
+    evaluation) are in ``timings_`` and in the run's ``timings.json``, read back by dkha.load."""
+    import dkha
+    from dkha import KernelHebbianPCA
+    from dkha.engine.rows import choose_projections
+
+    r, passes, block = 4, 2, 50
+    kw = {"algorithm": "kha-smd", "sigma": SIGMA, "passes": passes, "seed": 1,
+          "block_rows": block, "evaluate_every": 1}
+    with local_client(2, 1, processes=True) as client:
+        assert choose_projections("auto", client)[0] == "workers"
+        assert choose_projections("auto", client, cache_rows=True)[0] == "coordinator"
+        assert choose_projections("coordinator", client)[0] == "coordinator"
+        auto = KernelHebbianPCA(r, client=client, projections="auto", **kw).fit(
+            digits_store.path, run_dir=str(tmp_path / "auto"))
+        rows = KernelHebbianPCA(r, client=client, projections="coordinator", **kw).fit(
+            digits_store.path)
+    with local_client(1, 2) as client:
+        assert choose_projections("auto", client)[0] == "coordinator"
+    assert rel_err(auto.alpha_, rows.alpha_) < TOL
+    chosen = auto.timings_["projections"]
+    assert chosen["asked"] == "auto" and chosen["chosen"] == "workers", chosen
+    assert "worker process" in chosen["reason"]
+    assert rows.timings_["projections"] == {"asked": "coordinator", "chosen": "coordinator",
+                                            "reason": "asked for (coordinator)"}
+    l = digits_store.n_samples
+    for model, mode in [(auto, "workers"), (rows, "coordinator")]:
+        kha = [p for p in model.timings_["passes"] if p["kind"] == "kha"]
+        assert [p["what"] for p in kha] == [f"KHA pass {k + 1}" for k in range(passes)]
+        assert all(p["projections"] == mode and p["rows"] == l for p in kha)
+        assert all(0 <= p["busy_seconds"] <= p["wall_seconds"] for p in kha)
+        kinds = {p["kind"] for p in model.timings_["passes"]}
+        assert {"kha", "product", "residual"} <= kinds, kinds   # (the MK row: cached)
+    # a block brings 2r·b projections (summed on a worker) and its window K'[P, W ∪ P]: w =
+    # prefetch·b columns at most; a pass end brings C̃ home (r·l) and S̃'s row sums (2r a group)
+    w = 4 * block
+    for p in (p for p in auto.timings_["passes"] if p["kind"] == "kha"):
+        assert p["bytes_received"] <= (2 * r + w) * l * 8 + (r * l + 2 * 2 * r) * 8, p
+    for p in (p for p in rows.timings_["passes"] if p["kind"] == "kha"):
+        assert p["bytes_received"] >= l * l * 8
+    saved = dkha.load(str(tmp_path / "auto")).timings_
+    assert saved["projections"] == chosen
+    assert [p["kind"] for p in saved["passes"]] == [p["kind"] for p in auto.timings_["passes"]]
+
+
+@pytest.mark.parametrize("algorithm", ["kha-smd", "kha-et", "kha"])
+def test_rebuilt_replicas_replay_the_lost_ones_exactly(digits_store, cluster_client, algorithm):
+    """Replicas lost mid-pass, at a pass end and twice in a row are rebuilt from the state the
+    coordinator kept at the last pass end (or the start) and the messages since, with the kernel
+    blocks recomputed: the run equals the undisturbed one bit for bit (a rebuild from the
+    coordinator's current state, recomputing C̃ = S̃_A K', did so only up to rounding)."""
+    want = snapshot(drive(make_engine(digits_store, cluster_client, "workers"), algorithm).state)
+    engine = make_engine(digits_store, cluster_client, "workers")
+
+    def lose(i, solver, block):
+        if i in (0, 5, 8, 13, 14):
+            lose_replicas(solver.replicas.run_id)
+
+    got = snapshot(drive(engine, algorithm, on_block=lose).state)
+    assert engine.stats.replica_rebuilds >= 4
+    for name, value in want.items():
+        assert (value is None and got[name] is None) or np.array_equal(got[name], value), name

@@ -145,6 +145,39 @@ def save(ds: xr.Dataset, run_dir: str) -> str:
     return target
 
 
+TIMINGS = "timings.json"
+
+
+def save_timings(timings: dict, run_dir: str) -> str:
+    """Write a fit's ``timings_`` (seconds, per-pass records) as ``RUN_DIR/timings.json``."""
+    path = os.path.join(run_dir, TIMINGS)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_plain(timings), f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def load_timings(run_dir: str) -> dict | None:
+    """The ``timings.json`` of a run directory (``None`` when the run has none)."""
+    path = os.path.join(os.fspath(run_dir), TIMINGS)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _plain(x):
+    """``x`` with NumPy scalars and tuples made JSON values."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
 def load(run_dir: str) -> xr.Dataset:
     """The components dataset of a run directory, loaded into memory."""
     run_dir = os.fspath(run_dir)

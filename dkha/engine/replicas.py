@@ -16,9 +16,11 @@ import numpy as np
 from dkha.engine.tasks import (
     ReplicaDivergedError,
     ReplicaLostError,
+    combine_projections,
     drop_replicas,
     replica_build,
     replica_columns,
+    replica_replay,
     replica_project,
     replica_update,
 )
@@ -43,9 +45,10 @@ class _PendingBlock:
     window_index: np.ndarray    # W ∪ P: the blocks ahead in the FIFO, then this one
     partials: list          # futures of (K'[P, J] S̃_v[:, J]ᵀ, K'[P, W ∩ J]), one per group
     offsets: dict           # block seq -> first column of its rows in the window
+    combined: object = None  # future of (Σ_J partials, K'[P, W ∪ P]) on a worker (> 1 group)
 
     def cancel(self) -> None:
-        for f in self.partials:
+        for f in self.partials + ([self.combined] if self.combined is not None else []):
             f.cancel()
 
 
@@ -92,6 +95,11 @@ class WorkerReplicas:
         self.workers: list[str] = []
         self.rebuilds = 0
         self._checked = time.monotonic()    # when rebalance last asked who is in the cluster
+        # exact rebuilds: (version, S̃, C̃) where the coordinator held all of the state (the
+        # first build, pass ends), oldest first, and the messages since the oldest
+        self.bases: list = []
+        self.history: list = []
+        self.exact = False      # whether the last build reproduced the lost replicas exactly
 
     def _key(self, g: int) -> tuple:
         return (self.run_id, self.epoch, g)
@@ -102,7 +110,10 @@ class WorkerReplicas:
 
     # -- replicas --
     def build(self) -> None:
-        """(Re)build every replica from the coordinator's state, on the workers present now."""
+        """(Re)build every replica on the workers present now: exactly as they were, from a
+        kept base and the messages since (:func:`replica_replay`), where a base is old enough
+        for the blocks in flight; else from the coordinator's state at the current version
+        (``C̃ = S̃_A K'`` recomputed on the workers where it lived there: equal up to rounding)."""
         st, eng = self.state, self.engine
         threads = sorted(self.client.nthreads().items())
         if not threads:
@@ -110,11 +121,28 @@ class WorkerReplicas:
         slots = [addr for addr, n in threads for _ in range(max(1, int(n)))]
         self.epoch += 1
         self.workers = [slots[g % len(slots)] for g in range(len(self.groups))]
+        mk = eng._need_mk()
+        self.updates = []
+        s_base = [b for b in self.bases if b[0] <= self.keep_from]
+        self.exact = bool(s_base)
+        if self.exact:
+            (sv, S, _), (cv, _, C) = s_base[-1], self.bases[-1]
+            messages = [m for m in self.history if m[0] > sv]
+            log.info("replicas of S̃ rebuilt exactly: S̃ from version %d, C̃ from %d, %d messages "
+                     "replayed up to %d", sv, cv, len(messages), self.version)
+            for g, (lo, hi) in enumerate(self.bounds):
+                self.updates.append(self._pinned(
+                    g, replica_replay, self._key(g), self.groups[g], sv, S[:, lo:hi], cv,
+                    None if C is None else C[:, lo:hi], messages, self.keep_from,
+                    eng.store.path, eng.kernel, mk, eng.mkm, eng.all_ranges,
+                    priority=_UPDATE_PRIORITY))
+            self.sent = self.version
+            return
         S_A = None
         if st.keeps_c and st.c_stale:                # C̃ is recomputed there: C̃ = S̃_A K'
             S_A = eng.put(np.array(st.S_tilde[:st.r]))
-        mk = eng._need_mk()
-        self.updates = []
+        log.info("replicas of S̃ built from the coordinator's state at version %d%s",
+                 self.version, " (C̃ recomputed: equal up to rounding)" if S_A is not None else "")
         for g, (lo, hi) in enumerate(self.bounds):
             C = np.array(st.C_tilde[:, lo:hi]) if st.keeps_c and S_A is None else None
             self.updates.append(self._pinned(
@@ -122,15 +150,34 @@ class WorkerReplicas:
                 np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.store.path, eng.kernel, mk, eng.mkm,
                 eng.all_ranges, priority=_UPDATE_PRIORITY))
         self.sent = self.version
+        if S_A is None:
+            self._add_base(st.S_tilde, st.C_tilde if st.keeps_c else None)
+
+    def _add_base(self, S: np.ndarray, C: np.ndarray | None) -> None:
+        """Keep the state at the current version (all of it at the coordinator) as a base."""
+        self.bases.append((self.version, np.array(S), None if C is None else np.array(C)))
+        self._trim_bases()
+
+    def _trim_bases(self) -> None:
+        """Forget the bases (and messages) older than the newest one the blocks in flight can
+        rebuild from (version ≤ ``keep_from``)."""
+        usable = [b[0] for b in self.bases if b[0] <= self.keep_from]
+        if usable:
+            self.bases = [b for b in self.bases if b[0] >= usable[-1]]
+        if self.bases:
+            oldest = self.bases[0][0]
+            self.history = [m for m in self.history if m[0] > oldest]
 
     def recover(self, exc: ReplicaLostError) -> None:
-        """Rebuild after a lost replica, or raise ``exc`` once the rebuilds are used up."""
+        """Rebuild after a lost replica, or raise ``exc`` after ``engine.replica_rebuilds``
+        rebuilds in a row without a block completing in between (workers that come and go
+        during a long fit are survived however often it happens, as long as blocks get done)."""
         if self.rebuilds >= self.engine.replica_rebuilds:
             raise exc
         self.rebuilds += 1
         self.engine.stats.replica_rebuilds += 1
-        log.warning("rebuilding the worker replicas of S̃ (%d of at most %d): %s", self.rebuilds,
-                    self.engine.replica_rebuilds, exc)
+        log.warning("rebuilding the worker replicas of S̃ (%d in a row, at most %d): %s",
+                    self.rebuilds, self.engine.replica_rebuilds, exc)
         self.build()
 
     def rebalance(self) -> bool:
@@ -172,13 +219,20 @@ class WorkerReplicas:
     # -- messages --
     def record_block(self, block: ProjectedBlock, ops: list) -> None:
         """Record the message of ``block`` (the operations the solver appended to ``ops``)."""
-        self.version += 1
-        self.log.append((self.version, block.seq, block.index, tuple(ops)))
+        self._record((self.version + 1, block.seq, block.index, tuple(ops)))
 
     def record_fold(self, F: np.ndarray) -> None:
         """Record a fold of ``T`` into ``S̃`` made outside a block (a pass start)."""
+        self._record((self.version + 1, None, None, (("fold", F),)))
+
+    def _record(self, message: tuple) -> None:
         self.version += 1
-        self.log.append((self.version, None, None, (("fold", F),)))
+        self.log.append(message)
+        if self.bases:      # kept for a pass: copies (the solver may reuse its buffers)
+            v, seq, index, ops = message
+            self.history.append((v, seq, None if index is None else np.array(index),
+                                 tuple(tuple(np.array(x) if isinstance(x, np.ndarray) else x
+                                             for x in op) for op in ops)))
 
     def flush(self) -> None:
         """Send the recorded messages to every replica, in order."""
@@ -197,56 +251,82 @@ class WorkerReplicas:
         """Forget the messages no block in flight can need (versions ≤ ``keep_from``)."""
         while self.log and self.log[0][0] <= self.keep_from:
             self.log.popleft()
+        self._trim_bases()
 
     # -- blocks --
     def submit(self, seq: int, index: np.ndarray, ahead: list) -> _PendingBlock:
         """The tasks of block ``seq`` on the current version; ``ahead``: ``(index, seq)`` of the
         blocks before it in the FIFO, whose columns its window holds."""
-        eng = self.engine
         assert self.sent == self.version, "flush before submitting"
-        mk = eng._need_mk()
         offsets, pos = {}, 0
         for idx, s in ahead:
             offsets[s] = pos
             pos += len(idx)
         offsets[seq] = pos
         window_index = np.concatenate([idx for idx, _ in ahead] + [index])
+        return self._submit_at(seq, index, self.version, window_index, offsets)
+
+    def resubmit(self, pending: _PendingBlock, ahead: list) -> _PendingBlock:
+        """Block ``pending`` again after a rebuild: on its own version and window where the
+        rebuild was exact (the run goes on bit for bit), else as :meth:`submit`."""
+        if not self.exact:
+            return self.submit(pending.seq, pending.index, ahead)
+        return self._submit_at(pending.seq, pending.index, pending.version,
+                               pending.window_index, pending.offsets)
+
+    def _submit_at(self, seq: int, index: np.ndarray, version: int, window_index: np.ndarray,
+                   offsets: dict) -> _PendingBlock:
+        eng = self.engine
+        mk = eng._need_mk()
         keep = bool(self.state.keeps_c)
         partials = [self._pinned(g, replica_project, self._key(g), eng.store.path, eng.kernel,
                                  mk, eng.mkm, eng.all_ranges, cols, index, window_index,
-                                 self.version, seq, keep, self.updates[g], priority=-seq)
+                                 version, seq, keep, self.updates[g], priority=-seq)
                     for g, cols in enumerate(self.groups)]
-        return _PendingBlock(seq, index, self.version, self.epoch, window_index, partials, offsets)
+        combined = None
+        if len(partials) > 1:   # summed on a worker: the coordinator receives one b×m array
+            # pinned with group 0's replica: a worker that dies holding it is a replica holder
+            combined = self._pinned(0, combine_projections, self.bounds, window_index, *partials,
+                                    priority=-seq)
+        return _PendingBlock(seq, index, version, self.epoch, window_index, partials, offsets,
+                             combined)
 
     def _wait(self, futures: list, what: str) -> list:
-        """Gather ``futures`` (tasks pinned to the replicas' workers), checking every
-        ``_POLL_SECONDS`` that those workers are still in the cluster."""
+        """The results of ``futures`` (tasks pinned to the replicas' workers), checking every
+        ``_POLL_SECONDS`` that those workers are still in the cluster (also while a result is
+        fetched: a result held by a worker that dies is recomputed, and a task pinned to a gone
+        worker would wait for ever)."""
+        out = []
         for f in futures:
-            while not f.done():
+            while True:
                 try:
-                    f.result(timeout=_POLL_SECONDS)
+                    out.append(f.result(timeout=_POLL_SECONDS))
+                    break
                 except TimeoutError:
-                    if f.done():
-                        break
                     check_stop(what)
                     alive = set(self.client.nthreads())
                     gone = sorted({w for w in self.workers if w not in alive})
                     if gone:
                         raise ReplicaLostError(f"worker {', '.join(gone)} holding replicas of S̃ "
                                                f"left the cluster while computing {what}") from None
-                except Exception:  # noqa: BLE001 - done with an error: gather raises it, named
+                except Exception:  # noqa: BLE001 - the task failed: gather raises it, named
+                    out.append(self.engine.gather([f], what=what)[0])
                     break
-        return self.engine.gather(futures, what=what)
+        return out
 
     def wait_block(self, pending: _PendingBlock, what: str) -> ProjectedBlock:
-        results = self._wait(pending.partials, what)
-        w = pending.window_index
-        window = np.empty((len(pending.index), len(w)))
-        for (lo, hi), (Y, part) in zip(self.bounds, results):
-            window[:, (w >= lo) & (w < hi)] = part
+        if pending.combined is not None:
+            Y, window = self._wait([pending.combined], what)[0]
+            self.rebuilds = 0       # a block got done: the rebuilds so far are survived
+            self.engine.stats.bytes_received += Y.nbytes + window.nbytes
+            return ProjectedBlock(pending.seq, pending.index, pending.version, [Y], window,
+                                  pending.offsets)
+        results = self._wait(pending.partials, what)      # one group: nothing to sum
+        self.rebuilds = 0
         self.engine.stats.bytes_received += sum(Y.nbytes + part.nbytes for Y, part in results)
-        return ProjectedBlock(pending.seq, pending.index, pending.version,
-                              [Y for Y, _ in results], window, pending.offsets)
+        Y, window = combine_projections(self.bounds, pending.window_index, *results)
+        return ProjectedBlock(pending.seq, pending.index, pending.version, [Y], window,
+                              pending.offsets)
 
     def projections(self, block: ProjectedBlock) -> tuple[np.ndarray, np.ndarray]:
         """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: the partials
@@ -297,7 +377,9 @@ class WorkerReplicas:
                     f"{np.max(np.abs(squares - want) / np.maximum(want, 1e-300)):.1e})")
         self.engine.stats.bytes_received += sum(s.nbytes for _, s in results)
         if results[0][0] is None:
+            self._add_base(st.S_tilde, None)
             return None
         C = np.concatenate([c for c, _ in results], axis=1)
         self.engine.stats.bytes_received += C.nbytes
+        self._add_base(st.S_tilde, C)
         return C

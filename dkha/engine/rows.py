@@ -27,7 +27,7 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
   :class:`ReplicaLostError`, and so does a wait on a worker that left the cluster; the
   coordinator then rebuilds every replica from its own state (``C̃[:, J] = S̃_A K'[:, J]``
   recomputed on the workers when needed) and resubmits the blocks in flight, up to
-  ``RowEngine.replica_rebuilds`` times per stream. At every pass end each replica of ``S̃`` is
+  ``RowEngine.replica_rebuilds`` times in a row (without a block completing in between). At every pass end each replica of ``S̃`` is
   checked against the coordinator's (:class:`ReplicaDivergedError` if they differ) and ``C̃`` is
   brought home (``r·l`` numbers). Blocks are projected on the version current when they were
   submitted (replicas keep snapshots of ``S̃`` for the blocks in flight), so a run is
@@ -78,7 +78,28 @@ from dkha.solvers.factored import FactoredState
 
 log = logging.getLogger(__name__)
 
-PROJECTIONS = ("coordinator", "workers")
+PROJECTIONS = ("auto", "coordinator", "workers")
+
+
+def choose_projections(requested: str, client, cache_rows: bool = False) -> tuple[str, str]:
+    """Where a batch solver's block projections are computed, and why.
+
+    ``auto`` chooses from the cluster: on the workers (coordinator-math.md §4) when they are
+    other processes than the coordinator, where each block's kernel rows (``b·l`` numbers) would
+    otherwise travel to it and the coordinator would multiply them itself; on the coordinator
+    when the workers share its process (the rows are not copied, and the replicas' messages only
+    add work) or when the row cache serves the rows.
+    """
+    if requested != "auto":
+        return requested, f"asked for ({requested})"
+    if cache_rows:
+        return "coordinator", "the row cache serves kernel rows to the coordinator"
+    address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
+    if address.startswith("inproc://"):
+        return "coordinator", "the workers share the coordinator's process"
+    n = len(client.scheduler_info().get("workers", {}))
+    return "workers", (f"{n} worker process{'es' if n != 1 else ''} at {address}: projections "
+                       "travel instead of kernel rows")
 _STOP_POLL_SECONDS = 0.5    # waiting on a task: check the stop request this often
 
 __all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "center_block",
@@ -131,9 +152,10 @@ class RowEngine:
     client : distributed.Client
     block_rows, prefetch, column_groups : int, optional
         Default from ``dkha.block-rows``, ``dkha.prefetch``, ``dkha.column-groups``.
-    projections : {"coordinator", "workers"}, optional
+    projections : {"auto", "coordinator", "workers"}, optional
         Where a batch solver's block projections are computed (module docstring); default
-        ``dkha.projections``.
+        ``dkha.projections`` (``auto``: :func:`choose_projections`, the choice and its reason
+        in ``projections`` and ``projections_reason``).
     cache_rows : bool, optional
         Keep the kernel on the workers (default ``dkha.row-cache``): the upper-triangle tiles
         ``K[I, J]``, ``I ≤ J``, are computed once (the MK row comes from their sums) and every
@@ -151,7 +173,8 @@ class RowEngine:
     Attributes
     ----------
     replica_rebuilds : int
-        How many times one stream may rebuild lost worker replicas before it fails (3).
+        How many times in a row (no block completing in between) a stream may rebuild lost
+        worker replicas before it fails (3).
     verbose : bool
         Show the progress of whole passes (the MK row, products ``K' V``, residuals) by tile
         (:class:`dkha.progress.Progress`); ``pass_label`` names the pass in progress (e.g.
@@ -165,9 +188,9 @@ class RowEngine:
                  projections: str | None = None, cache_rows: bool | None = None,
                  precision: str | None = None, device: str | None = None):
         share_storage_options(client, store.path)
-        self.projections = str(config.get("projections", projections))
-        if self.projections not in PROJECTIONS:
-            raise ParameterError(f"unknown projections {self.projections!r}; choose one of "
+        requested = str(config.get("projections", projections))
+        if requested not in PROJECTIONS:
+            raise ParameterError(f"unknown projections {requested!r}; choose one of "
                                  f"{', '.join(PROJECTIONS)}")
         self.store = store
         self.kernel = kernel.computed_with(str(config.get("precision", precision)),
@@ -196,6 +219,8 @@ class RowEngine:
             # tasks per block grow with the tile count; about 4 tiles a thread keeps all busy
             self.tile_groups = _groups_of_chunks(store, max(1, int(np.ceil(np.sqrt(8 * threads)))))
             self._check_cache_memory()
+        self.projections, self.projections_reason = choose_projections(requested, client,
+                                                                       self.cache_rows)
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
@@ -427,8 +452,8 @@ class RowEngine:
         log.info("%s: %d tasks, at most %d at a time", what, n, window)
         pending: collections.deque = collections.deque()
         nxt = 0
-        record = {"what": what, "tasks": n, "wall_seconds": 0.0, "wait_seconds": 0.0,
-                  "bytes_received": 0}
+        record = {"what": what, "kind": _kind_of(what), "tasks": n, "wall_seconds": 0.0,
+                  "wait_seconds": 0.0, "bytes_received": 0}
         start = time.perf_counter()
         try:
             while nxt < n or pending:
@@ -444,6 +469,7 @@ class RowEngine:
             for f in pending:
                 f.cancel()
             record["wall_seconds"] = time.perf_counter() - start
+            record["busy_seconds"] = max(0.0, record["wall_seconds"] - record["wait_seconds"])
             self.stats.passes.append(record)
 
     def _need_mk(self):
@@ -559,7 +585,7 @@ class RowEngine:
                     ahead = []
                     for entry in queue:
                         entry[3].cancel()
-                        entry[3] = replicas.submit(entry[2], entry[1], list(ahead))
+                        entry[3] = replicas.resubmit(entry[3], list(ahead))
                         ahead.append((entry[1], entry[2]))
                 while not exhausted and len(queue) < self.prefetch:
                     try:
@@ -679,6 +705,14 @@ class RowEngine:
         mk = self._need_mk()
         return self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
                                   self.column_groups, alpha, pure=False).result()
+
+
+def _kind_of(what: str) -> str:
+    """The kind of a tile pass (``mk``, ``product``, ``residual``) from its description."""
+    for word, kind in (("MK row", "mk"), ("product", "product"), ("residual", "residual")):
+        if word in what:
+            return kind
+    return "tiles"
 
 
 def _nbytes(result) -> int:

@@ -375,6 +375,23 @@ def replica_build(key: tuple, cols: tuple, version: int, S: np.ndarray, C: np.nd
     return int(version)
 
 
+def _needs_kernel(rep: _Replica, seq: int | None, ops) -> bool:
+    """Whether message ``ops`` of block ``seq`` updates ``C̃`` (and so needs ``K'[P, J]``)."""
+    return rep.C is not None and seq is not None and any(op[0] in ("c", "direct") for op in ops)
+
+
+def _apply(rep: _Replica, version: int, index, ops, K, keep_from: int) -> None:
+    """Message ``version`` applied to ``rep`` (at ``version − 1``; under its lock): a new
+    snapshot of ``S̃``, ``C̃`` in place; snapshots older than ``keep_from`` dropped."""
+    S = np.array(rep.snapshots[rep.version])          # copy on write: snapshots stay valid
+    apply_message(S, rep.C, rep.lo, rep.hi, index, ops, K)
+    S.setflags(write=False)
+    rep.snapshots[version] = S
+    rep.version = version
+    for v in [v for v in rep.snapshots if v < keep_from and v != version]:
+        del rep.snapshots[v]
+
+
 def replica_update(key: tuple, version: int, seq: int | None, index: np.ndarray | None, ops: tuple,
                    keep_from: int, after: int) -> int:
     """Apply message ``version`` (the operations ``ops`` of block ``seq``, or a lone fold) to the
@@ -388,19 +405,39 @@ def replica_update(key: tuple, version: int, seq: int | None, index: np.ndarray 
             raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
                                    f"{rep.version}; message {version} needs {version - 1}")
         K = None
-        if rep.C is not None and seq is not None and any(op[0] in ("c", "direct") for op in ops):
+        if _needs_kernel(rep, seq, ops):
             K = rep.blocks.pop(seq, None)
             if K is None:
                 raise ReplicaLostError(f"the replica of column group {key[2]} lacks the kernel "
                                        f"block of block {seq} for message {version}")
-        S = np.array(rep.snapshots[rep.version])          # copy on write: snapshots stay valid
-        apply_message(S, rep.C, rep.lo, rep.hi, index, ops, K)
-        S.setflags(write=False)
-        rep.snapshots[version] = S
-        rep.version = version
-        for v in [v for v in rep.snapshots if v < keep_from and v != version]:
-            del rep.snapshots[v]
+        _apply(rep, version, index, ops, K, keep_from)
     return version
+
+
+def replica_replay(key: tuple, cols: tuple, s_version: int, S: np.ndarray, c_version: int,
+                   C: np.ndarray | None, messages: list, keep_from: int, path: str, kernel: Kernel,
+                   mk: np.ndarray, mkm: float, ranges: tuple) -> int:
+    """Rebuild the replica ``key`` exactly from bases the coordinator kept: ``S̃[:, J]`` as it
+    was at ``s_version`` and ``C̃[:, J]`` at ``c_version ≥ s_version`` (``None``: not kept), then
+    every message since, in order, with the kernel blocks ``K'[P, J]`` recomputed as
+    :func:`replica_project` computed them (the same function of the same data: the same numbers).
+    The replica ends where the lost one was, bit for bit, with the snapshots of ``S̃`` from
+    ``keep_from`` on (the blocks in flight resubmit on their own versions). Returns its version.
+    """
+    replica_build(key, cols, s_version, S, C if c_version == s_version else None)
+    rep = _REPLICAS[key]
+    with rep.lock:
+        for v, seq, index, ops in messages:
+            if C is not None and rep.C is None and rep.version == c_version:
+                rep.C = np.array(C, dtype=np.float64, order="C")
+            K = None
+            if _needs_kernel(rep, seq, ops):
+                K = centered_rows(path, kernel, take_rows(path, ranges, index), mk, mkm, index,
+                                  cols)
+            _apply(rep, v, index, ops, K, keep_from)
+        if C is not None and rep.C is None and rep.version == c_version:
+            rep.C = np.array(C, dtype=np.float64, order="C")
+        return rep.version
 
 
 def replica_project(key: tuple, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
@@ -428,6 +465,26 @@ def replica_project(key: tuple, path: str, kernel: Kernel, mk: np.ndarray, mkm: 
         if keep:
             rep.blocks[seq] = K
     return K @ S.T, K[:, in_group - lo]                  # snapshots are immutable: no lock
+
+
+def combine_projections(bounds: list, window_index: np.ndarray, *results
+                        ) -> tuple[np.ndarray, np.ndarray] | None:
+    """One block's partial projections summed and its window assembled, on a worker (a tree of
+    one level: the coordinator receives ``b·m + b·|W|`` numbers, not ``groups·b·m + b·|W|``).
+
+    ``results``: each column group's ``(K'[P, J] S̃[:, J]ᵀ, K'[P, W ∩ J])`` in group order, with
+    ``bounds`` their column ranges; summed in that order (as the coordinator would).
+    """
+    if any(r is None for r in results):
+        return None
+    Y = np.array(results[0][0])
+    for part, _ in results[1:]:
+        Y += part
+    w = np.asarray(window_index)
+    window = np.empty((Y.shape[0], len(w)))
+    for (lo, hi), (_, part) in zip(bounds, results):
+        window[:, (w >= lo) & (w < hi)] = part
+    return Y, window
 
 
 def replica_columns(key: tuple, version: int, after: int) -> tuple[np.ndarray | None, np.ndarray]:

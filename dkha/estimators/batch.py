@@ -84,9 +84,13 @@ class KernelHebbianPCA(DkhaTransformer):
     timings_ : dict
         Seconds spent before the first pass: ``centering`` (the MK row; with ``cache_rows`` also
         the kernel tiles) and ``init`` (the Nyström start); and ``stream``, the seconds of the
-        passes (the block stream, evaluations excluded); ``passes``: one dict per tile pass of
-        the row engine (``what``, ``tasks``, ``wall_seconds``, ``wait_seconds`` of the
-        coordinator, ``bytes_received``).
+        passes (the block stream, evaluations excluded); ``passes``: one dict per pass of the
+        row engine, in order, each with its ``kind`` (``mk``, ``product``, ``residual``, ``kha``),
+        ``what``, ``tasks``, ``wall_seconds``, the coordinator's ``wait_seconds`` and
+        ``busy_seconds`` (the rest), ``bytes_received`` (KHA passes also ``blocks``, ``rows``,
+        ``bytes_sent`` to replicas and ``projections``); ``projections``: where the block
+        projections were computed (``asked``, ``chosen``, ``reason``). Saved with the run as
+        ``RUN_DIR/timings.json`` (:func:`dkha.data.result.load_timings`).
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
@@ -234,6 +238,8 @@ class KernelHebbianPCA(DkhaTransformer):
         resume=True)`` with more passes continues this run exactly where it ended.
         """
         out = result.save(self.to_dataset(), run_dir)
+        if getattr(self, "timings_", None):
+            result.save_timings(self.timings_, run_dir)
         if resumable:
             fin = self._final
             checkpointer = Checkpointer(run_dir)
@@ -584,8 +590,11 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     with client_for(first.client) as client, \
             blas_threads_for(client):
         stages.close()
+        asked = str(config.get("projections", first.projections))
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
-                           prefetch=first.prefetch, projections=first.projections,
+                           prefetch=first.prefetch,
+                           projections="coordinator" if asked == "auto" and len(models) > 1
+                           else asked,
                            cache_rows=first.cache_rows, precision=first.precision,
                            device=first.device)
         engine.verbose = verbose
@@ -595,7 +604,10 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         t1 = time.perf_counter()
         A_init, C_init = _start(engine, params, metas, cks, store.n_samples, first.seed)
         # seconds before the first pass (history wall times count the passes only)
-        timings = {"centering": t1 - t0, "init": time.perf_counter() - t1}
+        timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
+                   "projections": {"asked": asked, "chosen": engine.projections,
+                                   "reason": engine.projections_reason if len(models) == 1
+                                   or asked != "auto" else "several models share one stream"}}
         if p0["algorithm"] == "krylov":
             results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
                                   tol=first.tol if first.tol is not None else 1e-8,

@@ -24,4 +24,6 @@ def load(run_dir: str | os.PathLike) -> KernelHebbianPCA | OnlineKernelPCA:
     ds = result.load(run_dir)
     if "dictionary" in ds:
         return OnlineKernelPCA.from_dataset(ds)
-    return KernelHebbianPCA.from_dataset(ds)
+    model = KernelHebbianPCA.from_dataset(ds)
+    model.timings_ = result.load_timings(run_dir) or {}
+    return model

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -314,13 +315,17 @@ class _SharedStream:
             current_pass = start_step // l - 1   # saved between a pass's last block and its end
         blocks = self._blocks(start_step)
         driver.start()
+        meter = PassMeter(self.engine)
         # closed here, not when the traceback of an interruption lets go of it (the client
         # may be gone by then)
-        with contextlib.closing(blocks):
+        with contextlib.closing(blocks), meter:
             for k, idx, rows in ([] if not self.active() else blocks):
                 if k != current_pass:
-                    if current_pass >= 0 and not self._end_of_pass(current_pass + 1, k,
-                                                                   checkpoint_every):
+                    meter.begin(k)
+                    with meter.excluded():
+                        more = current_pass < 0 or self._end_of_pass(current_pass + 1, k,
+                                                                     checkpoint_every)
+                    if not more:
                         break
                     for m in self.active():
                         try:
@@ -337,7 +342,9 @@ class _SharedStream:
                     break
                 driver.advance(len(idx))
                 t = self.active()[0].solver.state.t
-                driver.between_blocks(t, k + 1, pass_end_pending=t % l == 0)
+                with meter.excluded():
+                    driver.between_blocks(t, k + 1, pass_end_pending=t % l == 0)
+                meter.mark()
         driver.stop_clock()
 
     def finish(self) -> list[BatchResult]:
@@ -372,6 +379,60 @@ class _SharedStream:
                                        wall_time=seconds, stream_stats=stats, projection=C,
                                        backoffs=list(m.solver.backoffs)))
         return results
+
+
+class PassMeter:
+    """One record per KHA pass of the block stream in ``engine.stats.passes``: blocks, rows,
+    the pass's wall seconds (its end-of-pass work, e.g. an evaluation, excluded: those passes
+    have records of their own), the seconds the coordinator waited for blocks and was busy (the
+    rest), bytes received from the workers and sent to replicas, and where the projections were
+    computed. A pass runs from the end of the previous pass's last block to the end of its own."""
+
+    _COUNTERS = ("blocks", "rows", "wait_seconds", "bytes_received", "bytes_sent")
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.open: dict | None = None
+        self.mark()
+
+    def mark(self) -> None:
+        """A block was applied: the point a pass that ends here ends at."""
+        self.last = {"time": time.perf_counter(),
+                     **{c: getattr(self.engine.stats, c) for c in self._COUNTERS}}
+
+    def begin(self, k: int) -> None:
+        """Pass ``k``'s first block has arrived (the previous pass ended at the last mark)."""
+        self.end()
+        self.open = dict(self.last, k=k, excluded=0.0)
+
+    @contextlib.contextmanager
+    def excluded(self):
+        """Work between passes that is not the pass's own."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.open is not None:
+                self.open["excluded"] += time.perf_counter() - t0
+
+    def end(self) -> None:
+        if self.open is None:
+            return
+        o, self.open = self.open, None
+        now = self.last
+        rec = {"what": f"KHA pass {o['k'] + 1}", "kind": "kha",
+               "projections": getattr(self.engine, "projections", "coordinator"),
+               "wall_seconds": now["time"] - o["time"] - o["excluded"],
+               **{c: now[c] - o[c] for c in self._COUNTERS}}
+        rec["tasks"] = rec["blocks"]
+        rec["busy_seconds"] = max(0.0, rec["wall_seconds"] - rec["wait_seconds"])
+        self.engine.stats.passes.append(rec)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.end()
 
 
 def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, *,
