@@ -1,6 +1,7 @@
 """Workers that come and go: a fit on a 4-worker process cluster keeps going while workers are
 killed and new ones join, several times during one fit at random moments; the new workers get
-tasks, and alpha equals the undisturbed run's bit for bit.
+tasks, and alpha equals the undisturbed run's bit for bit (projections on the workers, the
+default on a process cluster: lost replicas are rebuilt exactly).
 
 ``pytest -rP tests/test_churn.py`` shows the log of kills and joins and the new workers' task
 counts.
@@ -8,6 +9,7 @@ counts.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -85,6 +87,13 @@ def test_workers_killed_and_joining_during_a_fit(tmp_path):
         assert kills >= 5, events        # several events during the one fit
         new_alive = [n for n in alive if n.startswith("new")]
         assert new_alive and all(counts.get(n, 0) > 0 for n in new_alive), counts
+        with open(os.path.join(run, "timings.json")) as f:
+            timings = json.load(f)
+        print("projections:", timings["projections"], "replicas:", timings["replicas"])
+        # the default (auto) computes projections on these worker processes: the kills cost
+        # replicas, rebuilt by replaying the messages since the last pass end
+        assert timings["projections"]["chosen"] == "workers", timings["projections"]
+        assert timings["replicas"]["rebuilds"] >= 1, timings["replicas"]
         a = xr.open_zarr(os.path.join(run, "components.zarr"))["alpha"].values
         b = xr.open_zarr(os.path.join(ref, "components.zarr"))["alpha"].values
         assert np.array_equal(a, b)

@@ -355,3 +355,24 @@ def test_block_loops_match_twin(kc, mid_run, rng, smd, cond_limit, fresh):
     for name, g, w in zip(["T", "S", "C", "gaa", "gab", "rho", "_", "Y", "U"], args_c, args_t):
         if isinstance(g, np.ndarray):
             np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12 * np.abs(w).max(), err_msg=name)
+
+
+def test_fold_gives_the_same_bits_for_any_columns():
+    """The coordinator folds all of S̃, each replica its own columns: every column must come out
+    the same (a BLAS trmm rounded differently with the width and its threads, so a replica
+    rebuilt from the coordinator's S̃ did not match the lost one). Checked against T @ X too."""
+    from dkha.solvers.factored import lower_times_inplace
+
+    rng = np.random.default_rng(5)
+    T = np.tril(rng.standard_normal((40, 40)))
+    X = rng.standard_normal((40, 1001))
+    whole = X.copy()
+    lower_times_inplace(T, whole)
+    assert np.allclose(whole, T @ X, rtol=1e-12, atol=1e-12)
+    for lo, hi in [(0, 150), (150, 300), (151, 301), (3, 4), (997, 1001)]:
+        part = np.ascontiguousarray(X[:, lo:hi])
+        lower_times_inplace(T, part)
+        assert np.array_equal(part, whole[:, lo:hi]), (lo, hi)
+    sub = X[:20].copy()
+    lower_times_inplace(T[:20, :20], sub)       # a non-contiguous corner, as C̃'s fold uses
+    assert np.allclose(sub, T[:20, :20] @ X[:20], rtol=1e-12, atol=1e-12)

@@ -25,9 +25,11 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
   block was submitted) up to date: ``(2r·groups + |W| + b)·b`` numbers a block. Replicas are
   versioned: a task that finds its replica missing or at the wrong version raises
   :class:`ReplicaLostError`, and so does a wait on a worker that left the cluster; the
-  coordinator then rebuilds every replica from its own state (``C̃[:, J] = S̃_A K'[:, J]``
-  recomputed on the workers when needed) and resubmits the blocks in flight, up to
-  ``RowEngine.replica_rebuilds`` times in a row (without a block completing in between). At every pass end each replica of ``S̃`` is
+  coordinator then rebuilds every replica exactly, from the ``S̃`` and ``C̃`` it kept at the
+  last pass end (or the stream's start) and the messages since, replayed with the kernel blocks
+  recomputed (:func:`~dkha.engine.tasks.replica_replay`; from its current state, ``C̃[:, J] =
+  S̃_A K'[:, J]`` recomputed, where it kept none, e.g. resumed mid-pass), and resubmits the
+  blocks in flight on their own versions, up to ``RowEngine.replica_rebuilds`` times in a row (without a block completing in between). At every pass end each replica of ``S̃`` is
   checked against the coordinator's (:class:`ReplicaDivergedError` if they differ) and ``C̃`` is
   brought home (``r·l`` numbers). Blocks are projected on the version current when they were
   submitted (replicas keep snapshots of ``S̃`` for the blocks in flight), so a run is

@@ -89,7 +89,8 @@ class KernelHebbianPCA(DkhaTransformer):
         ``what``, ``tasks``, ``wall_seconds``, the coordinator's ``wait_seconds`` and
         ``busy_seconds`` (the rest), ``bytes_received`` (KHA passes also ``blocks``, ``rows``,
         ``bytes_sent`` to replicas and ``projections``); ``projections``: where the block
-        projections were computed (``asked``, ``chosen``, ``reason``). Saved with the run as
+        projections were computed (``asked``, ``chosen``, ``reason``); ``replicas``: how often
+        worker replicas were rebuilt (a worker lost) and moved (workers joined). Saved with the run as
         ``RUN_DIR/timings.json`` (:func:`dkha.data.result.load_timings`).
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
@@ -408,7 +409,9 @@ def _keep_results(models, results, solvers, attrs, metas, engine, kernel, store,
     for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
         m._tmp_store = tmp_store
         # and every tile pass of the engine (MK row, K'V, residuals): tasks, wall, waiting, bytes
-        m.timings_ = dict(timings, stream=res.wall_time, passes=list(engine.stats.passes))
+        m.timings_ = dict(timings, stream=res.wall_time, passes=list(engine.stats.passes),
+                          replicas={"rebuilds": engine.stats.replica_rebuilds,
+                                    "moves": engine.stats.replica_moves})
         m.failure_ = res.failure
         m.history_ = res.history
         m.backoffs_ = res.backoffs
@@ -564,13 +567,17 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma)
     attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, params)]
-    if len(models) > 1 and str(config.get("projections", first.projections)) == "workers":
+    asked = str(config.get("projections", first.projections))
+    if len(models) > 1 and asked == "workers":
         raise ParameterError("projections on the workers follow one model per stream; fit "
                              "several models together with projections='coordinator'")
+    if resume and asked == "auto" and run_dirs:     # where the run projected them before
+        ck = Checkpointer(run_dirs[0]).latest()
+        if ck is not None:
+            asked = str(ck.meta.get("exact", {}).get("projections", asked))
     # what else a bit-identical continuation needs: the blocks and where they are projected
     exact = {"block_rows": int(config.get("block-rows", first.block_rows)),
-             "projections": str(config.get("projections", first.projections)),
-             "evaluate_every": int(first.evaluate_every)}
+             "projections": asked, "evaluate_every": int(first.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
     identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
                                                                             "n_features")
@@ -590,7 +597,6 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     with client_for(first.client) as client, \
             blas_threads_for(client):
         stages.close()
-        asked = str(config.get("projections", first.projections))
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
                            prefetch=first.prefetch,
                            projections="coordinator" if asked == "auto" and len(models) > 1
@@ -598,6 +604,9 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
                            cache_rows=first.cache_rows, precision=first.precision,
                            device=first.device)
         engine.verbose = verbose
+        for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
+            if meta is not None and isinstance(meta.get("exact"), dict):
+                meta["exact"]["projections"] = engine.projections
         t0 = time.perf_counter()
         if cks is None:
             engine.compute_mk(center_sample=p0["center_sample"], seed=first.seed)

@@ -316,19 +316,18 @@ PARAMETERS: tuple[Param, ...] = (
                 "residual tolerance)"),
     Param("projections", None,
           "Where the block projections ``S̃ K'_Pᵀ`` are computed (``dkha.projections``, default "
-          "``coordinator``): on the coordinator from shipped kernel rows, or on the workers from "
+          "``auto``): on the coordinator from shipped kernel rows, or on the workers from "
           "replicas of the coefficients (coordinator-math.md §4; equal up to rounding, less "
-          "traffic). ``auto`` takes the workers when they are other processes (a process or "
-          "remote cluster) and one model is fitted without the row cache, else the coordinator. "
-          "(Not the default yet: a worker lost mid-pass leaves a workers-mode run equal to the "
-          "undisturbed one up to rounding, about 1e-18, not bit for bit.) The choice and its "
-          "reason are in ``timings_['projections']``.",
+          "traffic; replicas lost with a worker are rebuilt exactly). ``auto`` takes the "
+          "workers when they are other processes (a process or remote cluster) and one model "
+          "is fitted without the row cache, else the coordinator. The choice and its reason "
+          "are in ``timings_['projections']``.",
           Options(("auto", "coordinator", "workers")), models=(BATCH,),
           cli={"choices": ("auto", "coordinator", "workers")},
           doc_type='{"auto", "coordinator", "workers"}, optional',
-          short="where block projections are computed (dkha.projections, default coordinator; "
-                "auto: the workers when they are other processes): from kernel rows shipped to "
-                "the coordinator, or on the workers from replicas"),
+          short="where block projections are computed (dkha.projections, default auto: the "
+                "workers when they are other processes): from kernel rows shipped to the "
+                "coordinator, or on the workers from replicas"),
     Param("cache_rows", None,
           "Keep the kernel's upper-triangle tiles on the workers (``dkha.row-cache``; about "
           "``4·l²`` bytes, refused above half the workers' memory): kernels are computed once, "

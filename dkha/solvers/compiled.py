@@ -528,3 +528,20 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
             S[i, p] += delta[i]
         fresh = False
     return b, False, fresh, GUARD_OK, -1
+
+
+@njit(cache=True, nogil=True)
+def lower_times(T, X):
+    """``X ← T X`` in place (``T`` lower triangular, ``m×m``; ``X`` ``m×n``), each entry summed
+    over ``k = 0 … i`` in that order: the same bits for any ``n`` (no fast-math reassociation)."""
+    m, n = X.shape
+    acc = np.empty(n)
+    for i in range(m - 1, -1, -1):      # rows below i are done; rows ≤ i still hold X
+        for j in range(n):
+            acc[j] = 0.0
+        for k in range(i + 1):
+            t = T[i, k]
+            for j in range(n):
+                acc[j] += t * X[k, j]
+        for j in range(n):
+            X[i, j] = acc[j]

@@ -34,7 +34,6 @@ home (``c_stale`` is true until the next :meth:`FactoredState.set_c_tilde`).
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import blas
 
 from dkha.solvers import compiled
 
@@ -56,11 +55,15 @@ class BadStep(ArithmeticError):
 
 
 def lower_times_inplace(T: np.ndarray, X: np.ndarray) -> None:
-    """``X ← T X`` in place for lower-triangular ``T`` and C-contiguous ``X`` (BLAS ``trmm``)."""
-    # X (C order, k×l) is Xᵀ in Fortran order; (T X)ᵀ = Xᵀ Tᵀ
-    out = blas.dtrmm(1.0, T, X.T, side=1, lower=1, trans_a=1, overwrite_b=1)
-    if not np.shares_memory(out, X):      # pragma: no cover - SciPy copied after all
-        X[...] = out.T
+    """``X ← T X`` in place for lower-triangular ``T`` and C-contiguous ``X``.
+
+    Each entry is summed in one fixed order (``k = 0 … i``), whatever the width of ``X``, the
+    threads or the machine: the coordinator's fold of all of ``S̃`` and a worker replica's fold
+    of its columns give the same bits (a BLAS ``trmm`` rounds differently with the width and its
+    threads, and a rebuilt replica would not match the lost one). A fold happens at pass starts
+    or when ``T`` grows ill-conditioned, so its ``O(m² l)`` compiled loop is off the hot path.
+    """
+    compiled.lower_times(np.ascontiguousarray(T, dtype=np.float64), X)
 
 
 class FactoredState:
