@@ -178,8 +178,11 @@ def main():
         if row["kind"].startswith("KHA"):
             C, W = row["busy"], row["task_seconds"]
             pred = "  ".join(f"{P}: {(C + W) / (C + W / P):5.1f}×" for P in (4, 16, 64))
-            print(f"  {row['kind']:36s} N={row['workers']}: {row['bytes'] / 1e6:8.1f} MB "
-                  f"({'within' if row['bytes'] <= bound else 'above'} the bound); coordinator "
+            home = r * l * 8 if "workers" in row["kind"] else 0     # C̃ brought home at the end
+            print(f"  {row['kind']:36s} N={row['workers']}: {row['bytes'] / 1e6:8.1f} MB, "
+                  f"{(row['bytes'] - home) / 1e6:.1f} MB in blocks "
+                  f"({'within' if row['bytes'] - home <= bound else 'above'} the bound; "
+                  f"{home / 1e6:.1f} MB: C̃ home at the pass end); coordinator "
                   f"busy / task seconds = {C / max(W, 1e-9):.3f} (≤ 1/16 = 0.0625 needed); "
                   f"model T(P) = C + W/P predicts {pred}")
 
