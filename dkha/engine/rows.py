@@ -143,6 +143,26 @@ def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = No
     return tuple(tuple(chunks[i:i + per]) for i in range(0, len(chunks), per))
 
 
+#: the fewest rows a side of a tile of the blockwise passes (below, a task's scheduling costs
+#: more than its kernels)
+MIN_TILE_ROWS = 64
+
+
+def _tile_ranges(l: int, threads: int, max_rows: int) -> tuple[tuple[tuple[int, int]], ...]:
+    """Equal row ranges (one a group) for the square tiles ``I ≤ J`` of the blockwise passes:
+    at most ``max_rows`` a side, and enough tiles for about four per thread (``n(n+1)/2 ≥
+    4·threads``: the diagonal tiles cost half, so fewer leave threads idle at a pass's end), but
+    no side under :data:`MIN_TILE_ROWS`. Ranges need not follow the store's chunks (a worker
+    reads and caches any row range), so a store of few large chunks still spreads over every
+    worker."""
+    n = -(-l // max_rows)
+    while n * (n + 1) // 2 < 4 * threads:
+        n += 1
+    n = max(1, min(n, l // MIN_TILE_ROWS))
+    cuts = [round(k * l / n) for k in range(n + 1)]
+    return tuple(((a, b),) for a, b in zip(cuts[:-1], cuts[1:]) if b > a)
+
+
 class RowEngine:
     """Kernel rows of one data store and kernel, on a Dask cluster.
 
@@ -212,8 +232,7 @@ class RowEngine:
         # enough of them to keep every thread busy
         tile_rows = int(config.get("tile-rows"))
         threads = total_threads(client)
-        n_tiles = max(2 * threads, -(-store.n_samples // tile_rows))
-        self.tile_groups = _groups_of_chunks(store, n_tiles, max_rows=tile_rows)
+        self.tile_groups = _tile_ranges(store.n_samples, threads, tile_rows)
         self.cache_rows = bool(config.get("row-cache", cache_rows))
         self._tiles: dict | None = None
         if self.cache_rows:
