@@ -153,7 +153,7 @@ def save_timings(timings: dict, run_dir: str) -> str:
     path = os.path.join(run_dir, TIMINGS)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     with open(tmp, "w") as f:
-        json.dump(_plain(timings), f, indent=1)
+        json.dump(jsonable(timings), f, indent=1)
     os.replace(tmp, path)
     return path
 
@@ -165,17 +165,6 @@ def load_timings(run_dir: str) -> dict | None:
         return None
     with open(path) as f:
         return json.load(f)
-
-
-def _plain(x):
-    """``x`` with NumPy scalars and tuples made JSON values."""
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
 
 
 def load(run_dir: str) -> xr.Dataset:

@@ -56,16 +56,16 @@ class _PendingBlock:
 class ProjectedBlock:
     """A block whose projections were computed on the workers (coordinator-math.md §4).
 
-    ``partials`` (one ``b×m`` array per column group) sum to ``K'_P S̃_vᵀ`` for the version ``v``
-    of ``S̃``; ``window`` is ``K'[P, W ∪ P]`` with the columns of block ``s`` from
-    ``offsets[s]``: what the coordinator needs to bring the sum up to date
+    ``projection`` (``b×m``, the column groups' partials summed) is ``K'_P S̃_vᵀ`` for the
+    version ``v`` of ``S̃``; ``window`` is ``K'[P, W ∪ P]`` with the columns of block ``s`` from
+    ``offsets[s]``: what the coordinator needs to bring it up to date
     (:meth:`WorkerReplicas.projections`).
     """
 
     seq: int
     index: np.ndarray
     version: int
-    partials: list
+    projection: np.ndarray
     window: np.ndarray
     offsets: dict
 
@@ -228,11 +228,8 @@ class WorkerReplicas:
     def _record(self, message: tuple) -> None:
         self.version += 1
         self.log.append(message)
-        if self.bases:      # kept for a pass: copies (the solver may reuse its buffers)
-            v, seq, index, ops = message
-            self.history.append((v, seq, None if index is None else np.array(index),
-                                 tuple(tuple(np.array(x) if isinstance(x, np.ndarray) else x
-                                             for x in op) for op in ops)))
+        if self.bases:      # messages are never changed once recorded: kept as they are
+            self.history.append(message)
 
     def flush(self) -> None:
         """Send the recorded messages to every replica, in order."""
@@ -317,23 +314,20 @@ class WorkerReplicas:
     def wait_block(self, pending: _PendingBlock, what: str) -> ProjectedBlock:
         if pending.combined is not None:
             Y, window = self._wait([pending.combined], what)[0]
-            self.rebuilds = 0       # a block got done: the rebuilds so far are survived
-            self.engine.stats.bytes_received += Y.nbytes + window.nbytes
-            return ProjectedBlock(pending.seq, pending.index, pending.version, [Y], window,
-                                  pending.offsets)
-        results = self._wait(pending.partials, what)      # one group: nothing to sum
-        self.rebuilds = 0
-        self.engine.stats.bytes_received += sum(Y.nbytes + part.nbytes for Y, part in results)
-        Y, window = combine_projections(self.bounds, pending.window_index, *results)
-        return ProjectedBlock(pending.seq, pending.index, pending.version, [Y], window,
+            nbytes = Y.nbytes + window.nbytes
+        else:                                               # one group: nothing to sum
+            results = self._wait(pending.partials, what)
+            nbytes = sum(Y.nbytes + part.nbytes for Y, part in results)
+            Y, window = combine_projections(self.bounds, pending.window_index, *results)
+        self.rebuilds = 0       # a block got done: the rebuilds so far are survived
+        self.engine.stats.bytes_received += nbytes
+        return ProjectedBlock(pending.seq, pending.index, pending.version, Y, window,
                               pending.offsets)
 
     def projections(self, block: ProjectedBlock) -> tuple[np.ndarray, np.ndarray]:
-        """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: the partials
-        summed, then every message since their version replayed (coordinator-math.md §4)."""
-        Y = np.array(block.partials[0])
-        for part in block.partials[1:]:
-            Y += part
+        """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: its projection
+        with every message since its version replayed (coordinator-math.md §4)."""
+        Y = np.array(block.projection)
         if block.version < self.version:
             if not self.log or self.log[0][0] > block.version + 1:
                 raise RuntimeError(f"the messages since version {block.version} are no longer "

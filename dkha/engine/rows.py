@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -83,17 +84,21 @@ log = logging.getLogger(__name__)
 PROJECTIONS = ("auto", "coordinator", "workers")
 
 
-def choose_projections(requested: str, client, cache_rows: bool = False) -> tuple[str, str]:
+def choose_projections(requested: str, client, cache_rows: bool = False,
+                       models: int = 1) -> tuple[str, str]:
     """Where a batch solver's block projections are computed, and why.
 
     ``auto`` chooses from the cluster: on the workers (coordinator-math.md §4) when they are
     other processes than the coordinator, where each block's kernel rows (``b·l`` numbers) would
     otherwise travel to it and the coordinator would multiply them itself; on the coordinator
     when the workers share its process (the rows are not copied, and the replicas' messages only
-    add work) or when the row cache serves the rows.
+    add work), when the row cache serves the rows, or when ``models`` models share the stream
+    (replicas follow one model).
     """
     if requested != "auto":
         return requested, f"asked for ({requested})"
+    if models > 1:
+        return "coordinator", "several models share one stream"
     if cache_rows:
         return "coordinator", "the row cache serves kernel rows to the coordinator"
     address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
@@ -191,6 +196,9 @@ class RowEngine:
     device : {"cpu", "cuda", "auto"}, optional
         Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with CuPy
         (``dkha[gpu]``), ``auto`` on the workers that declare a ``GPU`` resource.
+    models : int, optional
+        How many models share the block stream (1): with several, ``auto`` projections stay on
+        the coordinator (worker replicas follow one model).
 
     Attributes
     ----------
@@ -208,7 +216,7 @@ class RowEngine:
     def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
                  prefetch: int | None = None, column_groups: int | None = None,
                  projections: str | None = None, cache_rows: bool | None = None,
-                 precision: str | None = None, device: str | None = None):
+                 precision: str | None = None, device: str | None = None, models: int = 1):
         share_storage_options(client, store.path)
         requested = str(config.get("projections", projections))
         if requested not in PROJECTIONS:
@@ -240,8 +248,8 @@ class RowEngine:
             # tasks per block grow with the tile count; about 4 tiles a thread keeps all busy
             self.tile_groups = _groups_of_chunks(store, max(1, int(np.ceil(np.sqrt(8 * threads)))))
             self._check_cache_memory()
-        self.projections, self.projections_reason = choose_projections(requested, client,
-                                                                       self.cache_rows)
+        self.projections, self.projections_reason = choose_projections(
+            requested, client, self.cache_rows, models)
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
@@ -362,7 +370,7 @@ class RowEngine:
         mk = np.zeros(l)
         bounds = [(g[0][0], g[-1][1]) for g in groups]
         results = self.ordered_results(submit, len(pairs), "the MK row (centering) pass",
-                                     progress="centering (MK row)", transient=False)
+                                     kind="mk", progress="centering (MK row)", transient=False)
         for (i, j), (colsum, rowsum) in zip(pairs, results):
             a, b = bounds[j]
             mk[a:b] += colsum
@@ -382,8 +390,8 @@ class RowEngine:
         results = self.ordered_results(
             lambda k: self.client.submit(mk_sample_tile, self.store.path, self.kernel,
                                          tasks[k][0], tasks[k][1], pure=False),
-            len(tasks), "the sampled MK row", progress="centering (MK row from a sample)",
-            transient=False)
+            len(tasks), "the sampled MK row", kind="mk",
+            progress="centering (MK row from a sample)", transient=False)
         mk = np.zeros(l)
         for (g, _), part_sum in zip(tasks, results):      # fixed order: reproducible sums
             mk[g[0][0]:g[-1][1]] += part_sum
@@ -456,24 +464,25 @@ class RowEngine:
                 continue
         return self.gather([future], what=what)[0]
 
-    def ordered_results(self, submit, n: int, what: str, *, progress: str | None = None,
-                        transient: bool = True) -> Iterator:
+    def ordered_results(self, submit, n: int, what: str, *, kind: str = "tiles",
+                        progress: str | None = None, transient: bool = True) -> Iterator:
         """The results of ``submit(0) … submit(n − 1)`` (each returns a future), in that order,
         with at most :attr:`tasks_in_flight` submitted at once and the stop request checked
         between tasks: a pass's memory is bounded by the tasks in flight, and a stop ends it
         within a task's time (the tasks in flight are cancelled). ``progress``: the label of its
-        progress bar (``what`` when not given)."""
+        progress bar (``what`` when not given); ``kind``: the pass's kind in its record
+        (``mk``, ``product``, ``residual``)."""
         with self._tiles_progress(progress or what, n, transient=transient) as bar:
-            for result in self._ordered_results(submit, n, what):
+            for result in self._ordered_results(submit, n, what, kind):
                 yield result
                 bar.update()
 
-    def _ordered_results(self, submit, n: int, what: str) -> Iterator:
+    def _ordered_results(self, submit, n: int, what: str, kind: str) -> Iterator:
         window = self.tasks_in_flight
         log.info("%s: %d tasks, at most %d at a time", what, n, window)
         pending: collections.deque = collections.deque()
         nxt = 0
-        record = {"what": what, "kind": _kind_of(what), "tasks": n, "wall_seconds": 0.0,
+        record = {"what": what, "kind": kind, "tasks": n, "wall_seconds": 0.0,
                   "wait_seconds": 0.0, "bytes_received": 0}
         start = time.perf_counter()
         try:
@@ -560,16 +569,9 @@ class RowEngine:
         queue: collections.deque = collections.deque()
         it = iter(blocks)
         seq = 0
-        exhausted = False
         try:
             while True:
-                while not exhausted and len(queue) < self.prefetch:
-                    try:
-                        tag, idx = next(it)
-                    except StopIteration:
-                        exhausted = True
-                        break
-                    idx = np.asarray(idx)
+                for tag, idx in _next_blocks(it, self.prefetch - len(queue)):
                     queue.append((tag, idx, self.submit_rows(idx, priority=-seq)))
                     seq += 1
                 if not queue:
@@ -595,7 +597,6 @@ class RowEngine:
         queue: collections.deque = collections.deque()    # [tag, index, seq, pending]
         it = iter(blocks)
         seq = 0
-        exhausted = False
         solver.attach_replicas(replicas)
         try:
             replicas.build()
@@ -608,13 +609,7 @@ class RowEngine:
                         entry[3].cancel()
                         entry[3] = replicas.resubmit(entry[3], list(ahead))
                         ahead.append((entry[1], entry[2]))
-                while not exhausted and len(queue) < self.prefetch:
-                    try:
-                        tag, idx = next(it)
-                    except StopIteration:
-                        exhausted = True
-                        break
-                    idx = np.asarray(idx)
+                for tag, idx in _next_blocks(it, self.prefetch - len(queue)):
                     ahead = [(e[1], e[2]) for e in queue]
                     queue.append([tag, idx, seq, replicas.submit(seq, idx, ahead)])
                     seq += 1
@@ -672,7 +667,7 @@ class RowEngine:
             lambda k: self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
                                          g[pairs[k][0]], g[pairs[k][1]], Vf,
                                          tile=self._tile(*pairs[k]), pure=False),
-            len(pairs), "a K' V product pass", progress="product K' V")
+            len(pairs), "a K' V product pass", kind="product", progress="product K' V")
         out = np.zeros((self.n_samples, V.shape[1]))
         for (i, j), (to_i, to_j) in zip(pairs, results):  # fixed order: reproducible sums
             a, b = self._bounds(g[i])
@@ -699,7 +694,7 @@ class RowEngine:
                 lambda k: self.client.submit(residual_pair, self.store.path, self.exact_kernel, mk,
                                              self.mkm, g[pairs[k][0]], g[pairs[k][1]], Cf,
                                              tile=self._tile(*pairs[k]), pure=False),
-                len(pairs), "the residual pass of an evaluation",
+                len(pairs), "the residual pass of an evaluation", kind="residual",
                 progress="evaluation (residuals)"):
             tot += part
         return float(tot[0]), [float(v) for v in tot[1:]]
@@ -728,12 +723,9 @@ class RowEngine:
                                   self.column_groups, alpha, pure=False).result()
 
 
-def _kind_of(what: str) -> str:
-    """The kind of a tile pass (``mk``, ``product``, ``residual``) from its description."""
-    for word, kind in (("MK row", "mk"), ("product", "product"), ("residual", "residual")):
-        if word in what:
-            return kind
-    return "tiles"
+def _next_blocks(it, room: int) -> list:
+    """Up to ``room`` more ``(tag, index)`` of a block stream's schedule (fewer at its end)."""
+    return [(tag, np.asarray(idx)) for tag, idx in itertools.islice(it, max(0, room))]
 
 
 def _nbytes(result) -> int:

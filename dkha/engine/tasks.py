@@ -424,19 +424,19 @@ def replica_replay(key: tuple, cols: tuple, s_version: int, S: np.ndarray, c_ver
     The replica ends where the lost one was, bit for bit, with the snapshots of ``S̃`` from
     ``keep_from`` on (the blocks in flight resubmit on their own versions). Returns its version.
     """
-    replica_build(key, cols, s_version, S, C if c_version == s_version else None)
+    replica_build(key, cols, s_version, S, None)
     rep = _REPLICAS[key]
     with rep.lock:
-        for v, seq, index, ops in messages:
-            if C is not None and rep.C is None and rep.version == c_version:
-                rep.C = np.array(C, dtype=np.float64, order="C")
+        for v, _, index, ops in (m for m in messages if m[0] <= c_version):
+            _apply(rep, v, index, ops, None, keep_from)     # S̃ alone, up to C̃'s base
+        if C is not None:
+            rep.C = np.array(C, dtype=np.float64, order="C")
+        for v, seq, index, ops in (m for m in messages if m[0] > c_version):
             K = None
             if _needs_kernel(rep, seq, ops):
                 K = centered_rows(path, kernel, take_rows(path, ranges, index), mk, mkm, index,
                                   cols)
             _apply(rep, v, index, ops, K, keep_from)
-        if C is not None and rep.C is None and rep.version == c_version:
-            rep.C = np.array(C, dtype=np.float64, order="C")
         return rep.version
 
 

@@ -598,11 +598,9 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
             blas_threads_for(client):
         stages.close()
         engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
-                           prefetch=first.prefetch,
-                           projections="coordinator" if asked == "auto" and len(models) > 1
-                           else asked,
+                           prefetch=first.prefetch, projections=asked,
                            cache_rows=first.cache_rows, precision=first.precision,
-                           device=first.device)
+                           device=first.device, models=len(models))
         engine.verbose = verbose
         for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
             if meta is not None and isinstance(meta.get("exact"), dict):
@@ -615,8 +613,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         # seconds before the first pass (history wall times count the passes only)
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
-                                   "reason": engine.projections_reason if len(models) == 1
-                                   or asked != "auto" else "several models share one stream"}}
+                                   "reason": engine.projections_reason}}
         if p0["algorithm"] == "krylov":
             results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
                                   tol=first.tol if first.tol is not None else 1e-8,
