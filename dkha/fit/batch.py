@@ -385,8 +385,11 @@ class PassMeter:
     """One record per KHA pass of the block stream in ``engine.stats.passes``: blocks, rows,
     the pass's wall seconds (its end-of-pass work, e.g. an evaluation, excluded: those passes
     have records of their own), the seconds the coordinator waited for blocks and was busy (the
-    rest), bytes received from the workers and sent to replicas, and where the projections were
-    computed. A pass runs from the end of the previous pass's last block to the end of its own."""
+    rest), the CPU seconds of the coordinator's thread (``busy_cpu_seconds``: its own work, which
+    a coordinator sharing its cores with the workers stretches in wall seconds), when it
+    ``began`` and ``ended`` (``time.time()``, to match a task stream), bytes received
+    from the workers and sent to replicas, and where the projections were computed. A pass runs
+    from the end of the previous pass's last block to the end of its own."""
 
     _COUNTERS = ("blocks", "rows", "wait_seconds", "bytes_received", "bytes_sent")
 
@@ -397,23 +400,24 @@ class PassMeter:
 
     def mark(self) -> None:
         """A block was applied: the point a pass that ends here ends at."""
-        self.last = {"time": time.perf_counter(),
+        self.last = {"time": time.perf_counter(), "cpu": time.thread_time(), "epoch": time.time(),
                      **{c: getattr(self.engine.stats, c) for c in self._COUNTERS}}
 
     def begin(self, k: int) -> None:
         """Pass ``k``'s first block has arrived (the previous pass ended at the last mark)."""
         self.end()
-        self.open = dict(self.last, k=k, excluded=0.0)
+        self.open = dict(self.last, k=k, excluded=0.0, excluded_cpu=0.0)
 
     @contextlib.contextmanager
     def excluded(self):
         """Work between passes that is not the pass's own."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             if self.open is not None:
                 self.open["excluded"] += time.perf_counter() - t0
+                self.open["excluded_cpu"] += time.thread_time() - c0
 
     def end(self) -> None:
         if self.open is None:
@@ -426,6 +430,8 @@ class PassMeter:
                **{c: now[c] - o[c] for c in self._COUNTERS}}
         rec["tasks"] = rec["blocks"]
         rec["busy_seconds"] = max(0.0, rec["wall_seconds"] - rec["wait_seconds"])
+        rec["busy_cpu_seconds"] = max(0.0, now["cpu"] - o["cpu"] - o["excluded_cpu"])
+        rec["began"], rec["ended"] = o["epoch"], now["epoch"]     # time.time(), for task streams
         self.engine.stats.passes.append(rec)
 
     def __enter__(self):
