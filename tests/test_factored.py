@@ -376,3 +376,40 @@ def test_fold_gives_the_same_bits_for_any_columns():
     sub = X[:20].copy()
     lower_times_inplace(T[:20, :20], sub)       # a non-contiguous corner, as C̃'s fold uses
     assert np.allclose(sub, T[:20, :20] @ X[:20], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("xi", [0.99, 0.5, 1.0])
+def test_condition_bounds_hold(rng, xi):
+    """The block loops test cond(T) exactly only where the bound cond(T)·cond(G) could pass the
+    limit: the step bounds must really bound cond₁ of M and G, from tiny to large gains."""
+    r = 6
+    checked = 0
+    for scale in (1e-4, 1e-2, 0.2, 1.0):
+        for _ in range(100):
+            a = rng.standard_normal(r) * scale
+            cb = rng.standard_normal(r) * scale
+            y, z = rng.standard_normal(r), rng.standard_normal(r)
+            M = np.empty((r, r))
+            compiled.apply_m(np.eye(r), a, y, M)
+            bm = compiled.m_cond_bound(a, y)
+            assert bm >= compiled.cond_lower(M) * (1 - 1e-12)
+            G = np.empty((2 * r, 2 * r))
+            compiled.apply_g(np.eye(2 * r), a, cb, y, z, xi, G)
+            bg = compiled.g_cond_bound(a, cb, y, z, xi)
+            assert bg >= compiled.cond_lower(G) * (1 - 1e-12)
+            checked += np.isfinite(bm) + np.isfinite(bg)
+    assert checked > 200        # many draws give a finite bound (λ < 1)
+
+
+@pytest.mark.parametrize("algorithm", ("kha-et", "kha-smd"))
+def test_the_condition_bound_changes_no_decision(kc, algorithm):
+    """Forgetting the bound before every block (the exact test at the block's first steps) gives
+    the same folds and the same bits as keeping it: the bound only saves exact tests."""
+    kept = run(kc, algorithm, "factored", block_rows=64, fold_condition=20.0)
+    forgot = run(kc, algorithm, "factored", block_rows=64, fold_condition=20.0,
+                 after_block=lambda s: s.state.cond_bound.fill(np.inf))
+    assert kept.state.folds == forgot.state.folds > 2 * PASSES
+    for name in ("A", "B", "C", "rho"):
+        want = getattr(forgot.state, name)
+        if want is not None:
+            np.testing.assert_array_equal(getattr(kept.state, name), want, err_msg=name)

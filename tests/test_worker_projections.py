@@ -450,3 +450,25 @@ def test_rebuilt_replicas_replay_the_lost_ones_exactly(digits_store, cluster_cli
     assert engine.stats.replica_rebuilds >= 4
     for name, value in want.items():
         assert (value is None and got[name] is None) or np.array_equal(got[name], value), name
+
+
+@pytest.mark.parametrize("algorithm,eta0,mu", [("kha", 5.0, 0.0), ("kha-et", 20.0, 0.2),
+                                               ("kha-smd", 1.0, 5.0)])
+def test_backoffs_with_the_projections_on_the_workers(digits_store, cluster_client, algorithm,
+                                                      eta0, mu):
+    """A bad step rolls back a state whose S̃ follows its blocks off the coordinator's thread
+    (only taken blocks reach it): the same backoffs, and the same state up to rounding, as the
+    run from shipped rows, whose rollback copies S̃ (equal up to rounding, which the backoffs
+    and SMD's large meta-gain amplify from ~1e-18 to ~1e-9)."""
+    runs = {}
+    for mode in ("coordinator", "workers"):
+        solver = BatchKHA(algorithm, R, L, eta0=eta0, mu=mu, xi=0.99)
+        engine = make_engine(digits_store, cluster_client, mode)
+        A1 = initial_coefficients(R, L, schedule.init_generator(3))
+        solver.start(A1, C=c_of(engine, A1) if solver.needs_projection else None)
+        runs[mode] = drive(engine, algorithm, solver=solver)
+    got, want = runs["workers"], runs["coordinator"]
+    assert want.backoffs, "the gains were meant to diverge"
+    assert [(b["step"], b["rolled_back_to"]) for b in got.backoffs] == \
+        [(b["step"], b["rolled_back_to"]) for b in want.backoffs]
+    assert_agrees(snapshot(got.state), snapshot(want.state), tol=1e-6)

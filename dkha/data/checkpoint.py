@@ -68,12 +68,14 @@ def _sha256(path: str) -> str:
 
 # --- solver state <-> arrays ---------------------------------------------------------------------
 
-_SKIP = {"_cache"}
+_SKIP = {"_cache", "_pending"}
 
 
 def state_to_arrays(state) -> tuple[dict[str, np.ndarray], dict]:
     """Split a solver state object into arrays and JSON scalars (every attribute, as held)."""
     arrays, scalars = {}, {}
+    if hasattr(state, "sync"):      # the factored state's S̃ may have messages queued
+        state.sync()
     for k, v in vars(state).items():
         if k in _SKIP:
             continue

@@ -348,8 +348,14 @@ class BatchKHA:
         """Copy the state (into buffers kept from the last block): the block's rollback point."""
         st = self.state
         saved = self._saved[1] if self._saved is not None and self._saved[0] is st else {}
+        skip = {"_cache", "_pending"}
+        if self.replicas is not None:
+            # blocks of projections change S̃ only once they are taken (FactoredState._defer):
+            # a rollback leaves it as it is
+            skip.add("S_tilde")
+            saved.pop("S_tilde", None)
         for k, v in vars(st).items():
-            if k == "_cache":
+            if k in skip:
                 continue
             old = saved.get(k)
             if isinstance(v, np.ndarray):

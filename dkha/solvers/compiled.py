@@ -259,6 +259,70 @@ def smd_gram_update(gaa, gab, a, cb, y, z, kappa, xi):
 
 
 # ---------------------------------------------------------------------------------------------
+# A cheap upper bound on cond(T): the exact O(m³) test only where the bound could pass the limit
+
+BOUND_SLACK = 1e-6        # the exact test runs once the bound is within this of the limit
+
+
+@njit(cache=True, nogil=True)
+def _m_norms(a, y):
+    """``λ = ‖tril(a yᵀ)‖₁`` (so ``‖M‖₁ ≤ 1 + λ`` and, for ``λ < 1``, ``‖M⁻¹‖₁ ≤ 1/(1 − λ)``)."""
+    r = a.shape[0]
+    lam = 0.0
+    suffix = 0.0
+    for k in range(r - 1, -1, -1):
+        suffix += abs(a[k])
+        lam = max(lam, abs(y[k]) * suffix)
+    return lam
+
+
+@njit(cache=True, nogil=True)
+def m_cond_bound(a, y):
+    """An upper bound on ``cond₁(M)``, ``M = I − tril(a yᵀ)`` (``inf`` where it gives none)."""
+    lam = _m_norms(a, y)
+    if not lam < 1.0:
+        return np.inf
+    return (1.0 + lam) / (1.0 - lam)
+
+
+@njit(cache=True, nogil=True)
+def g_cond_bound(a, cb, y, z, xi):
+    """An upper bound on ``cond₁(G)`` of an SMD step, ``G = [[M, 0], [N_A, ξ M]]``:
+    ``‖G‖₁ ≤ max(1 + λ + ν, ξ (1 + λ))`` and ``‖G⁻¹‖₁ ≤ max(μ + μ² ν / ξ, μ / ξ)`` with
+    ``λ = ‖M − I‖₁``, ``μ = 1/(1 − λ) ≥ ‖M⁻¹‖₁`` and ``ν ≥ ‖N_A‖₁`` (``inf`` where ``λ ≥ 1``)."""
+    r = a.shape[0]
+    lam = _m_norms(a, y)
+    if not lam < 1.0 or not xi > 0.0:
+        return np.inf
+    nu = 0.0
+    s_cb = 0.0
+    s_a = 0.0
+    for k in range(r - 1, -1, -1):
+        s_cb += abs(cb[k])
+        s_a += abs(a[k])
+        nu = max(nu, abs(y[k]) * s_cb + xi * abs(z[k]) * s_a)
+    mu = 1.0 / (1.0 - lam)
+    norm = max(1.0 + lam + nu, xi * (1.0 + lam))
+    inv = max(mu + mu * mu * nu / xi, mu / xi)
+    return norm * inv
+
+
+@njit(cache=True, nogil=True)
+def cond_exceeds(Tn, bound, step_bound, cond_limit):
+    """Whether ``cond₁(Tn) > cond_limit``, as :func:`cond_lower` decides it, computing it only
+    where ``bound[0] · step_bound`` (an upper bound: ``cond(G T) ≤ cond(G) cond(T)``) comes
+    within :data:`BOUND_SLACK` of the limit. ``bound[0]`` becomes the bound for ``Tn`` (the
+    exact value where it was computed); the caller keeps it only if the step is taken."""
+    nb = bound[0] * step_bound
+    if nb > cond_limit * (1.0 - BOUND_SLACK) or not nb == nb:
+        c = cond_lower(Tn)
+        if c > cond_limit:
+            return True, c
+        nb = c * (1.0 + BOUND_SLACK)
+    return False, nb
+
+
+# ---------------------------------------------------------------------------------------------
 # Numerical guards
 
 
@@ -311,16 +375,19 @@ def kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit):
     :func:`kha_block_logged` without the log of direct steps (see there for the parameters).
     """
     return kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit,
-                            np.zeros((0, 0)))
+                            np.zeros((0, 0)), np.full(1, np.inf))
 
 
 @njit(cache=True, nogil=True)
-def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit, direct_log):
+def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit, direct_log,
+                     bound):
     """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.
 
     Parameters (all written in place where they change)
     ----------
-    T : (r, r) lower triangular; S : (r, l) the ``S̃``; C : (r, l) the ``C̃`` of ``C = T C̃``, or
+    T : (r, r) lower triangular; S : (r, l) the ``S̃``, or (r, 0) where ``S̃`` is kept elsewhere
+        (its column updates are then only in ``U``, its direct steps in ``direct_log``);
+        C : (r, l) the ``C̃`` of ``C = T C̃``, or
         (0, 0) when ``C`` is not kept. The caller adds ``U_A K'_P`` to ``C̃`` after the block; only
         the rare direct step touches ``C̃`` here (and then carries the pending ``U[:j]`` along).
     rows : (b, l) ``K'_P``; Y : (b, r) ``K'_P S̃ᵀ`` (row ``j`` the projection ``S̃ k'_{p_j}``) as of
@@ -338,19 +405,25 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
 
     ``direct_log`` : (b, 1 + 2r) or (0, 0). When it has rows, row ``j`` records step ``j``: column
     0 is 1 for a direct step (then columns ``1:1+r`` hold ``a = d ⊙ y`` and ``1+r:1+2r`` hold
-    ``y``, which define its ``M``), 0 otherwise. Worker-side replicas of ``S̃`` and ``C̃``
+    ``y``, which define its ``M``), 0 otherwise. ``bound`` : (1,) an upper bound on
+    ``cond(T)`` kept from call to call (``inf``: unknown; reset to 1 where ``T`` is fresh): the
+    exact ``O(r³)`` test of each step runs only where the bound could pass ``cond_limit``, which
+    decides exactly as testing every step would. Worker-side replicas of ``S̃`` and ``C̃``
     (coordinator-math.md §4) replay direct steps from it. A ``C`` of shape ``(r, 0)`` keeps the
     pending ``C̃`` updates ``U`` in step with direct steps while ``C̃`` itself lives elsewhere.
     """
     r = T.shape[0]
     b = index.shape[0]
     has_c = C.shape[0] > 0
+    has_s = S.shape[1] > 0      # (r, 0): S̃ is kept elsewhere (FactoredState's deferred S̃)
     logged = direct_log.shape[0] > 0
     yt = np.empty(r)
     y = np.empty(r)
     a = np.empty(r)
     delta = np.empty(r)
     Tn = np.empty((r, r))
+    if fresh:
+        bound[0] = 1.0
     for j in range(start, b):
         corrected_projection(Y, U, Kpp, j, start, yt)
         lower_matvec(T, yt, y)
@@ -368,7 +441,8 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
         p = index[j]
         if logged:
             direct_log[j, 0] = 0.0
-        if cond_lower(Tn) > cond_limit:
+        exceeded, new_bound = cond_exceeds(Tn, bound, m_cond_bound(a, y), cond_limit)
+        if exceeded:
             if not fresh:
                 finish_projections(Y, U, Kpp, start, j)
                 return j, True, fresh, GUARD_OK, -1
@@ -379,8 +453,9 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
                     direct_log[j, 1 + i] = a[i]
                     direct_log[j, 1 + r + i] = y[i]
             apply_m(S, a, y, S)
-            for i in range(r):
-                S[i, p] += a[i]
+            if has_s:
+                for i in range(r):
+                    S[i, p] += a[i]
             if has_c:
                 apply_m(C, a, y, C)
                 for i in range(r):
@@ -404,9 +479,12 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
         if lower_nonfinite(Tn):
             return j, False, fresh, GUARD_A, -1
         T[:, :] = Tn
+        bound[0] = new_bound
         for i in range(r):
             U[j, i] = delta[i]
-            S[i, p] += delta[i]
+        if has_s:
+            for i in range(r):
+                S[i, p] += delta[i]
         fresh = False
     return b, False, fresh, GUARD_OK, -1
 
@@ -419,12 +497,12 @@ def smd_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start
     :func:`smd_block_logged` without the log of direct steps (see there).
     """
     return smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start,
-                            fresh, cond_limit, np.zeros((0, 0)))
+                            fresh, cond_limit, np.zeros((0, 0)), np.full(1, np.inf))
 
 
 @njit(cache=True, nogil=True)
 def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
-                     cond_limit, direct_log):
+                     cond_limit, direct_log, bound):
     """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
 
     As :func:`kha_block`, with ``S = [A; B]`` (``2r`` rows, ``T`` ``2r×2r``), ``C`` (r, l) the
@@ -439,6 +517,7 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
     m = T.shape[0]
     r = m // 2
     b = index.shape[0]
+    has_s = S.shape[1] > 0      # (2r, 0): S̃ is kept elsewhere (FactoredState's deferred S̃)
     logged = direct_log.shape[0] > 0
     yt = np.empty(m)
     yz = np.empty(m)
@@ -448,6 +527,8 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
     c = np.empty(m)
     delta = np.empty(m)
     Tn = np.empty((m, m))
+    if fresh:
+        bound[0] = 1.0
     for j in range(start, b):
         corrected_projection(Y, U, Kpp, j, start, yt)
         lower_matvec(T, yt, yz)
@@ -480,7 +561,8 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
         direct = False
         if logged:
             direct_log[j, 0] = 0.0
-        if cond_lower(Tn) > cond_limit:
+        exceeded, new_bound = cond_exceeds(Tn, bound, g_cond_bound(a, cb, y, z, xi), cond_limit)
+        if exceeded:
             if not fresh:
                 finish_projections(Y, U, Kpp, start, j)
                 return j, True, fresh, GUARD_OK, -1
@@ -499,8 +581,9 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
         if direct:
             # T = I and G itself is ill-conditioned: take the step directly
             apply_g(S, a, cb, y, z, xi, S)
-            for i in range(m):
-                S[i, p] += c[i]
+            if has_s:
+                for i in range(m):
+                    S[i, p] += c[i]
             apply_m(C, a, y, C)
             for i in range(r):
                 for q in range(C.shape[1]):
@@ -523,11 +606,25 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
         if lower_nonfinite(Tn):
             return j, False, fresh, GUARD_A, -1
         T[:, :] = Tn
+        bound[0] = new_bound
         for i in range(m):
             U[j, i] = delta[i]
-            S[i, p] += delta[i]
+        if has_s:
+            for i in range(m):
+                S[i, p] += delta[i]
         fresh = False
     return b, False, fresh, GUARD_OK, -1
+
+
+@njit(cache=True, nogil=True)
+def add_columns(S, lo, hi, index, delta):
+    """``S[:, p - lo] += delta[j]`` for each ``p = index[j]`` with ``lo ≤ p < hi`` (a message's
+    column updates on a replica of columns ``lo:hi``; ``index`` holds distinct positions)."""
+    for j in range(index.shape[0]):
+        p = index[j]
+        if lo <= p < hi:
+            for i in range(S.shape[0]):
+                S[i, p - lo] += delta[j, i]
 
 
 @njit(cache=True, nogil=True)

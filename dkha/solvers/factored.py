@@ -33,12 +33,15 @@ home (``c_stale`` is true until the next :meth:`FactoredState.set_c_tilde`).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from dkha.solvers import compiled
 
 DEFAULT_FOLD_CONDITION = 1e3
 _EMPTY = np.zeros((0, 0))
+_S_WORK: list = []      # the one thread that applies deferred messages to S̃ (made on first use)
 # the compiled loops' guard codes, named as :func:`dkha.solvers.reference.guard` names them
 GUARD_NAMES = {compiled.GUARD_A: "A", compiled.GUARD_B: "B", compiled.GUARD_GAIN: "gain",
                compiled.GUARD_A_RUNAWAY: "A runaway",
@@ -78,6 +81,37 @@ class FactoredState:
     c_stale = False     # a class default: states saved before this attribute existed read False
     gain_factor = 1.0   # multiplies every gain; halved by each backoff (BatchKHA.back_off)
 
+    # S̃ itself. Blocks applied from projections (the replicas hold S̃ for the products) leave
+    # their message to one background thread that applies it to S̃ as a replica does
+    # (apply_message: the same bits), off the coordinator's path to the next block; every read
+    # of S̃ waits for what is queued (sync). vars() still holds the array under this name.
+    @property
+    def S_tilde(self) -> np.ndarray:
+        self.sync()
+        return self.__dict__["S_tilde"]
+
+    @S_tilde.setter
+    def S_tilde(self, value: np.ndarray) -> None:
+        self.sync()
+        self.__dict__["S_tilde"] = value
+
+    def sync(self) -> None:
+        """Wait until the messages queued for ``S̃`` are applied (see ``S_tilde``)."""
+        pending = self.__dict__.pop("_pending", None)
+        if pending is not None and not pending.result():
+            raise FloatingPointError("non-finite values in S̃ after a fold or direct step")
+
+    def _defer(self, index: np.ndarray, ops: list) -> None:
+        """Queue one block's message for ``S̃`` (FIFO on one thread: in order)."""
+        if not _S_WORK:
+            _S_WORK.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-s-tilde"))
+        self.__dict__["_pending"] = _S_WORK[0].submit(_apply_to_s, self.__dict__["S_tilde"],
+                                                      index, ops)
+
+    def __getstate__(self) -> dict:
+        self.sync()
+        return dict(self.__dict__)
+
     def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None, smd: bool = False,
                  rho0: float = 0.0, t: int = 0, fold_condition: float = DEFAULT_FOLD_CONDITION):
         A = np.asarray(A, dtype=np.float64)
@@ -99,6 +133,7 @@ class FactoredState:
         self.folds = 0
         self.gain_factor = 1.0
         self._fresh = True       # T is exactly the identity
+        self.cond_bound = np.full(1, np.inf)
         self._cache: dict[str, np.ndarray] = {}
         if smd:
             self.resync_grams()
@@ -165,13 +200,36 @@ class FactoredState:
         if self._fresh:
             return None
         F = self.T
-        lower_times_inplace(F, self.S_tilde)
+        if self.__dict__.get("_pending") is not None:
+            self._defer(None, [("fold", F)])        # after the queued messages, in order
+        else:
+            lower_times_inplace(F, self.S_tilde)
         if self.C_tilde is not None and not self.c_stale:
             lower_times_inplace(F[:self.r, :self.r], self.C_tilde)
         self.T = np.eye(F.shape[0])
         self._fresh = True
         self.folds += 1
         self._cache.clear()     # snapshots taken before the fold differ in rounding
+        return F
+
+    def _cond_bound(self) -> np.ndarray:
+        """``cond_bound`` (1,): an upper bound on ``cond(T)`` the block loops keep, so that they
+        compute the exact condition only near ``fold_condition`` (their decisions are those of
+        an exact test at every step). Saved and rolled back with ``T``; ``inf`` (unknown) in a
+        state saved before it existed."""
+        bound = self.__dict__.get("cond_bound")
+        if bound is None:
+            bound = self.cond_bound = np.full(1, np.inf)
+        return bound
+
+    def _fold_t(self) -> np.ndarray:
+        """A fold inside a block of projections: ``T ← I`` (``C̃`` lives with the replicas);
+        ``S̃`` gets the fold with the block's message."""
+        F = self.T
+        self.T = np.eye(F.shape[0])
+        self._fresh = True
+        self.folds += 1
+        self._cache.clear()
         return F
 
     def resync_grams(self) -> None:
@@ -185,9 +243,16 @@ class FactoredState:
         r = self.r
         if self.rho is not None and not np.isfinite(self.rho).all():
             return "rho"
-        if not (np.isfinite(self.T[:r]).all() and np.isfinite(self.S_tilde[:r]).all()):
+        if self.__dict__.get("_pending") is not None:
+            # S̃ is being brought up to date with finite column updates (checked when taken);
+            # its folds and direct steps are checked there (sync raises)
+            S = None
+        else:
+            S = self.S_tilde
+        if not (np.isfinite(self.T[:r]).all() and (S is None or np.isfinite(S[:r]).all())):
             return "A"
-        if self.smd and not (np.isfinite(self.T[r:]).all() and np.isfinite(self.S_tilde[r:]).all()):
+        if self.smd and not (np.isfinite(self.T[r:]).all()
+                             and (S is None or np.isfinite(S[r:]).all())):
             return "B"
         return None
 
@@ -219,6 +284,7 @@ class FactoredState:
             Y = np.array(projections, dtype=np.float64, order="C")    # ours to update
             Kpp = np.ascontiguousarray(kpp, dtype=np.float64)
             rows = np.zeros((b, 0))
+            S_arg = np.zeros((self.T.shape[0], 0))       # S̃ follows the message (_defer)
             C_arg = np.zeros((r, 0)) if keeps_c else _EMPTY      # carry U, C̃ lives elsewhere
             direct_log = np.zeros((b, 1 + (4 if self.smd else 2) * r))
         else:
@@ -234,19 +300,20 @@ class FactoredState:
                 Y = rows @ self.S_tilde.T             # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
             C_arg = self.C_tilde if keeps_c else _EMPTY
             direct_log = _EMPTY
+            S_arg = self.S_tilde
         self._cache.clear()
         U = np.empty_like(Y)                          # row j: the column update Δ_j of step j
         start = 0
         while start < b:
             if self.smd:
                 stop, fold, self._fresh, guard, comp = compiled.smd_block_logged(
-                    self.T, self.S_tilde, C_arg, self.gram_aa, self.gram_ab, self.rho, rows, Y, U,
+                    self.T, S_arg, C_arg, self.gram_aa, self.gram_ab, self.rho, rows, Y, U,
                     Kpp, index, eta, float(mu), float(xi), start, self._fresh, self.fold_condition,
-                    direct_log)
+                    direct_log, self._cond_bound())
             else:
                 stop, fold, self._fresh, guard, comp = compiled.kha_block_logged(
-                    self.T, self.S_tilde, C_arg, rows, Y, U, Kpp, index, eta, start,
-                    self._fresh, self.fold_condition, direct_log)
+                    self.T, S_arg, C_arg, rows, Y, U, Kpp, index, eta, start,
+                    self._fresh, self.fold_condition, direct_log, self._cond_bound())
             if guard != compiled.GUARD_OK:
                 raise BadStep(stop, GUARD_NAMES[guard], comp)
             if ops is not None:
@@ -257,7 +324,7 @@ class FactoredState:
                 Y[stop:] = Y[stop:] @ self.T.T
                 if keeps_c:
                     U[:stop, :r] = U[:stop, :r] @ self.T[:r, :r].T
-                F = self.fold()
+                F = self._fold_t() if projections is not None else self.fold()
                 if ops is not None:
                     ops.append(("fold", F))
             start = stop
@@ -267,9 +334,20 @@ class FactoredState:
                 self.c_stale = True
             else:
                 self.C_tilde += U[:, :r].T.astype(rows.dtype) @ rows
+        if projections is not None:
+            self._defer(index.copy(), list(ops))      # S̃ follows, off this thread
 
 
 # --- messages: replicas of S̃ and C̃, projections from earlier versions (§4) --------------------
+
+
+def _apply_to_s(S: np.ndarray, index: np.ndarray | None, ops: list) -> bool:
+    """The coordinator's deferred ``S̃`` update: one message applied to all of ``S̃`` (as a
+    replica of every column); returns whether ``S̃`` is finite after a fold or direct step."""
+    apply_message(S, None, 0, S.shape[1], index, ops, None)
+    if any(op[0] in ("fold", "direct") for op in ops):
+        return compiled.all_finite(S)
+    return True
 
 
 def _record_steps(ops: list, U: np.ndarray, direct_log: np.ndarray, start: int, stop: int,
@@ -338,10 +416,8 @@ def apply_message(S: np.ndarray, C: np.ndarray | None, lo: int, hi: int,
         kind = op[0]
         if kind == "cols":
             _, j0, j1, delta = op
-            p = index[j0:j1]
-            sel = np.flatnonzero((p >= lo) & (p < hi))
-            if sel.size:
-                S[:, p[sel] - lo] += delta[sel].T
+            compiled.add_columns(S, lo, hi, np.ascontiguousarray(index[j0:j1], dtype=np.int64),
+                                 np.ascontiguousarray(delta, dtype=np.float64))
         elif kind == "fold":
             F = op[1]
             lower_times_inplace(F, S)
