@@ -101,12 +101,12 @@ def measure(engine, client, kind, run):
     return row
 
 
-def kha_pass(engine, l, r, seed=0):
+def kha_pass(engine, l, r, seed=0, n_steps=None):
     from dkha.fit.batch import run_batch
     from dkha.solvers.batch import BatchKHA
 
     solver = BatchKHA("kha-smd", r, l, eta0=0.01, mu=0.01)
-    return run_batch(engine, solver, n_steps=l, seed=seed, evaluate_every=-1).alpha
+    return run_batch(engine, solver, n_steps=n_steps or l, seed=seed, evaluate_every=-1).alpha
 
 
 def krylov_fit(engine, r):
@@ -163,6 +163,8 @@ def main():
             if args.skip_kha:
                 continue
             alphas = {}
+            for e in engines.values():      # warm-up: first calls, the replicas' threads
+                kha_pass(e, l, r, n_steps=4 * args.block)
             for p, e in engines.items():
                 rows.append(measure(e, client, f"KHA-SMD pass, projections {p}",
                                     lambda e=e, p=p: alphas.__setitem__(p, kha_pass(e, l, r))))

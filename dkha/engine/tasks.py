@@ -477,6 +477,8 @@ def combine_projections(bounds: list, window_index: np.ndarray, *results
     """
     if any(r is None for r in results):
         return None
+    if len(results) == 1:       # one group: its window columns are the window, in order
+        return results[0][0], results[0][1]
     Y = np.array(results[0][0])
     for part, _ in results[1:]:
         Y += part

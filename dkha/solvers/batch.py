@@ -350,10 +350,11 @@ class BatchKHA:
         saved = self._saved[1] if self._saved is not None and self._saved[0] is st else {}
         skip = {"_cache", "_pending"}
         if self.replicas is not None:
-            # blocks of projections change S̃ only once they are taken (FactoredState._defer):
-            # a rollback leaves it as it is
-            skip.add("S_tilde")
+            # blocks of projections change S̃ only once they are taken (FactoredState._defer)
+            # and C̃ only on the replicas: a rollback leaves both as they are
+            skip.update(("S_tilde", "C_tilde"))
             saved.pop("S_tilde", None)
+            saved.pop("C_tilde", None)
         for k, v in vars(st).items():
             if k in skip:
                 continue
