@@ -106,7 +106,7 @@ class FactoredState:
         if not _S_WORK:
             _S_WORK.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-s-tilde"))
         self.__dict__["_pending"] = _S_WORK[0].submit(_apply_to_s, self.__dict__["S_tilde"],
-                                                      index, ops)
+                                                      index, ops, self.__dict__.get("_pending"))
 
     def __getstate__(self) -> dict:
         self.sync()
@@ -341,9 +341,13 @@ class FactoredState:
 # --- messages: replicas of S̃ and C̃, projections from earlier versions (§4) --------------------
 
 
-def _apply_to_s(S: np.ndarray, index: np.ndarray | None, ops: list) -> bool:
+def _apply_to_s(S: np.ndarray, index: np.ndarray | None, ops: list, before) -> bool:
     """The coordinator's deferred ``S̃`` update: one message applied to all of ``S̃`` (as a
-    replica of every column); returns whether ``S̃`` is finite after a fold or direct step."""
+    replica of every column); returns whether ``S̃`` is finite after a fold or direct step.
+    ``before``, the future of the message before (done: one thread, in order), passes its
+    failure on, so that waiting for the last message reports any."""
+    if before is not None and not before.result():
+        return False
     apply_message(S, None, 0, S.shape[1], index, ops, None)
     if any(op[0] in ("fold", "direct") for op in ops):
         return compiled.all_finite(S)
