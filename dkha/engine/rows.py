@@ -82,6 +82,7 @@ from dkha.solvers.factored import FactoredState
 log = logging.getLogger(__name__)
 
 PROJECTIONS = ("auto", "coordinator", "workers")
+_STOP_POLL_SECONDS = 0.5    # waiting on a task: check the stop request this often
 
 
 def choose_projections(requested: str, client, cache_rows: bool = False,
@@ -107,7 +108,7 @@ def choose_projections(requested: str, client, cache_rows: bool = False,
     n = len(client.scheduler_info().get("workers", {}))
     return "workers", (f"{n} worker process{'es' if n != 1 else ''} at {address}: projections "
                        "travel instead of kernel rows")
-_STOP_POLL_SECONDS = 0.5    # waiting on a task: check the stop request this often
+
 
 __all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "center_block",
            "clear_cache", "load_rows", "project_rows"]

@@ -55,7 +55,7 @@ def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float 
                              f"use more landmarks than {r} components")
     W_isqrt = (Q[:, keep] / np.sqrt(w[keep])) @ Q[:, keep].T
     BT = CT                                # Bᵀ = W^{-1/2} Cᵀ   (m × l), in place: at l = 200 000
-    step = max(1, (1 << 22) // max(m, 1))  # and m = 500 a second m × l array took 0.8 GB more
+    step = max(1, (1 << 22) // m)          # and m = 500 a second m × l array took 0.8 GB more
     for a in range(0, BT.shape[1], step):
         BT[:, a:a + step] = W_isqrt @ BT[:, a:a + step]
     s, U = np.linalg.eigh(BT @ BT.T)

@@ -348,7 +348,7 @@ class BatchKHA:
         """Copy the state (into buffers kept from the last block): the block's rollback point."""
         st = self.state
         saved = self._saved[1] if self._saved is not None and self._saved[0] is st else {}
-        skip = {"_cache", "_pending"}
+        skip = set(getattr(st, "TRANSIENT", ()))
         if self.replicas is not None:
             # blocks of projections change S̃ only once they are taken (FactoredState._defer)
             # and C̃ only on the replicas: a rollback leaves both as they are

@@ -80,6 +80,9 @@ class FactoredState:
 
     c_stale = False     # a class default: states saved before this attribute existed read False
     gain_factor = 1.0   # multiplies every gain; halved by each backoff (BatchKHA.back_off)
+    # attributes that are not state (snapshots of true values, the S̃ work queued): never
+    # checkpointed, saved for a rollback or restored
+    TRANSIENT = frozenset({"_cache", "_pending"})
 
     # S̃ itself. Blocks applied from projections (the replicas hold S̃ for the products) leave
     # their message to one background thread that applies it to S̃ as a replica does
@@ -206,11 +209,7 @@ class FactoredState:
             lower_times_inplace(F, self.S_tilde)
         if self.C_tilde is not None and not self.c_stale:
             lower_times_inplace(F[:self.r, :self.r], self.C_tilde)
-        self.T = np.eye(F.shape[0])
-        self._fresh = True
-        self.folds += 1
-        self._cache.clear()     # snapshots taken before the fold differ in rounding
-        return F
+        return self._fold_t()
 
     def _cond_bound(self) -> np.ndarray:
         """``cond_bound`` (1,): an upper bound on ``cond(T)`` the block loops keep, so that they
@@ -223,13 +222,14 @@ class FactoredState:
         return bound
 
     def _fold_t(self) -> np.ndarray:
-        """A fold inside a block of projections: ``T ← I`` (``C̃`` lives with the replicas);
-        ``S̃`` gets the fold with the block's message."""
+        """``T ← I`` once ``T`` is folded into ``S̃`` and ``C̃`` (or will be: inside a block of
+        projections ``S̃`` gets the fold with the block's message, ``C̃`` on the replicas);
+        returns the ``T`` folded."""
         F = self.T
         self.T = np.eye(F.shape[0])
         self._fresh = True
         self.folds += 1
-        self._cache.clear()
+        self._cache.clear()     # snapshots taken before the fold differ in rounding
         return F
 
     def resync_grams(self) -> None:
