@@ -102,6 +102,46 @@ def test_fused_products_match_numpy_twin(blocks, name, monkeypatch):
     np.testing.assert_allclose(res, want, rtol=1e-12)
 
 
+def test_panel_buffers_are_reused_without_changing_a_bit(blocks, monkeypatch):
+    """The panels' per-thread buffers (:func:`dkha.tiles.scratch`): tiles of other shapes and
+    precisions in between, in this thread and in another, give the same bits as fresh
+    buffers, and a second tile of a shape allocates nothing new."""
+    import threading
+
+    X, Y, mr, mc, mkm = blocks
+    rng = np.random.default_rng(2)
+    V, W = rng.standard_normal((230, 4)), rng.standard_normal((150, 3))
+    C = rng.standard_normal((3, 400))
+    monkeypatch.setattr(tiles, "PANEL_BYTES", 64 * 230 * 8)       # several panels a tile
+    kernels = [make_kernel("gaussian", sigma=3.0), make_kernel("laplacian", sigma=5.0),
+               make_kernel("gaussian", sigma=3.0).computed_with("float32", "cpu")]
+
+    def run():
+        out = []
+        for k in kernels:
+            for A, B, VV, WW in ((X, Y, V, W), (Y[:97], X, W, V[:97]), (X, Y, V, W)):
+                out.append(k.products(A, B, VV, WW, mr[:len(A)] if len(A) == 150 else None,
+                                      None, mkm, sums=True))
+            out.append((k.residuals(X, Y, (C,), slice(10, 160), slice(170, 400), mr, mc, mkm),))
+        return out
+
+    monkeypatch.setattr(tiles, "SCRATCH_BYTES", 0)      # every buffer fresh: the reference
+    fresh = run()
+    monkeypatch.setattr(tiles, "SCRATCH_BYTES", 1 << 26)
+    reused = run()
+    box = []
+    t = threading.Thread(target=lambda: box.append(run()))
+    t.start()
+    t.join()
+    for got in (reused, box[0]):
+        for a, b in zip(got, fresh, strict=True):
+            for x, y in zip(a, b, strict=True):
+                assert (x is None and y is None) or np.array_equal(x, y)
+    buffers = dict(tiles._scratch_arrays.buffers)
+    run()
+    assert all(tiles._scratch_arrays.buffers[k] is v for k, v in buffers.items())
+
+
 def test_exp_is_exact_to_two_ulps():
     """The vectorisable exp of the sweep against NumPy's, over the whole range it is used on."""
     x = -np.concatenate([np.linspace(0, 750, 200_001), np.geomspace(1e-12, 1, 1001)])
