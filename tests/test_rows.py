@@ -220,3 +220,54 @@ def test_chunk_cache_sees_a_store_written_again(tmp_path, digits):
     np.testing.assert_array_equal(load_rows(path, 0, 50), X[:50])
     ingest_array(X + 1.0, path, chunk_rows=50, overwrite=True)
     np.testing.assert_array_equal(load_rows(path, 0, 50), X[:50] + 1.0)
+
+
+@pytest.mark.parametrize("hold", [None, 1])
+def test_band_sums_on_the_workers(stores, oracle, client, monkeypatch, hold):
+    """The MK row and ``K'V`` are summed band by band on the workers: the same bits as the
+    straightforward form (every tile's pieces gathered and added on the coordinator in the
+    pass's order), whatever the fan-in (``hold=1``: one add task a piece), with one band of
+    each sum coming home."""
+    from dkha.engine import rows
+    from dkha.engine.tasks import mk_tile, product_pair
+
+    if hold is not None:
+        monkeypatch.setattr(rows, "REDUCE_HOLD_BYTES", hold)
+    store = stores[17]
+    engine = RowEngine(store, kernel_of("gaussian"), client)
+    g, pairs, l = engine.tile_groups, engine._pairs(), store.n_samples
+    n = len(g)
+    assert n >= 3
+    bounds = [(t[0][0], t[-1][1]) for t in g]
+
+    mk, mkm = engine.compute_mk(cache=False)
+    want = np.zeros(l)
+    for i, j in pairs:
+        colsum, rowsum = mk_tile(store.path, engine.kernel, g[i], g[j])
+        want[slice(*bounds[j])] += colsum
+        if rowsum is not None:
+            want[slice(*bounds[i])] += rowsum
+    assert np.array_equal(mk, want / l)
+    K, _ = oracle["gaussian"]
+    assert_rel(mk, K.mean(axis=0))
+
+    V = np.random.default_rng(3).normal(size=(l, 5))
+    got = engine.matmat(V)
+    want = np.zeros((l, 5))
+    for i, j in pairs:
+        to_i, to_j = product_pair(store.path, engine.kernel, engine.mk, engine.mkm, g[i], g[j], V)
+        want[slice(*bounds[i])] += to_i
+        if to_j is not None:
+            want[slice(*bounds[j])] += to_j
+    assert np.array_equal(got, want)
+    Kc = oracle["gaussian"][1]
+    assert_rel(got, Kc @ V, scale=(np.abs(Kc) @ np.abs(V)).max())
+
+    mk_pass, product = [p for p in engine.stats.passes if p["kind"] in ("mk", "product")]
+    assert product["bytes_received"] == l * 5 * 8 and mk_pass["bytes_received"] == l * 8
+    pieces = 2 * len(pairs) - n
+    for p in (mk_pass, product):
+        assert p["tasks"] == len(pairs)
+        assert p["reduce_tasks"] == (pieces if hold else n), p
+        width = 5 if p is product else 1
+        assert p["fan_in"] == (1 if hold else rows.REDUCE_HOLD_BYTES // (2 * l * width * 8))

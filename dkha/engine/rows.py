@@ -56,6 +56,7 @@ from dkha.engine.replicas import ProjectedBlock, WorkerReplicas
 from dkha.engine.stop import check_stop
 from dkha.engine.tasks import (
     ReplicaLostError,
+    accumulate,
     assemble_rows,
     center_block,
     centered_rows,
@@ -83,6 +84,9 @@ log = logging.getLogger(__name__)
 
 PROJECTIONS = ("auto", "coordinator", "workers")
 _STOP_POLL_SECONDS = 0.5    # waiting on a task: check the stop request this often
+#: at most this many bytes of tile results wait on the workers for a band sum of a reduced
+#: pass (:meth:`RowEngine.reduced_pass`), besides the tasks in flight
+REDUCE_HOLD_BYTES = 256 * 2**20
 
 
 def choose_projections(requested: str, client, cache_rows: bool = False,
@@ -367,35 +371,27 @@ class RowEngine:
                 return self.client.submit(tile_sums, self._tile(i, j), i == j, pure=False)
             return self.client.submit(mk_tile, path, self.kernel, groups[i], groups[j], pure=False)
 
-        l = self.n_samples
-        mk = np.zeros(l)
-        bounds = [(g[0][0], g[-1][1]) for g in groups]
-        results = self.ordered_results(submit, len(pairs), "the MK row (centering) pass",
-                                     kind="mk", progress="centering (MK row)", transient=False)
-        for (i, j), (colsum, rowsum) in zip(pairs, results):
-            a, b = bounds[j]
-            mk[a:b] += colsum
-            if rowsum is not None:
-                c, d = bounds[i]
-                mk[c:d] += rowsum
-        return mk / l
+        # column sums to band j, row sums (off the diagonal) to band i
+        routes = [[(j, 0)] + ([(i, 1)] if i != j else []) for i, j in pairs]
+        mk = self.reduced_pass(submit, routes, [self._bounds(g) for g in groups], None,
+                               "the MK row (centering) pass", kind="mk",
+                               progress="centering (MK row)", transient=False)
+        return mk / self.n_samples
 
     def _mk_sample(self, n: int, seed: int) -> np.ndarray:
         """The MK row estimated from ``n`` seeded random columns (pieces of ≤ ``dkha.tile-rows``)."""
         l = self.n_samples
         sample = np.sort(np.random.default_rng([int(seed), 4]).choice(l, size=n, replace=False))
         piece = int(config.get("tile-rows"))
-        parts = [self.put(self.store.read_rows(sample[a:a + piece])) for a in range(0, n, piece)]
+        parts = [self.put(self.store.read_rows(sample[a:a + piece]), everywhere=True) for a in range(0, n, piece)]
         groups = self.tile_groups
         tasks = [(g, part) for g in groups for part in parts]
-        results = self.ordered_results(
+        mk = self.reduced_pass(
             lambda k: self.client.submit(mk_sample_tile, self.store.path, self.kernel,
                                          tasks[k][0], tasks[k][1], pure=False),
-            len(tasks), "the sampled MK row", kind="mk",
-            progress="centering (MK row from a sample)", transient=False)
-        mk = np.zeros(l)
-        for (g, _), part_sum in zip(tasks, results):      # fixed order: reproducible sums
-            mk[g[0][0]:g[-1][1]] += part_sum
+            [[(groups.index(g), None)] for g, _ in tasks], [self._bounds(g) for g in groups], None,
+            "the sampled MK row", kind="mk", progress="centering (MK row from a sample)",
+            transient=False)
         return mk / n
 
     def centered_diagonal(self) -> np.ndarray:
@@ -437,12 +433,24 @@ class RowEngine:
             raise ClusterLostError(f"lost the Dask scheduler while computing {what} ({exc}); "
                                    "resume with `dkha fit ... --resume`") from None
 
-    def put(self, array: np.ndarray):
+    def put(self, array: np.ndarray, everywhere: bool = False):
         """A future holding ``array`` that the cluster can rebuild if the worker holding it dies.
 
         (Scattered data cannot be recomputed; a task that returns the array can.)
+
+        ``everywhere``: copied to every worker before it is used, for the input of a whole tile
+        pass. Dask sends a task only to the workers that hold one of its inputs, so the tiles of
+        a pass whose inputs sit on one worker all queue there until work stealing moves some
+        (measured: the other of 2 workers idle for 0.8 s of a 0.9 s ``K'V`` pass); with a copy
+        on every worker, each tile goes to the least busy one.
         """
-        return self.client.submit(identity, array, pure=False)
+        future = self.client.submit(identity, array, pure=False)
+        if everywhere and len(self.client.scheduler_info().get("workers", {})) > 1:
+            try:
+                self.client.replicate([future])
+            except Exception as exc:  # noqa: BLE001 - placement only: the pass runs without it
+                log.debug("could not copy a pass's input to every worker: %s", exc)
+        return future
 
     @property
     def tasks_in_flight(self) -> int:
@@ -456,13 +464,7 @@ class RowEngine:
         """The result of one task, checking the stop request while waiting
         (:func:`dkha.engine.stop.check_stop`: :class:`~dkha.errors.Interrupted` within a
         second of it)."""
-        while True:
-            check_stop(what)
-            try:
-                wait_for(future, timeout=_STOP_POLL_SECONDS)
-                break
-            except TimeoutError:
-                continue
+        self.settle(future, what)
         return self.gather([future], what=what)[0]
 
     def ordered_results(self, submit, n: int, what: str, *, kind: str = "tiles",
@@ -473,29 +475,119 @@ class RowEngine:
         within a task's time (the tasks in flight are cancelled). ``progress``: the label of its
         progress bar (``what`` when not given); ``kind``: the pass's kind in its record
         (``mk``, ``product``, ``residual``)."""
+        record = self._pass_record(what, kind, n)
         with self._tiles_progress(progress or what, n, transient=transient) as bar:
-            for result in self._ordered_results(submit, n, what, kind):
+            for future in self._windowed(submit, n, what, record):
+                t0 = time.perf_counter()
+                result = self.wait(future, what)
+                record["wait_seconds"] += time.perf_counter() - t0
+                record["bytes_received"] += _nbytes(result)
                 yield result
                 bar.update()
 
-    def _ordered_results(self, submit, n: int, what: str, kind: str) -> Iterator:
+    def reduced_pass(self, submit, routes: list, bands: list, width: int | None, what: str, *,
+                     kind: str, progress: str | None = None, transient: bool = True
+                     ) -> np.ndarray:
+        """The band sums of a tile pass, added on the workers: ``out[band] = Σ pieces`` over the
+        pieces routed to each band, in the pass's order.
+
+        ``submit(k)`` returns the future of task ``k``'s result and ``routes[k]`` lists its
+        pieces as ``(band, item)``: item ``item`` of the result (``None``: the result) is added
+        to rows ``bands[band] = (start, stop)`` of the ``l × width`` output (``width`` None: a
+        vector of ``l``). Tasks are submitted as in
+        :meth:`ordered_results` (at most :attr:`tasks_in_flight` at once, the stop request
+        checked between tasks). As its pieces are submitted, each band's are summed by a chain of
+        :func:`~dkha.engine.tasks.accumulate` tasks, each adding the next
+        ``fan_in`` pieces to the band's partial sum in order: the same additions in the same
+        order as adding every piece on the coordinator, so the same bits whatever the cluster
+        did, and the coordinator receives each band once (``l × width`` numbers a pass instead of
+        one piece per tile). ``fan_in`` bounds what waits on the workers: a band's group holds
+        the results of up to ``fan_in`` rows of tiles, so it is the most that keep
+        :data:`REDUCE_HOLD_BYTES` of results (a row of tiles' results is ``2 · l · width``
+        numbers); the pass's record gives it and the number of add tasks.
+        """
+        l = self.n_samples
+        left = collections.Counter(band for route in routes for band, _ in route)
+        fan_in = max(1, REDUCE_HOLD_BYTES // (2 * l * (width or 1) * 8))
+        record = self._pass_record(what, kind, len(routes), fan_in=fan_in, reduce_tasks=0)
+        groups: dict = collections.defaultdict(list)
+        partial: dict = {}
+        finals: collections.deque = collections.deque()
+        out = np.zeros(l if width is None else (l, width))
+
+        def submit_and_route(k):
+            future = submit(k)
+            for band, item in routes[k]:
+                groups[band].append([future, item])
+                left[band] -= 1
+                if len(groups[band]) >= fan_in or left[band] == 0:
+                    partial[band] = self.client.submit(accumulate, partial.get(band),
+                                                       *groups.pop(band), pure=False)
+                    record["reduce_tasks"] += 1
+                    if left[band] == 0:
+                        finals.append((band, partial.pop(band)))
+            return future
+
+        def take(band, future):
+            t0 = time.perf_counter()
+            part = self.wait(future, what)
+            record["wait_seconds"] += time.perf_counter() - t0
+            record["bytes_received"] += _nbytes(part)
+            a, b = bands[band]
+            out[a:b] = part
+
+        start = time.perf_counter()
+        try:
+            with self._tiles_progress(progress or what, len(routes), transient=transient) as bar:
+                for future in self._windowed(submit_and_route, len(routes), what, record):
+                    t0 = time.perf_counter()
+                    self.settle(future, what)
+                    record["wait_seconds"] += time.perf_counter() - t0
+                    bar.update()
+                    while finals and finals[0][1].done():
+                        take(*finals.popleft())
+            while finals:
+                take(*finals.popleft())
+        finally:
+            for f in [*partial.values(), *(f for _, f in finals)]:
+                f.cancel()
+            record["wall_seconds"] = time.perf_counter() - start     # the last bands included
+            record["busy_seconds"] = max(0.0, record["wall_seconds"] - record["wait_seconds"])
+        return out
+
+    def settle(self, future, what: str) -> None:
+        """Wait for a task without fetching its result (:meth:`wait`'s stop checks; its error,
+        if it failed, raised as :meth:`gather` raises it)."""
+        while True:
+            check_stop(what)
+            try:
+                wait_for(future, timeout=_STOP_POLL_SECONDS)
+                break
+            except TimeoutError:
+                continue
+        if future.status != "finished":
+            self.gather([future], what=what)
+
+    def _pass_record(self, what: str, kind: str, n: int, **extra) -> dict:
+        return {"what": what, "kind": kind, "tasks": n, "wall_seconds": 0.0,
+                "wait_seconds": 0.0, "bytes_received": 0, **extra}
+
+    def _windowed(self, submit, n: int, what: str, record: dict) -> Iterator:
+        """The futures of ``submit(0) … submit(n − 1)`` in order, at most
+        :attr:`tasks_in_flight` submitted at once, each yielded for the caller to wait on (and to
+        add its waiting to the record). The record of the pass gets its wall and busy seconds and
+        joins ``stats.passes``; the tasks still in flight when it ends early are cancelled."""
         window = self.tasks_in_flight
         log.info("%s: %d tasks, at most %d at a time", what, n, window)
         pending: collections.deque = collections.deque()
         nxt = 0
-        record = {"what": what, "kind": kind, "tasks": n, "wall_seconds": 0.0,
-                  "wait_seconds": 0.0, "bytes_received": 0}
         start = time.perf_counter()
         try:
             while nxt < n or pending:
                 while nxt < n and len(pending) < window:
                     pending.append(submit(nxt))
                     nxt += 1
-                t0 = time.perf_counter()
-                result = self.wait(pending.popleft(), what)
-                record["wait_seconds"] += time.perf_counter() - t0
-                record["bytes_received"] += _nbytes(result)
-                yield result
+                yield pending.popleft()
         finally:
             for f in pending:
                 f.cancel()
@@ -660,23 +752,18 @@ class RowEngine:
         if V.ndim == 1:
             return self.matmat(V[:, None], exact=exact)[:, 0]
         mk = self._need_mk()
-        Vf = self.put(V)
+        Vf = self.put(V, everywhere=True)
         g = self.tile_groups
         pairs = self._pairs()
         kernel = self.exact_kernel if exact else self.kernel
-        results = self.ordered_results(
+        # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j
+        return self.reduced_pass(
             lambda k: self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
                                          g[pairs[k][0]], g[pairs[k][1]], Vf,
                                          tile=self._tile(*pairs[k]), pure=False),
-            len(pairs), "a K' V product pass", kind="product", progress="product K' V")
-        out = np.zeros((self.n_samples, V.shape[1]))
-        for (i, j), (to_i, to_j) in zip(pairs, results):  # fixed order: reproducible sums
-            a, b = self._bounds(g[i])
-            out[a:b] += to_i
-            if to_j is not None:
-                c, d = self._bounds(g[j])
-                out[c:d] += to_j
-        return out
+            [[(i, 0)] + ([(j, 1)] if i != j else []) for i, j in pairs],
+            [self._bounds(b) for b in g], V.shape[1], "a K' V product pass", kind="product",
+            progress="product K' V")
 
     def residual(self, C: np.ndarray) -> tuple[float, float]:
         """``(‖K'‖²_F, ‖K' − CᵀC‖²_F)`` in one blockwise pass (direct form, no cancellation)."""
@@ -687,7 +774,7 @@ class RowEngine:
         """``‖K'‖²_F`` and ``‖K' − CᵀC‖²_F`` for each ``C`` of ``Cs``, all in one blockwise pass."""
         Cs = tuple(np.ascontiguousarray(C, dtype=np.float64) for C in Cs)
         mk = self._need_mk()
-        Cf = self.put(Cs)
+        Cf = self.put(Cs, everywhere=True)
         g = self.tile_groups
         pairs = self._pairs()
         tot = np.zeros(1 + len(Cs))

@@ -123,6 +123,22 @@ def identity(x):
     return x
 
 
+def accumulate(partial: np.ndarray | None, *pieces: list) -> np.ndarray:
+    """``partial + p₁ + p₂ + …`` added one after the other in the order given (``partial`` None:
+    zeros), each piece ``[result, k]`` the ``k``-th item of a task's result (``k`` None: the
+    result).
+
+    The band sums of a tile pass (:meth:`dkha.engine.rows.RowEngine.reduced_pass`) chain these
+    on the workers: a band's pieces are added in the pass's fixed order whatever the grouping
+    into tasks, so the sum is the one the coordinator made adding every piece itself, bit for
+    bit, and the coordinator receives one band instead of every piece."""
+    items = [result if k is None else result[k] for result, k in pieces]
+    out = np.zeros(items[0].shape) if partial is None else partial.copy()
+    for item in items:
+        out += item
+    return out
+
+
 
 def take_rows(path: str, ranges: tuple[tuple[int, int], ...], index: np.ndarray) -> np.ndarray:
     """``X[index]`` gathered from cached chunk ranges (``ranges`` must cover ``index``)."""
