@@ -7,7 +7,9 @@ projections on the coordinator (rows shipped) and on the workers (coordinator-ma
 wall seconds, the coordinator's busy seconds (wall minus waiting for results), the workers'
 summed task seconds (distributed's task stream), bytes received by the coordinator, tasks, and
 the idle worker time per task (N·wall − task seconds, over the tasks: scheduler overhead and
-waiting on the coordinator). Then the speed-ups over the first N measured in this run, the KHA
+waiting on the coordinator); the MK pass, K'V and the krylov fit are run ``--repeat`` times and
+their median reported (each run's wall seconds printed beside). Then the speed-ups (of the
+medians) over the first N measured in this run, the KHA
 model's predicted speed-ups at 4, 16 and 64 workers, T(P) = C + W/P from the KHA pass's own
 record: C the coordinator thread's CPU seconds in the pass (its own work; on a machine where it
 shares two cores with the workers and the scheduler its wall-clock busy seconds, printed beside,
@@ -101,6 +103,16 @@ def measure(engine, client, kind, run):
     return row
 
 
+def measure_median(engine, client, kind, run, repeat):
+    """:func:`measure` ``repeat`` times: the row of the median wall time, with every run's wall
+    seconds in ``walls`` (short passes on a shared machine vary by tens of percent)."""
+    runs = sorted((measure(engine, client, kind, run) for _ in range(repeat)),
+                  key=lambda row: row["wall"])
+    row = runs[len(runs) // 2]
+    row["walls"] = [r["wall"] for r in runs]
+    return row
+
+
 def kha_pass(engine, l, r, seed=0, n_steps=None):
     from dkha.fit.batch import run_batch
     from dkha.solvers.batch import BatchKHA
@@ -131,6 +143,9 @@ def main():
                     help="for each N, start `dask scheduler` + N `dask worker --nthreads 1` "
                          "processes instead of a LocalCluster")
     ap.add_argument("--skip-kha", action="store_true", help="only the MK pass, K'V and krylov")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of the MK pass, K'V and the krylov fit per worker count: the "
+                         "median is reported, the range beside it (default 3)")
     ap.add_argument("--components", type=int, default=20)
     ap.add_argument("--columns", type=int, default=30)
     ap.add_argument("--block", type=int, default=256)
@@ -156,10 +171,11 @@ def main():
             mk = eng._mk_pass()
             eng.set_mk(mk, float(mk.mean()))
             engines["workers"].set_mk(mk, float(mk.mean()))
-            rows.append(measure(eng, client, "MK pass", eng._mk_pass))
-            rows.append(measure(eng, client, f"K'V ({args.columns} cols)", lambda: eng.matmat(V)))
-            rows.append(measure(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
-                                lambda: krylov_fit(eng, r)))
+            rows.append(measure_median(eng, client, "MK pass", eng._mk_pass, args.repeat))
+            rows.append(measure_median(eng, client, f"K'V ({args.columns} cols)",
+                                       lambda: eng.matmat(V), args.repeat))
+            rows.append(measure_median(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
+                                       lambda: krylov_fit(eng, r), args.repeat))
             if args.skip_kha:
                 continue
             alphas = {}
@@ -175,13 +191,15 @@ def main():
     print(f"\nl = {l}, n = {store.n_features}, r = {r}, block {args.block}, prefetch "
           f"{args.prefetch}, {os.cpu_count()} cores (shared machine: compare ratios)")
     print(f"{'kind':36s} {'N':>3s} {'wall s':>8s} {'coord busy':>10s} {'task s':>8s} "
-          f"{'tasks':>6s} {'MB to coord':>11s} {'idle ms/task':>12s} {'speed-up':>8s}")
+          f"{'tasks':>6s} {'MB to coord':>11s} {'idle ms/task':>12s} {'speed-up':>8s}  "
+          "wall s of each run")
     base = {}
     for row in rows:
         b = base.setdefault(row["kind"], row["wall"])
         print(f"{row['kind']:36s} {row['workers']:3d} {row['wall']:8.2f} {row['busy']:10.2f} "
               f"{row['task_seconds']:8.2f} {row['tasks']:6d} {row['bytes'] / 1e6:11.1f} "
-              f"{1e3 * row['idle_per_task']:12.2f} {b / row['wall']:7.2f}×")
+              f"{1e3 * row['idle_per_task']:12.2f} {b / row['wall']:7.2f}×  "
+              + " ".join(f"{w:.2f}" for w in row.get("walls", ())))
     w = args.prefetch * args.block
     bound = (2 * r + w) * l * 8
     print(f"\nKHA pass bytes to the coordinator, bound (2r + w)·l·8 = {bound / 1e6:.1f} MB "
