@@ -6,6 +6,7 @@ projection tasks (:mod:`dkha.engine.tasks`) and turns their results into up-to-d
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 import uuid
@@ -87,6 +88,13 @@ class WorkerReplicas:
         self.epoch = -1
         self.groups = engine.column_groups
         self.bounds = [(g[0][0], g[-1][1]) for g in self.groups]
+        # the chunk ranges as arrays, not tuples of tuples: Dask walks the nested tuples of a
+        # task's arguments looking for futures, and these made most of the ~45 nodes it walked
+        # per task (a tenth of the coordinator's CPU seconds in a KHA pass)
+        self._ranges = np.asarray(engine.all_ranges, dtype=np.int64)
+        self._cols = [np.asarray(g, dtype=np.int64) for g in self.groups]
+        self._bounds = np.asarray(self.bounds, dtype=np.int64)
+        self._tasks = itertools.count()
         self.log: collections.deque = collections.deque()     # (version, seq, index, ops)
         self.version = 0        # messages recorded (the coordinator's S̃)
         self.sent = 0           # messages sent to the replicas
@@ -105,8 +113,11 @@ class WorkerReplicas:
         return (self.run_id, self.epoch, g)
 
     def _pinned(self, g: int, func, *args, priority: int):
-        return self.client.submit(func, *args, workers=[self.workers[g]],
-                                  allow_other_workers=False, priority=priority, pure=False)
+        # keys from a counter under the stream's run id: unique without a uuid4 (an urandom
+        # call) per task
+        key = f"{func.__name__}-{self.run_id}-{next(self._tasks)}"
+        return self.client.submit(func, *args, key=key, workers=[self.workers[g]],
+                                  allow_other_workers=False, priority=priority)
 
     # -- replicas --
     def build(self) -> None:
@@ -132,9 +143,9 @@ class WorkerReplicas:
                      "replayed up to %d", sv, cv, len(messages), self.version)
             for g, (lo, hi) in enumerate(self.bounds):
                 self.updates.append(self._pinned(
-                    g, replica_replay, self._key(g), self.groups[g], sv, S[:, lo:hi], cv,
+                    g, replica_replay, self._key(g), self._cols[g], sv, S[:, lo:hi], cv,
                     None if C is None else C[:, lo:hi], messages, self.keep_from,
-                    eng.store.path, eng.kernel, mk, eng.mkm, eng.all_ranges,
+                    eng.store.path, eng.kernel, mk, eng.mkm, self._ranges,
                     priority=_UPDATE_PRIORITY))
             self.sent = self.version
             return
@@ -146,9 +157,9 @@ class WorkerReplicas:
         for g, (lo, hi) in enumerate(self.bounds):
             C = np.array(st.C_tilde[:, lo:hi]) if st.keeps_c and S_A is None else None
             self.updates.append(self._pinned(
-                g, replica_build, self._key(g), self.groups[g], self.version,
+                g, replica_build, self._key(g), self._cols[g], self.version,
                 np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.store.path, eng.kernel, mk, eng.mkm,
-                eng.all_ranges, priority=_UPDATE_PRIORITY))
+                self._ranges, priority=_UPDATE_PRIORITY))
         self.sent = self.version
         if S_A is None:
             self._add_base(st.S_tilde, st.C_tilde if st.keeps_c else None)
@@ -277,13 +288,13 @@ class WorkerReplicas:
         mk = eng._need_mk()
         keep = bool(self.state.keeps_c)
         partials = [self._pinned(g, replica_project, self._key(g), eng.store.path, eng.kernel,
-                                 mk, eng.mkm, eng.all_ranges, cols, index, window_index,
+                                 mk, eng.mkm, self._ranges, cols, index, window_index,
                                  version, seq, keep, self.updates[g], priority=-seq)
-                    for g, cols in enumerate(self.groups)]
+                    for g, cols in enumerate(self._cols)]
         combined = None
         if len(partials) > 1:   # summed on a worker: the coordinator receives one b×m array
             # pinned with group 0's replica: a worker that dies holding it is a replica holder
-            combined = self._pinned(0, combine_projections, self.bounds, window_index, *partials,
+            combined = self._pinned(0, combine_projections, self._bounds, window_index, *partials,
                                     priority=-seq)
         return _PendingBlock(seq, index, version, self.epoch, window_index, partials, offsets,
                              combined)

@@ -383,7 +383,7 @@ def replica_build(key: tuple, cols: tuple, version: int, S: np.ndarray, C: np.nd
         C = np.array(C, dtype=np.float64, order="C")
     elif S_A is not None:
         C = _c_columns(path, kernel, mk, mkm, ranges, cols, S_A)
-    rep = _Replica(cols[0][0], cols[-1][1], int(version), {int(version): S}, C, {})
+    rep = _Replica(int(cols[0][0]), int(cols[-1][1]), int(version), {int(version): S}, C, {})
     with _REPLICAS_LOCK:
         for old in [k for k in _REPLICAS if k[0] == key[0] and k[2] == key[2] and k[1] < key[1]]:
             del _REPLICAS[old]
