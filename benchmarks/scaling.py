@@ -7,7 +7,10 @@ projections on the coordinator (rows shipped) and on the workers (coordinator-ma
 wall seconds, the coordinator's busy seconds (wall minus waiting for results), the workers'
 summed task seconds (distributed's task stream), bytes received by the coordinator, tasks, and
 the idle worker time per task (N·wall − task seconds, over the tasks: scheduler overhead and
-waiting on the coordinator); the MK pass, K'V and the krylov fit are run ``--repeat`` times and
+waiting on the coordinator), how busy the pass kept the workers (task seconds over N·wall) and
+the task seconds against the first N's (about the same work: above 1 where each core runs
+slower while all are busy, or where the tiles differ — there are n(n+1)/2 ≥ 4·threads of them,
+and the n diagonal ones are computed whole; the speed-up is N × busy ÷ that ratio); the MK pass, K'V and the krylov fit are run ``--repeat`` times and
 their median reported (each run's wall seconds printed beside). Then the speed-ups (of the
 medians) over the first N measured in this run, the KHA
 model's predicted speed-ups at 4, 16 and 64 workers, T(P) = C + W/P from the KHA pass's own
@@ -191,14 +194,17 @@ def main():
     print(f"\nl = {l}, n = {store.n_features}, r = {r}, block {args.block}, prefetch "
           f"{args.prefetch}, {os.cpu_count()} cores (shared machine: compare ratios)")
     print(f"{'kind':36s} {'N':>3s} {'wall s':>8s} {'coord busy':>10s} {'task s':>8s} "
-          f"{'tasks':>6s} {'MB to coord':>11s} {'idle ms/task':>12s} {'speed-up':>8s}  "
-          "wall s of each run")
-    base = {}
+          f"{'tasks':>6s} {'MB to coord':>11s} {'idle ms/task':>12s} {'busy':>5s} "
+          f"{'task s/1st':>10s} {'speed-up':>8s}  wall s of each run")
+    base, base_w = {}, {}
     for row in rows:
         b = base.setdefault(row["kind"], row["wall"])
+        bw = base_w.setdefault(row["kind"], row["task_seconds"])
+        busy = row["task_seconds"] / (row["workers"] * row["wall"])
         print(f"{row['kind']:36s} {row['workers']:3d} {row['wall']:8.2f} {row['busy']:10.2f} "
               f"{row['task_seconds']:8.2f} {row['tasks']:6d} {row['bytes'] / 1e6:11.1f} "
-              f"{1e3 * row['idle_per_task']:12.2f} {b / row['wall']:7.2f}×  "
+              f"{1e3 * row['idle_per_task']:12.2f} {busy:5.0%} {row['task_seconds'] / bw:9.2f}× "
+              f"{b / row['wall']:7.2f}×  "
               + " ".join(f"{w:.2f}" for w in row.get("walls", ())))
     w = args.prefetch * args.block
     bound = (2 * r + w) * l * 8
