@@ -87,13 +87,12 @@ class WorkerReplicas:
         self.run_id = uuid.uuid4().hex
         self.epoch = -1
         self.groups = engine.column_groups
-        self.bounds = [(g[0][0], g[-1][1]) for g in self.groups]
         # the chunk ranges as arrays, not tuples of tuples: Dask walks the nested tuples of a
         # task's arguments looking for futures, and these made most of the ~45 nodes it walked
         # per task (a tenth of the coordinator's CPU seconds in a KHA pass)
         self._ranges = np.asarray(engine.all_ranges, dtype=np.int64)
         self._cols = [np.asarray(g, dtype=np.int64) for g in self.groups]
-        self._bounds = np.asarray(self.bounds, dtype=np.int64)
+        self.bounds = np.asarray([(g[0][0], g[-1][1]) for g in self.groups], dtype=np.int64)
         self._tasks = itertools.count()
         self.log: collections.deque = collections.deque()     # (version, seq, index, ops)
         self.version = 0        # messages recorded (the coordinator's S̃)
@@ -294,7 +293,7 @@ class WorkerReplicas:
         combined = None
         if len(partials) > 1:   # summed on a worker: the coordinator receives one b×m array
             # pinned with group 0's replica: a worker that dies holding it is a replica holder
-            combined = self._pinned(0, combine_projections, self._bounds, window_index, *partials,
+            combined = self._pinned(0, combine_projections, self.bounds, window_index, *partials,
                                     priority=-seq)
         return _PendingBlock(seq, index, version, self.epoch, window_index, partials, offsets,
                              combined)

@@ -373,8 +373,7 @@ class RowEngine:
 
         # column sums to band j, row sums (off the diagonal) to band i
         routes = [[(j, 0)] + ([(i, 1)] if i != j else []) for i, j in pairs]
-        mk = self.reduced_pass(submit, routes, [self._bounds(g) for g in groups], None,
-                               "the MK row (centering) pass", kind="mk",
+        mk = self.reduced_pass(submit, routes, None, "the MK row (centering) pass", kind="mk",
                                progress="centering (MK row)", transient=False)
         return mk / self.n_samples
 
@@ -383,15 +382,15 @@ class RowEngine:
         l = self.n_samples
         sample = np.sort(np.random.default_rng([int(seed), 4]).choice(l, size=n, replace=False))
         piece = int(config.get("tile-rows"))
-        parts = [self.put(self.store.read_rows(sample[a:a + piece]), everywhere=True) for a in range(0, n, piece)]
+        parts = [self.put(self.store.read_rows(sample[a:a + piece]), everywhere=True)
+                 for a in range(0, n, piece)]
         groups = self.tile_groups
-        tasks = [(g, part) for g in groups for part in parts]
+        tasks = [(band, part) for band in range(len(groups)) for part in parts]
         mk = self.reduced_pass(
             lambda k: self.client.submit(mk_sample_tile, self.store.path, self.kernel,
-                                         tasks[k][0], tasks[k][1], pure=False),
-            [[(groups.index(g), None)] for g, _ in tasks], [self._bounds(g) for g in groups], None,
-            "the sampled MK row", kind="mk", progress="centering (MK row from a sample)",
-            transient=False)
+                                         groups[tasks[k][0]], tasks[k][1], pure=False),
+            [[(band, None)] for band, _ in tasks], None, "the sampled MK row", kind="mk",
+            progress="centering (MK row from a sample)", transient=False)
         return mk / n
 
     def centered_diagonal(self) -> np.ndarray:
@@ -485,7 +484,7 @@ class RowEngine:
                 yield result
                 bar.update()
 
-    def reduced_pass(self, submit, routes: list, bands: list, width: int | None, what: str, *,
+    def reduced_pass(self, submit, routes: list, width: int | None, what: str, *,
                      kind: str, progress: str | None = None, transient: bool = True
                      ) -> np.ndarray:
         """The band sums of a tile pass, added on the workers: ``out[band] = Σ pieces`` over the
@@ -493,8 +492,8 @@ class RowEngine:
 
         ``submit(k)`` returns the future of task ``k``'s result and ``routes[k]`` lists its
         pieces as ``(band, item)``: item ``item`` of the result (``None``: the result) is added
-        to rows ``bands[band] = (start, stop)`` of the ``l × width`` output (``width`` None: a
-        vector of ``l``). Tasks are submitted as in
+        to the rows of tile group ``band`` (:attr:`tile_groups`) of the ``l × width`` output
+        (``width`` None: a vector of ``l``). Tasks are submitted as in
         :meth:`ordered_results` (at most :attr:`tasks_in_flight` at once, the stop request
         checked between tasks). As its pieces are submitted, each band's are summed by a chain of
         :func:`~dkha.engine.tasks.accumulate` tasks, each adding the next
@@ -507,6 +506,7 @@ class RowEngine:
         numbers); the pass's record gives it and the number of add tasks.
         """
         l = self.n_samples
+        bands = [self._bounds(g) for g in self.tile_groups]
         left = collections.Counter(band for route in routes for band, _ in route)
         fan_in = max(1, REDUCE_HOLD_BYTES // (2 * l * (width or 1) * 8))
         record = self._pass_record(what, kind, len(routes), fan_in=fan_in, reduce_tasks=0)
@@ -761,9 +761,8 @@ class RowEngine:
             lambda k: self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
                                          g[pairs[k][0]], g[pairs[k][1]], Vf,
                                          tile=self._tile(*pairs[k]), pure=False),
-            [[(i, 0)] + ([(j, 1)] if i != j else []) for i, j in pairs],
-            [self._bounds(b) for b in g], V.shape[1], "a K' V product pass", kind="product",
-            progress="product K' V")
+            [[(i, 0)] + ([(j, 1)] if i != j else []) for i, j in pairs], V.shape[1],
+            "a K' V product pass", kind="product", progress="product K' V")
 
     def residual(self, C: np.ndarray) -> tuple[float, float]:
         """``(‖K'‖²_F, ‖K' − CᵀC‖²_F)`` in one blockwise pass (direct form, no cancellation)."""
