@@ -337,7 +337,7 @@ def test_fit_streams_the_store_in_blocks_and_saves(online_digits, tmp_path):
     assert np.all(np.isnan(ds["excess"].values))
     assert np.all((ds["ac_index"].values > 0) & (ds["ac_index"].values <= 1))
     assert ds.attrs["algorithm"] == "okpca" and ds.attrs["tau"] == 1000.0
-    assert ds.attrs["gamma"] is None and ds.attrs["centered"] is False
+    assert ds.attrs["gain_decay"] is None and ds.attrs["centered"] is False
     assert ds.attrs["kernel"] == "gaussian" and ds.attrs["sigma"] == SIGMA
     assert ds.attrs["n_samples"] == 90 and ds.attrs["n_features"] == 64
     assert ds.attrs["seed"] == 4 and ds.attrs["nu"] == 1e-3
