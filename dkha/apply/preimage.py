@@ -83,6 +83,7 @@ from typing import Callable
 
 import numpy as np
 
+from dkha.engine.cluster import client_for
 from dkha.engine.tasks import group_rows, load_rows
 from dkha.errors import InputError, ParameterError
 from dkha.fit.evaluate import projections
@@ -673,3 +674,10 @@ class RunPreimages:
         (e.g. ``t·e_i``: the point ``t`` along component ``i`` from the mean), from ``start``."""
         return solve(self.method, self.training, self.expand(np.atleast_2d(y)), start,
                      **self.options)
+
+
+def run_preimages(ds, y: np.ndarray, start: np.ndarray, *, client=None) -> np.ndarray:
+    """:meth:`RunPreimages.from_projections` of a saved run's dataset, on the workers that
+    ``client`` names (:func:`dkha.engine.cluster.client_for`): the pre-images ``Z``."""
+    with client_for(client) as c:
+        return RunPreimages(ds, c).from_projections(y, start).Z

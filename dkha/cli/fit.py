@@ -18,15 +18,12 @@ from dkha.cli.options import (
     positive_int,
     raise_param,
 )
-from dkha.data.store import open_store
+from dkha import algorithms
 from dkha.errors import NumericalError, RunDirectoryError
-from dkha.estimators.batch import KernelHebbianPCA, fit_together, run_names
-from dkha.estimators.online import OnlineKernelPCA
-from dkha.estimators.params import BATCH, add_options, cli_values, estimator_kwargs
-from dkha.estimators.params import ONLINE as ONLINE_MODEL
+from dkha.estimators.batch import fit_together, run_names
+from dkha.estimators.factory import estimator_for, fit_run
+from dkha.estimators.params import BATCH, add_options, cli_values
 from dkha.estimators.tune import tune
-from dkha.solvers.batch import ALGORITHMS
-from dkha.solvers.online import ALGORITHMS as ONLINE
 
 TYPES = {"positive_int": positive_int, "float_list": float_list}
 
@@ -119,11 +116,12 @@ def _backed_off(n: int | None) -> str:
     return f" (backed off {n}×)" if n else ""
 
 
-def _check_algorithm_names(names, choices) -> None:
-    """An unknown ``--algorithm`` value, named with the values the option takes."""
-    for name in names:
-        if name not in choices:
-            raise_param(f"unknown --algorithm {name!r}; choose one of {', '.join(choices)}")
+def _families(names) -> list[str]:
+    """The family of each ``--algorithm`` value (an unknown one refused in one line)."""
+    try:
+        return [algorithms.family(name, option="--algorithm") for name in names]
+    except Exception as exc:
+        raise_param(str(exc))
 
 
 def _model_settings(args) -> list[dict]:
@@ -139,29 +137,28 @@ def _model_settings(args) -> list[dict]:
     return [{name: v[i] if len(v) > 1 else v[0] for name, v in lists.items()} for i in range(k)]
 
 
-def _batch_model(args, algorithm: str, eta0, mu, **overrides):
-    """The :class:`KernelHebbianPCA` that ``dkha fit``'s (or ``dkha tune``'s) options describe
-    (an option of the online algorithms is refused in one line)."""
-    values = dict(cli_values(args), algorithm=algorithm, eta0=eta0, mu=mu)
-    kwargs = estimator_kwargs(values, BATCH, algorithm)
-    kwargs.update(verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
-                  **cluster_kwargs(args))
-    kwargs.update(overrides)
-    return KernelHebbianPCA(**kwargs)
+def _model(args, algorithm: str, eta0=None, mu=None, **overrides):
+    """The estimator that ``dkha fit``'s (or ``dkha tune``'s) options describe (an option of
+    the other family is refused in one line)."""
+    batch = algorithms.family(algorithm) != algorithms.ONLINE    # online: no cluster, no -v bar
+    fixed = dict(verbose=not args.quiet and sys.stderr.isatty() or batch and args.verbose > 0,
+                 **(cluster_kwargs(args) if batch else {}), **overrides)
+    return estimator_for(algorithm, dict(cli_values(args), eta0=eta0, mu=mu), store=args.store,
+                         **fixed)
 
 
 def cmd_fit(args) -> int:
     settings = _model_settings(args)
-    _check_algorithm_names([s["algorithm"] for s in settings], ALGORITHMS + ("krylov",) + ONLINE)
+    _families([s["algorithm"] for s in settings])
     if len(settings) > 1:
         return _fit_many(args, settings)
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
-    if args.algorithm in ONLINE:
-        return _fit_online(args)
-    model = _batch_model(args, args.algorithm, args.eta0, args.mu)
-    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
-              checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
-              checkpoint_steps=args.checkpoint_steps or 0)
+    model = _model(args, args.algorithm, args.eta0, args.mu)
+    fit_run(model, args.store, args.out, overwrite=args.overwrite, resume=args.resume,
+            checkpoint_every=args.checkpoint_every, checkpoint_steps=args.checkpoint_steps,
+            ac_reference=args.evaluate_every >= 0)
+    if algorithms.family(args.algorithm) == algorithms.ONLINE:
+        return _online_summary(args, model)
     summary = _fit_summary(model, args.out)
     if args.json:
         print(json.dumps(summary))
@@ -172,7 +169,8 @@ def cmd_fit(args) -> int:
         if line:
             print(line)
         if model.history_:
-            after = (f"after {summary['pass']} Krylov products" if summary["algorithm"] == "krylov"
+            after = (f"after {summary['pass']} Krylov products"
+                     if algorithms.is_exact(summary["algorithm"])
                      else f"after {summary['step']} steps")
             print(f"{after}: E = {summary['error']:.6g}, E_min = {summary['error_min']:.6g}, "
                   f"excess = {_excess_text(summary['excess'], summary['excess_precision'])}")
@@ -183,13 +181,13 @@ def cmd_fit(args) -> int:
 
 def _fit_many(args, settings: list[dict]) -> int:
     """Several batch models in one pass over the kernel rows, one run directory each."""
-    for s in settings:
-        if s["algorithm"] in ONLINE or s["algorithm"] == "krylov":
+    for s, family in zip(settings, _families([s["algorithm"] for s in settings])):
+        if family != algorithms.BATCH:
             raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
                         "(kha, kha-t, kha-et, kha-smd) to fit several together")
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise RunDirectoryError(f"{args.out} exists and is not a directory")
-    models = [_batch_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]
+    models = [_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]
     run_dirs = [os.path.join(args.out, name) for name in run_names(models)]
     fit_together(models, args.store, run_dirs=run_dirs, overwrite=args.overwrite,
                  checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
@@ -219,12 +217,15 @@ def _fit_many(args, settings: list[dict]) -> int:
 
 
 def cmd_tune(args) -> int:
-    algorithms = [a.strip() for a in args.algorithm.split(",")]
-    _check_algorithm_names(algorithms, ALGORITHMS)
-    proto = _batch_model(args, algorithms[0], None, None, projections="coordinator", tol=None)
+    names = [a.strip() for a in args.algorithm.split(",")]
+    for name, family in zip(names, _families(names)):
+        if family != algorithms.BATCH:
+            raise_param(f"cannot tune {name!r}: tuning applies to the batch algorithms "
+                        + ", ".join(algorithms.names(algorithms.BATCH)))
+    proto = _model(args, names[0], projections="coordinator", tol=None)
     shared = {k: v for k, v in proto.__dict__.items()
               if k not in ("algorithm", "eta0", "mu", "passes", "steps")}
-    summary = tune(args.store, algorithms, eta0=args.eta0, mu=args.mu, passes=args.passes,
+    summary = tune(args.store, names, eta0=args.eta0, mu=args.mu, passes=args.passes,
                    tune_dir=args.out, overwrite=args.overwrite, **shared)
     if args.json:
         print(json.dumps(summary, default=float))
@@ -263,24 +264,8 @@ def cmd_tune(args) -> int:
     return 0
 
 
-def _fit_online(args) -> int:
-    n_samples = open_store(args.store).n_samples
-    values = cli_values(args)
-    # --passes and --evaluate-every count passes; the online estimator counts steps
-    if values["steps"] is None and values["passes"] is not None:
-        values["steps"] = values["passes"] * n_samples
-    values["passes"] = None
-    every = values["evaluate_every"]
-    values["evaluate_every"] = every * n_samples if every > 0 else None
-    kwargs = estimator_kwargs(values, ONLINE_MODEL, args.algorithm)
-    kwargs["verbose"] = not args.quiet and sys.stderr.isatty()
-    model = OnlineKernelPCA(**kwargs)
-    # --checkpoint-every counts passes; the online estimator counts steps
-    checkpoint = (args.checkpoint_every * n_samples if args.checkpoint_every
-                  else args.checkpoint_steps or 0)
-    model.fit(args.store, run_dir=args.out, overwrite=args.overwrite,
-              ac_reference=args.evaluate_every >= 0, checkpoint_every=checkpoint,
-              resume=args.resume)
+def _online_summary(args, model) -> int:
+    """The one line (or JSON) an online fit prints."""
     ds = model.to_dataset()
     summary = {"run_dir": args.out, "algorithm": args.algorithm,
                "members": int(ds.sizes.get("member", 0))}

@@ -213,12 +213,14 @@ def _json_default(o):
 
 
 def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
-             checkpoint_every: int = 0, exact: dict | None = None,
-             identity=None) -> tuple[Checkpointer | None, Checkpoint | None, dict]:
+             checkpoint_every: int = 0, exact: dict | None = None, identity=(),
+             resume_identity=None) -> tuple[Checkpointer | None, Checkpoint | None, dict]:
     """Prepare ``run_dir`` for a fit: returns ``(checkpointer, checkpoint, meta)``.
 
     ``checkpointer`` is ``None`` without a run directory; ``checkpoint`` the one to resume from
-    (``resume``), whose saved ``attrs`` (the run's identifying ``identity`` keys) and ``exact``
+    (``resume``), whose saved ``attrs`` (the run's identifying keys: ``resume_identity``,
+    default ``identity`` and the data's shape; ``identity`` is what tells runs apart,
+    :func:`dkha.estimators.params.identity_attrs`) and ``exact``
     settings (those a bit-identical continuation also needs, e.g. the block size) must equal the
     current ones, else the resume is refused listing the differences. Without ``resume`` a
     directory holding a different run, or checkpoints of an unfinished one, is refused unless
@@ -238,15 +240,15 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
         if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
             raise RunDirectoryError(f"cannot resume: {run_dir} is not a directory")
         ck = checkpointer.require_latest()
-        keys = tuple(identity if identity is not None else
-                     result.IDENTITY_ATTRS + ("n_samples", "n_features"))
+        keys = tuple(resume_identity if resume_identity is not None else
+                     tuple(identity) + ("n_samples", "n_features"))
         diffs = differences(ck.meta.get("attrs", {}), attrs, keys)
         diffs += differences(ck.meta.get("exact", {}), exact, tuple(exact))
         if diffs:
             raise ParameterError(f"cannot resume {run_dir} with different settings or data: "
                                  + "; ".join(diffs))
         return checkpointer, ck, meta
-    result.check_run_dir(run_dir, attrs, overwrite)
+    result.check_run_dir(run_dir, attrs, overwrite, identity)
     if checkpointer.latest() is not None:
         if not overwrite:
             raise RunDirectoryError(

@@ -30,10 +30,6 @@ from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
-# attrs that identify a run: a directory holding a run that differs in any of these is "different"
-IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
-                  "rho0", "n_steps", "seed", "store", "init", "nu", "gain_decay", "tau", "max_members",
-                  "centered", "center_sample")
 
 
 def history_dataset(history: list[dict]) -> dict:
@@ -112,8 +108,10 @@ def jsonable(d: dict) -> dict:
     return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
-    """Refuse a run directory that is a file, or that holds a different run (unless overwrite)."""
+def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
+    """Refuse a run directory that is a file, or that holds a different run (unless overwrite):
+    one whose attrs differ in a key of ``identity`` (the estimators' parameter table says
+    which: :func:`dkha.estimators.params.identity_attrs`)."""
     if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
         raise RunDirectoryError(f"{run_dir} exists and is not a directory")
     comp = os.path.join(run_dir, COMPONENTS)
@@ -126,7 +124,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
             f"{run_dir} holds a components.zarr dkha cannot read; pass --overwrite to replace it"
         ) from None
     new = jsonable(attrs)
-    diffs = [k for k in IDENTITY_ATTRS if old.get(k) != new.get(k)]
+    diffs = [k for k in identity if old.get(k) != new.get(k)]
     if diffs:
         detail = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:4])
         raise RunDirectoryError(

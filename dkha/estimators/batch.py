@@ -9,17 +9,28 @@ import weakref
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.base import _fit_context
 
-from dkha.apply.preimage import RunPreimages, preimages
+from dkha.algorithms import KRYLOV, is_exact
+from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import DataStore, open_store
-from dkha.engine.cluster import client_for
-from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, NumericalError, ParameterError
-from dkha.estimators.contract import START_CANDIDATES, DkhaTransformer, input_kind, resolve_store
-from dkha.estimators.params import BATCH, constraints, declare, shared_settings, validate
+from dkha.estimators.contract import (
+    START_CANDIDATES,
+    DkhaTransformer,
+    input_kind,
+    resolve_store,
+    validated_fit,
+)
+from dkha.estimators.params import (
+    BATCH,
+    declare,
+    from_attrs,
+    identity_attrs,
+    saved_attrs,
+    shared_settings,
+)
 from dkha.estimators.pictures import component_images, is_patch_store, projection_array
 from dkha.fit.batch import save_checkpoint
 from dkha.fit.together import (
@@ -31,11 +42,11 @@ from dkha.fit.together import (
     resolve_kernel,
 )
 from dkha.runs.run import kernel_of
+from dkha.runs.transform import project_rows
 from dkha.solvers.batch import (
     ALGORITHMS,
     DEFAULT_MU,
     DEFAULT_XI,
-    check_algorithm,
     default_eta0,
     default_landmarks,
 )
@@ -95,15 +106,13 @@ class KernelHebbianPCA(DkhaTransformer):
     (3, 4)
     """
 
-    #: the parameter table's rows as scikit-learn's constraints (checked at the top of ``fit``)
-    _parameter_constraints: dict = constraints(BATCH)
     _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
     def _init(self, n_samples: int) -> tuple[str, int | None]:
         """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
         (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
-        if self.init is None and self.algorithm == "krylov":
+        if self.init is None and is_exact(self.algorithm):
             return "random", None
         if self.init is None:
             m = default_landmarks(n_samples, int(self.n_components))
@@ -123,15 +132,7 @@ class KernelHebbianPCA(DkhaTransformer):
         raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
 
     def _validated(self, n_samples: int) -> ModelSettings:
-        validate(self, BATCH)
-        if self.algorithm == "krylov":
-            algorithm = "krylov"
-        elif self.algorithm not in ALGORITHMS:
-            raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of "
-                                 f"{', '.join(ALGORITHMS)}, krylov (or on-kha, oo-kha, okpca with "
-                                 "dkha.estimators.online.OnlineKernelPCA)")
-        else:
-            algorithm = check_algorithm(self.algorithm)
+        algorithm = self.algorithm      # the table checked it (validated_fit, fit_together)
         r = self.n_components
         if r >= n_samples:
             raise ParameterError(f"n_components ({r}) must be smaller than the number of samples ({n_samples})")
@@ -176,15 +177,14 @@ class KernelHebbianPCA(DkhaTransformer):
 
     def run_attrs(self, store: DataStore, kernel, p: ModelSettings) -> dict:
         """The attrs saved with the components (also used to compare runs)."""
-        attrs = {"algorithm": p.algorithm, "kernel": kernel.name,
-                 "kernel_parameters": kernel.param_dict, "n_components": p.n_components,
-                 "eta0": p.eta0, "mu": p.mu, "xi": p.xi, "rho0": p.rho0,
-                 "n_steps": p.n_steps, "passes": p.n_steps / store.n_samples,
-                 "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
-                 "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-                 "init": p.init, "tol": self.tol, "dkha_version": __version__,
-                 "centering": "exact" if p.center_sample is None else "sample",
-                 "center_sample": p.center_sample}
+        attrs = saved_attrs(BATCH, dict(vars(p), kernel=kernel.name, seed=int(self.seed)))
+        attrs.update({
+            "kernel_parameters": kernel.param_dict, "n_steps": p.n_steps,
+            "passes": p.n_steps / store.n_samples,
+            "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
+            "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
+            "dkha_version": __version__,
+            "centering": "exact" if p.center_sample is None else "sample"})
         attrs.update({k: v for k, v in kernel.param_dict.items()})
         return attrs
 
@@ -218,7 +218,7 @@ class KernelHebbianPCA(DkhaTransformer):
             self.save(run_dir)
             fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
 
-    @_fit_context(prefer_skip_nested_validation=True)
+    @validated_fit
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             checkpoint_every: int = 0, resume: bool = False,
             checkpoint_steps: int = 0) -> KernelHebbianPCA:
@@ -239,7 +239,7 @@ class KernelHebbianPCA(DkhaTransformer):
             X = self._validate_array(X, reset=True)
         else:
             self._set_lazy_features(X)
-        fit_together([self], X, run_dirs=None if run_dir is None else [run_dir],
+        _fit_models([self], X, run_dirs=None if run_dir is None else [run_dir],
                      overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
                      checkpoint_steps=checkpoint_steps)
         return self
@@ -286,11 +286,9 @@ class KernelHebbianPCA(DkhaTransformer):
         kp = dict(a.get("kernel_parameters", {}))
         l = int(a["n_samples"])
         n_steps = int(a["n_steps"])
-        model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
-                    sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
-                    gamma=kp.get("gamma"), eta0=a.get("eta0"), mu=a.get("mu"), xi=a.get("xi"),
-                    rho0=a.get("rho0", 0.0), seed=int(a["seed"]), init=a.get("init", "random"),
-                    tol=a.get("tol"), center_sample=a.get("center_sample"),
+        kw = dict({"init": "random"}, **from_attrs(BATCH, a))  # older runs: no init attr
+        model = cls(**kw, sigma=kp.get("sigma"), degree=kp.get("degree"),
+                    offset=kp.get("offset"), gamma=kp.get("gamma"),
                     passes=n_steps // l if n_steps % l == 0 else None,
                     steps=None if n_steps % l == 0 else n_steps)
         model.alpha_ = ds["alpha"].values.copy()
@@ -352,8 +350,7 @@ class KernelHebbianPCA(DkhaTransformer):
     def _preimages(self, Y: np.ndarray, start: np.ndarray) -> np.ndarray:
         if getattr(self, "X_fit_", None) is not None:
             return preimages(self.X_fit_, self.kernel_, self.alpha_, Y, start).Z
-        with client_for(self.client) as c:
-            return RunPreimages(self.to_dataset(), c).from_projections(Y, start).Z
+        return run_preimages(self.to_dataset(), Y, start, client=self.client)
 
 
 #: settings that every model of one shared kernel stream must agree on (from the table)
@@ -377,8 +374,8 @@ def _check_shared(models: Sequence[KernelHebbianPCA]) -> None:
                 raise ParameterError(
                     f"models fitted together share one kernel stream and must agree on {name}: "
                     f"model 0 has {a!r}, model {i} has {b!r}")
-    if len(models) > 1 and any(m.algorithm == "krylov" for m in models):
-        raise ParameterError("krylov does not stream kernel rows; fit it on its own")
+    if len(models) > 1 and any(is_exact(m.algorithm) for m in models):
+        raise ParameterError(f"{KRYLOV} does not stream kernel rows; fit it on its own")
 
 
 def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
@@ -436,6 +433,17 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     [(4, 200), (4, 200), (4, 200)]
     """
     models = list(models)
+    for m in models:
+        m._validate_params()
+    return _fit_models(models, X, run_dirs=run_dirs, overwrite=overwrite,
+                       checkpoint_every=checkpoint_every, resume=resume,
+                       checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged)
+
+
+def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=False,
+                checkpoint_every=0, resume=False, checkpoint_steps=0,
+                skip_diverged=False) -> list[KernelHebbianPCA]:
+    """:func:`fit_together` of models whose parameters were checked."""
     if not models:
         raise ParameterError("no models to fit")
     if run_dirs is not None:
@@ -455,6 +463,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     fits = fit_batch(store, kernel, settings, first._stream(), attrs, FitOptions(
         run_dirs=run_dirs, overwrite=overwrite, checkpoint_every=checkpoint_every,
         resume=resume, checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
+        identity=identity_attrs(),
         extras=_pictures if is_patch_store(store) else None))
     for m, f, d in zip(models, fits, run_dirs or [None] * len(models)):
         m._keep(f, kernel, store, tmp_store, X_fit, d)
@@ -478,4 +487,4 @@ def _pictures(fits: list[ModelFit], engine, client) -> None:
                                        seed=int(f.attrs["seed"]))
 
 
-__all__ = ["KernelHebbianPCA", "fit_together", "ALGORITHMS", "resolve_store", "resolve_kernel", "schedule"]
+__all__ = ["KernelHebbianPCA", "fit_together", "ALGORITHMS", "resolve_store", "resolve_kernel"]

@@ -14,20 +14,23 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import tempfile
 
 import numpy as np
+from sklearn import get_config
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils._param_validation import InvalidParameterError
+from sklearn.exceptions import NotFittedError
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from dkha.data.ingest import ingest_array, ingest_dask
 from dkha.data.result import sample_coords
 from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError, ParameterError
+from dkha.estimators.params import InvalidParameter, validate  # noqa: F401 (its home before)
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +40,27 @@ TRANSFORM_ELEMENTS = 2**24
 START_CANDIDATES = 2000
 
 
-class InvalidParameter(ParameterError, InvalidParameterError):
-    """A parameter outside the estimator's table: scikit-learn's error and message, and a
-    :class:`~dkha.errors.ParameterError`."""
+def validated_fit(method):
+    """Decorate ``fit``/``partial_fit``: the parameters are checked against the table first
+    (unless scikit-learn's ``skip_parameter_validation`` is set, or ``partial_fit`` continues a
+    fitted estimator), as scikit-learn's own estimators do."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not get_config()["skip_parameter_validation"] and not (
+                method.__name__ == "partial_fit" and _fitted(self)):
+            self._validate_params()
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _fitted(estimator) -> bool:
+    try:
+        check_is_fitted(estimator)
+    except NotFittedError:
+        return False
+    return True
 
 
 def input_kind(X) -> str:
@@ -132,12 +153,10 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
         return tags
 
     def _validate_params(self):
-        """The parameter table's check (scikit-learn's messages), raised as dkha's
-        :class:`~dkha.errors.ParameterError` too, so the CLI reports it in one line."""
-        try:
-            super()._validate_params()
-        except InvalidParameterError as exc:
-            raise InvalidParameter(str(exc)) from None
+        """The parameter table's one check (scikit-learn's wording), raised as
+        :class:`~dkha.estimators.params.InvalidParameter`: a :class:`~dkha.errors.ParameterError`
+        the CLI reports in one line."""
+        validate(self, self._table)
 
     # -- input --
     def _validate_array(self, X, *, reset: bool, min_samples: int | None = None) -> np.ndarray:

@@ -35,17 +35,16 @@ import shutil
 import time
 
 import numpy as np
-from sklearn.base import _fit_context
 
 from dkha import config
 from dkha.apply.preimage import RunPreimages
 from dkha.data import result
 from dkha.data.sources import ArraySource
-from dkha.data.store import DataStore, open_store
+from dkha.data.store import DataStore
 from dkha.errors import InputError, ParameterError
-from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store
-from dkha.estimators.params import ONLINE, constraints, declare, validate
-from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
+from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store, validated_fit
+from dkha.estimators.params import ONLINE, declare, identity_attrs, saved_attrs
+from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
 from dkha.fit.online import (
     EIGENVALUE_SAMPLES,
     coordinator_threads,
@@ -55,12 +54,17 @@ from dkha.fit.online import (
     new_solver,
     scaled,
 )
+from dkha.estimators import online_run
 from dkha.fit.together import resolve_kernel
-from dkha.kernels import Kernel, make_kernel
-from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA, check_algorithm
+from dkha.kernels import Kernel
+from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
 from dkha.version import __version__
 
 log = logging.getLogger(__name__)
+
+#: the attrs that tell runs apart (from the parameter table), both estimators' (a directory
+#: holding a batch run is another run too)
+IDENTITY = identity_attrs()
 
 
 # --- the estimator -------------------------------------------------------------------------------
@@ -112,14 +116,9 @@ class OnlineKernelPCA(DkhaTransformer):
     (4, 3)
     """
 
-    # -- validation --
-    #: the parameter table's rows as scikit-learn's constraints (checked at the top of ``fit``
-    #: and ``partial_fit``)
-    _parameter_constraints: dict = constraints(ONLINE)
-
+    # -- validation (the table's, once at the top of ``fit`` and a first ``partial_fit``) --
     def _validated(self) -> dict:
-        validate(self, ONLINE)
-        algorithm = check_algorithm(self.algorithm)
+        algorithm = self.algorithm      # checked by the table
         r = int(self.n_components)
         if self.gain_decay is not None and self.tau is not None:
             raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
@@ -140,7 +139,7 @@ class OnlineKernelPCA(DkhaTransformer):
             raise ParameterError(f"block_rows must be positive, got {block_rows}")
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
-        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gain_decay": gain_decay,
+        return {"algorithm": algorithm, "n_components": r, "eta0": float(self.eta0), "gain_decay": gain_decay,
                 "tau": tau, "nu": None if self.nu is None else float(self.nu),
                 "max_members": mm, "center": bool(self.center),
                 "block_rows": block_rows, "prefetch": prefetch,
@@ -158,21 +157,20 @@ class OnlineKernelPCA(DkhaTransformer):
 
     def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
                n_steps: int) -> dict:
-        attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
-                 "kernel_parameters": kernel.param_dict, "n_components": p["r"], "nu": p["nu"],
-                 "max_members": p["max_members"], "eta0": p["eta0"],
-                 "feature_norm": p["feature_norm"], "gain": p["gain"], "gain_decay": p["gain_decay"],
-                 "tau": p["tau"],
-                 "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
-                 "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
-                 "seed": int(self.seed), "store": store_path, "n_samples": int(n_samples),
-                 "n_features": int(n_features), "centered": p["center"], "init": "random",
-                 "dkha_version": __version__}
+        """The attrs saved with the components: the table's saved rows, resolved, and the run's."""
+        attrs = saved_attrs(ONLINE, dict(p, kernel=kernel.name, seed=int(self.seed)))
+        attrs.update({
+            "kernel_parameters": kernel.param_dict, "feature_norm": p["feature_norm"],
+            "gain": p["gain"],
+            "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
+            "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1), "store": store_path,
+            "n_samples": int(n_samples), "n_features": int(n_features), "init": "random",
+            "dkha_version": __version__})
         attrs.update(kernel.param_dict)
         return attrs
 
     # -- fitting --
-    @_fit_context(prefer_skip_nested_validation=True)
+    @validated_fit
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             ac_reference=None, checkpoint_every: int = 0, resume: bool = False
             ) -> OnlineKernelPCA:
@@ -226,7 +224,8 @@ class OnlineKernelPCA(DkhaTransformer):
         fit = fit_online(source, kernel, p, attrs, seed=self.seed, n_steps=n_steps,
                          every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
                          verbose=self.verbose, ac_reference=ac_reference, run_dir=run_dir,
-                         overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume)
+                         overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
+                         identity=IDENTITY)
         self.solver_ = fit.solver
         self.kernel_ = kernel
         self.n_features_in_ = n
@@ -237,7 +236,7 @@ class OnlineKernelPCA(DkhaTransformer):
         self._params_ = p
         self._variance_sample_ = fit.variance_sample
         self.n_samples_seen_ = n_steps
-        self.n_components_ = p["r"]
+        self.n_components_ = p["n_components"]
         self._read_solver()
         self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs
@@ -246,7 +245,7 @@ class OnlineKernelPCA(DkhaTransformer):
             fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
-    @_fit_context(prefer_skip_nested_validation=True)
+    @validated_fit
     def partial_fit(self, X, y=None) -> OnlineKernelPCA:
         """Stream the rows of the array ``X`` in their order, continuing from earlier calls.
 
@@ -270,7 +269,7 @@ class OnlineKernelPCA(DkhaTransformer):
             self.stream_stats_ = {}
             self._reference_ = None
             self._params_ = p
-            self.n_components_ = p["r"]
+            self.n_components_ = p["n_components"]
         p = getattr(self, "_params_", None) or self._validated()
         b = p["block_rows"]
         t0 = time.perf_counter()
@@ -332,47 +331,18 @@ class OnlineKernelPCA(DkhaTransformer):
         """
         self._check_fitted()
         r = self.solver_.r
-        if reference is None:
-            ref = getattr(self, "_reference_", None)
-            if ref is None:
-                raise ParameterError("no AC reference: pass reference samples or a data store")
-        elif isinstance(reference, ACReference):
-            ref = reference
-        elif isinstance(reference, (str, os.PathLike, DataStore)):
-            store = reference if isinstance(reference, DataStore) else open_store(reference)
-            ref = ACReference.from_store(store, self.kernel_, r, max_samples=max_samples,
-                                         seed=self.seed, centered=centered)
-        else:
-            ref = ACReference.from_data(np.asarray(reference, dtype=np.float64), self.kernel_, r,
-                                        centered=centered)
+        ref = getattr(self, "_reference_", None) if reference is None else reference_of(
+            reference, self.kernel_, r, seed=self.seed, max_samples=max_samples, centered=centered)
+        if ref is None:
+            raise ParameterError("no AC reference: pass reference samples or a data store")
         cos = ref.cosines(self.solver_.alpha(), self.solver_.dictionary())
         return cos if per_component else float(np.mean(cos))
 
     def to_dataset(self):
-        """The components as an xarray dataset (the ``components.zarr`` schema)."""
+        """The components as an xarray dataset (the ``components.zarr`` schema of a dictionary
+        run, :func:`dkha.estimators.online_run.dataset_of`)."""
         self._check_fitted()
-        hist = self.history_
-        extra = {
-            "dictionary": (("member", "feature"), self.dictionary_),
-            "member_index": ("member", self.member_index_),
-            "member_step": ("member", self.member_step_),
-            "mean_coefficient": ("member", self.mean_coefficient_),
-            "ac_index": ("evaluation", np.array([h["ac_index"] for h in hist], dtype=np.float64)),
-            "members": ("evaluation", np.array([h["members"] for h in hist], dtype=np.int64)),
-            "explained_variance": (("evaluation", "component"), np.array(
-                [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
-                    len(hist), self.solver_.r)),
-        }
-        # the solver's complete state, so that dkha.load continues the run (partial_fit)
-        arrays, scalars = self.solver_.snapshot()
-        extra.update({"state_B": (("component", "member"), arrays["B"]),
-                      "state_L": (("member", "member_column"), arrays["L"]),
-                      "state_cbar": ("member", arrays["cbar"]),
-                      "state_a_init": ("component", arrays["a_init"])})
-        attrs = dict(self.attrs_, members=int(self.dictionary_.shape[0]), state_scalars=scalars)
-        return result.build_dataset(self.alpha_, self.eigenvalues_, hist, attrs,
-                                    member_dim="member", extra=extra,
-                                    backoffs=getattr(self, "backoffs_", []))
+        return online_run.dataset_of(self)
 
     def save(self, run_dir: str) -> str:
         """Write ``RUN_DIR/components.zarr``."""
@@ -382,41 +352,7 @@ class OnlineKernelPCA(DkhaTransformer):
     def from_dataset(cls, ds) -> "OnlineKernelPCA":
         """The fitted estimator of a saved online run (:func:`dkha.load`): it transforms,
         inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended."""
-        a = ds.attrs
-        kp = dict(a.get("kernel_parameters", {}))
-        model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
-                    sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
-                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"],
-                    # runs saved before the rename call it gamma (kernel parameters are kept in
-                    # kernel_parameters, the top-level gamma of a sigmoid kernel too)
-                    gain_decay=a.get("gain_decay", _old_gain_decay(a)),
-                    tau=a.get("tau"), nu=a["nu"], max_members=int(a["max_members"]),
-                    center=bool(a["centered"]), seed=int(a["seed"]))
-        # the scales the run was fitted with (the unit of eta0, read off its data then)
-        p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
-        kernel = make_kernel(a["kernel"], **kp)
-        model.solver_ = model._new_solver(p, int(a["n_features"]), kernel)
-        if "state_B" not in ds:
-            raise InputError("this run was saved without the solver's state (dkha before "
-                             "0.1.0+state); it can be analysed but not continued")
-        arrays = {"B": ds["state_B"].values, "L": ds["state_L"].values,
-                  "cbar": ds["state_cbar"].values, "dictionary": ds["dictionary"].values,
-                  "member_index": ds["member_index"].values,
-                  "member_step": ds["member_step"].values, "a_init": ds["state_a_init"].values}
-        model.solver_.restore(arrays, a["state_scalars"])
-        model.kernel_ = kernel
-        model.n_features_in_ = int(a["n_features"])
-        model.n_components_ = p["r"]
-        model._params_ = p
-        model._reference_ = None
-        model.history_ = result.history_of(ds)
-        model.wall_time_ = float(ds["wall_time"].values[-1]) if ds.sizes.get("evaluation") else 0.0
-        model.stream_stats_ = {}
-        model.n_samples_seen_ = int(a["n_steps"])
-        model._read_solver()
-        model.eigenvalues_ = ds["eigenvalue"].values.copy()
-        model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
-        return model
+        return online_run.estimator_of(cls, ds)
 
     def _read_solver(self) -> OnlineKHA:
         """The fitted attributes the solver's state gives (coefficients, dictionary, members)."""
@@ -428,14 +364,6 @@ class OnlineKernelPCA(DkhaTransformer):
         self.mean_coefficient_ = s.mean_coefficients()
         self.n_steps_ = s.state.step
         return s
-
-
-def _old_gain_decay(attrs: dict):
-    """The gain decay of a run saved before ``gain_decay`` had its name: its attr ``gamma``,
-    unless a sigmoid kernel's slope (stored at the top level too) overwrote it."""
-    if "gamma" in attrs.get("kernel_parameters", {}):
-        return None
-    return attrs.get("gamma")
 
 
 def _store_path(source) -> str:

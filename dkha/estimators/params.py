@@ -1,8 +1,8 @@
 """The fit parameters, declared once.
 
 :data:`PARAMETERS` is the one table of the estimators' parameters — name, accepted values
-(type and range), default, help — in the manner of scikit-learn's ``_parameter_constraints``
-(``sklearn/utils/_param_validation.py``). Everything that lists fit parameters is generated
+(type and range), default, help — in the manner of scikit-learn's parameter constraints, checked
+once at the top of ``fit`` with scikit-learn's wording. Everything that lists fit parameters is generated
 from it:
 
 * the estimators' ``__init__`` (signature, stored attributes) and the Parameters section of
@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
-from sklearn.utils import _param_validation as sk
+import numpy as np
 
+from dkha import algorithms
+from dkha.algorithms import ESTIMATOR_FAMILIES
 from dkha.errors import ParameterError
 from dkha.kernels import KERNEL_ALIASES, KERNELS
 from dkha.solvers import batch as batch_solver
 from dkha.solvers import online as online_solver
+from dkha.tiles import PRECISIONS
 
 BATCH, ONLINE = "batch", "online"
 BOTH = (BATCH, ONLINE)
@@ -114,6 +117,11 @@ class Param:
     pipeline : a key of a pipeline's ``[[fit]]`` table.
     doc_type : the type shown in the docstring (default from ``accepts`` and ``default``).
     short : the command line's help.
+    saved : the attr of the saved run (``components.zarr``) holding its resolved value: ``True``
+        its name, a string another name (kept for runs saved before), ``False`` not saved (kernel
+        parameters are saved together as ``kernel_parameters``, the length as ``n_steps``).
+    identity : part of a run's identity: a run directory or checkpoint holding another value is
+        another run (resuming it is refused, writing over it needs ``overwrite``).
     old : the parameter's former name, still accepted with a ``FutureWarning`` as the
         estimator's keyword, the command-line option (hidden from ``--help``) and the pipeline
         key, where no other row of the estimator takes that name.
@@ -131,6 +139,8 @@ class Param:
     pipeline: bool = True
     doc_type: str | None = None
     short: str | None = None
+    saved: bool | str = False
+    identity: bool = False
     old: str | None = None
 
     @property
@@ -138,24 +148,64 @@ class Param:
         return self.key or self.name
 
     @property
+    def attr(self) -> str | None:
+        """The saved run's attr of this parameter (``None``: not saved on its own)."""
+        return None if self.saved is False else self.name if self.saved is True else self.saved
+
+    @property
     def option(self) -> str | None:
         if self.flag is None:
             return None
         return self.flag or "--" + self.dest.replace("_", "-")
 
-    def check(self, value) -> None:
-        """Raise :class:`~dkha.errors.ParameterError` unless ``value`` is accepted."""
+    def check(self, value, owner: str | None = None) -> None:
+        """Raise :class:`~dkha.errors.ParameterError` unless ``value`` is accepted; with the
+        estimator's class name ``owner``, :class:`InvalidParameter` in scikit-learn's words
+        (``The 'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf) or
+        None. Got -1 instead.``)."""
         if value is None and self.default is None:
             return
         a = self.accepts
         if a is None:
             return
         if isinstance(a, (Interval, Options)):
-            if value not in a:
-                raise ParameterError(a.message(self.name, value))
-        elif not isinstance(value, a):
-            names = " or ".join(t.__name__ for t in (a if isinstance(a, tuple) else (a,)))
-            raise ParameterError(f"{self.name} must be {names}, got {value!r}")
+            ok = value in a
+        else:
+            ok = isinstance(value, (bool, np.bool_) if a is bool else a)
+        if ok:
+            return
+        if owner is not None:
+            allowed = _sklearn_words(a) + (" or None" if self.default is None else "")
+            raise InvalidParameter(f"The {self.name!r} parameter of {owner} must be {allowed}. "
+                                   f"Got {value!r} instead.")
+        if isinstance(a, (Interval, Options)):
+            raise ParameterError(a.message(self.name, value))
+        names = " or ".join(t.__name__ for t in (a if isinstance(a, tuple) else (a,)))
+        raise ParameterError(f"{self.name} must be {names}, got {value!r}")
+
+
+class InvalidParameter(ParameterError, TypeError):
+    """A parameter outside the estimator's table: a :class:`~dkha.errors.ParameterError` (a
+    ``ValueError``, one line in the CLI) and a ``TypeError``, as scikit-learn's own error."""
+
+
+def _sklearn_words(a) -> str:
+    """What ``a`` accepts, in scikit-learn's words (``a float in the range (0.0, inf)``, ``a str
+    among {'a', 'b'}``, ``an instance of 'bool'``)."""
+    if isinstance(a, Interval):
+        integral = a.kind is Integral
+        fmt = (lambda v: str(int(v))) if integral else (lambda v: str(float(v)))
+        lo = "-inf" if a.left is None else fmt(a.left)
+        hi = "inf" if a.right is None else fmt(a.right)
+        lb = "[" if a.left is not None and a.closed in ("left", "both") else "("
+        rb = "]" if a.right is not None and a.closed in ("right", "both") else ")"
+        return f"{'an int' if integral else 'a float'} in the range {lb}{lo}, {hi}{rb}"
+    if isinstance(a, Options):
+        if all(isinstance(v, str) for v in a.values):
+            return "a str among {" + ", ".join(repr(v) for v in sorted(a.values)) + "}"
+        return "one of {" + ", ".join(repr(v) for v in a.values) + "}"
+    types = a if isinstance(a, tuple) else (a,)
+    return " or ".join(f"an instance of {t.__name__!r}" for t in types)
 
 
 POSITIVE_INT = Interval(Integral, 1, None, "left")
@@ -172,27 +222,28 @@ _GAINS_GROUP = "gains (a list gives one value per model; one value serves all)"
 PARAMETERS: tuple[Param, ...] = (
     Param("n_components", 8, "Number of components ``r`` (must be below the number of samples).",
           POSITIVE_INT, key="components", cli={"type": "positive_int", "aliases": ["-r"]},
-          doc_type="int, default 8", short="number of components r (default 8)"),
+          doc_type="int, default 8", short="number of components r (default 8)",
+          saved=True, identity=True),
     Param("algorithm", "kha-smd",
           "Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent "
           "(Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov "
           "method (LOBPCG) whose products are blockwise passes.",
-          Options(batch_solver.ALGORITHMS + ("krylov",)), models=(BATCH,), shared=False,
-          doc_type='{"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"',
-          short="one of " + ", ".join(batch_solver.ALGORITHMS + ("krylov",)
-                                      + online_solver.ALGORITHMS)
-          + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
+          Options(algorithms.names(*ESTIMATOR_FAMILIES[BATCH])), models=(BATCH,), shared=False,
+          short="one of " + ", ".join(algorithms.names()) + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
           "several models in one pass over the kernel rows, each in "
-          "RUN_DIR/<algorithm>[-eta0=V][-mu=V]"),
+          "RUN_DIR/<algorithm>[-eta0=V][-mu=V]",
+          saved=True, identity=True),
     Param("algorithm", "on-kha",
           "ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised, "
           "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
-          Options(online_solver.ALGORITHMS), models=(ONLINE,), shared=False,
-          doc_type='{"on-kha", "oo-kha", "okpca"}, default "on-kha"'),
+          Options(algorithms.names(*ESTIMATOR_FAMILIES[ONLINE])), models=(ONLINE,),
+          shared=False,
+          saved=True, identity=True),
     Param("kernel", "gaussian", "The kernel.", Options(KERNELS + tuple(KERNEL_ALIASES)),
           cli={"group": "kernel"},
           doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"',
-          short="gaussian, laplacian, polynomial, sigmoid"),
+          short="gaussian, laplacian, polynomial, sigmoid",
+          saved=True, identity=True),
     Param("sigma", None,
           "Width of the gaussian / laplacian kernel. ``None`` uses the median distance between "
           "samples (recorded in ``kernel_`` and the saved attrs).",
@@ -222,53 +273,63 @@ PARAMETERS: tuple[Param, ...] = (
           POSITIVE, models=(BATCH,), shared=False,
           cli={"type": "float_list", "metavar": "ETA0[,ETA0...]", "group": _GAINS_GROUP},
           doc_type="float, optional",
-          short="base gain, dimensionless (default: from the start, see README)"),
+          short="base gain, dimensionless (default: from the start, see README)",
+          saved=True, identity=True),
     Param("eta0", online_solver.DEFAULT_ETA0,
           "Initial step size in units of ``1/κ̄``, ``κ̄ = Σ k(x,x)² / Σ k(x,x)`` on a seeded sample "
           "(1 for the gaussian and laplacian kernels); the applied one is the attr ``gain``.",
           POSITIVE, models=(ONLINE,),
-          shared=False, doc_type=f"float, default {online_solver.DEFAULT_ETA0}"),
+          shared=False, doc_type=f"float, default {online_solver.DEFAULT_ETA0}",
+          saved=True, identity=True),
     Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {batch_solver.DEFAULT_MU}).",
           NON_NEGATIVE,
           models=(BATCH,), shared=False,
           cli={"type": "float_list", "metavar": "MU[,MU...]", "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD meta-gain (default {batch_solver.DEFAULT_MU})"),
+          doc_type="float, optional", short=f"SMD meta-gain (default {batch_solver.DEFAULT_MU})",
+          saved=True, identity=True),
     Param("xi", None, f"SMD's decay factor (default {batch_solver.DEFAULT_XI}).", UNIT,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD decay (default {batch_solver.DEFAULT_XI})"),
+          doc_type="float, optional", short=f"SMD decay (default {batch_solver.DEFAULT_XI})",
+          saved=True, identity=True),
     Param("rho0", 0.0,
           "SMD's initial log-gain. Algorithm 1 prints ρ0 = 1 (which multiplies every initial "
           "gain by e); ρ0 = 0 converged an order of magnitude lower in our runs.", FINITE,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
           doc_type="float, default 0.0",
-          short="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)"),
+          short="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)",
+          saved=True, identity=True),
     Param("gain_decay", None,
           "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17; formerly ``gamma``). "
           f"Default {online_solver.DEFAULT_GAMMA} when ``tau`` is not given either.",
           Interval(Real, 0, 1, "right"), models=(ONLINE,), shared=False, old="gamma",
           cli={"type": float, "group": _ONLINE_GROUP}, doc_type="float, optional",
-          short="learning-rate decay η(k) = γ·η(k−1)"),
+          short="learning-rate decay η(k) = γ·η(k−1)",
+          saved=True, identity=True),
     Param("tau", None,
           "Honeine's search-then-converge step size ``η = η0 / (1 + s/τ)`` (eq. 20) instead.",
           POSITIVE, models=(ONLINE,), shared=False, cli={"type": float, "group": _ONLINE_GROUP},
-          doc_type="float, optional", short="Honeine's η_t = η0 / (1 + t/τ)"),
+          doc_type="float, optional", short="Honeine's η_t = η0 / (1 + t/τ)",
+          saved=True, identity=True),
     Param("nu", None,
           "ALD threshold: a sample joins the dictionary when ``ε² = k(x,x) − κᵀK_m⁻¹κ ≥ nu``. "
           "Default: 0.1 × the data's variance in feature space, ``trace(K')/n`` on a seeded "
           "sample (:func:`~dkha.solvers.online.sample_scales`), recorded in the attrs.",
           POSITIVE, models=(ONLINE,), cli={"type": float, "group": _ONLINE_GROUP},
           doc_type="float, optional",
-          short="dictionary threshold ν (default 0.1 × the variance in feature space)"),
+          short="dictionary threshold ν (default 0.1 × the variance in feature space)",
+          saved=True, identity=True),
     Param("max_members", online_solver.DEFAULT_MAX_MEMBERS,
           "Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).",
           POSITIVE_INT, models=(ONLINE,), cli={"type": "positive_int", "group": _ONLINE_GROUP},
           doc_type=f"int, default {online_solver.DEFAULT_MAX_MEMBERS}",
-          short="dictionary size cap"),
+          short="dictionary size cap",
+          saved=True, identity=True),
     Param("center", False,
           "Center in feature space by the running mean in the dictionary's span (Honeine §5.2). "
           "The papers' ON-KHA and OO-KHA are uncentered.", bool, models=(ONLINE,),
           cli={"action": "store_true", "default": None, "negative": "--no-center",
-               "group": _ONLINE_GROUP}, doc_type="bool, default False", short=""),
+               "group": _ONLINE_GROUP}, doc_type="bool, default False", short="",
+          saved="centered", identity=True),
     Param("passes", None, "Passes through the data (default 10 when ``steps`` is not given).",
           POSITIVE_INT, models=(BATCH,), cli={"type": "positive_int", "exclusive": "length"},
           doc_type="int, optional", short="passes through the data (default 10)"),
@@ -279,7 +340,8 @@ PARAMETERS: tuple[Param, ...] = (
           short="single-sample steps"),
     Param("seed", 0,
           "Seeds the initial coefficients, the sample order and the sigma heuristic's sample.",
-          INTEGER, cli={"type": int}, doc_type="int, default 0"),
+          INTEGER, cli={"type": int}, doc_type="int, default 0",
+          saved=True, identity=True),
     Param("evaluate_every", 1,
           "Evaluate (eq. 22) every that many passes; 0 only at the end; negative never.", INTEGER,
           models=(BATCH,), cli={"type": int, "metavar": "N"}, doc_type="int, default 1",
@@ -311,7 +373,8 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type='{None, "random", "random:M", "nystrom:M"}, default None',
           short="initial coefficients: the Nyström solution (default: M = 40·components, at "
                 "least 400, at most the samples − 1), random (the paper's), the same on M random "
-                "columns (for large data), or nystrom:M"),
+                "columns (for large data), or nystrom:M",
+          saved=True, identity=True),
     Param("tol", None,
           "Stop once an evaluation's excess error ``E/E_min − 1`` is at most ``tol`` "
           "(evaluations every ``evaluate_every`` passes, at least every pass when ``tol`` is "
@@ -319,7 +382,8 @@ PARAMETERS: tuple[Param, ...] = (
           "eigenvectors.", POSITIVE, models=(BATCH,), shared=False, cli={"type": float},
           doc_type="float, optional",
           short="stop once the excess error E/E_min − 1 is at most TOL (krylov: relative "
-                "residual tolerance)"),
+                "residual tolerance)",
+          saved=True),
     Param("projections", None,
           "Where the block projections ``S̃ K'_Pᵀ`` are computed (``dkha.projections``, default "
           "``auto``): on the coordinator from shipped kernel rows, or on the workers from "
@@ -328,9 +392,7 @@ PARAMETERS: tuple[Param, ...] = (
           "workers when they are other processes (a process or remote cluster) and one model "
           "is fitted without the row cache, else the coordinator. The choice and its reason "
           "are in ``timings_['projections']``.",
-          Options(("auto", "coordinator", "workers")), models=(BATCH,),
-          cli={"choices": ("auto", "coordinator", "workers")},
-          doc_type='{"auto", "coordinator", "workers"}, optional',
+          Options(("auto", "coordinator", "workers")), models=(BATCH,), cli={"choices": True},
           short="where block projections are computed (dkha.projections, default auto: the "
                 "workers when they are other processes): from kernel rows shipped to the "
                 "coordinator, or on the workers from replicas"),
@@ -348,16 +410,14 @@ PARAMETERS: tuple[Param, ...] = (
           "the distance GEMM and the fused kernel sweep in single precision (:mod:`dkha.tiles`; "
           "the data shifted by their mean against cancellation) and the coordinator's block "
           "GEMMs on float32 rows; its state, products and evaluation (E, E_min) stay float64.",
-          Options(("float64", "float32")), models=(BATCH,),
-          cli={"choices": ("float64", "float32")}, doc_type='{"float64", "float32"}, optional',
+          Options(PRECISIONS), models=(BATCH,), cli={"choices": True},
           short="kernel tiles' precision (dkha.precision, default float64); the coordinator's "
                 "state and the evaluation stay float64"),
     Param("device", None,
           "Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with "
           "CuPy (``pip install 'dkha[gpu]'``), ``auto`` on the workers that declare a ``GPU`` "
           "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
-          Options(("cpu", "cuda", "auto")), models=(BATCH,),
-          cli={"choices": ("cpu", "cuda", "auto")}, doc_type='{"cpu", "cuda", "auto"}, optional',
+          Options(("cpu", "cuda", "auto")), models=(BATCH,), cli={"choices": True},
           short="where workers compute kernel tiles (dkha.device): cpu, cuda (CuPy, dkha[gpu]), "
                 "auto (cuda on workers with a GPU resource)"),
     Param("center_sample", None,
@@ -368,15 +428,15 @@ PARAMETERS: tuple[Param, ...] = (
           None, models=(BATCH,), cli={"type": "positive_int", "metavar": "N"},
           doc_type="int, optional",
           short="estimate the centering (MK) row from a seeded sample of N columns instead of "
-                "the exact O(l²n) pass: approximate, recorded in the run"),
+                "the exact O(l²n) pass: approximate, recorded in the run",
+          saved=True, identity=True),
     Param("on_divergence", "backoff",
           "When a step guard trips (non-finite values, a component's feature-space norm or a "
           "gain factor past 10⁶): ``'backoff'`` rolls the fit back to the start of the block "
           "(online: of the slice of samples), halves the gain and goes on (each event in "
           "``backoffs_`` and the saved run's ``backoff_*`` variables; a resume continues bit for "
           "bit); ``'stop'`` raises :class:`~dkha.errors.NumericalError` (exit status 3).",
-          Options(("backoff", "stop")), shared=False, cli={"choices": ("backoff", "stop")},
-          doc_type="{'backoff', 'stop'}, default 'backoff'",
+          Options(("backoff", "stop")), shared=False, cli={"choices": True},
           short="when a step diverges: roll back to the block's start, halve the gain and go on "
                 "(backoff, recorded in the run) or stop with exit status 3"),
     Param("client", None,
@@ -395,29 +455,30 @@ def parameters(model: str) -> tuple[Param, ...]:
     return tuple(p for p in PARAMETERS if model in p.models)
 
 
-def constraints(model: str) -> dict:
-    """The table's rows of one estimator as scikit-learn's ``_parameter_constraints`` (checked
-    by ``BaseEstimator._validate_params``, with scikit-learn's messages)."""
-    out = {}
-    for p in parameters(model):
-        a = p.accepts
-        if isinstance(a, Interval):
-            kind = Integral if a.kind is Integral else Real
-            c = [sk.Interval(kind, a.left, a.right, closed=a.closed)]
-        elif isinstance(a, Options):
-            c = [sk.StrOptions(set(a.values)) if all(isinstance(v, str) for v in a.values)
-                 else sk.Options(object, set(a.values))]
-        elif a is None:
-            out[p.name] = "no_validation"     # checked where it is used (e.g. make_kernel)
-            continue
-        elif a is bool or a == (bool,):
-            c = ["boolean"]
-        else:
-            c = list(a) if isinstance(a, tuple) else [a]
-        if p.default is None:
-            c.append(None)
-        out[p.name] = c
-    return out
+#: what a run adds to its parameters' identity: the kernel as resolved (e.g. the median-distance
+#: sigma), the length in steps, the data
+RUN_IDENTITY = ("kernel_parameters", "n_steps", "store")
+
+
+def identity_attrs(*models: str) -> tuple[str, ...]:
+    """The attrs that identify a saved run of ``models`` (both estimators by default), from the
+    table's ``identity`` rows and :data:`RUN_IDENTITY`."""
+    rows = [p for p in PARAMETERS if p.identity and set(p.models) & set(models or BOTH)]
+    return tuple(dict.fromkeys([p.attr for p in rows] + list(RUN_IDENTITY)))
+
+
+def saved_attrs(model: str, values) -> dict:
+    """``{attr: value}`` of every saved row of ``model``; ``values``: the resolved settings (an
+    object with the rows' names as attributes, or a dict)."""
+    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+    return {p.attr: get(p.name) for p in parameters(model) if p.attr is not None}
+
+
+def from_attrs(model: str, attrs: dict) -> dict:
+    """The estimator's keywords of the saved rows of ``model`` back from a run's ``attrs`` (what
+    :func:`saved_attrs` wrote; attrs an older run lacks are left to the defaults)."""
+    return {p.name: attrs[p.attr] for p in parameters(model)
+            if p.attr is not None and p.attr in attrs}
 
 
 def shared_settings(model: str = BATCH) -> tuple[str, ...]:
@@ -444,10 +505,20 @@ def _signature(model: str) -> inspect.Signature:
     return inspect.Signature(params)
 
 
+def _doc_type(p: Param) -> str:
+    """The docstring type of a row without one: its options and default."""
+    if isinstance(p.accepts, Options):
+        values = "{" + ", ".join(f'"{v}"' if isinstance(v, str) else repr(v)
+                                 for v in p.accepts.values) + "}"
+        return values + (", optional" if p.default is None else f', default "{p.default}"'
+                         if isinstance(p.default, str) else f", default {p.default!r}")
+    return "optional"
+
+
 def _docs(model: str) -> str:
     out = []
     for p in parameters(model):
-        out.append(f"    {p.name} : {p.doc_type or 'optional'}")
+        out.append(f"    {p.name} : {p.doc_type or _doc_type(p)}")
         words, line = p.help.split(), "       "
         for w in words:
             if len(line) + 1 + len(w) > 96:
@@ -475,6 +546,7 @@ def declare(model: str):
     def wrap(cls):
         __init__.__qualname__ = f"{cls.__name__}.__init__"
         cls.__init__ = __init__
+        cls._table = model
         if cls.__doc__ and "{parameters}" in cls.__doc__:
             cls.__doc__ = cls.__doc__.replace("{parameters}", _docs(model).lstrip())
         return cls
@@ -511,10 +583,10 @@ def renamed(values: dict, model: str, where: str) -> dict:
 
 
 def validate(estimator, model: str) -> None:
-    """Check every parameter's value against its row (type and range); raises
-    :class:`~dkha.errors.ParameterError` naming the first bad one."""
+    """Check every parameter's value against its row (type and range), once at the top of
+    ``fit``; raises :class:`InvalidParameter` naming the first bad one in scikit-learn's words."""
     for p in parameters(model):
-        p.check(getattr(estimator, p.name))
+        p.check(getattr(estimator, p.name), type(estimator).__name__)
 
 
 def get_params(estimator, model: str) -> dict:
@@ -545,6 +617,8 @@ def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dic
         excl = extra.pop("exclusive", None)
         if isinstance(extra.get("type"), str):
             extra["type"] = types[extra["type"]]
+        if extra.get("choices") is True:        # the table's options, never re-listed
+            extra["choices"] = p.accepts.values
         extra.setdefault("default", p.default)
         if p.dest in defaults:
             extra["default"] = defaults[p.dest]
@@ -586,7 +660,7 @@ def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "
         other = [p for p in PARAMETERS if key in (p.dest, p.old)]
         if other and value is not None and value != other[0].default:
             if model == BATCH:
-                kinds = f"online algorithms ({', '.join(online_solver.ALGORITHMS)})"
+                kinds = f"online algorithms ({', '.join(algorithms.names(algorithms.ONLINE))})"
             else:
                 kinds = "batch algorithms"
             name = where + (key.replace("_", "-") if where == "--" else key)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dkha import algorithms
 from dkha.errors import NumericalError, ParameterError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together
 
@@ -35,6 +36,43 @@ def grid(lowest: int, highest: int) -> list[float]:
 #: the bottom, a random start's near the top), μ 0.01 to 1
 ETA0_GRID = grid(-3, 0)
 MU_GRID = grid(-2, -1) + [1.0]
+
+
+def _row(m: KernelHebbianPCA) -> dict:
+    """One setting's line of the summary: its gains, excess error (or divergence), backoffs."""
+    row = {"algorithm": m.algorithm, "eta0": m.eta0, "mu": m.mu, "backoffs": len(m.backoffs_)}
+    if m.backoffs_:     # the gain it ended with (halved by each backoff)
+        row["eta0_final"] = m.backoffs_[-1]["gain_after"]
+    if m.failure_ is None and m.history_:
+        row.update(excess=m.history_[-1]["excess"], error=m.history_[-1]["error"])
+    else:
+        row.update(excess=None, diverged=m.failure_ or "not evaluated")
+    return row
+
+
+def _best(models, rows: list[dict], algorithms, eta0s, mus, tune_dir) -> dict:
+    """The best setting of each algorithm by excess error (marked in ``rows``), kept in
+    ``tune_dir/<algorithm>`` as a resumable run."""
+    best = {}
+    for a in algorithms:
+        scored = [(row["excess"], i) for i, (row, m) in enumerate(zip(rows, models))
+                  if m.algorithm == a and row["excess"] is not None and np.isfinite(row["excess"])]
+        if not scored:
+            continue
+        _, i = min(scored)
+        m = models[i]
+        entry = {"eta0": m.eta0, "mu": m.mu if a == "kha-smd" else None,
+                 "excess": rows[i]["excess"], "run_dir": None,
+                 # a best value at the end of its range may be beaten outside it
+                 "at_edge": [name for name, v, values in
+                             (("eta0", m.eta0, eta0s), ("mu", m.mu, mus if a == "kha-smd" else []))
+                             if len(values) > 1 and v in (min(values), max(values))]}
+        rows[i]["best"] = True
+        if tune_dir is not None:
+            entry["run_dir"] = os.path.join(tune_dir, a)
+            m.save(entry["run_dir"], resumable=True)
+        best[a] = entry
+    return best
 
 
 def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] | None = None,
@@ -66,9 +104,9 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     if not algorithms:
         raise ParameterError("no algorithm to tune")
     for a in algorithms:
-        if a not in ("kha", "kha-t", "kha-et", "kha-smd"):
+        if algorithms.REGISTRY.get(a) != algorithms.BATCH:
             raise ParameterError(f"cannot tune {a!r}: tuning applies to the batch algorithms "
-                                 "kha, kha-t, kha-et, kha-smd")
+                                 + ", ".join(algorithms.names(algorithms.BATCH)))
     eta0s = list(ETA0_GRID if eta0 is None else eta0)
     mus = list(MU_GRID if mu is None else mu)
     if tune_dir is not None:
@@ -85,36 +123,8 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     t0 = time.perf_counter()
     fit_together(models, X, skip_diverged=True)
     seconds = time.perf_counter() - t0
-    rows = []
-    for m in models:
-        row = {"algorithm": m.algorithm, "eta0": m.eta0, "mu": m.mu,
-               "backoffs": len(m.backoffs_)}
-        if m.backoffs_:     # the gain it ended with (halved by each backoff)
-            row["eta0_final"] = m.backoffs_[-1]["gain_after"]
-        if m.failure_ is None and m.history_:
-            row.update(excess=m.history_[-1]["excess"], error=m.history_[-1]["error"])
-        else:
-            row.update(excess=None, diverged=m.failure_ or "not evaluated")
-        rows.append(row)
-    best = {}
-    for a in algorithms:
-        scored = [(row["excess"], i) for i, (row, m) in enumerate(zip(rows, models))
-                  if m.algorithm == a and row["excess"] is not None and np.isfinite(row["excess"])]
-        if not scored:
-            continue
-        _, i = min(scored)
-        m = models[i]
-        entry = {"eta0": m.eta0, "mu": m.mu if a == "kha-smd" else None,
-                 "excess": rows[i]["excess"], "run_dir": None,
-                 # a best value at the end of its range may be beaten outside it
-                 "at_edge": [name for name, v, values in
-                             (("eta0", m.eta0, eta0s), ("mu", m.mu, mus if a == "kha-smd" else []))
-                             if len(values) > 1 and v in (min(values), max(values))]}
-        rows[i]["best"] = True
-        if tune_dir is not None:
-            entry["run_dir"] = os.path.join(tune_dir, a)
-            m.save(entry["run_dir"], resumable=True)
-        best[a] = entry
+    rows = [_row(m) for m in models]
+    best = _best(models, rows, algorithms, eta0s, mus, tune_dir)
     first = models[0]
     summary = {"algorithms": algorithms, "passes": passes, "n_samples": first.n_samples_,
                "n_components": first.n_components, "kernel": first.kernel_.describe(),

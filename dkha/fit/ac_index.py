@@ -18,10 +18,12 @@ When the data set is large the reference is computed on a seeded subset (:meth:`
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from dkha.data.store import DataStore, open_store
 from dkha.errors import ParameterError
 from dkha.kernels import Kernel
 
@@ -122,3 +124,19 @@ def ac_index(alpha: np.ndarray, dictionary: np.ndarray, X_reference: np.ndarray,
     alpha = np.atleast_2d(alpha)
     ref = ACReference.from_data(X_reference, kernel, alpha.shape[0], centered=centered)
     return ref.score(alpha, dictionary)
+
+
+def reference_of(reference, kernel, r: int, *, seed: int = 0,
+                 max_samples: int = DEFAULT_REFERENCE_SAMPLES,
+                 centered: bool = False) -> ACReference:
+    """An :class:`ACReference` as is, or exact KPCA on a data store (path or
+    :class:`~dkha.data.store.DataStore`; a seeded subset of at most ``max_samples``) or on an
+    array of reference samples."""
+    if isinstance(reference, ACReference):
+        return reference
+    if isinstance(reference, (str, os.PathLike, DataStore)):
+        store = reference if isinstance(reference, DataStore) else open_store(reference)
+        return ACReference.from_store(store, kernel, r, max_samples=max_samples, seed=seed,
+                                      centered=centered)
+    return ACReference.from_data(np.asarray(reference, dtype=np.float64), kernel, r,
+                                 centered=centered)

@@ -89,8 +89,8 @@ def scaled(p: dict, source, kernel: Kernel, seed: int) -> dict:
 
 def new_solver(p: dict, n_features: int, kernel: Kernel, seed: int) -> OnlineKHA:
     """The online solver of resolved settings ``p`` (its seeded initial coefficients)."""
-    a_init = INIT_STD * schedule.init_generator(seed).standard_normal(p["r"])
-    return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
+    a_init = INIT_STD * schedule.init_generator(seed).standard_normal(p["n_components"])
+    return OnlineKHA(p["algorithm"], p["n_components"], n_features, kernel, nu=p["nu"],
                      max_members=p["max_members"], eta0=p["gain"], gamma=p["gain_decay"],
                      tau=p["tau"], center=p["center"], a_init=a_init,
                      on_divergence=p["on_divergence"])
@@ -171,17 +171,18 @@ class OnlineFit:
 def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_steps: int,
                every: int, verbose: bool = False, ac_reference=None, run_dir=None,
                overwrite: bool = False, checkpoint_every: int = 0,
-               resume: bool = False) -> OnlineFit:
+               resume: bool = False, identity=()) -> OnlineFit:
     """Stream ``n_steps`` samples of ``source`` in the seeded order through a new solver of the
     resolved (and :func:`scaled`) settings ``p``, a history entry every ``every`` steps; with
     ``run_dir`` checkpoints (every ``checkpoint_every`` steps) and ``resume`` as the batch fit's.
-    ``attrs``: the run's saved attrs (they identify its checkpoints)."""
+    ``attrs``: the run's saved attrs, of which the keys ``identity`` tell runs apart."""
     # the block boundaries (hence the rounding) depend on these too
     exact = {"block_rows": p["block_rows"], "evaluate_every": every,
              "ac_reference": describe_reference(ac_reference)}
     checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
-                                         checkpoint_every=checkpoint_every, exact=exact)
-    reference = ac_reference_for(ac_reference, source, kernel, p["r"], seed)
+                                         checkpoint_every=checkpoint_every, exact=exact,
+                                         identity=identity)
+    reference = ac_reference_for(ac_reference, source, kernel, p["n_components"], seed)
     solver = new_solver(p, source.n_features, kernel, seed)
     solver.stream_length = source.n_samples
     fit = OnlineFit(solver, [], 0.0, {}, reference,

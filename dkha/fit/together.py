@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dkha import config, schedule
+from dkha.algorithms import is_exact
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
@@ -42,8 +43,6 @@ from dkha.solvers.batch import (
 
 log = logging.getLogger(__name__)
 
-#: the exact solver's name: it does not stream kernel rows
-KRYLOV = "krylov"
 
 
 def resolve_kernel(store, kernel: str, seed: int, **params):
@@ -136,10 +135,12 @@ class FitOptions:
     checkpoint_steps: int = 0
     skip_diverged: bool = False
     extras: Callable | None = field(default=None, repr=False)
+    #: the attrs that tell runs apart (:func:`dkha.estimators.params.identity_attrs`)
+    identity: tuple = ()
 
 
 def check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, resume: bool,
-                   overwrite: bool) -> None:
+                   overwrite: bool, identity) -> None:
     """Refuse run directories inside the data store, and (unless resuming) every directory
     that may not be written, before any is cleared."""
     if "://" not in store.path:
@@ -151,7 +152,7 @@ def check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, 
                                         f"store {store.path} being read; write the run elsewhere")
     if not resume:
         for run_dir, a in zip(run_dirs, attrs):
-            result.check_run_dir(run_dir, a, overwrite)
+            result.check_run_dir(run_dir, a, overwrite, identity)
 
 
 def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> list:
@@ -182,7 +183,7 @@ def start(engine, settings: list[ModelSettings], metas: list[dict], cks, n_sampl
     A_init = C_init = None
     if p0.landmarks and cks is None:
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
-        if p0.algorithm != KRYLOV:     # unit norms: one pass for C = A K'
+        if not is_exact(p0.algorithm):     # unit norms: one pass for C = A K'
             A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
             deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
             log.info("Nyström start: eigenvalue deficit %.3g", deficit)
@@ -239,14 +240,15 @@ def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSe
     exact = {"block_rows": int(config.get("block-rows", stream.block_rows)),
              "projections": asked, "evaluate_every": int(stream.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
-    identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
-                                                                            "n_features")
+    resume_identity = tuple(k for k in opts.identity if k != "n_steps") + ("n_samples",
+                                                                           "n_features")
     run_dirs = opts.run_dirs
     if run_dirs is not None:
-        check_run_dirs(run_dirs, store, attrs, resume=opts.resume, overwrite=opts.overwrite)
+        check_run_dirs(run_dirs, store, attrs, resume=opts.resume, overwrite=opts.overwrite,
+                       identity=opts.identity)
     opened = [open_fit(d, a, overwrite=opts.overwrite, resume=opts.resume,
                        checkpoint_every=opts.checkpoint_every or opts.checkpoint_steps,
-                       exact=exact, identity=identity)
+                       exact=exact, identity=opts.identity, resume_identity=resume_identity)
               for d, a in zip(run_dirs or [None] * len(settings), attrs)]
     checkpointers = None if run_dirs is None else [o[0] for o in opened]
     metas = [o[2] for o in opened]
@@ -293,7 +295,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
                                    "reason": engine.projections_reason}}
-        if p0.algorithm == KRYLOV:
+        if is_exact(p0.algorithm):
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=p0.tol if p0.tol is not None else 1e-8,
                                   with_evaluation=stream.evaluate_every >= 0)]

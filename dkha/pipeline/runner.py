@@ -13,6 +13,11 @@ Stages, in order: ``data`` (ingest) → ``fit`` (one or several algorithms) → 
 * ``pipeline.log``, ``summary.json`` (machine-readable: stages, figures, exit code),
   ``report.html`` (self-contained) and ``report/*.png``.
 
+A ``[[fit]]`` table takes ``name``, ``algorithm`` and the fit parameters of the command line
+(:mod:`dkha.estimators.params`), in its units for every algorithm: ``passes``,
+``evaluate_every`` and ``checkpoint_every`` count passes, ``steps`` and ``checkpoint_steps``
+single-sample steps (:func:`dkha.estimators.factory.estimator_for`).
+
 Exit codes: 0 done; 2 bad pipeline file or input; 3 a fit diverged; 4 a block killed its
 workers; 73 another run holds the lock; 75 interrupted or lost the cluster — run again to resume.
 """
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dkha import algorithms
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, save_image
 from dkha.data import result
@@ -39,12 +45,9 @@ from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.patches import read_grey_image
 from dkha.data.store import open_store
 from dkha.errors import DkhaError, InputError, ParameterError
-from dkha.estimators.batch import KernelHebbianPCA
-from dkha.estimators.online import OnlineKernelPCA
-from dkha.estimators.params import BATCH, estimator_kwargs, pipeline_keys
-from dkha.estimators.params import ONLINE as ONLINE_MODEL
+from dkha.estimators.factory import estimator_for, fit_run
+from dkha.estimators.params import pipeline_keys
 from dkha.pipeline.report import write_report
-from dkha.solvers.online import ALGORITHMS as ONLINE
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,11 @@ PIPELINE_KEYS = {"name", "description"}
 DATA_KEYS = {"kind", "path", "labels", "paths", "patch", "step", "chunk_rows", "per_class",
              "digits", "noise", "size", "seed", "scale"}
 DATA_KINDS = ("digits", "array", "images", "store")
-#: a [[fit]] table: its name, checkpoint_every, and the fit parameters (from the one table)
-FIT_KEYS = {"name", "checkpoint_every"} | pipeline_keys()
+#: a [[fit]] table's keys beside the fit parameters: its name, and its checkpoints (every
+#: checkpoint_every passes or checkpoint_steps steps, as the command line's options)
+FIT_RUN_KEYS = {"name", "checkpoint_every", "checkpoint_steps"}
+#: a [[fit]] table: the keys above and the fit parameters (from the one table)
+FIT_KEYS = FIT_RUN_KEYS | pipeline_keys()
 EVALUATE_KEYS = {"enabled", "ac_index"}
 APPLY_KEYS = {"kind", "fit", "k", "seed", "iterations", "exact"}
 APPLY_KINDS = ("denoise", "cluster")
@@ -346,30 +352,22 @@ class Runner:
 
     def fit(self, store: dict, f: dict) -> dict:
         run = self.fit_dir(f["name"])
-        values = {k: v for k, v in f.items() if k not in ("name", "checkpoint_every")}
+        values = {k: v for k, v in f.items() if k not in FIT_RUN_KEYS}
         resume = Checkpointer(run).latest() is not None
-        if f["algorithm"] in ONLINE:
-            model = OnlineKernelPCA(verbose=self.verbose,
-                                    **estimator_kwargs(values, ONLINE_MODEL, f["algorithm"], where=""))
-            # online: checkpoint_every counts steps, as the estimator's evaluate_every does
-            model.fit(store["store"], run_dir=run, overwrite=not resume, resume=resume,
-                      checkpoint_every=int(f.get("checkpoint_every", 0)),
-                      ac_reference=self.p.evaluate.get("ac_index", True))
+        online = algorithms.family(f["algorithm"], option="algorithm") == algorithms.ONLINE
+        model = estimator_for(f["algorithm"], values, store=store["store"], where="",
+                              verbose=self.verbose, **({} if online else self.cluster))
+        fit_run(model, store["store"], run, overwrite=not resume, resume=resume,
+                checkpoint_every=f.get("checkpoint_every"),
+                checkpoint_steps=f.get("checkpoint_steps"),
+                ac_reference=self.p.evaluate.get("ac_index", True))
+        if online:
             ds = model.to_dataset()
             res = {"run_dir": run, "members": int(ds.sizes.get("member", 0)),
                    "backoffs": len(model.backoffs_)}
             if "ac_index" in ds and ds.sizes.get("evaluation", 0):
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
-
-        model = KernelHebbianPCA(verbose=self.verbose, **self.cluster,
-                                 **estimator_kwargs(values, BATCH, f["algorithm"], where=""))
-        fit_kw = {"run_dir": run, "overwrite": not resume}
-        if "checkpoint_every" in f:
-            fit_kw["checkpoint_every"] = int(f["checkpoint_every"])
-        if resume:
-            fit_kw["resume"] = True
-        model.fit(store["store"], **fit_kw)
         last = model.history_[-1] if model.history_ else {}
         return {"run_dir": run, "excess": last.get("excess"), "pass": last.get("pass"),
                 "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_)}

@@ -44,13 +44,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dkha import algorithms
 from dkha.errors import NumericalError, ParameterError
 from dkha.solvers import reference
 from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
+ALGORITHMS = algorithms.names(algorithms.BATCH)  # the registry's batch family
 ENGINES = ("factored", "reference")
 #: default η0 (units of κ̄, see the module docstring) from the paper's random start ...
 DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.2, "kha-et": 1.0, "kha-smd": 1.0}

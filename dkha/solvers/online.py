@@ -57,6 +57,7 @@ from numba import njit
 from scipy.linalg import solve_triangular
 from scipy.linalg.blas import dtrsm
 
+from dkha import algorithms
 from dkha.errors import NumericalError, ParameterError
 from dkha.kernels import Kernel
 from dkha.solvers.batch import MAX_BACKOFFS, check_on_divergence
@@ -64,7 +65,7 @@ from dkha.solvers.compiled import RUNAWAY
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("on-kha", "oo-kha", "okpca")
+ALGORITHMS = algorithms.names(algorithms.ONLINE)  # the registry's online family
 _ALGORITHM_CODE = {"on-kha": 0, "oo-kha": 1, "okpca": 2}
 RATE_EXPONENTIAL = 0  # η = η0 γ^s
 RATE_SEARCH_THEN_CONVERGE = 1  # η = η0 / (1 + s/τ)
