@@ -1,13 +1,14 @@
 """Command-line options shared by the ``dkha`` subcommands: argument types, where it runs, and
 the one-line summaries of a run's centering. The fit options are generated from the parameter
-table (:mod:`dkha.estimators.params`)."""
+table (:mod:`dkha.estimators.params`).
+
+The parser is built before dask, xarray and scikit-learn load (``dkha --help`` and argument
+errors answer at once): what needs them is imported where an option's value is used."""
 
 from __future__ import annotations
 
 import argparse
 
-from dkha.data.store import parse_storage_option
-from dkha.engine.cluster import Where
 from dkha.errors import DkhaError, ParameterError
 
 
@@ -31,6 +32,8 @@ def float_list(s: str) -> list[float]:
 
 
 def storage_option(s: str) -> tuple[str, object]:
+    from dkha.data.store import parse_storage_option
+
     try:
         return parse_storage_option(s)
     except DkhaError as exc:
@@ -58,6 +61,8 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
 def cluster_kwargs(args) -> dict:
     """``{"client": where}`` from ``--scheduler``, ``--scheduler-file`` and ``--workers``: the one
     where-it-runs value every public function takes (:func:`dkha.engine.cluster.client_for`)."""
+    from dkha.engine.cluster import Where
+
     return {"client": Where(args.scheduler, args.scheduler_file, args.workers)}
 
 
