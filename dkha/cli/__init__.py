@@ -11,6 +11,7 @@ import logging
 import sys
 
 from dkha.cli.output import progress_lines
+from dkha.cli.parser import build_parser
 from dkha.progress import heartbeat, phase
 
 #: the commands that show progress without -v: bars in a terminal, lines in a pipe or log file
@@ -56,8 +57,6 @@ def progress_shown(args):
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``dkha`` with ``argv`` (``sys.argv[1:]`` by default); returns the exit code."""
-    from dkha.cli.parser import build_parser
-
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     with progress_shown(args):
         return importlib.import_module("dkha.cli.main").run(args)

@@ -16,7 +16,7 @@ import json
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
 from dkha.apply.superresolve import superresolve
-from dkha.cli.options import cluster_kwargs
+from dkha.cli.where import cluster_kwargs
 from dkha.errors import ParameterError, RunDirectoryError
 
 

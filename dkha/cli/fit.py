@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-from dkha.cli.options import centering_line, centering_summary, cluster_kwargs, raise_param
+from dkha.cli.options import centering_line, centering_summary, raise_param
 from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text
+from dkha.cli.where import cluster_kwargs
 from dkha.data.store import open_store
 from dkha.errors import NumericalError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together, run_names

@@ -24,11 +24,14 @@ import sys
 
 from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
-from dkha.cli.options import centering_line, centering_summary, cluster_kwargs, raise_param
+from dkha.cli.options import centering_line, centering_summary, raise_param
 from dkha.cli.output import LineFormatter, excess_precision, excess_text, pair_digits
 from dkha.cli.parser import build_parser
+from dkha.cli.where import cluster_kwargs
 from dkha.data import result
-from dkha.data.store import ingest_array, ingest_images, open_store, set_storage_options
+from dkha.data.ingest import ingest_array, ingest_images
+from dkha.data.storage import set_storage_options
+from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
 from dkha.errors import DkhaError
 from dkha.estimators.batch import KernelHebbianPCA
