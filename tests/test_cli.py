@@ -57,7 +57,8 @@ def _actions(parser: argparse.ArgumentParser, name: str = "dkha"):
         if isinstance(action, argparse._SubParsersAction):
             for sub, p in action.choices.items():
                 yield from _actions(p, f"{name} {sub}")
-        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and \
+                action.help != argparse.SUPPRESS:     # (hidden: a deprecated spelling)
             yield name, action
 
 
@@ -67,7 +68,7 @@ def test_every_option_has_a_help_text_with_its_default():
                                              "dkha denoise", "dkha evaluate", "dkha run"}
     for name, a in actions:
         what = f"{name} {'/'.join(a.option_strings) or a.dest}"
-        assert a.help and a.help != argparse.SUPPRESS, f"{what} has no help"
+        assert a.help, f"{what} has no help"
         shown = a.default
         if (a.option_strings and not isinstance(a, argparse._CountAction)
                 and shown not in (None, False, argparse.SUPPRESS)):
