@@ -40,11 +40,10 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from dkha.errors import ParameterError
+from dkha.names import DEVICES, PRECISIONS  # noqa: F401 (the allowed values, listed once)
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("float64", "float32")
-DEVICES = ("cpu", "cuda", "auto")
 
 # kernel codes of the compiled sweep (dkha.kernels.Kernel.tile_code)
 GAUSSIAN, LAPLACIAN, POLYNOMIAL, SIGMOID = 0, 1, 2, 3

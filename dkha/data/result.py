@@ -26,6 +26,7 @@ import xarray as xr
 
 from dkha.data.atomic import consolidate, replace_directory
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
+from dkha.progress import phase
 
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
@@ -134,6 +135,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
 
 def save(ds: xr.Dataset, run_dir: str) -> str:
     """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
+    phase(f"saving the run in {run_dir}")
     os.makedirs(run_dir, exist_ok=True)
     target = os.path.join(run_dir, COMPONENTS)
     tmp = os.path.join(run_dir, f".{COMPONENTS}.{uuid.uuid4().hex}.tmp")

@@ -27,15 +27,21 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
-import numpy as np
-
 from dkha import algorithms
 from dkha.algorithms import ESTIMATOR_FAMILIES
 from dkha.errors import ParameterError
-from dkha.kernels import KERNEL_ALIASES, KERNELS
-from dkha.solvers import batch as batch_solver
-from dkha.solvers import online as online_solver
-from dkha.tiles import PRECISIONS
+from dkha.names import (
+    DEFAULT_MU,
+    DEFAULT_XI,
+    DEVICES,
+    KERNEL_ALIASES,
+    KERNELS,
+    ONLINE_DEFAULT_ETA0,
+    ONLINE_DEFAULT_GAMMA,
+    ONLINE_DEFAULT_MAX_MEMBERS,
+    PRECISIONS,
+    config_default,
+)
 
 BATCH, ONLINE = "batch", "online"
 BOTH = (BATCH, ONLINE)
@@ -171,7 +177,7 @@ class Param:
         if isinstance(a, (Interval, Options)):
             ok = value in a
         else:
-            ok = isinstance(value, (bool, np.bool_) if a is bool else a)
+            ok = (isinstance(value, a) or a is bool and type(value).__name__ == "bool_")
         if ok:
             return
         if owner is not None:
@@ -229,7 +235,8 @@ PARAMETERS: tuple[Param, ...] = (
           "(Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov "
           "method (LOBPCG) whose products are blockwise passes.",
           Options(algorithms.names(*ESTIMATOR_FAMILIES[BATCH])), models=(BATCH,), shared=False,
-          short="one of " + ", ".join(algorithms.names()) + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
+          short="one of " + ", ".join(algorithms.names())
+          + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
           "several models in one pass over the kernel rows, each in "
           "RUN_DIR/<algorithm>[-eta0=V][-mu=V]",
           saved=True, identity=True),
@@ -275,21 +282,21 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="float, optional",
           short="base gain, dimensionless (default: from the start, see README)",
           saved=True, identity=True),
-    Param("eta0", online_solver.DEFAULT_ETA0,
+    Param("eta0", ONLINE_DEFAULT_ETA0,
           "Initial step size in units of ``1/κ̄``, ``κ̄ = Σ k(x,x)² / Σ k(x,x)`` on a seeded sample "
           "(1 for the gaussian and laplacian kernels); the applied one is the attr ``gain``.",
           POSITIVE, models=(ONLINE,),
-          shared=False, doc_type=f"float, default {online_solver.DEFAULT_ETA0}",
+          shared=False, doc_type=f"float, default {ONLINE_DEFAULT_ETA0}",
           saved=True, identity=True),
-    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {batch_solver.DEFAULT_MU}).",
+    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {DEFAULT_MU}).",
           NON_NEGATIVE,
           models=(BATCH,), shared=False,
           cli={"type": "float_list", "metavar": "MU[,MU...]", "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD meta-gain (default {batch_solver.DEFAULT_MU})",
+          doc_type="float, optional", short=f"SMD meta-gain (default {DEFAULT_MU})",
           saved=True, identity=True),
-    Param("xi", None, f"SMD's decay factor (default {batch_solver.DEFAULT_XI}).", UNIT,
+    Param("xi", None, f"SMD's decay factor (default {DEFAULT_XI}).", UNIT,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD decay (default {batch_solver.DEFAULT_XI})",
+          doc_type="float, optional", short=f"SMD decay (default {DEFAULT_XI})",
           saved=True, identity=True),
     Param("rho0", 0.0,
           "SMD's initial log-gain. Algorithm 1 prints ρ0 = 1 (which multiplies every initial "
@@ -300,7 +307,7 @@ PARAMETERS: tuple[Param, ...] = (
           saved=True, identity=True),
     Param("gain_decay", None,
           "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17; formerly ``gamma``). "
-          f"Default {online_solver.DEFAULT_GAMMA} when ``tau`` is not given either.",
+          f"Default {ONLINE_DEFAULT_GAMMA} when ``tau`` is not given either.",
           Interval(Real, 0, 1, "right"), models=(ONLINE,), shared=False, old="gamma",
           cli={"type": float, "group": _ONLINE_GROUP}, doc_type="float, optional",
           short="learning-rate decay η(k) = γ·η(k−1)",
@@ -318,17 +325,19 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="float, optional",
           short="dictionary threshold ν (default 0.1 × the variance in feature space)",
           saved=True, identity=True),
-    Param("max_members", online_solver.DEFAULT_MAX_MEMBERS,
+    Param("max_members", ONLINE_DEFAULT_MAX_MEMBERS,
           "Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).",
           POSITIVE_INT, models=(ONLINE,), cli={"type": "positive_int", "group": _ONLINE_GROUP},
-          doc_type=f"int, default {online_solver.DEFAULT_MAX_MEMBERS}",
+          doc_type=f"int, default {ONLINE_DEFAULT_MAX_MEMBERS}",
           short="dictionary size cap",
           saved=True, identity=True),
     Param("center", False,
           "Center in feature space by the running mean in the dictionary's span (Honeine §5.2). "
           "The papers' ON-KHA and OO-KHA are uncentered.", bool, models=(ONLINE,),
           cli={"action": "store_true", "default": None, "negative": "--no-center",
-               "group": _ONLINE_GROUP}, doc_type="bool, default False", short="",
+               "group": _ONLINE_GROUP}, doc_type="bool, default False",
+          short="center by the running mean in the dictionary's span (Honeine §5.2; default: "
+                "uncentered, as the papers' ON-KHA and OO-KHA)",
           saved="centered", identity=True),
     Param("passes", None, "Passes through the data (default 10 when ``steps`` is not given).",
           POSITIVE_INT, models=(BATCH,), cli={"type": "positive_int", "exclusive": "length"},
@@ -353,10 +362,10 @@ PARAMETERS: tuple[Param, ...] = (
           "Schedule positions per block of kernel rows (online: samples per block) "
           "(``dkha.block-rows``).", POSITIVE_INT, flag="--block",
           cli={"type": "positive_int", "metavar": "B"}, doc_type="int, optional",
-          short="rows per block (dkha.block-rows)"),
+          short=f"rows per block (default {config_default('block-rows')}, dkha.block-rows)"),
     Param("prefetch", None, "Blocks computed (online: read) ahead (``dkha.prefetch``).",
           POSITIVE_INT, cli={"type": "positive_int", "metavar": "D"}, doc_type="int, optional",
-          short="blocks computed ahead"),
+          short=f"blocks computed ahead (default {config_default('prefetch')}, dkha.prefetch)"),
     Param("init", None,
           "Initial coefficients. ``None``: the Nyström solution from "
           ":func:`~dkha.solvers.batch.default_landmarks` landmarks (``40 r``, at least 400, at "
@@ -417,8 +426,8 @@ PARAMETERS: tuple[Param, ...] = (
           "Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with "
           "CuPy (``pip install 'dkha[gpu]'``), ``auto`` on the workers that declare a ``GPU`` "
           "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
-          Options(("cpu", "cuda", "auto")), models=(BATCH,), cli={"choices": True},
-          short="where workers compute kernel tiles (dkha.device): cpu, cuda (CuPy, dkha[gpu]), "
+          Options(DEVICES), models=(BATCH,), cli={"choices": True},
+          short="where workers compute kernel tiles (dkha.device, default cpu): cpu, cuda (CuPy, dkha[gpu]), "
                 "auto (cuda on workers with a GPU resource)"),
     Param("center_sample", None,
           "Estimate the centering row (the MK row) from a seeded sample of this many columns "
@@ -623,8 +632,12 @@ def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dic
         if p.dest in defaults:
             extra["default"] = defaults[p.dest]
         short = p.short if p.short is not None else p.help.split(". ")[0].rstrip(".")
-        if short:
-            extra["help"] = short
+        shown = extra["default"]
+        if shown is not None and shown is not False and "default" not in short:
+            # the table's default, never re-listed
+            short = (short[:-1] + f"; default {shown})" if short.endswith(")")
+                     else short + f" (default {shown})")
+        extra["help"] = short
         if excl is not None:
             if excl not in exclusive:
                 exclusive[excl] = parser.add_mutually_exclusive_group()
@@ -637,7 +650,8 @@ def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dic
             target = parser
         target.add_argument(p.option, *aliases, dest=p.dest, **extra)
         if negative:
-            target.add_argument(negative, dest=p.dest, action="store_false")
+            target.add_argument(negative, dest=p.dest, action="store_false",
+                                default=extra["default"], help=f"the opposite of {p.option}")
         if p.old:       # the former spelling, hidden (a FutureWarning where it is used)
             target.add_argument("--" + p.old.replace("_", "-"), dest=p.old, type=extra.get("type"),
                                 default=None, help=argparse.SUPPRESS)
