@@ -43,7 +43,7 @@ from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore
 from dkha.errors import InputError, ParameterError
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store, validated_fit
-from dkha.estimators.params import ONLINE, declare, identity_attrs, saved_attrs
+from dkha.estimators.params import ONLINE, declare, get_params, identity_attrs, saved_attrs
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
 from dkha.fit.online import (
     EIGENVALUE_SAMPLES,
@@ -53,6 +53,7 @@ from dkha.fit.online import (
     history_entry,
     new_solver,
     scaled,
+    seeded_rows,
 )
 from dkha.estimators import online_run
 from dkha.fit.together import resolve_kernel
@@ -139,11 +140,11 @@ class OnlineKernelPCA(DkhaTransformer):
             raise ParameterError(f"block_rows must be positive, got {block_rows}")
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
-        return {"algorithm": algorithm, "n_components": r, "eta0": float(self.eta0), "gain_decay": gain_decay,
-                "tau": tau, "nu": None if self.nu is None else float(self.nu),
-                "max_members": mm, "center": bool(self.center),
-                "block_rows": block_rows, "prefetch": prefetch,
-                "on_divergence": self.on_divergence}
+        # every value of the table, with those resolved here
+        return dict(get_params(self, ONLINE), algorithm=algorithm, n_components=r,
+                    eta0=float(self.eta0), gain_decay=gain_decay, tau=tau,
+                    nu=None if self.nu is None else float(self.nu), max_members=mm,
+                    center=bool(self.center), block_rows=block_rows, prefetch=prefetch)
 
     def _kernel(self, source) -> Kernel:
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
@@ -274,8 +275,7 @@ class OnlineKernelPCA(DkhaTransformer):
         b = p["block_rows"]
         t0 = time.perf_counter()
         seen = self.n_samples_seen_
-        self._variance_sample_ = X if len(X) <= EIGENVALUE_SAMPLES else X[np.sort(
-            np.random.default_rng(self.seed).choice(len(X), EIGENVALUE_SAMPLES, replace=False))]
+        self._variance_sample_ = seeded_rows(X, EIGENVALUE_SAMPLES, self.seed)
         with coordinator_threads():
             for a in range(0, len(X), b):
                 rows = X[a:a + b]
@@ -283,9 +283,7 @@ class OnlineKernelPCA(DkhaTransformer):
         self.wall_time_ += time.perf_counter() - t0
         self.n_samples_seen_ = seen + len(X)
         self._record(None)
-        self._finish(X[:EIGENVALUE_SAMPLES] if len(X) <= EIGENVALUE_SAMPLES else
-                     X[np.sort(np.random.default_rng(self.seed).choice(
-                         len(X), EIGENVALUE_SAMPLES, replace=False))])
+        self._finish(self._variance_sample_)
         self.attrs_ = self._attrs(p, self.kernel_, "<stream>", self.n_samples_seen_,
                                   self.n_features_in_, self.n_samples_seen_)
         return self

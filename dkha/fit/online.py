@@ -143,6 +143,13 @@ def history_entry(solver: OnlineKHA, reference: ACReference | None, sample, wall
             "explained_variance": variance}
 
 
+def seeded_rows(X: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``X`` itself up to ``n`` rows, else ``n`` of its rows drawn by ``seed``, in order."""
+    if len(X) <= n:
+        return X
+    return X[np.sort(np.random.default_rng(seed).choice(len(X), n, replace=False))]
+
+
 def eigenvalues_of(solver: OnlineKHA, sample: np.ndarray) -> np.ndarray:
     """The variance of ``sample`` along each unit component (NaN before any member)."""
     if not solver.n_members:
