@@ -409,3 +409,29 @@ def test_gamma_is_renamed_gain_decay(online_digits, tmp_path):
     ds.attrs = attrs
     ds.to_zarr(str(tmp_path / "old" / "components.zarr"), mode="w")
     assert load(str(tmp_path / "old")).gain_decay == 0.99
+
+
+def test_eigenvalue_samples_sets_the_sample_the_eigenvalues_are_measured_on(online_digits,
+                                                                              tmp_path):
+    """A table option end to end: keyword, saved attr, load, and the value acting: the
+    eigenvalues are the variance along each unit component over that many seeded rows (the
+    direct formula on the same rows), and the whole data gives other values."""
+    from dkha.data.sources import ArraySource
+    from dkha.estimators.params import ONLINE, estimator_kwargs
+    from dkha.estimators.saved import load
+
+    kw = dict(sigma=SIGMA, nu=0.2, eta0=0.1, steps=120, block_rows=16, seed=4)
+    model = OnlineKernelPCA(4, eigenvalue_samples=30, **kw).fit(online_digits)
+    rows = ArraySource(online_digits).sample(30, 4)
+    D, A = model.dictionary_, model.alpha_
+    Km = gaussian(D, D)
+    Y = (gaussian(rows, D) - Km @ model.mean_coefficient_) @ A.T     # w_iᵀ(Φ(x) − μ)
+    norms2 = np.einsum("iq,qp,ip->i", A, Km, A)                        # ‖w_i‖²
+    np.testing.assert_allclose(model.eigenvalues_, (Y ** 2).mean(axis=0) / norms2, rtol=1e-9)
+    whole = OnlineKernelPCA(4, **kw).fit(online_digits)
+    np.testing.assert_array_equal(whole.alpha_, model.alpha_)     # the fit itself is the same
+    assert not np.allclose(whole.eigenvalues_, model.eigenvalues_)
+    model.save(str(tmp_path / "run"))
+    assert load(str(tmp_path / "run")).eigenvalue_samples == 30
+    assert estimator_kwargs({"eigenvalue_samples": 30}, ONLINE, "on-kha") == {
+        "eigenvalue_samples": 30}

@@ -15,13 +15,13 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
 * ``mean_coefficient (member)`` — the running mean ``μ = Σ_q β̄_q Φ(d_q)`` (zeros uncentered);
   the projection of new ``x`` is ``alpha · (k(D, x) − K_m β̄)`` (see :func:`project`);
 * ``eigenvalue (component)`` — the variance of the data along each unit component,
-  ``mean((w_iᵀ(Φ(x) − μ))²) / ‖w_i‖²`` over a seeded sample of the data (up to 2000 rows; the
+  ``mean((w_iᵀ(Φ(x) − μ))²) / ‖w_i‖²`` over a seeded sample of the data (``eigenvalue_samples`` rows; the
   second moment when uncentered): an estimate of the eigenvalue of the covariance operator,
   i.e. of ``λ_i(K)/l``;
 * history over ``evaluation``: ``pass, step, error, error_min, excess, wall_time`` (the error
   fields are NaN: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
   unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
-  component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (up to 2000
+  component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (``eigenvalue_samples``
   rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
 * attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gain_decay, tau,
   centered, seed, store, n_samples, n_features, n_steps, dkha_version.
@@ -46,7 +46,6 @@ from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store,
 from dkha.estimators.params import ONLINE, declare, get_params, identity_attrs, saved_attrs
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
 from dkha.fit.online import (
-    EIGENVALUE_SAMPLES,
     coordinator_threads,
     eigenvalues_of,
     fit_online,
@@ -275,7 +274,7 @@ class OnlineKernelPCA(DkhaTransformer):
         b = p["block_rows"]
         t0 = time.perf_counter()
         seen = self.n_samples_seen_
-        self._variance_sample_ = seeded_rows(X, EIGENVALUE_SAMPLES, self.seed)
+        self._variance_sample_ = seeded_rows(X, p["eigenvalue_samples"], self.seed)
         with coordinator_threads():
             for a in range(0, len(X), b):
                 rows = X[a:a + b]

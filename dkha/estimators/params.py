@@ -331,6 +331,14 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type=f"int, default {ONLINE_DEFAULT_MAX_MEMBERS}",
           short="dictionary size cap",
           saved=True, identity=True),
+    Param("eigenvalue_samples", 2000,
+          "Rows of a seeded sample of the data on which the eigenvalues (the variance along each "
+          "component) and the history's explained variance are measured (all rows when there "
+          "are fewer): more is a finer estimate, fewer a cheaper history entry.", POSITIVE_INT,
+          models=(ONLINE,), shared=False,
+          cli={"type": "positive_int", "metavar": "N", "group": _ONLINE_GROUP},
+          doc_type="int, default 2000",
+          short="rows the eigenvalues and explained variance are measured on", saved=True),
     Param("center", False,
           "Center in feature space by the running mean in the dictionary's span (Honeine §5.2). "
           "The papers' ON-KHA and OO-KHA are uncentered.", bool, models=(ONLINE,),

@@ -28,8 +28,6 @@ from dkha.solvers.online import INIT_STD, NU_RELATIVE, OnlineKHA, sample_scales
 
 log = logging.getLogger(__name__)
 
-#: rows of the seeded sample the eigenvalues and the explained variance are measured on
-EIGENVALUE_SAMPLES = 2000
 
 
 def coordinator_threads():
@@ -193,7 +191,8 @@ def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_ste
     solver = new_solver(p, source.n_features, kernel, seed)
     solver.stream_length = source.n_samples
     fit = OnlineFit(solver, [], 0.0, {}, reference,
-                    source.sample(EIGENVALUE_SAMPLES, seed), None, n_steps, checkpointer)
+                    source.sample(p["eigenvalue_samples"], seed), None, n_steps,
+                    checkpointer)
     if ck is not None:
         solver.restore({k[len("state."):]: v for k, v in ck.arrays.items()
                         if k.startswith("state.")}, ck.meta["state_scalars"])
@@ -228,5 +227,5 @@ def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_ste
     finally:
         driver.close()
         fit.wall_time = driver.seconds
-    fit.eigenvalues = eigenvalues_of(solver, source.sample(EIGENVALUE_SAMPLES, seed))
+    fit.eigenvalues = eigenvalues_of(solver, source.sample(p["eigenvalue_samples"], seed))
     return fit
