@@ -435,7 +435,8 @@ PARAMETERS: tuple[Param, ...] = (
           "CuPy (``pip install 'dkha[gpu]'``), ``auto`` on the workers that declare a ``GPU`` "
           "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
           Options(DEVICES), models=(BATCH,), cli={"choices": True},
-          short="where workers compute kernel tiles (dkha.device, default cpu): cpu, cuda (CuPy, dkha[gpu]), "
+          short="where workers compute kernel tiles (dkha.device, default cpu): cpu, cuda (CuPy, "
+                "dkha[gpu]), "
                 "auto (cuda on workers with a GPU resource)"),
     Param("center_sample", None,
           "Estimate the centering row (the MK row) from a seeded sample of this many columns "
