@@ -21,15 +21,21 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 import warnings
-from dataclasses import dataclass, field
 from numbers import Integral, Real
-from typing import Any
 
 from dkha import algorithms
 from dkha.algorithms import ESTIMATOR_FAMILIES
 from dkha.errors import ParameterError
+from dkha.estimators.param_row import (  # noqa: F401 (the table's vocabulary, importable here)
+    BATCH,
+    BOTH,
+    ONLINE,
+    Interval,
+    InvalidParameter,
+    Options,
+    Param,
+)
 from dkha.names import (
     DEFAULT_MU,
     DEFAULT_XI,
@@ -42,177 +48,6 @@ from dkha.names import (
     PRECISIONS,
     config_default,
 )
-
-BATCH, ONLINE = "batch", "online"
-BOTH = (BATCH, ONLINE)
-
-
-@dataclass(frozen=True)
-class Interval:
-    """Numbers of ``kind`` (``Integral`` or ``Real``) between ``left`` and ``right`` (``None``:
-    unbounded); ``closed`` is ``"left"``, ``"right"``, ``"both"`` or ``"neither"``."""
-
-    kind: type
-    left: float | None
-    right: float | None
-    closed: str = "neither"
-
-    def __contains__(self, value) -> bool:
-        if isinstance(value, bool) or not isinstance(value, self.kind):
-            return False
-        if isinstance(value, Real) and not math.isfinite(value):
-            return False
-        lo_ok = self.left is None or (value >= self.left if self.closed in ("left", "both")
-                                      else value > self.left)
-        hi_ok = self.right is None or (value <= self.right if self.closed in ("right", "both")
-                                       else value < self.right)
-        return lo_ok and hi_ok
-
-    def describe(self) -> str:
-        if self.kind is Integral and self.left in (0, 1) and self.right is None:
-            return "a positive integer" if self.left == 1 or self.closed == "neither" else \
-                "a non-negative integer"
-        if self.left == 0 and self.right is None:
-            return "a positive number" if self.closed in ("neither", "right") else \
-                "a non-negative number"
-        if self.left is None and self.right is None:
-            return "an integer" if self.kind is Integral else "finite"
-        lo = "[" if self.closed in ("left", "both") else "("
-        hi = "]" if self.closed in ("right", "both") else ")"
-        return f"lie in {lo}{self.left:g}, {self.right:g}{hi}"
-
-    def message(self, name: str, value) -> str:
-        d = self.describe()
-        verb = "must" if d.startswith("lie") else "must be"
-        return f"{name} {verb} {d}, got {value!r}"
-
-
-@dataclass(frozen=True)
-class Options:
-    """One of ``values``."""
-
-    values: tuple
-
-    def __contains__(self, value) -> bool:
-        return value in self.values
-
-    def message(self, name: str, value) -> str:
-        return f"unknown {name} {value!r}; choose one of {', '.join(map(str, self.values))}"
-
-
-@dataclass(frozen=True)
-class Param:
-    """One fit parameter.
-
-    name : the estimator's keyword (and attribute).
-    default : its default (``None``: chosen at fit time, see the help).
-    help : the docstring text (the first sentence is the command line's help unless ``short``).
-    accepts : an :class:`Interval`, :class:`Options`, a type or tuple of types, or ``None``
-        (validated where it is used, e.g. kernel parameters by :func:`dkha.kernels.make_kernel`).
-        ``None`` values are always accepted where the default is ``None``.
-    models : the estimators that take it (``"batch"``: :class:`~dkha.KernelHebbianPCA`,
-        ``"online"``: :class:`~dkha.estimators.online.OnlineKernelPCA`).
-    key : the command line's ``args`` attribute and the pipeline key (default ``name``); two rows
-        (one per estimator) may share a key, e.g. ``kernel_gamma``.
-    flag : the command-line option (default ``--key`` with dashes); ``None``: not on the
-        command line.
-    cli : further ``argparse.add_argument`` keywords (``type``, ``metavar``, ``action``,
-        ``default``, ``choices``), and ``group`` (the option group's title), ``aliases``,
-        ``negative`` (a ``--no-...`` flag), ``exclusive`` (a mutually exclusive group's name).
-    shared : models fitted together in one kernel stream must agree on it.
-    pipeline : a key of a pipeline's ``[[fit]]`` table.
-    doc_type : the type shown in the docstring (default from ``accepts`` and ``default``).
-    short : the command line's help.
-    saved : the attr of the saved run (``components.zarr``) holding its resolved value: ``True``
-        its name, a string another name (kept for runs saved before), ``False`` not saved (kernel
-        parameters are saved together as ``kernel_parameters``, the length as ``n_steps``).
-    identity : part of a run's identity: a run directory or checkpoint holding another value is
-        another run (resuming it is refused, writing over it needs ``overwrite``).
-    old : the parameter's former name, still accepted with a ``FutureWarning`` as the
-        estimator's keyword, the command-line option (hidden from ``--help``) and the pipeline
-        key, where no other row of the estimator takes that name.
-    """
-
-    name: str
-    default: Any
-    help: str
-    accepts: Any = None
-    models: tuple = BOTH
-    key: str | None = None
-    flag: str | None = ""
-    cli: dict = field(default_factory=dict)
-    shared: bool = True
-    pipeline: bool = True
-    doc_type: str | None = None
-    short: str | None = None
-    saved: bool | str = False
-    identity: bool = False
-    old: str | None = None
-
-    @property
-    def dest(self) -> str:
-        return self.key or self.name
-
-    @property
-    def attr(self) -> str | None:
-        """The saved run's attr of this parameter (``None``: not saved on its own)."""
-        return None if self.saved is False else self.name if self.saved is True else self.saved
-
-    @property
-    def option(self) -> str | None:
-        if self.flag is None:
-            return None
-        return self.flag or "--" + self.dest.replace("_", "-")
-
-    def check(self, value, owner: str | None = None) -> None:
-        """Raise :class:`~dkha.errors.ParameterError` unless ``value`` is accepted; with the
-        estimator's class name ``owner``, :class:`InvalidParameter` in scikit-learn's words
-        (``The 'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf) or
-        None. Got -1 instead.``)."""
-        if value is None and self.default is None:
-            return
-        a = self.accepts
-        if a is None:
-            return
-        if isinstance(a, (Interval, Options)):
-            ok = value in a
-        else:
-            ok = (isinstance(value, a) or a is bool and type(value).__name__ == "bool_")
-        if ok:
-            return
-        if owner is not None:
-            allowed = _sklearn_words(a) + (" or None" if self.default is None else "")
-            raise InvalidParameter(f"The {self.name!r} parameter of {owner} must be {allowed}. "
-                                   f"Got {value!r} instead.")
-        if isinstance(a, (Interval, Options)):
-            raise ParameterError(a.message(self.name, value))
-        names = " or ".join(t.__name__ for t in (a if isinstance(a, tuple) else (a,)))
-        raise ParameterError(f"{self.name} must be {names}, got {value!r}")
-
-
-class InvalidParameter(ParameterError, TypeError):
-    """A parameter outside the estimator's table: a :class:`~dkha.errors.ParameterError` (a
-    ``ValueError``, one line in the CLI) and a ``TypeError``, as scikit-learn's own error."""
-
-
-def _sklearn_words(a) -> str:
-    """What ``a`` accepts, in scikit-learn's words (``a float in the range (0.0, inf)``, ``a str
-    among {'a', 'b'}``, ``an instance of 'bool'``)."""
-    if isinstance(a, Interval):
-        integral = a.kind is Integral
-        fmt = (lambda v: str(int(v))) if integral else (lambda v: str(float(v)))
-        lo = "-inf" if a.left is None else fmt(a.left)
-        hi = "inf" if a.right is None else fmt(a.right)
-        lb = "[" if a.left is not None and a.closed in ("left", "both") else "("
-        rb = "]" if a.right is not None and a.closed in ("right", "both") else ")"
-        return f"{'an int' if integral else 'a float'} in the range {lb}{lo}, {hi}{rb}"
-    if isinstance(a, Options):
-        if all(isinstance(v, str) for v in a.values):
-            return "a str among {" + ", ".join(repr(v) for v in sorted(a.values)) + "}"
-        return "one of {" + ", ".join(repr(v) for v in a.values) + "}"
-    types = a if isinstance(a, tuple) else (a,)
-    return " or ".join(f"an instance of {t.__name__!r}" for t in types)
-
 
 POSITIVE_INT = Interval(Integral, 1, None, "left")
 POSITIVE = Interval(Real, 0, None, "neither")
