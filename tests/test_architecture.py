@@ -189,3 +189,41 @@ def test_the_structure_check_sees_what_it_forbids(tmp_path):
                             "toy.c imports sklearn.utils._param_validation"]
     assert len(s["inner"]) == 2
     assert s["long"] == [f"toy.b.long ({LONGEST + 2} lines)"]
+
+
+#: the size limits (docs/architecture.md): a file, a class, a function (numba kernels aside)
+SIZE_LIMITS = {"file": 700, "class": 300, "function": 80}
+#: the floors held to them so far (the lower floors follow as they are split)
+SIZED_FLOORS = ("estimators", "fit", "cli", "pipeline")
+
+
+def oversized(package: pathlib.Path, floors=SIZED_FLOORS) -> list[str]:
+    """Files, classes and functions of ``floors`` over :data:`SIZE_LIMITS` (``jit`` kernels
+    aside)."""
+    out = []
+    for floor in floors:
+        for path in sorted((package / floor).rglob("*.py")):
+            text = path.read_text()
+            name = path.relative_to(package).as_posix()
+            if text.count("\n") > SIZE_LIMITS["file"]:
+                out.append(f"{name}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text)):
+                n = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+                if isinstance(node, ast.ClassDef) and n > SIZE_LIMITS["class"]:
+                    out.append(f"{name}: class {node.name} {n} lines")
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                        n > SIZE_LIMITS["function"] and \
+                        "jit" not in " ".join(ast.unparse(d) for d in node.decorator_list):
+                    out.append(f"{name}: {node.name} {n} lines")
+    return out
+
+
+def test_the_upper_floors_keep_the_size_limits(tmp_path):
+    assert oversized(ROOT / "dkha") == []
+    # not vacuous: a long function and a long class are seen
+    (tmp_path / "fit").mkdir()
+    body = "".join(f"        x{i} = {i}\n" for i in range(SIZE_LIMITS["class"]))
+    (tmp_path / "fit" / "big.py").write_text("class Big:\n    def f(self):\n" + body)
+    assert oversized(tmp_path, ("fit",)) == [
+        f"fit/big.py: class Big {SIZE_LIMITS['class'] + 2} lines",
+        f"fit/big.py: f {SIZE_LIMITS['class'] + 1} lines"]
