@@ -2,10 +2,11 @@
 and pipelines choose and fit an estimator.
 
 Both speak the same units, whatever the algorithm's family (:mod:`dkha.algorithms`):
-``passes``, ``evaluate_every`` and ``checkpoint_every`` count passes through the data,
-``steps`` and ``checkpoint_steps`` single-sample steps. :func:`estimator_for` converts them to
-the online estimator's steps; :func:`fit_run` passes the checkpoint interval in the unit each
-estimator's ``fit`` takes.
+``passes`` and ``checkpoint_every`` count passes through the data, ``steps`` and
+``checkpoint_steps`` single-sample steps; ``evaluate_every`` counts passes on the command line
+(pipelines: the estimator's own unit, steps for the online algorithms, as pipeline files have
+always said). :func:`estimator_for` converts them to the online estimator's steps;
+:func:`fit_run` passes the checkpoint interval in the unit each estimator's ``fit`` takes.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ def _n_samples(store) -> int:
     return store.n_samples if isinstance(store, DataStore) else open_store(store).n_samples
 
 
-def in_steps(values: dict, store) -> dict:
-    """``values`` with ``passes`` and ``evaluate_every`` (passes; 0 or less: only at the end)
-    counted in steps of ``store``'s samples, as the online estimator takes them."""
+def in_steps(values: dict, store, *, evaluate_in_passes: bool = True) -> dict:
+    """``values`` with ``passes`` and (``evaluate_in_passes``) ``evaluate_every`` (passes; 0 or
+    less: only at the end) counted in steps of ``store``'s samples, as the online estimator
+    takes them."""
     values = dict(values)
-    passes, every = values.pop("passes", None), values.pop("evaluate_every", None)
+    passes = values.pop("passes", None)
+    every = values.pop("evaluate_every", None) if evaluate_in_passes else None
     if passes is None and every is None:
         return values
     n = _n_samples(store)
@@ -52,7 +55,7 @@ def estimator_for(algorithm: str, values: dict, *, store=None, where: str = "--"
     cls, model = ESTIMATORS[family]
     values = dict(values, algorithm=algorithm)
     if family == algorithms.ONLINE:
-        values = in_steps(values, store)
+        values = in_steps(values, store, evaluate_in_passes=where == "--")
     kwargs = estimator_kwargs(values, model, algorithm, where=where)
     kwargs.update(fixed)
     return cls(**kwargs)

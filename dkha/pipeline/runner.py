@@ -14,9 +14,10 @@ Stages, in order: ``data`` (ingest) → ``fit`` (one or several algorithms) → 
   ``report.html`` (self-contained) and ``report/*.png``.
 
 A ``[[fit]]`` table takes ``name``, ``algorithm`` and the fit parameters of the command line
-(:mod:`dkha.estimators.params`), in its units for every algorithm: ``passes``,
-``evaluate_every`` and ``checkpoint_every`` count passes, ``steps`` and ``checkpoint_steps``
-single-sample steps (:func:`dkha.estimators.factory.estimator_for`).
+(:mod:`dkha.estimators.params`): ``passes`` count passes and ``steps``, ``checkpoint_steps``
+single-sample steps for every algorithm; ``checkpoint_every`` counts passes (of an online fit:
+still steps, with a FutureWarning); ``evaluate_every`` is the estimator's (passes for batch,
+steps for online algorithms; :func:`dkha.estimators.factory.estimator_for`).
 
 Exit codes: 0 done; 2 bad pipeline file or input; 3 a fit diverged; 4 a block killed its
 workers; 73 another run holds the lock; 75 interrupted or lost the cluster — run again to resume.
@@ -32,6 +33,7 @@ import os
 import re
 import time
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -357,9 +359,14 @@ class Runner:
         online = algorithms.family(f["algorithm"], option="algorithm") == algorithms.ONLINE
         model = estimator_for(f["algorithm"], values, store=store["store"], where="",
                               verbose=self.verbose, **({} if online else self.cluster))
+        every, steps = f.get("checkpoint_every"), f.get("checkpoint_steps")
+        if online and every is not None:    # its former meaning in pipelines: steps
+            warnings.warn(f"[[fit]] {f['name']}: checkpoint_every of an online fit counts steps "
+                          "in pipelines (passes on the command line); write checkpoint_steps "
+                          "(checkpoint_every will count passes)", FutureWarning, stacklevel=2)
+            every, steps = None, steps or every
         fit_run(model, store["store"], run, overwrite=not resume, resume=resume,
-                checkpoint_every=f.get("checkpoint_every"),
-                checkpoint_steps=f.get("checkpoint_steps"),
+                checkpoint_every=every, checkpoint_steps=steps,
                 ac_reference=self.p.evaluate.get("ac_index", True))
         if online:
             ds = model.to_dataset()
