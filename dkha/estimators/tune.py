@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dkha import algorithms
+from dkha import algorithms as registry
 from dkha.errors import NumericalError, ParameterError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together
 
@@ -104,9 +104,9 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     if not algorithms:
         raise ParameterError("no algorithm to tune")
     for a in algorithms:
-        if algorithms.REGISTRY.get(a) != algorithms.BATCH:
+        if registry.REGISTRY.get(a) != registry.BATCH:
             raise ParameterError(f"cannot tune {a!r}: tuning applies to the batch algorithms "
-                                 + ", ".join(algorithms.names(algorithms.BATCH)))
+                                 + ", ".join(registry.names(registry.BATCH)))
     eta0s = list(ETA0_GRID if eta0 is None else eta0)
     mus = list(MU_GRID if mu is None else mu)
     if tune_dir is not None:
