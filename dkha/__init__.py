@@ -24,16 +24,35 @@ _EXPORTS = {
 }
 
 
+#: the subpackages, reachable as attributes after a bare ``import dkha`` (``dkha.data.result``)
+_SUBPACKAGES = ("apply", "cli", "data", "engine", "estimators", "fit", "pipeline", "runs",
+                "solvers")
+
+
+def _subpackage(name: str):
+    """``dkha.<name>`` with every module in it imported, so that ``dkha.data.result.load`` works
+    after ``import dkha`` as ``scipy.linalg`` does after ``import scipy``."""
+    import pkgutil
+
+    package = importlib.import_module(f"{__name__}.{name}")
+    for module in pkgutil.iter_modules(package.__path__):
+        if not module.name.startswith("_"):     # not cli/__main__.py, which runs the command
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    return package
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value     # once loaded, an ordinary attribute
         return value
+    if name in _SUBPACKAGES:
+        return _subpackage(name)
     raise AttributeError(f"module 'dkha' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBPACKAGES))
 
 
 if TYPE_CHECKING:   # what static tools see
