@@ -123,3 +123,68 @@ def test_report_page_decodes_in_chromium(photo_run):
     # the probe can fail: a broken picture decodes to nothing
     broken = page.replace("base64,iVBOR", "base64,AAAA", 1)
     assert sorted(w for w, _ in decoded_images(broken))[0] == 0
+
+
+@pytest.fixture(scope="module")
+def sampled_run(photo_run, client):
+    """The same photographs ingested with ``--max-samples`` (a third of the positions), a KHA/et
+    fit on them and ``dkha maps`` of both whole images."""
+    d, shapes, _ = photo_run
+    _dkha("ingest", "images", "camera.png", "coins.png", "-o", "sampled.zarr", "--patch",
+          str(PATCH), "--step", str(STEP), "--max-samples", "70", cwd=d)
+    KernelHebbianPCA(3, algorithm="kha-et", sigma=1.5, passes=2, block_rows=32,
+                     client=client).fit(str(d / "sampled.zarr"), run_dir=str(d / "sampled"))
+    p = _dkha("maps", "sampled", "camera.png", "coins.png", "-o", "maps.zarr", cwd=d)
+    assert "maps.zarr" in p.stdout
+    return d, shapes
+
+
+def test_maps_of_a_sampled_store_cover_every_patch_position(sampled_run):
+    """Every grid position of each image is projected (no NaN), equal to the projection computed
+    here with numpy from the run's alpha, mk, mkm and the kernel against the training patches;
+    at the sampled positions it equals the fit's own training projections."""
+    from scipy.spatial.distance import cdist
+    import skimage.io
+
+    d, shapes = sampled_run
+    ds = result.load(d / "sampled")
+    train = open_store(d / "sampled.zarr").read()
+    assert len(train) == 70
+    maps = xr.open_zarr(d / "maps.zarr")["response"].load()
+    assert maps.dims == ("component", "image", "row", "col")
+    assert list(maps["image"].values) == list(shapes)
+    alpha, mk, mkm, sigma = (ds["alpha"].values, ds["mk"].values, ds.attrs["mkm"],
+                             ds.attrs["sigma"])
+    for name, shape in shapes.items():
+        img = np.asarray(skimage.io.imread(d / name), dtype=np.float64) / 255
+        grid = ((shape[0] - PATCH) // STEP + 1, (shape[1] - PATCH) // STEP + 1)
+        one = maps.sel(image=name)
+        inside = one.isel(row=slice(0, grid[0]), col=slice(0, grid[1])).values
+        assert np.isfinite(inside).all()
+        assert np.isnan(one.values).sum() == one.size - inside.size  # NaN only beyond the grid
+        patches = np.array([img[STEP * r:STEP * r + PATCH, STEP * c:STEP * c + PATCH].ravel()
+                            for r in range(grid[0]) for c in range(grid[1])])
+        K = np.exp(-cdist(patches, train, "sqeuclidean") / (2 * sigma**2))
+        expected = (K - mk - K.mean(axis=1, keepdims=True) + mkm) @ alpha.T
+        np.testing.assert_allclose(inside.reshape(3, -1).T, expected, rtol=0, atol=1e-10)
+    # the fit's training projections are the maps at the positions it drew
+    proj = ds["projection"]
+    names = list(shapes)
+    for k in range(0, 70, 9):
+        at = maps.sel(image=names[int(proj["image"][k])]).isel(
+            row=int(proj["row"][k]), col=int(proj["col"][k]))
+        np.testing.assert_allclose(at.values, proj.values[k], rtol=0, atol=1e-8)
+
+
+def test_maps_refuses_a_run_not_fitted_on_patches(tmp_path):
+    from dkha.runs.maps import response_maps
+
+    ds = result.build_dataset(np.ones((1, 3)), np.ones(1), [], {
+        "algorithm": "kha", "kernel": "gaussian", "kernel_parameters": {"sigma": 1.0},
+        "sigma": 1.0, "store": str(tmp_path / "plain.zarr"), "n_samples": 3, "n_features": 4},
+        mk=np.zeros(3), mkm=0.0)
+    from dkha.data.ingest import ingest_array
+
+    ingest_array(np.zeros((3, 4)), str(tmp_path / "plain.zarr"))
+    with pytest.raises(ValueError, match="not ingested from images"):
+        response_maps(ds, [np.zeros((8, 8))])

@@ -9,6 +9,7 @@
     dkha evaluate RUN_DIR [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
     dkha report RUN_DIR
+    dkha maps RUN_DIR IMAGE... -o MAPS.zarr
 
 Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
 input or parameters, 3 for a diverged fit.
@@ -47,6 +48,7 @@ from dkha.fit.control import STOP
 from dkha.fit.evaluate import evaluate
 from dkha.pipeline.report import report_run
 from dkha.pipeline.runner import run_file
+from dkha.runs.maps import response_maps, save_maps
 from dkha.runs.run import Run
 from dkha.runs.transform import transform_store
 from dkha.runs.variance import explained_variance
@@ -136,6 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--components", type=positive_int, default=8,
                    help="components to show (default 8)")
+
+    # maps
+    p = sub.add_parser("maps", help="response maps: every patch position of whole images "
+                                    "projected on a run's components",
+                       description="Cut each image into patches on the training store's grid "
+                                   "(every position, also for a store ingested with "
+                                   "--max-samples), project them blockwise on the workers and "
+                                   "write response (component, image, row, col) to a zarr store.")
+    p.add_argument("run_dir")
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help="image files (skimage:NAME for scikit-image's bundled ones) or .npy")
+    p.add_argument("-o", "--out", required=True, help="the zarr store to write (maps.zarr)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_cluster_options(p)
     return parser
 
 
@@ -238,6 +254,13 @@ def cmd_transform(args) -> int:
     return 0
 
 
+def cmd_maps(args) -> int:
+    maps = response_maps(args.run_dir, args.images, **cluster_kwargs(args))
+    save_maps(maps, args.out, overwrite=args.overwrite)
+    print(f"{args.out}: response {dict(maps.sizes)}")
+    return 0
+
+
 def cmd_report(args) -> int:
     print(report_run(args.run_dir, components=args.components))
     return 0
@@ -295,7 +318,7 @@ def cmd_demo(args) -> int:
 
 COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, **FIT_COMMANDS,
             "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run,
-            "report": cmd_report}
+            "report": cmd_report, "maps": cmd_maps}
 
 
 def _quiet_distributed(level: int) -> None:
