@@ -12,7 +12,7 @@ import xarray as xr
 from dkha import KernelHebbianPCA
 from dkha.data import result
 from dkha.data.store import open_store
-from tests.browser import chromium, decoded_images
+from tests.browser import chromium, decoded_images, rendered_images
 from tests.processes import dkha_command, subprocess_env
 
 PATCH, STEP = 5, 2
@@ -118,12 +118,11 @@ def test_report_page_decodes_in_chromium(photo_run):
     assert p.stdout.strip().endswith("report.html")
     page = open(d / "run" / "report.html").read()
     sizes = decoded_images(page)
-    # the convergence curve, the component pictures, the response maps: all decoded
-    assert len(sizes) == 3 and all(w > 50 and h > 50 for w, h in sizes), sizes
+    # the convergence curve, the component pictures, 3 components × 2 images of maps: decoded
+    assert len(sizes) == 2 + 3 * 2 and all(w > 50 and h > 50 for w, h in sizes), sizes
     # the probe can fail: a broken picture decodes to nothing
     broken = page.replace("base64,iVBOR", "base64,AAAA", 1)
     assert sorted(w for w, _ in decoded_images(broken))[0] == 0
-
 
 @pytest.fixture(scope="module")
 def sampled_run(photo_run, client):
@@ -188,3 +187,33 @@ def test_maps_refuses_a_run_not_fitted_on_patches(tmp_path):
     ingest_array(np.zeros((3, 4)), str(tmp_path / "plain.zarr"))
     with pytest.raises(ValueError, match="not ingested from images"):
         response_maps(ds, [np.zeros((8, 8))])
+
+
+
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (.ci/run installs it)")
+def test_report_of_a_sampled_store_in_chromium(sampled_run):
+    """``dkha report --maps`` of a run on a --max-samples store, rendered by Chromium: every
+    picture decoded, one map panel per image and component under human titles, none of them
+    blank (a NaN-only panel keeps only its colour bar in colour), the settings with units."""
+    d, shapes = sampled_run
+    _dkha("report", "sampled", "--maps", "maps.zarr", cwd=d)
+    page = open(d / "sampled" / "report.html").read()
+    shown = rendered_images(page)
+    assert all(im["width"] > 50 and im["height"] > 50 for im in shown), shown
+    panels = [im for im in shown if im["kind"] == "map"]
+    assert sorted(im["alt"] for im in panels) == sorted(
+        f"{name}, component {c}" for name in shapes for c in (1, 2, 3))
+    assert all(im["coloured"] > 0.3 for im in panels), panels
+    assert [im["kind"] for im in shown].count("components") == 1
+    assert "All 3 components." in page and "wall time of fitting (s)" in page
+    assert ".npy" not in page and "noisy-0" not in page
+    # the same page's maps with every position but one component's blank: the probe sees it
+    import xarray as xr
+
+    maps = xr.open_zarr(d / "maps.zarr").load()
+    maps["response"][1] = np.nan
+    maps.to_zarr(d / "blank.zarr", mode="w", consolidated=False)
+    _dkha("report", "sampled", "--maps", "blank.zarr", cwd=d)
+    blank = rendered_images(open(d / "sampled" / "report.html").read())
+    low = sorted(im["alt"] for im in blank if im["kind"] == "map" and im["coloured"] < 0.3)
+    assert low == sorted(f"{name}, component 2" for name in shapes), blank

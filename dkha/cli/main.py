@@ -136,8 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="an HTML page of a run: convergence, component pictures, "
                                       "response maps")
     p.add_argument("run_dir")
-    p.add_argument("--components", type=positive_int, default=8,
-                   help="components to show (default 8)")
+    p.add_argument("--components", type=positive_int, default=16,
+                   help="components to show (default 16; the page says when there are more)")
+    p.add_argument("--maps", metavar="MAPS.zarr",
+                   help="response maps from `dkha maps` to show (default: every patch position of "
+                        "the training images when their files can be read, else the training "
+                        "projections)")
+    add_cluster_options(p)
 
     # maps
     p = sub.add_parser("maps", help="response maps: every patch position of whole images "
@@ -262,7 +267,8 @@ def cmd_maps(args) -> int:
 
 
 def cmd_report(args) -> int:
-    print(report_run(args.run_dir, components=args.components))
+    print(report_run(args.run_dir, components=args.components, maps=args.maps,
+                     **cluster_kwargs(args)))
     return 0
 
 
