@@ -24,20 +24,7 @@ _EXPORTS = {
 
 
 #: the subpackages, reachable as attributes after a bare ``import dkha`` (``dkha.data.result``)
-_SUBPACKAGES = ("apply", "cli", "data", "engine", "estimators", "fit", "pipeline", "runs",
-                "solvers")
-
-
-def _subpackage(name: str):
-    """``dkha.<name>`` with every module in it imported, so that ``dkha.data.result.load`` works
-    after ``import dkha`` as ``scipy.linalg`` does after ``import scipy``."""
-    import pkgutil
-
-    package = importlib.import_module(f"{__name__}.{name}")
-    for module in pkgutil.iter_modules(package.__path__):
-        if not module.name.startswith("_"):     # not cli/__main__.py, which runs the command
-            importlib.import_module(f"{package.__name__}.{module.name}")
-    return package
+_SUBPACKAGES = ("apply", "data", "engine", "estimators", "fit", "pipeline", "runs", "solvers")
 
 
 def __getattr__(name: str):
@@ -45,8 +32,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value     # once loaded, an ordinary attribute
         return value
-    if name in _SUBPACKAGES:
-        return _subpackage(name)
+    if name in _SUBPACKAGES:     # its modules load on first use too (dkha.lazy)
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'dkha' has no attribute {name!r}")
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from dkha.data import result
 from dkha.data.store import open_store
+from dkha.runs.maps import response_maps
 from dkha.runs.run import Run
 
 log = logging.getLogger(__name__)
@@ -220,8 +221,6 @@ def maps_for_report(ds, maps_path: str | None = None, client=None):
         images = []
     paths = [im["path"] for im in images]
     if paths and all(p.startswith("skimage:") or os.path.exists(p) for p in paths):
-        from dkha.runs.maps import response_maps
-
         try:
             return (response_maps(ds, paths, client=client),
                     "every patch position of the training images")
