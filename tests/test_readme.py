@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.processes import REPO, subprocess_env
 
 #: README blocks refer to a few names the reader has: defined here on small data (image patches,
@@ -47,6 +49,7 @@ def test_python_blocks_are_found():
     assert blocks == ["x = 1\n", "y = 2\n"]
 
 
+@pytest.mark.slow
 def test_every_readme_python_block_runs(tmp_path):
     with open(f"{REPO}/README.md", encoding="utf-8") as f:
         blocks = python_blocks(f.read())
