@@ -22,15 +22,20 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def decoded_images(page: str) -> list[tuple[int, int]]:
-    """``(naturalWidth, naturalHeight)`` of every image of the HTML text ``page`` as Chromium
-    decoded it (``(0, 0)`` for one it could not decode)."""
+def _dump_dom(page: str, probe: str) -> subprocess.CompletedProcess:
+    """Chromium's DOM of the HTML text ``page`` with ``probe`` run once it has loaded."""
     with tempfile.TemporaryDirectory() as d:
         path = f"{d}/page.html"
         with open(path, "w") as f:
-            f.write(page.replace("</body>", PROBE + "</body>"))
-        out = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={d}/profile",
-                              f"file://{path}"], capture_output=True, text=True, timeout=180)
+            f.write(page.replace("</body>", probe + "</body>"))
+        return subprocess.run([chromium(), *FLAGS, f"--user-data-dir={d}/profile",
+                               f"file://{path}"], capture_output=True, text=True, timeout=300)
+
+
+def decoded_images(page: str) -> list[tuple[int, int]]:
+    """``(naturalWidth, naturalHeight)`` of every image of the HTML text ``page`` as Chromium
+    decoded it (``(0, 0)`` for one it could not decode)."""
+    out = _dump_dom(page, PROBE)
     found = re.findall(r'data-decoded="([^"]*)"', out.stdout)
     assert found, f"Chromium did not run the probe (exit {out.returncode}): {out.stderr[-400:]}"
     return [tuple(int(v) for v in s.split("x")) for s in found[0].split()]
@@ -55,12 +60,7 @@ def rendered_images(page: str) -> list[dict]:
     """Every image of the HTML text ``page`` as Chromium rendered it: ``kind`` (its class),
     ``alt``, ``width``, ``height`` (0 when it could not be decoded) and ``coloured``, the share
     of its pixels in colour."""
-    with tempfile.TemporaryDirectory() as d:
-        path = f"{d}/page.html"
-        with open(path, "w") as f:
-            f.write(page.replace("</body>", RENDER_PROBE + "</body>"))
-        out = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={d}/profile",
-                              f"file://{path}"], capture_output=True, text=True, timeout=300)
+    out = _dump_dom(page, RENDER_PROBE)
     found = re.search(r'<pre id="rendered">(.*?)</pre>', out.stdout, flags=re.S)
     assert found, f"Chromium did not run the probe (exit {out.returncode}): {out.stderr[-400:]}"
     images = []
