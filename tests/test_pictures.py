@@ -217,3 +217,30 @@ def test_report_of_a_sampled_store_in_chromium(sampled_run):
     blank = rendered_images(open(d / "sampled" / "report.html").read())
     low = sorted(im["alt"] for im in blank if im["kind"] == "map" and im["coloured"] < 0.3)
     assert low == sorted(f"{name}, component 2" for name in shapes), blank
+
+
+def test_report_axes_and_settings_read_as_a_person_expects():
+    """Convergence on each algorithm's own axis (K'V products for krylov), integers as
+    integers, seconds with their unit."""
+    from dkha.pipeline.report import convergence_figure, settings_rows
+
+    def run(algorithm, history):
+        return result.build_dataset(np.ones((2, 4)), np.ones(2), history, {
+            "algorithm": algorithm, "kernel": "gaussian", "kernel_parameters": {"sigma": 2.0},
+            "sigma": 2.0, "n_components": 2, "n_samples": 4, "n_features": 3})
+
+    def h(p, step, excess, wall):
+        return {"pass": p, "step": step, "error": 1.0, "error_min": 1.0, "excess": excess,
+                "wall_time": wall}
+
+    krylov = run("krylov", [h(32, 0, 1e-9, 7.638)])
+    smd = run("kha-smd", [h(0, 0, 1e-2, 0.5), h(1, 50000, 1e-3, 2.0), h(2, 100000, 1e-4, 3.5)])
+    fig = convergence_figure({"exact": krylov, "smd": smd})
+    labels = [a.get_xlabel() for a in fig.axes]
+    assert labels == ["pass over the training samples", "K'V products (block Krylov)"]
+    assert fig.axes[1].lines[0].get_xdata().tolist() == [32]
+    assert fig.axes[0].lines[0].get_xdata().tolist() == [0, 1, 2]
+    rows = dict(settings_rows(smd, {"fit_seconds": 3.5}))
+    assert rows["steps done"] == "100 000" and rows["passes done"] == "2"
+    assert rows["wall time of fitting (s)"] == "3.5" and rows["fit seconds (s)"] == "3.5"
+    assert dict(settings_rows(krylov, None))["K'V products"] == "32"

@@ -131,5 +131,5 @@ def save_maps(maps: xr.DataArray, out: str, *, overwrite: bool = False) -> xr.Da
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     ds = maps.to_dataset()
-    ds = ds.assign_coords(image=ds["image"].values.astype(str))
+    ds = ds.assign_coords(image=ds["image"].values.astype(np.dtypes.StringDType()))  # zarr v3 strings
     return write_dataset(ds, out)
