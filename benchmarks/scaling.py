@@ -126,9 +126,10 @@ def kha_pass(engine, l, r, seed=0, n_steps=None):
 
 def krylov_fit(engine, r):
     """A whole krylov fit without the centering cache: the MK pass, then LOBPCG's products."""
+    from dkha.engine.mkrow import exact_mk_row
     from dkha.fit.krylov import run_krylov
 
-    mk = engine._mk_pass()
+    mk = exact_mk_row(engine)
     engine.set_mk(mk, float(mk.mean()))
     return run_krylov(engine, r, seed=0, tol=1e-2, with_evaluation=False).alpha
 
