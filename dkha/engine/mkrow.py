@@ -13,6 +13,7 @@ from dkha import config
 from dkha.data.centering import centering_key, read_centering, write_centering
 from dkha.engine.tasks import mk_sample_tile, mk_tile, tile_sums
 from dkha.errors import ParameterError
+from dkha.schedule import Stream, random_stream
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,8 @@ def exact_mk_row(engine) -> np.ndarray:
 def sampled_mk_row(engine, n: int, seed: int) -> np.ndarray:
     """The MK row estimated from ``n`` seeded random columns (pieces of ≤ ``dkha.tile-rows``)."""
     store, passes = engine.store, engine.passes
-    sample = np.sort(np.random.default_rng([int(seed), 4]).choice(store.n_samples, size=n,
-                                                                   replace=False))
+    sample = np.sort(random_stream(seed, Stream.CENTERING_SAMPLE).choice(store.n_samples, size=n,
+                                                                         replace=False))
     piece = int(config.get("tile-rows"))
     parts = [passes.put(store.read_rows(sample[a:a + piece]), everywhere=True)
              for a in range(0, n, piece)]

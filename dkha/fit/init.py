@@ -21,6 +21,7 @@ import numpy as np
 
 from dkha.errors import ParameterError
 from dkha.progress import Progress
+from dkha.schedule import Stream, random_stream
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     l = engine.n_samples
     if not 0 < m < l:
         raise ParameterError(f"nystrom:M needs 0 < M < the number of samples ({l}), got {m}")
-    M = np.sort(np.random.default_rng([int(seed), 2]).choice(l, size=m, replace=False))
+    M = np.sort(random_stream(seed, Stream.NYSTROM_COLUMNS).choice(l, size=m, replace=False))
     b = engine.block_rows
     rows = np.empty((m, l))
     blocks = ((a, M[a:a + b]) for a in range(0, m, b))

@@ -11,6 +11,7 @@ from dkha.errors import ParameterError
 from dkha.fit.batch import BatchResult
 from dkha.fit.evaluate import evaluate
 from dkha.fit.spectrum import krylov_eigenpairs
+from dkha.schedule import Stream, random_stream
 
 
 def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
@@ -18,7 +19,8 @@ def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, max
     """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise LOBPCG."""
     if X0 is not None:  # warm start: pad the given vectors with random ones (the oversampling)
         k = min(engine.n_samples - 1, r + max(5, r // 2))
-        extra = np.random.default_rng([int(seed), 3]).standard_normal((engine.n_samples, k - X0.shape[1]))
+        extra = random_stream(seed, Stream.KRYLOV_START).standard_normal(
+            (engine.n_samples, k - X0.shape[1]))
         X0 = np.hstack([X0, extra]) if k > X0.shape[1] else X0
     w, V = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0)
     if np.any(w <= 0):
