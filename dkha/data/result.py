@@ -32,7 +32,7 @@ HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
 # attrs that identify a run: a directory holding a run that differs in any of these is "different"
 IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
-                  "rho0", "n_steps", "seed", "store", "init", "nu", "gamma", "tau", "max_members",
+                  "rho0", "n_steps", "seed", "store", "init", "nu", "gain_decay", "tau", "max_members",
                   "centered", "center_sample")
 
 

@@ -19,8 +19,10 @@ A new fit option is one :class:`Param` entry here.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import math
+import warnings
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
@@ -112,6 +114,9 @@ class Param:
     pipeline : a key of a pipeline's ``[[fit]]`` table.
     doc_type : the type shown in the docstring (default from ``accepts`` and ``default``).
     short : the command line's help.
+    old : the parameter's former name, still accepted with a ``FutureWarning`` as the
+        estimator's keyword, the command-line option (hidden from ``--help``) and the pipeline
+        key, where no other row of the estimator takes that name.
     """
 
     name: str
@@ -126,6 +131,7 @@ class Param:
     pipeline: bool = True
     doc_type: str | None = None
     short: str | None = None
+    old: str | None = None
 
     @property
     def dest(self) -> str:
@@ -202,7 +208,7 @@ PARAMETERS: tuple[Param, ...] = (
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
           short="sigmoid slope"),
     Param("kernel_gamma", None,
-          "Slope of the sigmoid kernel (``gamma`` is the learning rate's decay here).",
+          "Slope of the sigmoid kernel.",
           models=(ONLINE,), cli={"type": float, "group": "kernel"}, doc_type="float, optional"),
     Param("eta0", None,
           "Base gain, dimensionless: the largest step ``d_i κ̄`` of GHA in feature space before "
@@ -236,10 +242,10 @@ PARAMETERS: tuple[Param, ...] = (
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
           doc_type="float, default 0.0",
           short="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)"),
-    Param("gamma", None,
-          "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17). Default "
-          f"{online_solver.DEFAULT_GAMMA} when ``tau`` is not given either.",
-          Interval(Real, 0, 1, "right"), models=(ONLINE,), shared=False,
+    Param("gain_decay", None,
+          "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17; formerly ``gamma``). "
+          f"Default {online_solver.DEFAULT_GAMMA} when ``tau`` is not given either.",
+          Interval(Real, 0, 1, "right"), models=(ONLINE,), shared=False, old="gamma",
           cli={"type": float, "group": _ONLINE_GROUP}, doc_type="float, optional",
           short="learning-rate decay η(k) = γ·η(k−1)"),
     Param("tau", None,
@@ -422,7 +428,8 @@ def shared_settings(model: str = BATCH) -> tuple[str, ...]:
 def pipeline_keys() -> set[str]:
     """The fit parameters a pipeline's ``[[fit]]`` table may set (beside ``name``,
     ``algorithm``, ``checkpoint_every``)."""
-    return {p.dest for p in PARAMETERS if p.pipeline}
+    return {p.dest for p in PARAMETERS if p.pipeline} | {p.old for p in PARAMETERS
+                                                        if p.pipeline and p.old}
 
 
 # --- the estimators ------------------------------------------------------------------------------
@@ -458,7 +465,7 @@ def declare(model: str):
     sig = _signature(model)
 
     def __init__(self, *args, **kwargs):
-        bound = sig.bind(self, *args, **kwargs)
+        bound = sig.bind(self, *args, **renamed(kwargs, model, f"{type(self).__name__}("))
         bound.apply_defaults()
         for name, value in list(bound.arguments.items())[1:]:
             setattr(self, name, value)
@@ -473,6 +480,34 @@ def declare(model: str):
         return cls
 
     return wrap
+
+
+def renamed(values: dict, model: str, where: str) -> dict:
+    """``values`` with each row's former name (:attr:`Param.old`) replaced by its own, with a
+    ``FutureWarning``. ``where``: ``"--"`` (command-line keys), ``""`` (pipeline keys) or
+    ``"Class("`` (the estimator's keywords)."""
+    by_name = where.endswith("(")
+    mine = {p.name if by_name else p.dest for p in parameters(model)}
+    out = dict(values)
+    for p in parameters(model):
+        if not p.old or p.old in mine or p.old not in out:
+            continue
+        value = out.pop(p.old)
+        if value is None:
+            continue
+        key = p.name if by_name else p.dest
+        if where == "--":
+            old, new = "--" + p.old.replace("_", "-"), "--" + key.replace("_", "-")
+        elif by_name:
+            old, new = f"{where}{p.old}=...)", f"{key}"
+        else:
+            old, new = f"the [[fit]] key {p.old}", key
+        warnings.warn(f"{old} is now {new}; the old spelling will be removed", FutureWarning,
+                      stacklevel=3)
+        if out.get(key) is not None:
+            raise ParameterError(f"give {new} or {old}, not both")
+        out[key] = value
+    return out
 
 
 def validate(estimator, model: str) -> None:
@@ -529,6 +564,9 @@ def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dic
         target.add_argument(p.option, *aliases, dest=p.dest, **extra)
         if negative:
             target.add_argument(negative, dest=p.dest, action="store_false")
+        if p.old:       # the former spelling, hidden (a FutureWarning where it is used)
+            target.add_argument("--" + p.old.replace("_", "-"), dest=p.old, type=extra.get("type"),
+                                default=None, help=argparse.SUPPRESS)
 
 
 def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "--") -> dict:
@@ -538,13 +576,14 @@ def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "
     estimator takes must be unset or at that estimator's default, otherwise the one-line error
     names it (``where`` prefixes the key: ``"--"`` for options, ``""`` for pipeline keys)."""
     mine = {p.dest: p for p in parameters(model)}
+    values = renamed(values, model, where)
     out = {}
     for key, value in values.items():
         if key in mine:
             if value is not None:
                 out[mine[key].name] = value
             continue
-        other = [p for p in PARAMETERS if p.dest == key]
+        other = [p for p in PARAMETERS if key in (p.dest, p.old)]
         if other and value is not None and value != other[0].default:
             if model == BATCH:
                 kinds = f"online algorithms ({', '.join(online_solver.ALGORITHMS)})"
@@ -557,6 +596,9 @@ def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "
 
 def cli_values(args, model_kinds=BOTH) -> dict:
     """``{key: value}`` of every table option present in parsed ``args``."""
-    return {p.dest: getattr(args, p.dest) for p in PARAMETERS
-            if p.option is not None and set(p.models) & set(model_kinds)
-            and hasattr(args, p.dest)}
+    out = {p.dest: getattr(args, p.dest) for p in PARAMETERS
+           if p.option is not None and set(p.models) & set(model_kinds)
+           and hasattr(args, p.dest)}
+    out.update({p.old: getattr(args, p.old) for p in PARAMETERS
+                if p.old and p.option is not None and hasattr(args, p.old)})
+    return out
