@@ -63,8 +63,10 @@ def write_zarr_atomically(ds, target: str | os.PathLike) -> str:
     The store is written aside under a unique temporary name beside ``target``
     (``.NAME.<uuid>.tmp``: concurrent writers never share one), its metadata consolidated (a
     plain ``xarray.open_zarr`` opens it), and renamed into place (:func:`replace_directory`). A
-    failure removes the temporary and leaves the old ``target`` as it was. Lazy (dask) variables
-    are computed where the current scheduler runs them. Returns ``target``'s path.
+    failure leaves the old ``target`` as it was and removes the temporary (chunks of it that
+    tasks still running elsewhere write after the failure may remain, under the temporary's
+    hidden name, which no reader opens). Lazy (dask) variables are computed where the current
+    scheduler runs them. Returns ``target``'s path.
     """
     target = os.fspath(target)
     parent = os.path.dirname(os.path.abspath(target))
