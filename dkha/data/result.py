@@ -26,6 +26,7 @@ import xarray as xr
 
 from dkha.data.atomic import write_zarr_atomically
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
+from dkha.progress import phase
 
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
@@ -136,6 +137,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
 
 def save(ds: xr.Dataset, run_dir: str) -> str:
     """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
+    phase(f"saving the run in {run_dir}")
     return write_zarr_atomically(ds, os.path.join(run_dir, COMPONENTS))
 
 
