@@ -342,7 +342,7 @@ class RowEngine:
                                      f"got {center_sample}")
             centering.update(centering="sample", center_sample=int(center_sample), seed=int(seed))
         key = None
-        if bool(config.get("mk-cache", cache)):
+        if bool(config.get("mk-cache", cache)) and self.kernel.cacheable:
             key = centering_key(self.store, centering)
             cached = read_centering(self.store, key)
             if cached is not None:

@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 
 import numpy as np
 from sklearn.base import _fit_context
@@ -44,7 +45,7 @@ from dkha.data import result
 from dkha.data.checkpoint import open_fit
 from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore, open_store
-from dkha.errors import InputError, ParameterError
+from dkha.errors import DictionaryWarning, InputError, ParameterError
 from dkha.estimators.batch import resolve_kernel
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store
 from dkha.estimators.params import ONLINE, constraints, declare, validate
@@ -67,6 +68,9 @@ from dkha.version import __version__
 log = logging.getLogger(__name__)
 
 EIGENVALUE_SAMPLES = 2000
+#: ``fit``'s default length: one pass, and at least this many steps (passes over small data in
+#: the seeded order: one pass over a few hundred samples leaves the components far from converged)
+MIN_STEPS = 20_000
 
 
 # --- the estimator -------------------------------------------------------------------------------
@@ -126,6 +130,9 @@ class OnlineKernelPCA(DkhaTransformer):
     def _validated(self) -> dict:
         validate(self, ONLINE)
         algorithm = check_algorithm(self.algorithm)
+        if self.n_components is None:
+            raise ParameterError("OnlineKernelPCA needs n_components (None, all components, is "
+                                 "KernelHebbianPCA's: a stream has no fixed number of samples)")
         r = int(self.n_components)
         if self.gamma is not None and self.tau is not None:
             raise ParameterError("give gamma (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
@@ -246,7 +253,7 @@ class OnlineKernelPCA(DkhaTransformer):
         kernel = self._kernel(source)
         p = self._scaled(self._validated(), source, kernel)
         l, n = source.n_samples, source.n_features
-        n_steps = l if self.steps is None else int(self.steps)
+        n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
         store_path = _store_path(source)
         attrs = self._attrs(p, kernel, store_path, l, n, n_steps)
         every = n_steps if self.evaluate_every is None else int(self.evaluate_every)
@@ -317,6 +324,14 @@ class OnlineKernelPCA(DkhaTransformer):
         """
         first_call = not hasattr(self, "solver_")
         X = self._validate_array(X, reset=first_call, min_samples=1)
+        if first_call and self.n_components is not None and len(X) < self.n_components:
+            raise ParameterError(f"n_components={self.n_components} must be less or equal to "
+                                 f"the batch number of samples {len(X)} for the first "
+                                 "partial_fit call.")
+        if not first_call and self.n_components != self.n_components_:
+            raise ParameterError(f"Number of components has changed from {self.n_components_} "
+                                 f"to {self.n_components} between calls to partial_fit! Try "
+                                 "setting n_components to a fixed value.")
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
         if first_call:
@@ -385,6 +400,11 @@ class OnlineKernelPCA(DkhaTransformer):
 
     def _finish(self, sample: np.ndarray) -> None:
         s = self._read_solver()
+        if s.n_members < s.r:
+            warnings.warn(f"the dictionary holds {s.n_members} members for {s.r} components: "
+                          f"the data span only {s.n_members} dimensions in feature space, so "
+                          "components beyond that many are not independent; ask for at most "
+                          f"{s.n_members} components", DictionaryWarning, stacklevel=3)
         norms = s.component_norms()
         if s.n_members:
             Y = s.transform(sample)
