@@ -35,12 +35,8 @@ import numpy as np
 
 from dkha import tiles
 from dkha.errors import ParameterError
+from dkha.names import KERNEL_ALIASES, KERNELS
 
-KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "precomputed")
-KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial",
-                  "linear": "polynomial", "poly": "polynomial"}
-#: scikit-learn's kernel names
-SKLEARN_KERNELS = ("linear", "poly", "rbf", "sigmoid", "cosine", "precomputed")
 _PARAMS = {
     "gaussian": {"sigma": None},
     "laplacian": {"sigma": None},
