@@ -583,6 +583,9 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     first = models[0]
     store, tmp, X_fit = resolve_store(X)
     tmp_store = None if tmp is None else _TemporaryStore(tmp)
+    if first.kernel == "precomputed" and store.n_features != store.n_samples + 1:
+        raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
+                             "appends each row's index), not fit_together")
     settings = [m._validated(store.n_samples) for m in models]
     kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma,

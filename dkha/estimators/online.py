@@ -165,6 +165,10 @@ class OnlineKernelPCA(DkhaTransformer):
                 "on_divergence": self.on_divergence}
 
     def _kernel(self, source) -> Kernel:
+        if isinstance(self.kernel, str) and self.kernel == "precomputed":
+            raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
+                                 "dictionary needs the kernel of each new sample against the "
+                                 "members); use KernelHebbianPCA")
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
                               degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
