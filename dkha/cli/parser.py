@@ -139,7 +139,8 @@ def _ingest_parsers(sub) -> None:
     im.add_argument("--max-samples", type=positive_int, metavar="N",
                     help="keep N patches drawn uniformly (seeded) from all the images' patch "
                          "positions, in raster order (default: every position)")
-    im.add_argument("--seed", type=int, default=0, help="seed of the --max-samples draw (default 0)")
+    im.add_argument("--seed", type=int, default=0,
+                    help="seed of the --max-samples draw (default 0)")
     im.add_argument("--chunk-rows", type=positive_int, metavar="N", help=chunk_rows)
     im.add_argument("--overwrite", action="store_true", help="replace an existing store")
     add_storage_options(im)
@@ -260,11 +261,7 @@ def add_apply_parsers(subparsers) -> None:
                    help="the clean image (SNR before and after) or clean data store (mean "
                         "squared error before and after)")
     add_preimage_options(p)
-    p.add_argument("--block", type=positive_int, metavar="B",
-                   help="patches per block (default 2048)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
+    _reconstruction_options(p, "patches")
 
     p = _subcommand(
         subparsers, "superresolve", help="scale an image up with a run fitted on "
@@ -287,11 +284,7 @@ def add_apply_parsers(subparsers) -> None:
     p.add_argument("--reference", metavar="ORIG",
                    help="the original high-resolution image: print the PSNR")
     add_preimage_options(p, gradient_step="--gradient-step")
-    p.add_argument("--block", type=positive_int, metavar="B",
-                   help="windows per block (default 2048)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
+    _reconstruction_options(p, "windows")
 
     p = _subcommand(
         subparsers, "cluster", help="spectral clustering (Ng, Jordan & Weiss) of a run's "
@@ -308,6 +301,15 @@ def add_apply_parsers(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="k-means seed, and the random labels' (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_cluster_options(p)
+
+
+def _reconstruction_options(p: argparse.ArgumentParser, pieces: str) -> None:
+    """What every image reconstruction command ends with: blocks, output, where it runs."""
+    p.add_argument("--block", type=positive_int, metavar="B",
+                   help=f"{pieces} per block (default 2048)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_cluster_options(p)
 

@@ -393,7 +393,8 @@ PARAMETERS: tuple[Param, ...] = (
           "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
           Options(("cpu", "cuda", "auto")), models=(BATCH,),
           cli={"choices": ("cpu", "cuda", "auto")}, doc_type='{"cpu", "cuda", "auto"}, optional',
-          short="where workers compute kernel tiles (dkha.device, default cpu): cpu, cuda (CuPy, dkha[gpu]), "
+          short="where workers compute kernel tiles (dkha.device, default cpu): cpu, cuda (CuPy, "
+                "dkha[gpu]), "
                 "auto (cuda on workers with a GPU resource)"),
     Param("center_sample", None,
           "Estimate the centering row (the MK row) from a seeded sample of this many columns "
