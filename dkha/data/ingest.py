@@ -113,7 +113,7 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
         raise InputError("no images given")
     keep = None        # per image: the sorted positions (raster order) of its kept patches
     if max_samples is not None:
-        sizes = [int(np.prod(patch_grid(_grey_values(p, i)[0].shape, patch, step)))
+        sizes = [int(np.prod(patch_grid(grey_values(p, i)[0].shape, patch, step)))
                  for i, p in enumerate(paths)]
         if max_samples < sum(sizes):
             drawn = np.sort(np.random.default_rng([int(seed), 5]).choice(
@@ -125,7 +125,7 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
     try:
         for i, p in enumerate(paths):
             first = writer.n + writer._buffered
-            img, name = _grey_values(p, i)
+            img, name = grey_values(p, i)
             position = 0
             for band in patch_bands(img, patch, step, writer.chunk_rows):
                 if keep is not None:
@@ -161,7 +161,7 @@ def _load_npy(path, what: str = "file", mmap: bool = False) -> np.ndarray:
         raise InputError(f"{name} is not a readable .npy array ({exc})") from None
 
 
-def _grey_values(item, i: int) -> tuple[np.ndarray, str]:
+def grey_values(item, i: int) -> tuple[np.ndarray, str]:
     """An image item of :func:`ingest_images` as a 2-d float array, and its name."""
     if isinstance(item, np.ndarray) or (isinstance(item, (str, os.PathLike))
                                         and os.fspath(item).endswith(".npy")):

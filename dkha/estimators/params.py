@@ -218,9 +218,10 @@ PARAMETERS: tuple[Param, ...] = (
                 "linear (its gamma defaults)"),
     Param("sigma", None,
           "Width of the gaussian / laplacian kernel. ``None`` uses the median distance between "
-          "samples (recorded in ``kernel_`` and the saved attrs).",
+          "samples (3× it for a gaussian kernel on image patches, ``dkha.patch-sigma-factor``; "
+          "recorded in ``kernel_`` and the saved attrs).",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
-          short="gaussian/laplacian width (default: median distance)"),
+          short="gaussian/laplacian width (default: median distance; 3× on image patches)"),
     Param("degree", None, "Degree of the polynomial kernel (default 1: the dot product).",
           cli={"type": int, "group": "kernel"}, doc_type="int, optional",
           short="polynomial degree (default 1: dot product)"),

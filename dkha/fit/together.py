@@ -48,14 +48,19 @@ KRYLOV = "krylov"
 
 def resolve_kernel(store, kernel: str, seed: int, **params):
     """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
-    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``)."""
+    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``), times
+    ``dkha.patch-sigma-factor`` (3) for a gaussian kernel on image patches: the width that keeps
+    patch denoising level with linear patch PCA (benchmarks/denoise_photo.py, README)."""
     k = make_kernel(kernel, **params)
     if getattr(store, "n_features", None) is not None:
         k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
     if k.needs_sigma():
         sample = store.sample(int(config.get("median-sample")), seed)
-        k = k.with_params(sigma=median_distance(sample))
-        log.info("sigma by the median-distance heuristic: %g", k["sigma"])
+        patches = kernel == "gaussian" and "patch" in (getattr(store, "attrs", None) or {})
+        factor = float(config.get("patch-sigma-factor")) if patches else 1.0
+        k = k.with_params(sigma=factor * median_distance(sample))
+        log.info("sigma by the median-distance heuristic%s: %g",
+                 f" × {factor:g} (image patches)" if patches else "", k["sigma"])
     return k
 
 
