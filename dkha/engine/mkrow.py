@@ -38,7 +38,7 @@ def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
     store = engine.store
     centering = describe_centering(engine.kernel, store.n_samples, center_sample, seed)
     key = None
-    if bool(config.get("mk-cache", cache)):
+    if bool(config.get("mk-cache", cache)) and engine.kernel.cacheable:
         key = centering_key(store, centering)
         cached = read_centering(store, key)
         if cached is not None:
