@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 
 import numpy as np
 
@@ -41,7 +42,7 @@ from dkha.apply.preimage import RunPreimages
 from dkha.data import result
 from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore
-from dkha.errors import InputError, ParameterError
+from dkha.errors import DictionaryWarning, InputError, ParameterError
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store, validated_fit
 from dkha.estimators.params import ONLINE, declare, get_params, identity_attrs, saved_attrs
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
@@ -65,6 +66,20 @@ log = logging.getLogger(__name__)
 #: the attrs that tell runs apart (from the parameter table), both estimators' (a directory
 #: holding a batch run is another run too)
 IDENTITY = identity_attrs()
+
+#: ``fit``'s default length: one pass, and at least this many steps (passes over small data in
+#: the seeded order: one pass over a few hundred samples leaves the components far from converged)
+MIN_STEPS = 20_000
+
+def _check_dictionary(solver: OnlineKHA) -> None:
+    """Warn where the dictionary holds fewer members than components (below ``r`` members the
+    solver admits any independent sample, so the data span no more dimensions)."""
+    m, r = solver.n_members, solver.r
+    if m < r:
+        warnings.warn(f"the dictionary holds {m} members for {r} components: the data span only "
+                      f"{m} dimensions in feature space, so components beyond that many are not "
+                      f"independent; ask for at most {m} components", DictionaryWarning,
+                      stacklevel=4)
 
 
 # --- the estimator -------------------------------------------------------------------------------
@@ -119,6 +134,9 @@ class OnlineKernelPCA(DkhaTransformer):
     # -- validation (the table's, once at the top of ``fit`` and a first ``partial_fit``) --
     def _validated(self) -> dict:
         algorithm = self.algorithm      # checked by the table
+        if self.n_components is None:
+            raise ParameterError("OnlineKernelPCA needs n_components (None, all components, is "
+                                 "KernelHebbianPCA's: a stream has no fixed number of samples)")
         r = int(self.n_components)
         if self.gain_decay is not None and self.tau is not None:
             raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
@@ -146,6 +164,10 @@ class OnlineKernelPCA(DkhaTransformer):
                     center=bool(self.center), block_rows=block_rows, prefetch=prefetch)
 
     def _kernel(self, source) -> Kernel:
+        if isinstance(self.kernel, str) and self.kernel == "precomputed":
+            raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
+                                 "dictionary needs the kernel of each new sample against the "
+                                 "members); use KernelHebbianPCA")
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
                               degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
@@ -219,7 +241,7 @@ class OnlineKernelPCA(DkhaTransformer):
         kernel = self._kernel(source)
         p = self._scaled(self._validated(), source, kernel)
         l, n = source.n_samples, source.n_features
-        n_steps = l if self.steps is None else int(self.steps)
+        n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
         attrs = self._attrs(p, kernel, _store_path(source), l, n, n_steps)
         fit = fit_online(source, kernel, p, attrs, seed=self.seed, n_steps=n_steps,
                          every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
@@ -237,7 +259,7 @@ class OnlineKernelPCA(DkhaTransformer):
         self._variance_sample_ = fit.variance_sample
         self.n_samples_seen_ = n_steps
         self.n_components_ = p["n_components"]
-        self._read_solver()
+        _check_dictionary(self._read_solver())
         self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs
         if run_dir is not None:
@@ -255,6 +277,14 @@ class OnlineKernelPCA(DkhaTransformer):
         """
         first_call = not hasattr(self, "solver_")
         X = self._validate_array(X, reset=first_call, min_samples=1)
+        if first_call and self.n_components is not None and len(X) < self.n_components:
+            raise ParameterError(f"n_components={self.n_components} must be less or equal to "
+                                 f"the batch number of samples {len(X)} for the first "
+                                 "partial_fit call.")
+        if not first_call and self.n_components != self.n_components_:
+            raise ParameterError(f"Number of components has changed from {self.n_components_} "
+                                 f"to {self.n_components} between calls to partial_fit! Try "
+                                 "setting n_components to a fixed value.")
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
         if first_call:
@@ -294,7 +324,9 @@ class OnlineKernelPCA(DkhaTransformer):
         return entry
 
     def _finish(self, sample: np.ndarray) -> None:
-        self.eigenvalues_ = eigenvalues_of(self._read_solver(), sample)
+        s = self._read_solver()
+        _check_dictionary(s)
+        self.eigenvalues_ = eigenvalues_of(s, sample)
 
     # -- using the result --
     def _check_fitted(self):

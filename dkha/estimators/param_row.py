@@ -91,6 +91,7 @@ class Param:
     pipeline : a key of a pipeline's ``[[fit]]`` table.
     doc_type : the type shown in the docstring (default from ``accepts`` and ``default``).
     short : the command line's help.
+    none : ``None`` is accepted although the default is not (its meaning in the help).
     saved : the attr of the saved run (``components.zarr``) holding its resolved value: ``True``
         its name, a string another name (kept for runs saved before), ``False`` not saved (kernel
         parameters are saved together as ``kernel_parameters``, the length as ``n_steps``).
@@ -113,6 +114,7 @@ class Param:
     pipeline: bool = True
     doc_type: str | None = None
     short: str | None = None
+    none: bool = False
     saved: bool | str = False
     identity: bool = False
     old: str | None = None
@@ -137,7 +139,7 @@ class Param:
         estimator's class name ``owner``, :class:`InvalidParameter` in scikit-learn's words
         (``The 'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf) or
         None. Got -1 instead.``)."""
-        if value is None and self.default is None:
+        if value is None and (self.default is None or self.none):
             return
         a = self.accepts
         if a is None:
@@ -149,7 +151,8 @@ class Param:
         if ok:
             return
         if owner is not None:
-            allowed = _sklearn_words(a) + (" or None" if self.default is None else "")
+            allowed = _sklearn_words(a) + (" or None" if self.default is None or self.none
+                                           else "")
             raise InvalidParameter(f"The {self.name!r} parameter of {owner} must be {allowed}. "
                                    f"Got {value!r} instead.")
         if isinstance(a, (Interval, Options)):

@@ -40,8 +40,6 @@ from dkha.names import (
     DEFAULT_MU,
     DEFAULT_XI,
     DEVICES,
-    KERNEL_ALIASES,
-    KERNELS,
     ONLINE_DEFAULT_ETA0,
     ONLINE_DEFAULT_GAMMA,
     ONLINE_DEFAULT_MAX_MEMBERS,
@@ -61,9 +59,13 @@ _GAINS_GROUP = "gains (a list gives one value per model; one value serves all)"
 
 #: every fit parameter of the estimators, in the order of their signatures
 PARAMETERS: tuple[Param, ...] = (
-    Param("n_components", 8, "Number of components ``r`` (must be below the number of samples).",
+    Param("n_components", 8,
+          "Number of components ``r``. As in scikit-learn, at most ``min(r, l)`` are returned "
+          "and components beyond the rank of ``K'`` are null (eigenvalue 0, projections 0; "
+          "``remove_zero_eig`` drops them). ``None``: every component of non-zero eigenvalue "
+          "(``l − 1`` are fitted: refused above ``dkha.dense-eigh-limit`` samples).",
           POSITIVE_INT, key="components", cli={"type": "positive_int", "aliases": ["-r"]},
-          doc_type="int, default 8", short="number of components r (default 8)",
+          none=True, doc_type="int or None, default 8", short="number of components r (default 8)",
           saved=True, identity=True),
     Param("algorithm", "kha-smd",
           "Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent "
@@ -81,10 +83,21 @@ PARAMETERS: tuple[Param, ...] = (
           Options(algorithms.names(*ESTIMATOR_FAMILIES[ONLINE])), models=(ONLINE,),
           shared=False,
           saved=True, identity=True),
-    Param("kernel", "gaussian", "The kernel.", Options(KERNELS + tuple(KERNEL_ALIASES)),
-          cli={"group": "kernel"},
-          doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"',
-          short="gaussian, laplacian, polynomial, sigmoid",
+    Param("kernel", "gaussian",
+          "The kernel (:mod:`dkha.kernels`). scikit-learn's names take scikit-learn's meaning "
+          "and defaults: ``rbf`` ``exp(−gamma ‖x−y‖²)`` with ``gamma=None`` meaning "
+          "``1/n_features`` (dkha's ``gaussian`` takes ``sigma``, by default the median "
+          "distance), ``poly`` ``(gamma x·y + coef0)^degree`` (defaults ``1/n_features``, 1, 3), "
+          "``linear``, ``sigmoid`` ``tanh(gamma x·y + coef0)`` (defaults ``1/n_features``, 1), "
+          "``cosine``; ``precomputed``: ``X`` is the square kernel matrix (an array, symmetrised "
+          "as ``(K + Kᵀ)/2``; or a dask array or data store of a symmetric one, read blockwise), "
+          "``transform`` takes ``K(X_new, X_train)``; a callable ``f(x, y, **kernel_params)`` is "
+          "evaluated per pair on the workers.",
+          None, cli={"group": "kernel"},
+          doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "rbf", "poly", '
+                   '"linear", "precomputed"} or callable, default "gaussian"',
+          short="gaussian, laplacian, polynomial, sigmoid, cosine; scikit-learn's rbf, poly, "
+                "linear (its gamma defaults)",
           saved=True, identity=True),
     Param("sigma", None,
           "Width of the gaussian / laplacian kernel. ``None`` uses the median distance between "
@@ -98,9 +111,18 @@ PARAMETERS: tuple[Param, ...] = (
     Param("offset", None, "Offset of the polynomial and sigmoid kernels.",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
           short="polynomial / sigmoid offset"),
-    Param("gamma", None, "Slope of the sigmoid kernel.", models=(BATCH,), key="kernel_gamma",
+    Param("coef0", None, "scikit-learn's name of ``offset`` (give one of them).",
+          models=(BATCH,), flag=None, doc_type="float, optional"),
+    Param("gamma", None,
+          "Kernel coefficient, scikit-learn's ``gamma``: ``rbf``/``gaussian`` "
+          "``exp(−gamma ‖x−y‖²)`` (instead of ``sigma``), ``poly``/``polynomial`` and "
+          "``sigmoid`` the factor of ``x·y``. ``None``: ``1/n_features`` for scikit-learn's "
+          "``rbf``, ``poly`` and ``sigmoid``; 1 for dkha's ``polynomial``. The value used is "
+          "``gamma_``.", models=(BATCH,), key="kernel_gamma",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
-          short="sigmoid slope"),
+          short="kernel coefficient gamma (rbf, poly, sigmoid)"),
+    Param("kernel_params", None, "Keyword arguments of a callable kernel.", dict,
+          models=(BATCH,), flag=None, pipeline=False, doc_type="dict, optional"),
     Param("kernel_gamma", None,
           "Slope of the sigmoid kernel.",
           models=(ONLINE,), cli={"type": float, "group": "kernel"}, doc_type="float, optional"),
@@ -188,7 +210,8 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="int, optional", short="passes through the data (default 10)"),
     Param("steps", None,
           "Number of single-sample steps instead of whole passes (online: samples to stream in "
-          "``fit``, default one pass).", POSITIVE_INT,
+          "``fit``, default one pass and at least 20 000, in passes over small data).",
+          POSITIVE_INT,
           cli={"type": "positive_int", "exclusive": "length"}, doc_type="int, optional",
           short="single-sample steps"),
     Param("seed", 0,
@@ -301,6 +324,31 @@ PARAMETERS: tuple[Param, ...] = (
           flag=None, pipeline=False, doc_type="optional"),
     Param("verbose", False, "Show a progress bar.", None, flag=None, shared=False,
           pipeline=False, doc_type="bool, default False"),
+    Param("fit_inverse_transform", "preimage",
+          "What ``inverse_transform`` does: ``'preimage'`` dkha's pre-images "
+          "(:mod:`dkha.apply.preimage`); ``True`` scikit-learn's learned pre-image (Bakır et "
+          "al.: kernel ridge regression with the fit's kernel from the training projections "
+          "back to the inputs, ridge ``alpha``; up to ``dkha.dense-eigh-limit`` samples); "
+          "``False`` none (``inverse_transform`` raises ``NotFittedError``, as scikit-learn's).",
+          (bool, str), models=(BATCH,), flag=None, pipeline=False,
+          doc_type="{'preimage', True, False}, default 'preimage'"),
+    Param("alpha", 1.0, "Ridge of the learned pre-image (``fit_inverse_transform=True``).",
+          NON_NEGATIVE, models=(BATCH,), flag=None, pipeline=False,
+          doc_type="float, default 1.0"),
+    Param("remove_zero_eig", False,
+          "Drop the null components (eigenvalue 0 after round-off eigenvalues are clipped to "
+          "0): fewer than ``n_components`` may remain. Always on with ``n_components=None``.",
+          bool, models=(BATCH,), flag=None, pipeline=False, doc_type="bool, default False"),
+    Param("random_state", None,
+          "scikit-learn's seed: an int, a ``numpy.random.RandomState`` (one seed is drawn from "
+          "it per fit) or ``None`` (``seed`` is used). Outputs do not depend on it beyond the "
+          "algorithm's accuracy: component signs follow a fixed convention.",
+          None, models=(BATCH,), flag=None, pipeline=False, shared=False,
+          doc_type="int, RandomState instance or None, default None"),
+    Param("copy_X", True,
+          "Keep a copy of an in-memory training array (``X_fit_``); ``False`` keeps the "
+          "caller's array, so changing it afterwards changes ``transform``.",
+          bool, models=(BATCH,), flag=None, pipeline=False, doc_type="bool, default True"),
 )
 
 

@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 
-from dkha.errors import ParameterError
 from dkha.fit.batch import BatchResult
 from dkha.fit.evaluate import evaluate
-from dkha.fit.spectrum import krylov_eigenpairs
+from dkha.fit.spectrum import clip_eigenvalues, krylov_eigenpairs
+from dkha.schedule import Stream, random_stream
 
 
 def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
@@ -18,12 +18,17 @@ def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, max
     """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise LOBPCG."""
     if X0 is not None:  # warm start: pad the given vectors with random ones (the oversampling)
         k = min(engine.n_samples - 1, r + max(5, r // 2))
-        extra = np.random.default_rng([int(seed), 3]).standard_normal((engine.n_samples, k - X0.shape[1]))
+        extra = random_stream(seed, Stream.KRYLOV_START).standard_normal(
+            (engine.n_samples, k - X0.shape[1]))
         X0 = np.hstack([X0, extra]) if k > X0.shape[1] else X0
     w, V = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0)
-    if np.any(w <= 0):
-        raise ParameterError(f"K' has fewer than {r} positive eigenvalues; ask for fewer components")
-    return (V / np.sqrt(w)).T.copy(), w
+    # round-off eigenvalues become 0 and their components null, as scikit-learn's
+    # _check_psd_eigenvalues (significantly negative ones: not a PSD kernel, its ValueError)
+    w = clip_eigenvalues(w)
+    positive = w > 0
+    scale = np.zeros_like(w)
+    scale[positive] = 1.0 / np.sqrt(w[positive])
+    return (V * scale).T.copy(), w
 
 
 def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, tol: float = 1e-8,

@@ -51,6 +51,8 @@ def resolve_kernel(store, kernel: str, seed: int, **params):
     ``dkha.patch-sigma-factor`` (3) for a gaussian kernel on image patches: the width that keeps
     patch denoising level with linear patch PCA (benchmarks/denoise_photo.py, README)."""
     k = make_kernel(kernel, **params)
+    if getattr(store, "n_features", None) is not None:
+        k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
     if k.needs_sigma():
         sample = store.sample(int(config.get("median-sample")), seed)
         patches = kernel == "gaussian" and "patch" in (getattr(store, "attrs", None) or {})
@@ -188,6 +190,11 @@ def start(engine, settings: list[ModelSettings], metas: list[dict], cks, n_sampl
     A_init = C_init = None
     if p0.landmarks and cks is None:
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
+        if len(A_init) < p0.n_components:   # K' has that rank: the start is exact, the rest null
+            for p in settings:
+                p.n_components = len(A_init)
+            if not len(A_init):
+                return None, None
         if not is_exact(p0.algorithm):     # unit norms: one pass for C = A K'
             A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
             deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
@@ -300,7 +307,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
                                    "reason": engine.projections_reason}}
-        if is_exact(p0.algorithm):
+        if is_exact(p0.algorithm) or p0.n_components == 0:    # 0: K' = 0, nothing to fit
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=p0.tol if p0.tol is not None else 1e-8,
                                   with_evaluation=stream.evaluate_every >= 0)]
