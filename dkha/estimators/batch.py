@@ -5,12 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import warnings
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.utils import check_random_state
 
 from dkha import config
 from dkha.algorithms import KRYLOV, is_exact
@@ -18,7 +16,7 @@ from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import DataStore, open_store
-from dkha.errors import InputError, NullComponentWarning, NumericalError, ParameterError
+from dkha.errors import InputError, NumericalError, ParameterError
 from dkha.estimators.contract import (
     START_CANDIDATES,
     DkhaTransformer,
@@ -35,6 +33,7 @@ from dkha.estimators.params import (
     saved_attrs,
     shared_settings,
 )
+from dkha.estimators.sklearn_view import finish_fit, fit_seed
 from dkha.estimators.pictures import component_images, is_patch_store, projection_array
 from dkha.fit.batch import save_checkpoint
 from dkha.fit.together import (
@@ -128,32 +127,10 @@ class KernelHebbianPCA(DkhaTransformer):
     _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
-    def _init(self, n_samples: int, r: int) -> tuple[str, int | None]:
-        """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
-        (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
-        if self.init is None and is_exact(self.algorithm):
-            return "random", None
-        if self.init is None:
-            m = default_landmarks(n_samples, r)
-            return ("nystrom", m) if m else ("random", None)
-        init = str(self.init)
-        if init == "random":
-            return "random", None
-        kind, _, m = init.partition(":")
-        if kind in ("random", "nystrom"):
-            try:
-                m = int(m)
-            except ValueError:
-                m = -1
-            if not 0 < m < n_samples:
-                raise ParameterError(f"init {init!r}: M must be an integer in 1..{n_samples - 1}")
-            return kind, m
-        raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
-
     def _validated(self, n_samples: int) -> ModelSettings:
         algorithm = self.algorithm      # the table checked it (validated_fit, fit_together)
         r = fitted_components(self.n_components, n_samples)
-        init_kind, init_m = self._init(n_samples, r)
+        init_kind, init_m = start_of(self.init, self.algorithm, n_samples, r)
         landmarks = init_m if init_kind == "nystrom" else None
         support = init_m if init_kind == "random" else None
         if landmarks is not None and landmarks < r:
@@ -270,90 +247,19 @@ class KernelHebbianPCA(DkhaTransformer):
                 X = _lazy_precomputed_rows(X)
         seed = self.seed
         try:    # random_state (scikit-learn's) gives the seed of this fit
-            self.seed = self._fit_seed()
+            self.seed = fit_seed(self)
             _fit_models([self], X, run_dirs=None if run_dir is None else [run_dir],
                         overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
                         checkpoint_steps=checkpoint_steps)
         finally:
             self.seed = seed
-        self._finish_fit(precomputed)
+        finish_fit(self, precomputed)
         return self
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.pairwise = isinstance(self.kernel, str) and self.kernel == "precomputed"
         return tags
-
-    def _fit_seed(self) -> int:
-        rs = self.random_state
-        if rs is None:
-            return self.seed
-        if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool):
-            return int(rs)
-        return int(check_random_state(rs).randint(np.iinfo(np.int32).max))
-
-    def _finish_fit(self, precomputed: bool) -> None:
-        """scikit-learn's view of the fit: the output width ``min(n_components, l)`` (null
-        components beyond the rank of ``K'`` padded, or dropped with ``remove_zero_eig`` and
-        ``n_components=None``), ``eigenvectors_``, ``gamma_``, and the learned pre-image."""
-        l = int(self.n_samples_)
-        if precomputed:
-            self.n_features_in_ = l
-        null = int(getattr(self, "null_components_", 0))
-        width = l if self.n_components is None else min(int(self.n_components), l)
-        if self.remove_zero_eig or self.n_components is None:
-            width = int(np.sum(self.eigenvalues_ > 0))
-        pad = width - len(self.alpha_)
-        if null + max(pad, 0) and not (self.remove_zero_eig or self.n_components is None):
-            warnings.warn(f"K' has rank {len(self.alpha_) - null}: {null + max(pad, 0)} of the "
-                          f"{width} components are null (eigenvalue 0, projections 0); ask for "
-                          "fewer components or set remove_zero_eig=True",
-                          NullComponentWarning, stacklevel=3)
-        if pad > 0:
-            self.alpha_ = np.vstack([self.alpha_, np.zeros((pad, l))])
-            self.eigenvalues_ = np.concatenate([self.eigenvalues_, np.zeros(pad)])
-        keep = slice(0, width)
-        self.alpha_, self.eigenvalues_ = self.alpha_[keep], self.eigenvalues_[keep]
-        P = np.zeros((l, width))
-        C = self.projection_.values[:, :width]
-        P[:, :C.shape[1]] = C
-        self.projection_ = projection_array(P.T, self.store_)
-        self.n_components_ = width
-        self.eigenvectors_ = (self.alpha_ * np.sqrt(self.eigenvalues_)[:, None]).T
-        k = self.kernel_
-        params = k.param_dict
-        if self.gamma is not None:
-            self.gamma_ = self.gamma
-        elif isinstance(self.kernel, str) and self.kernel.lower() in ("rbf", "poly", "sigmoid"):
-            self.gamma_ = 1 / int(self.n_features_in_)      # scikit-learn's, exactly
-        elif params.get("gamma") is not None:
-            self.gamma_ = params["gamma"]
-        elif k.name == "gaussian":
-            self.gamma_ = 1.0 / (2.0 * params["sigma"] ** 2)
-        else:
-            self.gamma_ = 1.0 / int(self.n_features_in_)
-        if self.fit_inverse_transform is True:
-            self._fit_learned_preimage()
-
-    def _fit_learned_preimage(self) -> None:
-        """scikit-learn's learned pre-image (Bakır, Weston & Schölkopf 2004): kernel ridge
-        regression, with the fit's kernel, from the training projections back to the inputs,
-        ``dual_coef_ = (k(P, P) + alpha I)⁻¹ X``. It needs the ``l × l`` kernel of the
-        projections, so it is offered up to ``dkha.dense-eigh-limit`` samples."""
-        from scipy import linalg
-
-        l = int(self.n_samples_)
-        limit = int(config.get("dense-eigh-limit"))
-        if l > limit:
-            raise ParameterError(f"fit_inverse_transform=True solves an l × l kernel ridge "
-                                 f"system, offered up to dkha.dense-eigh-limit ({limit}) "
-                                 f"samples, not {l}; use fit_inverse_transform='preimage'")
-        X = self.X_fit_ if self.X_fit_ is not None else self.store_.read_rows(np.arange(l))
-        P = self.projection_.values
-        K = self.kernel_.block(P, P)
-        K.flat[::l + 1] += self.alpha
-        self.dual_coef_ = linalg.solve(K, X, assume_a="pos", overwrite_a=True)
-        self.X_transformed_fit_ = P
 
     def to_dataset(self):
         """The components as an xarray dataset (the ``components.zarr`` schema), with the
@@ -486,6 +392,29 @@ def _lazy_precomputed_rows(X):
         raise InputError(f"a precomputed kernel must be a square matrix, got shape {arr.shape}")
     index = da.arange(arr.shape[0], chunks=(arr.chunks[0],), dtype=np.float64)[:, None]
     return da.concatenate([arr.astype(np.float64), index], axis=1)
+
+
+def start_of(init, algorithm: str, n_samples: int, r: int) -> tuple[str, int | None]:
+    """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
+    (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
+    if init is None and is_exact(algorithm):
+        return "random", None
+    if init is None:
+        m = default_landmarks(n_samples, r)
+        return ("nystrom", m) if m else ("random", None)
+    init = str(init)
+    if init == "random":
+        return "random", None
+    kind, _, m = init.partition(":")
+    if kind in ("random", "nystrom"):
+        try:
+            m = int(m)
+        except ValueError:
+            m = -1
+        if not 0 < m < n_samples:
+            raise ParameterError(f"init {init!r}: M must be an integer in 1..{n_samples - 1}")
+        return kind, m
+    raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
 
 
 #: settings that every model of one shared kernel stream must agree on (from the table)

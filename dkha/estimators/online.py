@@ -171,12 +171,6 @@ class OnlineKernelPCA(DkhaTransformer):
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
                               degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
-    def _scaled(self, p: dict, source, kernel: Kernel) -> dict:
-        return scaled(p, source, kernel, self.seed)
-
-    def _new_solver(self, p: dict, n_features: int, kernel: Kernel) -> OnlineKHA:
-        return new_solver(p, n_features, kernel, self.seed)
-
     def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
                n_steps: int) -> dict:
         """The attrs saved with the components: the table's saved rows, resolved, and the run's."""
@@ -239,7 +233,7 @@ class OnlineKernelPCA(DkhaTransformer):
 
     def _fit_source(self, source, *, run_dir, overwrite, ac_reference, checkpoint_every, resume):
         kernel = self._kernel(source)
-        p = self._scaled(self._validated(), source, kernel)
+        p = scaled(self._validated(), source, kernel, self.seed)
         l, n = source.n_samples, source.n_features
         n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
         attrs = self._attrs(p, kernel, _store_path(source), l, n, n_steps)
@@ -289,8 +283,8 @@ class OnlineKernelPCA(DkhaTransformer):
             raise InputError("partial_fit: the data holds NaN or inf")
         if first_call:
             kernel = self._kernel(ArraySource(X))
-            p = self._scaled(self._validated(), ArraySource(X), kernel)
-            self.solver_ = self._new_solver(p, X.shape[1], kernel)
+            p = scaled(self._validated(), ArraySource(X), kernel, self.seed)
+            self.solver_ = new_solver(p, X.shape[1], kernel, self.seed)
             self.kernel_ = kernel
             self.n_features_in_ = X.shape[1]
             self.history_ = []
@@ -312,7 +306,7 @@ class OnlineKernelPCA(DkhaTransformer):
         self.wall_time_ += time.perf_counter() - t0
         self.n_samples_seen_ = seen + len(X)
         self._record(None)
-        self._finish(self._variance_sample_)
+        self.eigenvalues_ = eigenvalues_of(self._read_solver(), self._variance_sample_)
         self.attrs_ = self._attrs(p, self.kernel_, "<stream>", self.n_samples_seen_,
                                   self.n_features_in_, self.n_samples_seen_)
         return self
@@ -323,12 +317,6 @@ class OnlineKernelPCA(DkhaTransformer):
         self.history_.append(entry)
         return entry
 
-    def _finish(self, sample: np.ndarray) -> None:
-        s = self._read_solver()
-        _check_dictionary(s)
-        self.eigenvalues_ = eigenvalues_of(s, sample)
-
-    # -- using the result --
     def _check_fitted(self):
         if not hasattr(self, "solver_"):
             raise ParameterError("this OnlineKernelPCA is not fitted yet; call fit or partial_fit")

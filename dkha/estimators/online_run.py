@@ -9,6 +9,7 @@ import xarray as xr
 from dkha.data import result
 from dkha.errors import InputError
 from dkha.estimators.params import ONLINE, from_attrs
+from dkha.fit.online import new_solver
 from dkha.kernels import make_kernel
 
 
@@ -52,7 +53,7 @@ def estimator_of(cls, ds: xr.Dataset):
     # the scales the run was fitted with (the unit of eta0, read off its data then)
     p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
     kernel = make_kernel(a["kernel"], **kp)
-    model.solver_ = model._new_solver(p, int(a["n_features"]), kernel)
+    model.solver_ = new_solver(p, int(a["n_features"]), kernel, model.seed)
     if "state_B" not in ds:
         raise InputError("this run was saved without the solver's state (dkha before "
                          "0.1.0+state); it can be analysed but not continued")

@@ -1,0 +1,87 @@
+"""scikit-learn's view of a batch fit (:class:`~dkha.estimators.batch.KernelHebbianPCA`): the
+output width, null components, ``eigenvectors_``, ``gamma_`` and the learned pre-image."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from dkha import config
+from dkha.errors import NullComponentWarning, ParameterError
+from dkha.estimators.pictures import projection_array
+
+
+def finish_fit(model, precomputed: bool) -> None:
+    """scikit-learn's view of the fit: the output width ``min(n_components, l)`` (null
+    components beyond the rank of ``K'`` padded, or dropped with ``remove_zero_eig`` and
+    ``n_components=None``), ``eigenvectors_``, ``gamma_``, and the learned pre-image."""
+    l = int(model.n_samples_)
+    if precomputed:
+        model.n_features_in_ = l
+    null = int(getattr(model, "null_components_", 0))
+    width = l if model.n_components is None else min(int(model.n_components), l)
+    if model.remove_zero_eig or model.n_components is None:
+        width = int(np.sum(model.eigenvalues_ > 0))
+    pad = width - len(model.alpha_)
+    if null + max(pad, 0) and not (model.remove_zero_eig or model.n_components is None):
+        warnings.warn(f"K' has rank {len(model.alpha_) - null}: {null + max(pad, 0)} of the "
+                      f"{width} components are null (eigenvalue 0, projections 0); ask for "
+                      "fewer components or set remove_zero_eig=True",
+                      NullComponentWarning, stacklevel=3)
+    if pad > 0:
+        model.alpha_ = np.vstack([model.alpha_, np.zeros((pad, l))])
+        model.eigenvalues_ = np.concatenate([model.eigenvalues_, np.zeros(pad)])
+    keep = slice(0, width)
+    model.alpha_, model.eigenvalues_ = model.alpha_[keep], model.eigenvalues_[keep]
+    P = np.zeros((l, width))
+    C = model.projection_.values[:, :width]
+    P[:, :C.shape[1]] = C
+    model.projection_ = projection_array(P.T, model.store_)
+    model.n_components_ = width
+    model.eigenvectors_ = (model.alpha_ * np.sqrt(model.eigenvalues_)[:, None]).T
+    k = model.kernel_
+    params = k.param_dict
+    if model.gamma is not None:
+        model.gamma_ = model.gamma
+    elif isinstance(model.kernel, str) and model.kernel.lower() in ("rbf", "poly", "sigmoid"):
+        model.gamma_ = 1 / int(model.n_features_in_)      # scikit-learn's, exactly
+    elif params.get("gamma") is not None:
+        model.gamma_ = params["gamma"]
+    elif k.name == "gaussian":
+        model.gamma_ = 1.0 / (2.0 * params["sigma"] ** 2)
+    else:
+        model.gamma_ = 1.0 / int(model.n_features_in_)
+    if model.fit_inverse_transform is True:
+        learned_preimage(model)
+
+def learned_preimage(model) -> None:
+    """scikit-learn's learned pre-image (Bakır, Weston & Schölkopf 2004): kernel ridge
+    regression, with the fit's kernel, from the training projections back to the inputs,
+    ``dual_coef_ = (k(P, P) + alpha I)⁻¹ X``. It needs the ``l × l`` kernel of the
+    projections, so it is offered up to ``dkha.dense-eigh-limit`` samples."""
+    from scipy import linalg
+
+    l = int(model.n_samples_)
+    limit = int(config.get("dense-eigh-limit"))
+    if l > limit:
+        raise ParameterError(f"fit_inverse_transform=True solves an l × l kernel ridge "
+                             f"system, offered up to dkha.dense-eigh-limit ({limit}) "
+                             f"samples, not {l}; use fit_inverse_transform='preimage'")
+    X = model.X_fit_ if model.X_fit_ is not None else model.store_.read_rows(np.arange(l))
+    P = model.projection_.values
+    K = model.kernel_.block(P, P)
+    K.flat[::l + 1] += model.alpha
+    model.dual_coef_ = linalg.solve(K, X, assume_a="pos", overwrite_a=True)
+    model.X_transformed_fit_ = P
+
+
+def fit_seed(model) -> int:
+    """The seed of this fit: scikit-learn's ``random_state`` where given, else ``seed``."""
+    rs = model.random_state
+    if rs is None:
+        return model.seed
+    if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool):
+        return int(rs)
+    return int(check_random_state(rs).randint(np.iinfo(np.int32).max))
