@@ -73,12 +73,21 @@ def clip_eigenvalues(eigenvalue: np.ndarray) -> np.ndarray:
     """scikit-learn's ``_check_psd_eigenvalues``: round-off eigenvalues (negative ones, or below
     ``1e-12`` of the largest) become exactly 0; significantly negative ones raise its
     ``ValueError`` ("There are significant negative eigenvalues ...": the kernel is not PSD)."""
-    from sklearn.utils.validation import _check_psd_eigenvalues
-
-    w = np.asarray(eigenvalue, dtype=np.float64)
+    w = np.array(eigenvalue, dtype=np.float64)     # a copy, clipped below (its rules, its words)
     if w.size == 0:
-        return w.copy()
-    return np.asarray(_check_psd_eigenvalues(w, enable_warnings=False), dtype=np.float64)
+        return w
+    top = w.max()
+    if top < 0:
+        raise ValueError(f"All eigenvalues are negative (maximum is {top:g}). Either the matrix "
+                         "is not PSD, or there was an issue while computing the "
+                         "eigendecomposition of the matrix.")
+    if w.min() < -1e-5 * top:
+        raise ValueError(f"There are significant negative eigenvalues ({-w.min() / top:g} of the "
+                         "maximum positive). Either the matrix is not PSD, or there was an issue "
+                         "while computing the eigendecomposition of the matrix.")
+    w[w < 0] = 0.0
+    w[(w > 0) & (w < 1e-12 * top)] = 0.0
+    return w
 
 
 def sign_convention(alpha: np.ndarray) -> np.ndarray:
