@@ -152,7 +152,8 @@ def _batch_model(args, algorithm: str, eta0, mu, **overrides):
 
 def cmd_fit(args) -> int:
     settings = _model_settings(args)
-    _check_algorithm_names([s["algorithm"] for s in settings], ALGORITHMS + ("krylov",) + ONLINE)
+    _check_algorithm_names([s["algorithm"] for s in settings],
+                           ("auto",) + ALGORITHMS + ("krylov",) + ONLINE)
     if len(settings) > 1:
         return _fit_many(args, settings)
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
@@ -171,9 +172,17 @@ def cmd_fit(args) -> int:
         line = centering_line(model.attrs_, model.n_samples_)
         if line:
             print(line)
-        if model.history_:
-            after = (f"after {summary['pass']} Krylov products" if summary["algorithm"] == "krylov"
-                     else f"after {summary['step']} steps")
+        if "path" in model.attrs_:
+            print(f"path: {model.attrs_['path']} ({model.attrs_['path_reason']})")
+        last = model.history_[-1] if model.history_ else {}
+        if last:
+            path = model.attrs_.get("path", summary["algorithm"])
+            after = (f"after {summary['pass']} Krylov products" if path == "krylov"
+                     else "dense" if path == "dense" else f"after {summary['step']} steps")
+        if last.get("measure") == "residual":
+            print(f"{after}: largest relative residual ‖K'v − λv‖/λ1 = {last['residual']:.2e} "
+                  "(the exact excess: dkha evaluate RUN_DIR, or fit with --tol)")
+        elif last:
             print(f"{after}: E = {summary['error']:.6g}, E_min = {summary['error_min']:.6g}, "
                   f"excess = {_excess_text(summary['excess'], summary['excess_precision'])}")
         _print_backoffs(model.backoffs_)
@@ -184,7 +193,7 @@ def cmd_fit(args) -> int:
 def _fit_many(args, settings: list[dict]) -> int:
     """Several batch models in one pass over the kernel rows, one run directory each."""
     for s in settings:
-        if s["algorithm"] in ONLINE or s["algorithm"] == "krylov":
+        if s["algorithm"] in ONLINE or s["algorithm"] in ("krylov", "auto"):
             raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
                         "(kha, kha-t, kha-et, kha-smd) to fit several together")
     if os.path.lexists(args.out) and not os.path.isdir(args.out):

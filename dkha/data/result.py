@@ -7,7 +7,10 @@
 * ``mk (sample)`` and attr ``mkm`` — the centering (attrs ``centering``: ``"exact"``, or
   ``"sample"`` for a row estimated from ``center_sample`` columns);
 * history over ``evaluation``: ``pass``, ``step``, ``error``, ``error_min``, ``excess``,
-  ``wall_time`` (seconds of fitting, evaluations excluded);
+  ``wall_time`` (seconds of fitting, evaluations excluded); where entries say which measure
+  they are, the attr ``history_measures`` (one per entry: ``"exact"``: eq. 22 against the exact ``E_min``; ``"residual"``: the
+  tracked largest relative residual ``‖K'v − θv‖/λ_1``, ``error``/``excess`` NaN) and the
+  variable ``residual``;
 * the backoffs over ``backoff`` (a step guard tripped; the fit rolled back to the start of the
   block and halved its gain): ``backoff_step``, ``backoff_pass`` (of the bad step),
   ``backoff_gain_before``, ``backoff_gain_after`` (the effective η0) — empty when none;
@@ -41,6 +44,9 @@ def history_dataset(history: list[dict]) -> dict:
     for f in HISTORY_FIELDS:
         dtype = np.int64 if f in ("pass", "step") else np.float64
         data[f] = ("evaluation", np.array([h[f] for h in history], dtype=dtype))
+    if any("measure" in h for h in history):     # which measure each entry is: build_dataset
+        data["residual"] = ("evaluation", np.array([h.get("residual", np.nan) for h in history],
+                                                   dtype=np.float64))
     return data
 
 
@@ -83,6 +89,9 @@ def history_of(ds: xr.Dataset) -> list[dict]:
         for k in names:
             v = ds[k].values[i]
             entry[k] = v.copy() if np.ndim(v) else v.item()
+        measures = ds.attrs.get("history_measures")
+        if measures is not None and i < len(measures):
+            entry["measure"] = measures[i]
         out.append(entry)
     return out
 
@@ -101,6 +110,8 @@ def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict]
         data.update(extra)
     ds = xr.Dataset(data, coords={"component": np.arange(alpha.shape[0])})
     attrs = dict(attrs)
+    if any("measure" in h for h in history):
+        attrs["history_measures"] = [str(h.get("measure", "exact")) for h in history]
     if mkm is not None:
         attrs["mkm"] = float(mkm)
     ds.attrs.update(jsonable(attrs))

@@ -8,6 +8,7 @@ import shutil
 import time
 import weakref
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import numpy as np
 from sklearn.base import _fit_context
@@ -27,7 +28,9 @@ from dkha.estimators.pictures import component_images, is_patch_store, projectio
 from dkha.fit.batch import run_batches, save_checkpoint
 from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
+from dkha.fit.dense import dense_fit
 from dkha.fit.krylov import run_krylov
+from dkha.fit.plan import auto_krylov_tol, plan_fit
 from dkha.kernels import make_kernel, median_distance
 from dkha.progress import Progress
 from dkha.runs.run import kernel_of
@@ -116,10 +119,10 @@ class KernelHebbianPCA(DkhaTransformer):
     _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
-    def _init(self, n_samples: int) -> tuple[str, int | None]:
+    def _init(self, n_samples: int, algorithm: str | None = None) -> tuple[str, int | None]:
         """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
         (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
-        if self.init is None and self.algorithm == "krylov":
+        if self.init is None and (algorithm or self.algorithm) == "krylov":
             return "random", None
         if self.init is None:
             m = default_landmarks(n_samples, int(self.n_components))
@@ -140,18 +143,25 @@ class KernelHebbianPCA(DkhaTransformer):
 
     def _validated(self, n_samples: int) -> dict:
         validate(self, BATCH)
-        if self.algorithm == "krylov":
-            algorithm = "krylov"
-        elif self.algorithm not in ALGORITHMS:
-            raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of "
+        algorithm, self._path_reason = str(self.algorithm), None
+        if algorithm == "auto":
+            asked = [n for n in KHA_OPTIONS if getattr(self, n) is not None]
+            if asked:   # options of the paper's iterations: the previous default, KHA-SMD
+                algorithm = "kha-smd"
+                self._path_reason = (f"{', '.join(asked)} given: options of the KHA iterations, "
+                                     "so kha-smd (the default path takes no passes or gains)")
+        if algorithm in ("krylov", "auto"):
+            pass
+        elif algorithm not in ALGORITHMS:
+            raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of auto, "
                                  f"{', '.join(ALGORITHMS)}, krylov (or on-kha, oo-kha, okpca with "
                                  "dkha.estimators.online.OnlineKernelPCA)")
         else:
-            algorithm = check_algorithm(self.algorithm)
+            algorithm = check_algorithm(algorithm)
         r = self.n_components
         if r >= n_samples:
             raise ParameterError(f"n_components ({r}) must be smaller than the number of samples ({n_samples})")
-        init_kind, init_m = self._init(n_samples)
+        init_kind, init_m = self._init(n_samples, algorithm)
         landmarks = init_m if init_kind == "nystrom" else None
         support = init_m if init_kind == "random" else None
         if landmarks is not None and landmarks < r:
@@ -192,6 +202,8 @@ class KernelHebbianPCA(DkhaTransformer):
                  "centering": "exact" if p["center_sample"] is None else "sample",
                  "center_sample": p["center_sample"]}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
+        if getattr(self, "_path_reason", None):     # algorithm="auto" resolved to the iterations
+            attrs.update(path=p["algorithm"], path_reason=self._path_reason)
         return attrs
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -332,6 +344,9 @@ class KernelHebbianPCA(DkhaTransformer):
             return RunPreimages(self.to_dataset(), c).from_projections(Y, start).Z
 
 
+#: options of the KHA iterations: given with algorithm="auto", they make it KHA-SMD
+KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init")
+
 #: settings that every model of one shared kernel stream must agree on (from the table)
 SHARED_SETTINGS = shared_settings(BATCH)
 
@@ -355,6 +370,9 @@ def _check_shared(models: Sequence[KernelHebbianPCA]) -> None:
                     f"model 0 has {a!r}, model {i} has {b!r}")
     if len(models) > 1 and any(m.algorithm == "krylov" for m in models):
         raise ParameterError("krylov does not stream kernel rows; fit it on its own")
+    if len(models) > 1 and any(m.algorithm == "auto" for m in models):
+        raise ParameterError("algorithm 'auto' fits one model at a time; name the algorithms of "
+                             "models fitted together")
 
 
 def _common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> list:
@@ -521,6 +539,24 @@ def _check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *,
             result.check_run_dir(run_dir, a, overwrite)
 
 
+def _fit_dense(model: KernelHebbianPCA, store: DataStore, kernel, p: dict, attrs: dict, plan,
+               run_dirs, tmp_store, X_fit, checkpointers, metas) -> list[KernelHebbianPCA]:
+    """The default fit's dense path (:func:`dkha.fit.dense.dense_fit`, in this process, no
+    cluster; one only for the component pictures of patch data)."""
+    X = X_fit if X_fit is not None else store.read()
+    res, mk, mkm, stats = dense_fit(X, kernel, p["r"], seed=model.seed)
+    engine = SimpleNamespace(mk=mk, mkm=mkm, stats=stats)
+    timings = {"centering": 0.0, "init": 0.0, "path": plan.attrs(),
+               "projections": {"asked": None, "chosen": "dense", "reason": plan.reason}}
+    pictures = [None]
+    if is_patch_store(store):
+        with client_for(model.client) as client:
+            pictures = _pictures([res], [attrs], engine, client, store, model.seed)
+    _keep_results([model], [res], [None], [attrs], metas, engine, kernel, store, tmp_store,
+                  timings, run_dirs, checkpointers, [p], X_fit, pictures)
+    return [model]
+
+
 def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[str] | None = None,
                  overwrite: bool = False, checkpoint_every: int = 0, resume: bool = False,
                  checkpoint_steps: int = 0, skip_diverged: bool = False) -> list[KernelHebbianPCA]:
@@ -564,6 +600,11 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     tmp_store = None if tmp is None else _TemporaryStore(tmp)
     params = [m._validated(store.n_samples) for m in models]
     p0 = params[0]
+    if p0["algorithm"] == "auto" and (resume or checkpoint_every or checkpoint_steps):
+        p0["algorithm"] = "kha-smd"      # checkpoints are the iterations' (auto: one solve)
+        p0["eta0"] = default_eta0("kha-smd", warm=bool(p0["landmarks"])) if first.eta0 is None else p0["eta0"]
+        first._path_reason = ("checkpoints or a resume asked for: those of the KHA iterations, "
+                              "so kha-smd")
     kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma)
     attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, params)]
@@ -594,6 +635,15 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         cks = _common_step(checkpointers, [o[1] for o in opened], p0["n_steps"])
     verbose = any(m.verbose for m in models)
     stages = _check_data(store, verbose, connect=first.client is not None)
+    plan = None
+    if p0["algorithm"] == "auto":     # the default: the fastest path (dkha.fit.plan)
+        plan = plan_fit(store, kernel, p0, first.client, first.seed)
+        attrs[0].update(plan.attrs())
+        if plan.path == "dense":
+            stages.close()
+            return _fit_dense(first, store, kernel, p0, attrs[0], plan, run_dirs, tmp_store,
+                              X_fit, checkpointers, metas)
+        p0.update(algorithm="krylov")
     with client_for(first.client) as client, \
             blas_threads_for(client):
         stages.close()
@@ -614,7 +664,14 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
                                    "reason": engine.projections_reason}}
-        if p0["algorithm"] == "krylov":
+        if plan is not None:    # the default's Krylov path: exact evaluation only when asked
+            results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
+                                  tol=auto_krylov_tol(first.tol),
+                                  with_evaluation=first.tol is not None,
+                                  tracked=first.evaluate_every >= 0)]
+            timings["path"] = plan.attrs()
+            solvers = [None]
+        elif p0["algorithm"] == "krylov":
             results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
                                   tol=first.tol if first.tol is not None else 1e-8,
                                   with_evaluation=first.evaluate_every >= 0)]

@@ -167,14 +167,19 @@ PARAMETERS: tuple[Param, ...] = (
     Param("n_components", 8, "Number of components ``r`` (must be below the number of samples).",
           POSITIVE_INT, key="components", cli={"type": "positive_int", "aliases": ["-r"]},
           doc_type="int, default 8", short="number of components r (default 8)"),
-    Param("algorithm", "kha-smd",
-          "Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent "
-          "(Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov "
-          "method (LOBPCG) whose products are blockwise passes.",
-          Options(batch_solver.ALGORITHMS + ("krylov",)), models=(BATCH,), shared=False,
-          doc_type='{"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"',
-          short="one of " + ", ".join(batch_solver.ALGORITHMS + ("krylov",)
-                                      + online_solver.ALGORITHMS)
+    Param("algorithm", "auto",
+          "``auto``: the exact top components by the fastest path on the machine at hand "
+          "(:mod:`dkha.fit.plan`: ``K'`` held whole where it fits ``dkha.dense-bytes``, "
+          "otherwise blockwise Krylov from a Nyström start), the choice and its reason in the "
+          "attrs ``path`` and ``path_reason``; or one of the paper's algorithms: constant gain "
+          "(eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent (Algorithm 1) on top "
+          "of eq. 12; or the exact top eigenvectors by a block Krylov method (LOBPCG) whose "
+          "products are blockwise passes.",
+          Options(("auto",) + batch_solver.ALGORITHMS + ("krylov",)), models=(BATCH,),
+          shared=False,
+          doc_type='{"auto", "kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "auto"',
+          short="auto (default: the fastest exact path, chosen by a cost model), or one of "
+          + ", ".join(batch_solver.ALGORITHMS + ("krylov",) + online_solver.ALGORITHMS)
           + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
           "several models in one pass over the kernel rows, each in "
           "RUN_DIR/<algorithm>[-eta0=V][-mu=V]"),

@@ -26,13 +26,15 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
 
 def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
                       oversample: int | None = None, X0: np.ndarray | None = None,
-                      exact: bool = False):
+                      exact: bool = False, info: dict | None = None):
     """Top-``r`` eigenpairs of ``K'`` by LOBPCG (a block Krylov method) on blockwise products.
 
     Each iteration is one blockwise pass ``K' V`` on the workers. ``tol`` is relative to the
     largest eigenvalue: iterations stop when every residual ``‖K'v − θv‖ ≤ tol·λ_1``, which bounds
     the eigenvalue errors by about ``(tol·λ_1)² / gap``. ``exact``: float64 products whatever the
-    engine's precision (E_min).
+    engine's precision (E_min). ``info`` (a dict, optional) receives ``products`` (the passes
+    made) and ``residual``: the largest ``‖K'v − θv‖ / λ_1`` of the returned pairs, as LOBPCG
+    last measured them (no extra pass).
     """
     l = engine.n_samples
     k = min(l - 1, r + (oversample if oversample is not None else max(5, r // 2)))
@@ -51,7 +53,11 @@ def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxit
         X, _ = np.linalg.qr(KX)  # one step of subspace iteration as the start
         op = LinearOperator((l, l), matvec=lambda v: matmat(v.reshape(-1, 1)).ravel(),
                             matmat=matmat, dtype=np.float64)
-        w, V = lobpcg(op, X, largest=True, tol=tol * abs(lam1), maxiter=maxiter,
-                      verbosityLevel=0)
+        w, V, norms = lobpcg(op, X, largest=True, tol=tol * abs(lam1), maxiter=maxiter,
+                             verbosityLevel=0, retResidualNormsHistory=True)
     order = np.argsort(w)[::-1]
+    if info is not None:
+        last = np.asarray(norms[-1] if len(norms) else [np.nan], dtype=np.float64)
+        top = last[order][:r] if last.shape == w.shape else last
+        info.update(products=int(bar.n), residual=float(np.max(top)) / abs(float(w[order][0])))
     return w[order][:r], V[:, order][:, :r]
