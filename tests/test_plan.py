@@ -72,10 +72,10 @@ def test_default_dense_path_is_exact(digits_store, digits, client, tmp_path):
 
 def test_default_krylov_path_tracks_without_evaluation(digits_store, digits, client):
     """Where K' does not fit (dkha.dense-bytes 0 here): Krylov from the Nyström start to a
-    residual of 1e-6, its history entry LOBPCG's own residual (no evaluation pass); with a
-    ``tol`` on the excess the entry is exact."""
+    residual of 1e-6, its history entry LOBPCG's own residual (no evaluation pass) by default
+    (``dkha.evaluation: tracked``); with a ``tol`` on the excess the entry is exact."""
     _, Kc = centered_kernel_oracle(np.array(digits), "gaussian", sigma=SIGMA)
-    with dask.config.set({"dkha.dense-bytes": 0}):
+    with dask.config.set({"dkha.dense-bytes": 0, "dkha.evaluation": "tracked"}):
         model = KernelHebbianPCA(R, sigma=SIGMA, client=client).fit(digits_store.path)
         exact = KernelHebbianPCA(R, sigma=SIGMA, client=client, tol=1e-6).fit(digits_store.path)
     assert model.attrs_["path"] == "krylov" and "exceeds" in model.attrs_["path_reason"]

@@ -9,8 +9,9 @@
 * history over ``evaluation``: ``pass``, ``step``, ``error``, ``error_min``, ``excess``,
   ``wall_time`` (seconds of fitting, evaluations excluded); where entries say which measure
   they are, the attr ``history_measures`` (one per entry: ``"exact"``: eq. 22 against the exact ``E_min``; ``"residual"``: the
-  tracked largest relative residual ``‖K'v − θv‖/λ_1``, ``error``/``excess`` NaN) and the
-  variable ``residual``;
+  largest relative residual ``‖K'v − θv‖/λ_1`` of a Krylov solve; ``"ritz"``: a KHA pass tracked
+  without ``E_min``, :mod:`dkha.fit.track`; ``error``/``excess`` NaN for both) and the
+  variables ``residual``, ``captured`` and ``change`` (NaN where an entry has none);
 * the backoffs over ``backoff`` (a step guard tripped; the fit rolled back to the start of the
   block and halved its gain): ``backoff_step``, ``backoff_pass`` (of the bad step),
   ``backoff_gain_before``, ``backoff_gain_after`` (the effective η0) — empty when none;
@@ -33,6 +34,10 @@ from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
+#: the figures of entries that are not exact evaluations (NaN where an entry has none):
+#: ``residual`` (Krylov: the largest ‖K'v − θv‖/λ_1), ``captured`` and ``change`` (tracked KHA
+#: passes, :mod:`dkha.fit.track`)
+TRACKED_FIELDS = ("residual", "captured", "change")
 # attrs that identify a run: a directory holding a run that differs in any of these is "different"
 IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
                   "rho0", "n_steps", "seed", "store", "init", "nu", "gamma", "tau", "max_members",
@@ -45,8 +50,9 @@ def history_dataset(history: list[dict]) -> dict:
         dtype = np.int64 if f in ("pass", "step") else np.float64
         data[f] = ("evaluation", np.array([h[f] for h in history], dtype=dtype))
     if any("measure" in h for h in history):     # which measure each entry is: build_dataset
-        data["residual"] = ("evaluation", np.array([h.get("residual", np.nan) for h in history],
-                                                   dtype=np.float64))
+        for f in TRACKED_FIELDS:
+            data[f] = ("evaluation", np.array([h.get(f, np.nan) for h in history],
+                                              dtype=np.float64))
     return data
 
 

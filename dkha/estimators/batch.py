@@ -452,6 +452,8 @@ def _keep_results(models, results, solvers, attrs, metas, engine, kernel, store,
         m.mk_, m.mkm_ = engine.mk, engine.mkm
         m.attrs_ = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
                         else [float(v) for v in res.top_eigenvalues])
+        if res.kept is not None:    # an earlier pass was better than the end: its state
+            m.attrs_["kept_state"] = dict(res.kept)
         if solver is not None:      # the gains as applied (eta0 and mu are in units of κ̄)
             m.attrs_.update(solver.effective_gains(), eta0_applied=solver.eta0,
                             start_deficit=metas[i].get("start_deficit"))
@@ -667,7 +669,8 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         if plan is not None:    # the default's Krylov path: exact evaluation only when asked
             results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
                                   tol=auto_krylov_tol(first.tol),
-                                  with_evaluation=first.tol is not None,
+                                  with_evaluation=(first.tol is not None or
+                                                   str(config.get("evaluation")) == "exact"),
                                   tracked=first.evaluate_every >= 0)]
             timings["path"] = plan.attrs()
             solvers = [None]

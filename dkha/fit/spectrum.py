@@ -1,6 +1,8 @@
 """The top of the spectrum of ``K'``: dense ``eigh`` for small stores (``dkha.dense-eigh-limit``),
 otherwise a block Krylov method (LOBPCG) whose products ``K' V`` are blockwise passes: ``K'`` is
-never held whole above that limit."""
+never held whole above that limit. The exact top eigenvalues (E_min's) are cached in the data
+store (:mod:`dkha.data.spectra`, ``dkha.spectrum-cache``) and read back by later fits and
+evaluations of the same data and kernel."""
 
 from __future__ import annotations
 
@@ -8,20 +10,46 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from dkha import config
+from dkha.data.spectra import read_spectrum, spectrum_key, write_spectrum
 from dkha.progress import Progress
 
 
+def _cache_key(engine, cache: bool | None):
+    """The spectrum cache entry of ``engine``'s data, kernel and centering (None: no cache)."""
+    centering = getattr(engine, "centering", None)
+    store = getattr(engine, "store", None)
+    if not bool(config.get("spectrum-cache", cache)) or centering is None or store is None:
+        return None
+    return spectrum_key(store, centering)
+
+
+def cached_top_eigenvalues(engine, r: int) -> np.ndarray | None:
+    """The top ``r`` eigenvalues of ``K'`` from the data store's cache, or ``None``."""
+    key = _cache_key(engine, None)
+    return None if key is None else read_spectrum(engine.store, key, r)
+
+
 def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = None,
-                    tol: float = 1e-11, maxiter: int = 500) -> np.ndarray:
-    """The ``r`` largest eigenvalues of ``K'`` (descending)."""
+                    tol: float = 1e-11, maxiter: int = 500, cache: bool | None = None
+                    ) -> np.ndarray:
+    """The ``r`` largest eigenvalues of ``K'`` (descending): from the store's cache
+    (``cache``, default ``dkha.spectrum-cache``) or computed and then cached."""
+    key = _cache_key(engine, cache)
+    if key is not None:
+        cached = read_spectrum(engine.store, key, r)
+        if cached is not None:
+            return cached
     l = engine.n_samples
     limit = int(config.get("dense-eigh-limit", dense_limit))
     if l <= limit:
         with engine.labelled("eigenvalues of K' (dense)"):
             Kc = engine.dense()
-        w = np.linalg.eigvalsh(Kc)
-        return w[::-1][:r].copy()
-    return krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, exact=True)[0]
+        w = np.linalg.eigvalsh(Kc)[::-1][:r].copy()
+    else:
+        w = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, exact=True)[0]
+    if key is not None:
+        write_spectrum(engine.store, key, w)
+    return w
 
 
 def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
