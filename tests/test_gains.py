@@ -106,8 +106,9 @@ def test_fit_records_the_effective_gains(digits_store, digits, client):
     a = model.attrs_
     assert a["algorithm"] == "kha-smd" and a["init"] == "nystrom:299"   # l − 1 of 300 samples
     assert a["feature_norm"] == pytest.approx(kappa_bar(Kc), rel=1e-10)
-    assert a["eta0"] is None        # from the start: 2δ (warm_eta0)
-    assert a["eta0_applied"] == pytest.approx(np.clip(2 * a["start_deficit"], 1e-8, 0.05), rel=1e-12)
+    assert a["eta0"] is None        # from the start: δ/20 (warm_eta0)
+    assert a["eta0_applied"] == pytest.approx(np.clip(0.05 * a["start_deficit"], 1e-8, 0.05),
+                                              rel=1e-12)
     assert a["gain"] == pytest.approx(a["eta0_applied"] / kappa_bar(Kc), rel=1e-10)
     assert a["meta_gain"] == pytest.approx(a["mu"] / kappa_bar(Kc), rel=1e-10)
 

@@ -214,8 +214,8 @@ PARAMETERS: tuple[Param, ...] = (
           "the decay ``l/(t + l)``, ``κ̄`` the weighted mean squared feature-space norm of the "
           "centered samples (:func:`~dkha.solvers.batch.feature_norm`; stable below about 2 on "
           "any data and kernel). Default from a Nyström start: from the start's eigenvalue "
-          "deficit δ (:func:`~dkha.solvers.batch.warm_eta0`: 2δ for kha-et and kha-smd, at most "
-          "0.05; 0.02δ for kha and kha-t); from a random start 0.05 (kha), 0.2 (kha-t), 1 "
+          "deficit δ (:func:`~dkha.solvers.batch.warm_eta0`: δ/20 for kha-et and kha-smd, at most "
+          "0.05; δ/1000 for kha and kha-t); from a random start 0.05 (kha), 0.2 (kha-t), 1 "
           "(kha-et, kha-smd). The applied gains are in the attrs (``eta0_applied``, "
           "``feature_norm``, ``gain`` = η0/κ̄, ``meta_gain`` = μ/κ̄, ``start_deficit``).",
           POSITIVE, models=(BATCH,), shared=False,
