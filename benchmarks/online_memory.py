@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 from dkha.estimators.online import OnlineKernelPCA
-from dkha.data.store import StoreWriter
+from dkha.data.writer import StoreWriter
 
 N_FEATURES = 16
 

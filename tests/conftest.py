@@ -18,7 +18,7 @@ import pytest
 os.environ["DASK_DKHA__EVALUATION"] = "exact"
 dask.config.set({"dkha.evaluation": "exact"})
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array  # noqa: E402
 from tests.processes import local_client
 
 DIGITS_PER_CLASS = 30

@@ -29,7 +29,7 @@ def _env():
 
 def make_fixtures(d: str) -> dict:
     """The files the cases use, made in ``d``."""
-    from dkha.data.store import ingest_array
+    from dkha.data.ingest import ingest_array
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 4))

@@ -26,7 +26,7 @@ from dkha.kernels import make_kernel
 from dkha.estimators.online import OnlineKernelPCA
 from dkha.runs.transform import project_dictionary as project
 from dkha.solvers.online import OnlineKHA, learning_rate
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 SIGMA = 4.0
 

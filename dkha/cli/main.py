@@ -36,7 +36,9 @@ from dkha.cli.options import (
     raise_param,
 )
 from dkha.data import result
-from dkha.data.store import ingest_array, ingest_images, open_store, set_storage_options
+from dkha.data.ingest import ingest_array, ingest_images
+from dkha.data.storage import set_storage_options
+from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
 from dkha.errors import DkhaError
 from dkha.estimators.batch import KernelHebbianPCA

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from dkha.data.store import parse_storage_option
+from dkha.data.storage import parse_storage_option
 from dkha.engine.cluster import Where
 from dkha.errors import DkhaError, ParameterError
 

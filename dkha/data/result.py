@@ -28,7 +28,7 @@ import uuid
 import numpy as np
 import xarray as xr
 
-from dkha.data.store import consolidate, replace_directory
+from dkha.data.atomic import consolidate, replace_directory
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 
 COMPONENTS = "components.zarr"

@@ -19,7 +19,8 @@ import uuid
 
 import numpy as np
 
-from dkha.data.store import DataStore, centering_key, replace_directory
+from dkha.data.centering import centering_key
+from dkha.data.store import DataStore
 
 log = logging.getLogger(__name__)
 

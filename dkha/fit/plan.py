@@ -149,10 +149,12 @@ def cluster_threads(client) -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def plan_fit(store, kernel, params: dict, client, seed: int) -> Plan:
-    """The default fit's :class:`Plan` for ``store`` (a probe tile on a seeded sample of it)."""
+def plan_fit(store, kernel, settings, client, seed: int) -> Plan:
+    """The default fit's :class:`Plan` for ``store`` (a probe tile on a seeded sample of it);
+    ``settings``: the model's (``n_components``, ``landmarks``)."""
     sample = store.sample(min(store.n_samples, 2 * PROBE_COLUMNS), seed)
-    plan = choose_path(store.n_samples, int(params["r"]), rate=probe_rate(kernel, sample),
-                       threads=cluster_threads(client), landmarks=params.get("landmarks"))
+    plan = choose_path(store.n_samples, int(settings.n_components),
+                       rate=probe_rate(kernel, sample), threads=cluster_threads(client),
+                       landmarks=settings.landmarks)
     log.info("default fit: %s (%s)", plan.path, plan.reason)
     return plan
