@@ -122,3 +122,33 @@ def test_tracked_resume_is_bit_identical(digits_store, client, tmp_path, monkeyp
         assert a["captured"] == b["captured"]
         assert a["change"] == b["change"] or (np.isnan(a["change"]) and np.isnan(b["change"]))
     assert resumed.attrs_.get("kept_state") == full.attrs_.get("kept_state")
+
+
+def test_exact_spectrum_is_cached_in_the_store(digits, client, tmp_path, monkeypatch):
+    """E_min's eigenvalues are computed once per data, kernel and centering, kept in the data
+    store beside the centering rows and read back (by fewer or as many components)."""
+    from dkha.data.ingest import ingest_array
+    from dkha.engine.rows import RowEngine
+    from dkha.fit import spectrum
+    from dkha.kernels import make_kernel
+
+    store = ingest_array(np.array(digits), str(tmp_path / "d.zarr"), chunk_rows=64)
+    Kc = centered_kernel_oracle(np.array(digits), "gaussian", sigma=SIGMA)[1]
+    w = np.linalg.eigvalsh(Kc)[::-1]
+    engine = RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client)
+    engine.compute_mk()
+    np.testing.assert_allclose(spectrum.top_eigenvalues(engine, 6), w[:6], rtol=1e-9)
+    assert (tmp_path / "d.zarr" / "spectrum").is_dir()
+
+    def no_solve(*a, **k):
+        raise AssertionError("solved again instead of reading the cache")
+
+    monkeypatch.setattr(RowEngine, "dense", no_solve)
+    monkeypatch.setattr(spectrum, "krylov_eigenpairs", no_solve)
+    np.testing.assert_allclose(spectrum.top_eigenvalues(engine, 4), w[:4], rtol=1e-9)
+    other = RowEngine(store, make_kernel("gaussian", sigma=2 * SIGMA), client)
+    other.compute_mk()
+    with pytest.raises(AssertionError, match="solved again"):
+        spectrum.top_eigenvalues(other, 4)          # another kernel: not served from the cache
+    with pytest.raises(AssertionError, match="solved again"):
+        spectrum.top_eigenvalues(engine, 7)         # more than were cached

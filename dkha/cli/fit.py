@@ -181,7 +181,13 @@ def cmd_fit(args) -> int:
                      else "dense" if path == "dense" else f"after {summary['step']} steps")
         if last.get("measure") == "residual":
             print(f"{after}: largest relative residual ‖K'v − λv‖/λ1 = {last['residual']:.2e} "
-                  "(the exact excess: dkha evaluate RUN_DIR, or fit with --tol)")
+                  "(the exact excess: dkha evaluate RUN_DIR --exact, or fit with --tol)")
+        elif last.get("measure") == "ritz":
+            kept = model.attrs_.get("kept_state")
+            print(f"{after}: tracked Σθ² = {last['captured']:.10g}, the span moved "
+                  f"{last['change']:.1e} in the last pass (the exact excess: dkha evaluate "
+                  "RUN_DIR --exact, or fit with --tol)"
+                  + (f"; kept the better state of pass {kept['pass']}" if kept else ""))
         elif last:
             print(f"{after}: E = {summary['error']:.6g}, E_min = {summary['error_min']:.6g}, "
                   f"excess = {_excess_text(summary['excess'], summary['excess_precision'])}")
