@@ -60,7 +60,7 @@ def main() -> None:
         for alg in ALGORITHMS:
             for seed in range(args.seeds):
                 # one run to the last checkpoint, evaluated every gcd(checkpoints) steps
-                model = OnlineKernelPCA(16, algorithm=alg, sigma=4.0, eta0=0.05, gamma=0.999995,
+                model = OnlineKernelPCA(16, algorithm=alg, sigma=4.0, eta0=0.05, gain_decay=0.999995,
                                         nu=1e-3, steps=checkpoints[-1], seed=seed,
                                         evaluate_every=_gcd(checkpoints))
                 t0 = time.perf_counter()

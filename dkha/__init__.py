@@ -10,7 +10,6 @@ take to import come when a name that needs them is first used.
 import importlib
 from typing import TYPE_CHECKING
 
-from dkha import config  # noqa: F401  (registers dkha.* defaults with dask.config)
 from dkha.version import __version__
 
 #: public name -> the module that defines it

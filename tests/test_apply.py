@@ -20,7 +20,8 @@ from dkha import KernelHebbianPCA
 
 from dkha.data import result
 from dkha.apply import clustering, denoise, preimage
-from dkha.cli.apply import COMMANDS, add_parsers
+from dkha.cli.apply import COMMANDS
+from dkha.cli.parser import add_apply_parsers
 from dkha.errors import InputError, ParameterError
 from dkha.kernels import make_kernel
 from dkha.data.ingest import ingest_array, ingest_images
@@ -560,7 +561,7 @@ def test_spectral_embedding_rows_are_unit():
 
 def run_command(argv):
     parser = argparse.ArgumentParser(prog="dkha")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
+    add_apply_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
 

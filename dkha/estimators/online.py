@@ -23,7 +23,7 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
   unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
   component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (up to 2000
   rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
-* attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gamma, tau,
+* attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gain_decay, tau,
   centered, seed, store, n_samples, n_features, n_steps, dkha_version.
 """
 
@@ -121,13 +121,13 @@ class OnlineKernelPCA(DkhaTransformer):
         validate(self, ONLINE)
         algorithm = check_algorithm(self.algorithm)
         r = int(self.n_components)
-        if self.gamma is not None and self.tau is not None:
-            raise ParameterError("give gamma (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
-        gamma, tau = None, None
+        if self.gain_decay is not None and self.tau is not None:
+            raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
+        gain_decay, tau = None, None
         if self.tau is not None:
             tau = float(self.tau)
         else:
-            gamma = DEFAULT_GAMMA if self.gamma is None else float(self.gamma)
+            gain_decay = DEFAULT_GAMMA if self.gain_decay is None else float(self.gain_decay)
         mm = int(self.max_members)
         if mm < r:
             raise ParameterError(
@@ -140,7 +140,7 @@ class OnlineKernelPCA(DkhaTransformer):
             raise ParameterError(f"block_rows must be positive, got {block_rows}")
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
-        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gamma": gamma,
+        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gain_decay": gain_decay,
                 "tau": tau, "nu": None if self.nu is None else float(self.nu),
                 "max_members": mm, "center": bool(self.center),
                 "block_rows": block_rows, "prefetch": prefetch,
@@ -161,9 +161,9 @@ class OnlineKernelPCA(DkhaTransformer):
         attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
                  "kernel_parameters": kernel.param_dict, "n_components": p["r"], "nu": p["nu"],
                  "max_members": p["max_members"], "eta0": p["eta0"],
-                 "feature_norm": p["feature_norm"], "gain": p["gain"], "gamma": p["gamma"],
+                 "feature_norm": p["feature_norm"], "gain": p["gain"], "gain_decay": p["gain_decay"],
                  "tau": p["tau"],
-                 "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gamma**s"),
+                 "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
                  "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
                  "seed": int(self.seed), "store": store_path, "n_samples": int(n_samples),
                  "n_features": int(n_features), "centered": p["center"], "init": "random",
@@ -386,7 +386,10 @@ class OnlineKernelPCA(DkhaTransformer):
         kp = dict(a.get("kernel_parameters", {}))
         model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
                     sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
-                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"], gamma=a.get("gamma"),
+                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"],
+                    # runs saved before the rename call it gamma (kernel parameters are kept in
+                    # kernel_parameters, the top-level gamma of a sigmoid kernel too)
+                    gain_decay=a.get("gain_decay", _old_gain_decay(a)),
                     tau=a.get("tau"), nu=a["nu"], max_members=int(a["max_members"]),
                     center=bool(a["centered"]), seed=int(a["seed"]))
         # the scales the run was fitted with (the unit of eta0, read off its data then)
@@ -425,6 +428,14 @@ class OnlineKernelPCA(DkhaTransformer):
         self.mean_coefficient_ = s.mean_coefficients()
         self.n_steps_ = s.state.step
         return s
+
+
+def _old_gain_decay(attrs: dict):
+    """The gain decay of a run saved before ``gain_decay`` had its name: its attr ``gamma``,
+    unless a sigmoid kernel's slope (stored at the top level too) overwrote it."""
+    if "gamma" in attrs.get("kernel_parameters", {}):
+        return None
+    return attrs.get("gamma")
 
 
 def _store_path(source) -> str:

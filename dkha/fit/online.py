@@ -91,7 +91,7 @@ def new_solver(p: dict, n_features: int, kernel: Kernel, seed: int) -> OnlineKHA
     """The online solver of resolved settings ``p`` (its seeded initial coefficients)."""
     a_init = INIT_STD * schedule.init_generator(seed).standard_normal(p["r"])
     return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
-                     max_members=p["max_members"], eta0=p["gain"], gamma=p["gamma"],
+                     max_members=p["max_members"], eta0=p["gain"], gamma=p["gain_decay"],
                      tau=p["tau"], center=p["center"], a_init=a_init,
                      on_divergence=p["on_divergence"])
 

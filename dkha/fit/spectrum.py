@@ -11,7 +11,7 @@ from scipy.sparse.linalg import LinearOperator, lobpcg
 
 from dkha import config
 from dkha.data.spectra import read_spectrum, spectrum_key, write_spectrum
-from dkha.progress import Progress
+from dkha.progress import Progress, phase
 
 
 def _cache_key(engine, cache: bool | None):
@@ -41,6 +41,8 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
             return cached
     l = engine.n_samples
     limit = int(config.get("dense-eigh-limit", dense_limit))
+    phase(f"E_min: the top {r} eigenvalues of K' ("
+          + ("dense" if l <= limit else "block Krylov") + ")")
     if l <= limit:
         with engine.labelled("eigenvalues of K' (dense)"):
             Kc = engine.dense()
@@ -70,7 +72,8 @@ def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxit
     X = rng.standard_normal((l, k)) if X0 is None else np.asarray(X0, dtype=np.float64)
     X, _ = np.linalg.qr(X)
     verbose = getattr(engine, "verbose", False)
-    with Progress(verbose, maxiter + 1, "Krylov (LOBPCG)", unit="product") as bar:
+    # no total: LOBPCG stops at its tolerance, far below the iteration cap
+    with Progress(verbose, None, "Krylov (LOBPCG)", unit="product") as bar:
         def matmat(V):
             bar.update()
             with engine.labelled(f"Krylov product {bar.n}"):

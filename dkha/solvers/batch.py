@@ -45,16 +45,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.errors import NumericalError, ParameterError
+from dkha.names import BATCH_ALGORITHMS, DEFAULT_MU, DEFAULT_XI
 from dkha.solvers import reference
 from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
+ALGORITHMS = BATCH_ALGORITHMS
 ENGINES = ("factored", "reference")
 #: default η0 (units of κ̄, see the module docstring) from the paper's random start ...
 DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.2, "kha-et": 1.0, "kha-smd": 1.0}
-DEFAULT_MU = 0.3
 #: ... and from a Nyström start, per unit of the start's eigenvalue deficit (:func:`warm_eta0`)
 WARM_ETA0 = {"kha": 0.001, "kha-t": 0.001, "kha-et": 0.05, "kha-smd": 0.05}
 WARM_ETA0_MAX = 0.05
@@ -115,7 +115,6 @@ def feature_norm(diagonal: np.ndarray) -> float:
                              "same point in feature space (duplicate samples, or a kernel width "
                              "far too large); choose another kernel or width")
     return float((kappa * kappa).sum() / total)
-DEFAULT_XI = 0.99
 ON_DIVERGENCE = ("backoff", "stop")
 #: a backoff halves the gain; a run still diverging after this many halvings (gain × 2⁻³⁰) fails
 MAX_BACKOFFS = 30
