@@ -33,12 +33,12 @@ from dkha.progress import Progress
 from dkha.runs.run import kernel_of
 from dkha.solvers.batch import (
     ALGORITHMS,
-    DEFAULT_MU,
     DEFAULT_XI,
     BatchKHA,
     check_algorithm,
     default_eta0,
     default_landmarks,
+    default_mu,
     eigenvalue_estimate,
     initial_coefficients,
     start_deficit,
@@ -159,7 +159,7 @@ class KernelHebbianPCA(DkhaTransformer):
                                  f"components ({r})")
         # None from a Nyström start: it follows from the start (fit_together, warm_eta0)
         eta0 = default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None else float(self.eta0)
-        mu = DEFAULT_MU if self.mu is None else float(self.mu)
+        mu = default_mu(warm=bool(landmarks)) if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
         if self.passes is not None and self.steps is not None:
@@ -383,7 +383,7 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
         return m.eta0 if m.eta0 is not None else default_eta0(m.algorithm, warm=m.init is None)
 
     def mu(m):
-        return m.mu if m.mu is not None else DEFAULT_MU
+        return m.mu if m.mu is not None else default_mu(warm=m.init is None)
 
     names = []
     for m in models:

@@ -222,11 +222,13 @@ PARAMETERS: tuple[Param, ...] = (
           "(1 for the gaussian and laplacian kernels); the applied one is the attr ``gain``.",
           POSITIVE, models=(ONLINE,),
           shared=False, doc_type=f"float, default {online_solver.DEFAULT_ETA0}"),
-    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {batch_solver.DEFAULT_MU}).",
+    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {batch_solver.DEFAULT_MU} from "
+          f"the Nyström start, {batch_solver.COLD_MU} from the random start).",
           NON_NEGATIVE,
           models=(BATCH,), shared=False,
           cli={"type": "float_list", "metavar": "MU[,MU...]", "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD meta-gain (default {batch_solver.DEFAULT_MU})"),
+          doc_type="float, optional", short=f"SMD meta-gain (default {batch_solver.DEFAULT_MU}; "
+          f"{batch_solver.COLD_MU} from --init random)"),
     Param("xi", None, f"SMD's decay factor (default {batch_solver.DEFAULT_XI}).", UNIT,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
           doc_type="float, optional", short=f"SMD decay (default {batch_solver.DEFAULT_XI})"),
