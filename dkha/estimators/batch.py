@@ -17,6 +17,7 @@ from dkha.apply.preimage import RunPreimages, preimages
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore, open_store
+from dkha.engine.budget import block_rows_for
 from dkha.engine.cluster import blas_threads_for, client_for
 from dkha.engine.rows import RowEngine
 from dkha.engine.tasks import project_rows
@@ -44,6 +45,7 @@ from dkha.solvers.batch import (
     start_deficit,
     warm_eta0,
 )
+from dkha.solvers.warmup import compile_ahead
 from dkha.version import __version__
 
 log = logging.getLogger(__name__)
@@ -576,7 +578,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         if ck is not None:
             asked = str(ck.meta.get("exact", {}).get("projections", asked))
     # what else a bit-identical continuation needs: the blocks and where they are projected
-    exact = {"block_rows": int(config.get("block-rows", first.block_rows)),
+    exact = {"block_rows": block_rows_for(store.n_samples, first.block_rows),
              "projections": asked, "evaluate_every": int(first.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
     identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
@@ -593,6 +595,9 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     if resume:
         cks = _common_step(checkpointers, [o[1] for o in opened], p0["n_steps"])
     verbose = any(m.verbose for m in models)
+    if config.get("compile-ahead"):     # the solver's loops compile while the fit starts
+        for algorithm in {p["algorithm"] for p in params}:
+            compile_ahead(algorithm)
     stages = _check_data(store, verbose, connect=first.client is not None)
     with client_for(first.client) as client, \
             blas_threads_for(client):
@@ -613,7 +618,8 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         # seconds before the first pass (history wall times count the passes only)
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
-                                   "reason": engine.projections_reason}}
+                                   "reason": engine.projections_reason},
+                   "memory": engine.memory.as_dict()}
         if p0["algorithm"] == "krylov":
             results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
                                   tol=first.tol if first.tol is not None else 1e-8,
