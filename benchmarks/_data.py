@@ -7,7 +7,9 @@ import resource
 
 import numpy as np
 
-from dkha.data.store import extract_patches, ingest_array, open_store, read_grey_image
+from dkha.data.ingest import ingest_array
+from dkha.data.patches import extract_patches, read_grey_image
+from dkha.data.store import open_store
 
 PHOTOS = ("camera", "moon", "coins", "astronaut", "coffee", "chelsea", "rocket", "brick", "grass",
           "gravel")

@@ -33,7 +33,7 @@ from dkha.apply.clustering import cluster_run, score, spectral_clustering
 from dkha.fit.evaluate import evaluate
 from dkha.kernels import make_kernel
 from dkha.engine.rows import RowEngine
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 
 def exact(store, sigma, r, client):

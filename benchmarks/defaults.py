@@ -52,7 +52,9 @@ sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha, not an in
 import dask.config  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dkha.data.store import extract_patches, ingest_array, open_store, read_grey_image  # noqa: E402
+from dkha.data.ingest import ingest_array  # noqa: E402
+from dkha.data.patches import extract_patches, read_grey_image  # noqa: E402
+from dkha.data.store import open_store  # noqa: E402
 from dkha.engine.cluster import client_for  # noqa: E402
 from dkha.estimators.batch import KernelHebbianPCA, fit_together  # noqa: E402
 from dkha.estimators.tune import grid  # noqa: E402

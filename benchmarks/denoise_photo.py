@@ -34,7 +34,8 @@ from dkha.apply.denoise import denoise_image, snr
 from dkha.fit.evaluate import evaluate
 from dkha.kernels import make_kernel, median_distance
 from dkha.engine.rows import RowEngine
-from dkha.data.store import StoreWriter, extract_patches, patch_grid, read_grey_image
+from dkha.data.patches import extract_patches, patch_grid, read_grey_image
+from dkha.data.writer import StoreWriter
 
 PATCH, STEP = 11, 2
 

@@ -32,7 +32,7 @@ from dkha.data import result
 from dkha.apply.denoise import denoise_store, store_mse
 from dkha.apply.preimage import preimages
 from dkha.kernels import make_kernel, median_distance
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 
 def curve(n: int, rng, Q: np.ndarray) -> np.ndarray:

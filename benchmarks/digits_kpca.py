@@ -34,7 +34,7 @@ from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 from dkha import KernelHebbianPCA, fit_together
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 PASSES = (1, 5, 10, 20, 50)
 REFERENCE = {"kha": {"eta0": 0.05}, "kha-t": {"eta0": 0.5}, "kha-et": {"eta0": 0.2},

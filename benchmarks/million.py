@@ -97,7 +97,8 @@ def child_fit(a: dict) -> dict:
     from dkha.engine.cluster import blas_threads_for, client_for
     from dkha.kernels import make_kernel
     from dkha.engine.rows import RowEngine
-    from dkha.data.store import CENTERING_GROUP, open_store
+    from dkha.data.centering import CENTERING_GROUP
+    from dkha.data.store import open_store
 
     store = open_store(a["store"])
     kernel = make_kernel("gaussian", sigma=a["sigma"])
@@ -269,7 +270,8 @@ def ensure_store(path: str, samples: int) -> None:
 
 
 def subset_store(big: str, path: str, n: int, seed: int):
-    from dkha.data.store import ingest_array, open_store
+    from dkha.data.ingest import ingest_array
+    from dkha.data.store import open_store
 
     st = existing(path, n)
     return st if st is not None else ingest_array(open_store(big).sample(n, seed), path,

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from dkha.fit.ac_index import ACReference
 from dkha.kernels import make_kernel
 from dkha.estimators.online import OnlineKernelPCA
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 ALGORITHMS = ("on-kha", "oo-kha", "okpca")
 PAPER = {50_000: {"on-kha": "0.789 ± 0.054", "oo-kha": "0.597 ± 0.051", "okpca": "0.489 ± 0.057"},
@@ -60,7 +60,7 @@ def main() -> None:
         for alg in ALGORITHMS:
             for seed in range(args.seeds):
                 # one run to the last checkpoint, evaluated every gcd(checkpoints) steps
-                model = OnlineKernelPCA(16, algorithm=alg, sigma=4.0, eta0=0.05, gamma=0.999995,
+                model = OnlineKernelPCA(16, algorithm=alg, sigma=4.0, eta0=0.05, gain_decay=0.999995,
                                         nu=1e-3, steps=checkpoints[-1], seed=seed,
                                         evaluate_every=_gcd(checkpoints))
                 t0 = time.perf_counter()

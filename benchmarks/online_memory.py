@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 from dkha.estimators.online import OnlineKernelPCA
-from dkha.data.store import StoreWriter
+from dkha.data.writer import StoreWriter
 
 N_FEATURES = 16
 
@@ -70,7 +70,7 @@ def main() -> None:
               f"peak RSS so far {peak_rss_mb():.0f} MB")
         before = peak_rss_mb()
         model = OnlineKernelPCA(8, algorithm="on-kha", kernel="gaussian", sigma=None, eta0=0.05,
-                                gamma=0.99999, nu=1e-3, max_members=1000, steps=args.steps,
+                                gain_decay=0.99999, nu=1e-3, max_members=1000, steps=args.steps,
                                 seed=0, block_rows=args.block_rows, prefetch=2)
         t0 = time.perf_counter()
         model.fit(path)

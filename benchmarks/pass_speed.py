@@ -40,7 +40,7 @@ from _data import load_average, patch_store, peak_rss_mb  # noqa: E402
 from dkha import KernelHebbianPCA  # noqa: E402
 from dkha.engine.tasks import center_block  # noqa: E402
 from dkha.solvers import reference  # noqa: E402
-from dkha.data.store import StoreWriter  # noqa: E402
+from dkha.data.writer import StoreWriter  # noqa: E402
 
 
 def fit_seconds(store, r, *, passes=None, steps=None, workers=None, sigma=None, block=None,

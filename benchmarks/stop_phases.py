@@ -79,7 +79,7 @@ def stop_during(args, phase_line, delay, occurrence=1, env=None):
 
 
 def main():
-    from dkha.data.store import ingest_array
+    from dkha.data.ingest import ingest_array
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=200_000)

@@ -36,7 +36,8 @@ from dkha import KernelHebbianPCA
 from dkha.apply.denoise import reconstruct_patches
 from dkha.apply.superresolve import downscale, psnr, superresolve, upscale
 from dkha.kernels import median_distance
-from dkha.data.store import ingest_images, read_grey_image
+from dkha.data.ingest import ingest_images
+from dkha.data.patches import read_grey_image
 
 TRAIN = ("camera", "coins", "moon")
 TEST = "astronaut"

@@ -10,7 +10,6 @@ take to import come when a name that needs them is first used.
 import importlib
 from typing import TYPE_CHECKING
 
-from dkha import config  # noqa: F401  (registers dkha.* defaults with dask.config)
 from dkha.version import __version__
 
 #: public name -> the module that defines it
@@ -19,8 +18,8 @@ _EXPORTS = {
     "OnlineKernelPCA": "dkha.estimators.online", "load": "dkha.estimators.saved",
     "tune": "dkha.estimators.tune", "explained_variance": "dkha.runs.variance",
     "Kernel": "dkha.kernels", "make_kernel": "dkha.kernels",
-    "DataStore": "dkha.data.store", "ingest_array": "dkha.data.store",
-    "ingest_images": "dkha.data.store", "open_store": "dkha.data.store",
+    "DataStore": "dkha.data.store", "ingest_array": "dkha.data.ingest",
+    "ingest_images": "dkha.data.ingest", "open_store": "dkha.data.store",
 }
 
 
@@ -37,7 +36,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:   # what static tools see
-    from dkha.data.store import DataStore, ingest_array, ingest_images, open_store
+    from dkha.data.ingest import ingest_array, ingest_images
+    from dkha.data.store import DataStore, open_store
     from dkha.estimators.batch import KernelHebbianPCA, fit_together
     from dkha.estimators.online import OnlineKernelPCA
     from dkha.estimators.saved import load

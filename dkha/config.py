@@ -6,18 +6,24 @@ never bind them in default arguments.
 
 from __future__ import annotations
 
-import os
-
 import dask.config
-import yaml
 
-_fn = os.path.join(os.path.dirname(__file__), "dkha.yaml")
-with open(_fn) as f:
-    _defaults = yaml.safe_load(f)
+from dkha.names import package_config
+
+_defaults = package_config()
 
 dask.config.update_defaults(_defaults)
 
 
 def get(key: str, override_with=None):
-    """The configuration value ``dkha.<key>``, or ``override_with`` when that is not None."""
-    return dask.config.get(f"dkha.{key}", override_with=override_with)
+    """The configuration value ``dkha.<key>``, or ``override_with`` when that is not None.
+
+    The package default stands in where dask's configuration has no value: a
+    ``dask.config.set({"dkha.…": …})`` entered before this module was first imported drops
+    the defaults registered meanwhile when it exits."""
+    default = _defaults["dkha"]
+    for part in key.split("."):
+        if not isinstance(default, dict) or part not in default:
+            return dask.config.get(f"dkha.{key}", override_with=override_with)  # KeyError
+        default = default[part]
+    return dask.config.get(f"dkha.{key}", default, override_with=override_with)

@@ -21,9 +21,8 @@ import numpy as np
 
 from dkha import tiles
 from dkha.errors import ParameterError
+from dkha.names import KERNEL_ALIASES, KERNELS
 
-KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid")
-KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial", "linear": "polynomial"}
 _PARAMS = {
     "gaussian": {"sigma": None},
     "laplacian": {"sigma": None},

@@ -5,19 +5,79 @@ Whether anything is shown is the caller's choice (the CLI, ``verbose=`` in the A
 when standard error is a terminal, else a log line (INFO, logger ``dkha.progress``) when it starts
 and then every :data:`LOG_EVERY` seconds, so that a log file or a pipe also shows that work goes
 on. ``transient`` progress (one pass of many, e.g. a Krylov product) leaves no bar behind and
-logs only while it lasts longer than :data:`LOG_EVERY`.
+logs only while it lasts longer than :data:`LOG_EVERY`; transient progress without a total
+(stages of one task) logs the name of each stage as it begins.
+
+:func:`phase` logs the start of a phase of the work (an evaluation, saving the run) on the same
+logger, and :func:`heartbeat` (the ``dkha`` command, outside a terminal) keeps a line coming at
+least every :data:`LOG_EVERY` seconds while one task runs for longer: the innermost progress's
+state, or the phase going on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
 import time
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 10.0     # seconds between log lines when standard error is not a terminal
 _clock = time.perf_counter
+
+#: the progress shown as log lines now, innermost last; the clock of the last line logged; what
+#: began or ended last (a phase, a progress) and when
+_active: list["Progress"] = []
+_last_line = [0.0]
+_last_event: list = [None, 0.0]
+
+
+def _logged(message: str, *, event: bool = True) -> None:
+    log.info("%s", message)
+    _last_line[0] = _clock()
+    if event:
+        _last_event[:] = [message, _last_line[0]]
+
+
+def phase(desc: str) -> None:
+    """Say that a phase of the work begins (one log line, INFO on ``dkha.progress``)."""
+    _logged(desc)
+
+
+def _beat(every: float) -> None:
+    """One heartbeat line if none was logged for ``every`` seconds."""
+    if _clock() - _last_line[0] < every:
+        return
+    innermost = _active[-1:]      # (a copy: the work's thread opens and closes them)
+    if innermost:
+        innermost[0]._line()
+    elif _last_event[0] is not None:
+        _logged(f"working, {_clock() - _last_event[1]:.0f} s since: {_last_event[0]}",
+                event=False)
+
+
+@contextlib.contextmanager
+def heartbeat(every: float = LOG_EVERY) -> Iterator[None]:
+    """While it lasts, a thread logs a line whenever none came for ``every`` seconds (the
+    progress of a pass whose blocks each take longer, a phase without progress of its own)."""
+    done = threading.Event()
+    _last_line[0] = _clock()
+    poll = min(0.25, every / 8)
+
+    def run():
+        while not done.wait(poll):
+            _beat(every - 2 * poll)     # a line before ``every`` seconds of silence
+
+    thread = threading.Thread(target=run, name="dkha-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _terminal() -> bool:
@@ -47,22 +107,26 @@ class Progress:
                              leave=not transient, initial=initial)
         else:
             self._log = True
+            _active.append(self)
             if not transient:
                 self._line()
+            elif total is None:     # stages, each named as it begins (:meth:`describe`)
+                _logged(desc)
+                self._last = _clock()
 
     def _line(self, done: bool = False) -> None:
         seconds = _clock() - self._t0
         of = f"/{self.total}" if self.total else ""
         extra = "".join(f", {k} {v}" for k, v in self.postfix.items())
-        log.info("%s: %s%s %ss%s in %.0f s%s", self.desc, self.n, of, self.unit,
-                 "" if done else " so far", seconds, extra)
+        _logged(f"{self.desc}: {self.n}{of} {self.unit}s{'' if done else ' so far'} in "
+                f"{seconds:.0f} s{extra}", event=done or self.n == 0)
         self._last = _clock()
 
     def update(self, n: int = 1) -> None:
         self.n += n
         if self._bar is not None:
             self._bar.update(n)
-        elif self._log and _clock() - self._last >= LOG_EVERY:
+        elif self._log and _clock() - max(self._last, _last_line[0]) >= LOG_EVERY:
             self._line()
 
     def describe(self, desc: str) -> None:
@@ -71,7 +135,7 @@ class Progress:
         if self._bar is not None:
             self._bar.set_description_str(desc)
         elif self._log:
-            log.info("%s", desc)
+            _logged(desc)
             self._last = _clock()
 
     def set_postfix(self, **values) -> None:
@@ -87,6 +151,8 @@ class Progress:
             if not self.transient or _clock() - self._t0 >= LOG_EVERY:
                 self._line(done=True)
             self._log = False
+            if self in _active:
+                _active.remove(self)
 
     def __enter__(self) -> "Progress":
         return self

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from tests.processes import local_client
 
 DIGITS_PER_CLASS = 30

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +19,21 @@ def subprocess_env(**extra: str) -> dict:
     env.pop("DASK_SCHEDULER_ADDRESS", None)
     env.update(extra)
     return env
+
+
+#: a progress line of the ``dkha`` command outside a terminal: ``HH:MM:SS (+S.S s) dkha CMD: …``
+PROGRESS_LINE = re.compile(r"^\d\d:\d\d:\d\d \(\+(\d+\.\d) s\) (dkha [\w-]+: .*)$")
+
+
+def progress_lines(stderr: str) -> list[tuple[float, str]]:
+    """``(seconds since the command started, "dkha CMD: message")`` of its progress lines."""
+    return [(float(m.group(1)), m.group(2)) for m in map(PROGRESS_LINE.match, stderr.splitlines())
+            if m]
+
+
+def other_lines(stderr: str) -> list[str]:
+    """The non-empty lines of ``stderr`` that are not progress lines (errors, warnings)."""
+    return [ln for ln in stderr.strip().splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
 
 
 def dkha_command(*args: str) -> list[str]:

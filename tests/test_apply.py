@@ -20,10 +20,12 @@ from dkha import KernelHebbianPCA
 
 from dkha.data import result
 from dkha.apply import clustering, denoise, preimage
-from dkha.cli.apply import COMMANDS, add_parsers
+from dkha.cli.apply import COMMANDS
+from dkha.cli.parser import add_apply_parsers
 from dkha.errors import InputError, ParameterError
 from dkha.kernels import make_kernel
-from dkha.data.store import extract_patches, ingest_array, ingest_images
+from dkha.data.ingest import ingest_array, ingest_images
+from dkha.data.patches import extract_patches
 
 
 def gauss(X, Y, sigma):
@@ -284,7 +286,7 @@ def photo(seed):
     [0, 1], as a saved photograph would be, so reading it back does not rescale it)."""
     from skimage.transform import resize
 
-    from dkha.data.store import read_grey_image
+    from dkha.data.patches import read_grey_image
 
     camera = resize(read_grey_image("skimage:camera"), (256, 256), anti_aliasing=True)
     clean = camera[70:114, 100:144]
@@ -559,7 +561,7 @@ def test_spectral_embedding_rows_are_unit():
 
 def run_command(argv):
     parser = argparse.ArgumentParser(prog="dkha")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
+    add_apply_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return COMMANDS[args.command](args)
 
@@ -592,7 +594,7 @@ def test_denoise_command(photo, photo_run, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["snr_denoised"] > summary["snr_noisy"] + 3.0
     assert os.path.exists(out)
-    from dkha.data.store import read_grey_image
+    from dkha.data.patches import read_grey_image
 
     assert read_grey_image(out).shape == clean.shape
     out2 = str(tmp_path / "clean_gradient.png")

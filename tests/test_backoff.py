@@ -190,7 +190,7 @@ def test_many_models_back_off_each_on_its_own(digits_store, client, seed, diverg
 
 # --- online ------------------------------------------------------------------------------------
 
-ONLINE = dict(algorithm="oo-kha", sigma=SIGMA, nu=0.05, eta0=50.0, gamma=1.0, steps=600,
+ONLINE = dict(algorithm="oo-kha", sigma=SIGMA, nu=0.05, eta0=50.0, gain_decay=1.0, steps=600,
               block_rows=32, evaluate_every=300)
 
 

@@ -19,7 +19,7 @@ import pytest
 import zarr
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as a script
-from tests.processes import subprocess_env  # noqa: E402
+from tests.processes import other_lines, subprocess_env  # noqa: E402
 
 
 
@@ -29,7 +29,7 @@ def _env():
 
 def make_fixtures(d: str) -> dict:
     """The files the cases use, made in ``d``."""
-    from dkha.data.store import ingest_array
+    from dkha.data.ingest import ingest_array
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 4))
@@ -129,7 +129,7 @@ def test_bad_input_is_one_line(fixtures, what, args, expect, not_written):
     p = run_case(args, d)
     assert p.returncode != 0
     assert "Traceback" not in p.stderr
-    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    lines = other_lines(p.stderr)        # (a fit's progress lines come first in a pipe)
     assert len(lines) == 1 and lines[0].startswith("dkha: error:"), p.stderr
     assert expect in lines[0]
     if not_written:

@@ -18,7 +18,9 @@ from dkha.errors import ParameterError
 from dkha.kernels import make_kernel
 from dkha.engine.rows import RowEngine
 from dkha.engine.tasks import clear_cache
-from dkha.data.store import CENTERING_GROUP, ingest_array, open_store
+from dkha.data.centering import CENTERING_GROUP
+from dkha.data.ingest import ingest_array
+from dkha.data.store import open_store
 
 SIGMA = 4.0
 
@@ -93,7 +95,7 @@ def test_damaged_entry_is_recomputed(store, client, dense_mk, caplog):
     entry = zarr.open_array(os.path.join(store.path, CENTERING_GROUP, entries(store)[0]), mode="r+")
     entry[3] = entry[3] + 1e-9                  # a valid chunk holding a wrong value
     engine = engine_for(store, client)
-    with caplog.at_level(logging.WARNING, logger="dkha.data.store"):
+    with caplog.at_level(logging.WARNING, logger="dkha.data.centering"):
         mk, _ = engine.compute_mk()
     assert engine.centering["cached"] is False
     assert "do not match their checksum" in caplog.text
@@ -103,10 +105,10 @@ def test_damaged_entry_is_recomputed(store, client, dense_mk, caplog):
 
 def test_read_only_store_computes_without_caching(store, client, dense_mk, caplog, monkeypatch):
     real_access = os.access
-    monkeypatch.setattr("dkha.data.store.os.access",
+    monkeypatch.setattr("dkha.data.centering.os.access",
                         lambda p, mode: False if mode == os.W_OK else real_access(p, mode))
     engine = engine_for(store, client)
-    with caplog.at_level(logging.WARNING, logger="dkha.data.store"):
+    with caplog.at_level(logging.WARNING, logger="dkha.data.centering"):
         mk, _ = engine.compute_mk()
     assert "read-only" in caplog.text
     assert not os.path.exists(os.path.join(store.path, CENTERING_GROUP))

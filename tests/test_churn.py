@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from tests.processes import (reference_and_background_fit, start_dask_cluster, start_dask_worker,
                              stop_processes)
 

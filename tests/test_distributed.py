@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from tests.processes import dkha_command, start_dask_cluster, stop_processes, subprocess_env
 
 pytestmark = pytest.mark.cluster

@@ -13,7 +13,7 @@ from dkha.fit.evaluate import evaluate, projections
 from dkha.fit.spectrum import krylov_eigenpairs, top_eigenvalues
 from dkha.kernels import make_kernel
 from dkha.engine.rows import RowEngine
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 SIGMA = 4.0
 R = 5

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dkha import schedule
-from dkha.data.store import extract_patches, ingest_array, read_grey_image
+from dkha.data.ingest import ingest_array
+from dkha.data.patches import extract_patches, read_grey_image
 from dkha.engine.rows import RowEngine
 from dkha.errors import NumericalError
 from dkha.estimators.batch import KernelHebbianPCA

@@ -26,7 +26,7 @@ from dkha.kernels import make_kernel
 from dkha.estimators.online import OnlineKernelPCA
 from dkha.runs.transform import project_dictionary as project
 from dkha.solvers.online import OnlineKHA, learning_rate
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 SIGMA = 4.0
 
@@ -337,7 +337,7 @@ def test_fit_streams_the_store_in_blocks_and_saves(online_digits, tmp_path):
     assert np.all(np.isnan(ds["excess"].values))
     assert np.all((ds["ac_index"].values > 0) & (ds["ac_index"].values <= 1))
     assert ds.attrs["algorithm"] == "okpca" and ds.attrs["tau"] == 1000.0
-    assert ds.attrs["gamma"] is None and ds.attrs["centered"] is False
+    assert ds.attrs["gain_decay"] is None and ds.attrs["centered"] is False
     assert ds.attrs["kernel"] == "gaussian" and ds.attrs["sigma"] == SIGMA
     assert ds.attrs["n_samples"] == 90 and ds.attrs["n_features"] == 64
     assert ds.attrs["seed"] == 4 and ds.attrs["nu"] == 1e-3
@@ -359,8 +359,8 @@ def test_on_kha_converges_towards_exact_kpca(online_digits):
 
 @pytest.mark.parametrize("kw,match", [
     ({"algorithm": "kha"}, "The 'algorithm' parameter of OnlineKernelPCA must be a str among"),
-    ({"gamma": 0.99, "tau": 10.0}, "not both"),
-    ({"gamma": 1.5}, r"'gamma' parameter of OnlineKernelPCA must be .* range \(0.0, 1.0\]"),
+    ({"gain_decay": 0.99, "tau": 10.0}, "not both"),
+    ({"gain_decay": 1.5}, r"'gain_decay' parameter of OnlineKernelPCA must be .* range \(0.0, 1.0\]"),
     ({"nu": 0.0}, r"'nu' parameter of OnlineKernelPCA must be a float in the range \(0.0, inf\)"),
     ({"eta0": -1}, "'eta0' parameter of OnlineKernelPCA must be a float in the range"),
     ({"tau": 0}, "'tau' parameter of OnlineKernelPCA must be a float in the range"),
@@ -377,3 +377,35 @@ def test_transform_before_fit_is_refused():
 
     with pytest.raises(NotFittedError, match="This OnlineKernelPCA instance is not fitted yet"):
         OnlineKernelPCA(2).transform(np.zeros((1, 2)))
+
+
+def test_gamma_is_renamed_gain_decay(online_digits, tmp_path):
+    """The old spelling of the gain decay (``gamma``) still works, with a FutureWarning, as the
+    keyword, the command-line option and the pipeline key; a run saved under the old attr name
+    loads with its decay."""
+    from dkha.estimators.params import ONLINE, estimator_kwargs
+    from dkha.estimators.saved import load
+
+    kw = dict(sigma=SIGMA, nu=0.2, eta0=0.1, steps=120, block_rows=16, seed=1)
+    new = OnlineKernelPCA(4, gain_decay=0.99, **kw).fit(online_digits)
+    with pytest.warns(FutureWarning, match=r"gamma=\.\.\.\) is now gain_decay"):
+        old = OnlineKernelPCA(4, gamma=0.99, **kw)
+    assert old.get_params()["gain_decay"] == 0.99 and "gamma" not in old.get_params()
+    np.testing.assert_array_equal(old.fit(online_digits).alpha_, new.alpha_)
+    # a faster decay moves less: the value reached the solver
+    slower = OnlineKernelPCA(4, gain_decay=0.5, **kw).fit(online_digits)
+    assert not np.allclose(slower.alpha_, new.alpha_)
+    with pytest.warns(FutureWarning, match="--gamma is now --gain-decay"):
+        assert estimator_kwargs({"gamma": 0.9}, ONLINE, "on-kha") == {"gain_decay": 0.9}
+    with pytest.warns(FutureWarning, match="key gamma is now gain_decay"):
+        assert estimator_kwargs({"gamma": 0.9}, ONLINE, "on-kha", where="") == {"gain_decay": 0.9}
+    with pytest.warns(FutureWarning), pytest.raises(ParameterError, match="not both"):
+        estimator_kwargs({"gamma": 0.9, "gain_decay": 0.8}, ONLINE, "on-kha")
+    # a run saved before the rename: attr gamma
+    new.save(str(tmp_path / "run"))
+    ds = xr.open_zarr(str(tmp_path / "run" / "components.zarr"))
+    attrs = dict(ds.attrs)
+    attrs["gamma"] = attrs.pop("gain_decay")
+    ds.attrs = attrs
+    ds.to_zarr(str(tmp_path / "old" / "components.zarr"), mode="w")
+    assert load(str(tmp_path / "old")).gain_decay == 0.99

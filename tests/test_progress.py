@@ -10,7 +10,7 @@ import dask.config
 import numpy as np
 
 from dkha import KernelHebbianPCA, progress
-from dkha.cli.fit import _excess_text, excess_precision
+from dkha.cli.output import excess_precision, excess_text
 from dkha.cli.main import main
 
 
@@ -48,8 +48,8 @@ def test_a_verbose_fit_shows_each_phase(digits_store, client, caplog):
 
 
 def test_excess_is_printed_clipped_at_zero_with_its_precision():
-    assert _excess_text(-2.3e-9, 1e-14) == "0 (below its precision, ±2.3e-09)"
-    assert _excess_text(1.5e-3, 2e-12) == "1.500e-03 (±2.0e-12)"
+    assert excess_text(-2.3e-9, 1e-14) == "0 (below its precision, ±2.3e-09)"
+    assert excess_text(1.5e-3, 2e-12) == "1.500e-03 (±2.0e-12)"
     # ε √l ‖K'‖²_F / E_min², with ‖K'‖²_F = E_min² + Σλ²
     p = excess_precision(2.0, [3.0, 1.0], 400)
     assert np.isclose(p, np.finfo(float).eps * 20 * (4 + 10) / 4)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from tests.processes import subprocess_env
 
 FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "8",

@@ -12,7 +12,7 @@ import pytest
 from dkha.kernels import make_kernel
 from dkha.engine.rows import RowEngine
 from dkha.engine.tasks import center_block
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 
 SIGMA = 4.0
 REL = 1e-12

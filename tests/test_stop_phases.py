@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from tests.processes import dkha_command, subprocess_env
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ import xarray as xr
 import zarr
 
 from dkha.errors import InputError, ParameterError, RunDirectoryError, StoreNotFoundError
-from dkha.data.store import ingest_array, ingest_images, open_store
+from dkha.data.ingest import ingest_array, ingest_images
+from dkha.data.store import open_store
 
 # --- helpers ------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from scipy.spatial.distance import cdist
 
 from dkha import KernelHebbianPCA, tiles
 from dkha.cli.main import build_parser
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from dkha.engine.rows import RowEngine
 from dkha.errors import ParameterError
 from dkha.estimators import params

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from tests.processes import start_dask_cluster, stop_processes, subprocess_env
 
 cryptography = pytest.importorskip("cryptography")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dkha.data.store import ingest_array
+from dkha.data.ingest import ingest_array
 from tests.processes import reference_and_background_fit, start_dask_cluster, stop_processes
 
 pytestmark = pytest.mark.cluster

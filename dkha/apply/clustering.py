@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from dkha.data.store import replace_directory
+from dkha.data.atomic import replace_directory
 from dkha.engine.cluster import client_for
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.evaluate import projections

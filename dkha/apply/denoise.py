@@ -28,7 +28,9 @@ import numpy as np
 import xarray as xr
 
 from dkha.apply.preimage import RunPreimages, Training, check_options, expansion, solve
-from dkha.data.store import consolidate, open_store, read_grey_image, replace_directory
+from dkha.data.atomic import consolidate, replace_directory
+from dkha.data.patches import read_grey_image
+from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, ParameterError, RunDirectoryError

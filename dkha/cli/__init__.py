@@ -1,24 +1,65 @@
-"""The ``dkha`` command. :func:`main` says what it starts before it loads the command line
-(:mod:`dkha.cli.main`: dask, distributed, xarray and scikit-learn take seconds to import), so a
-long job shows itself from its first second."""
+"""The ``dkha`` command. :func:`main` parses the command line with a parser that loads nothing
+heavy (:mod:`dkha.cli.parser`): ``--version``, ``--help`` and argument errors answer at once.
+Only a command that runs loads the engine (:mod:`dkha.cli.main`: dask, distributed, xarray and
+scikit-learn take seconds to import), and a long one says so first, so that it shows itself from
+its first second: a line in a terminal, and outside one (a pipe, a log file) timestamped lines
+at the start of each phase and at least every :data:`~dkha.progress.LOG_EVERY` seconds."""
 
+import contextlib
 import importlib
+import logging
 import sys
 
+from dkha.cli.output import progress_lines
+from dkha.cli.parser import build_parser
+from dkha.progress import heartbeat, phase
 
-def announce(argv: list[str]) -> None:
-    """``dkha fit``'s first progress line, before the modules load and the workers start: in a
-    terminal unless ``--quiet``, and with ``-v``."""
-    words = [a for a in argv if not a.startswith("-")]
-    verbose = any(a.startswith("-v") or a == "--verbose" for a in argv)
-    if words[:1] == ["fit"] and "--quiet" not in argv and (verbose or sys.stderr.isatty()):
-        print("dkha fit: loading, then starting the Dask workers", file=sys.stderr, flush=True)
+#: the commands that show progress without -v: bars in a terminal, lines in a pipe or log file
+PROGRESS_COMMANDS = ("fit", "tune", "run")
+LOADING = "loading, then starting the Dask workers"
+
+
+def shows_progress(args) -> bool:
+    """Whether the command ``args`` describe shows its progress (unless ``--quiet``)."""
+    return args.command in PROGRESS_COMMANDS and not getattr(args, "quiet", False)
+
+
+@contextlib.contextmanager
+def progress_shown(args):
+    """While the command runs: its first line, and outside a terminal its progress as log lines
+    on standard error (``dkha.progress``, and ``dkha.pipeline``'s stages for ``dkha run``) with
+    a :func:`~dkha.progress.heartbeat`."""
+    if not shows_progress(args):
+        yield
+        return
+    if sys.stderr.isatty():     # progress bars (tqdm)
+        print(f"dkha {args.command}: {LOADING}", file=sys.stderr, flush=True)
+        yield
+        return
+    handler = progress_lines(args.command)
+    logger = logging.getLogger("dkha.progress")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    if args.verbose == 0:       # with -v the root logger's handler shows them
+        logger.addHandler(handler)
+    else:                       # (once it is set up, after loading)
+        print(handler.format(logging.makeLogRecord({"msg": LOADING})), file=sys.stderr,
+              flush=True)
+    try:
+        with heartbeat():
+            if args.verbose == 0:
+                phase(LOADING)
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``dkha`` with ``argv`` (``sys.argv[1:]`` by default); returns the exit code."""
-    announce(sys.argv[1:] if argv is None else argv)
-    return importlib.import_module("dkha.cli.main").main(argv)
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    with progress_shown(args):
+        return importlib.import_module("dkha.cli.main").run(args)
 
 
 __all__ = ["main"]

@@ -4,7 +4,7 @@
     dkha superresolve RUN_DIR LOW.png --factor F -o HIGH.png [--reference ORIG.png] [--json]
     dkha cluster RUN_DIR --k 10 -o LABELS.zarr [--json]
 
-:func:`add_parsers` adds both to the ``dkha`` command's subparsers; :data:`COMMANDS` maps their
+:func:`dkha.cli.parser.add_apply_parsers` declares their options; :data:`COMMANDS` maps their
 names to the functions that run them (each takes the parsed arguments and returns an exit code).
 """
 
@@ -16,100 +16,8 @@ import json
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
 from dkha.apply.superresolve import superresolve
-from dkha.cli.options import add_cluster_options, cluster_kwargs, positive_int
+from dkha.cli.where import cluster_kwargs
 from dkha.errors import ParameterError, RunDirectoryError
-
-
-def add_parsers(subparsers) -> None:
-    """Add the ``denoise`` and ``cluster`` subcommands to ``dkha``'s subparsers."""
-    p = subparsers.add_parser(
-        "denoise", help="denoise an image (run fitted on its patches) or a data store of vectors",
-        description="Images: cut the image into patches on the training store's grid, project "
-                    "them on the components, map them back by a pre-image (--preimage) and "
-                    "average the overlapping patches. Data stores (a directory, e.g. NOISY.zarr): "
-                    "project and pre-image every sample, blockwise on the cluster (one task per "
-                    "chunk), and write the result as a data store.")
-    p.add_argument("run_dir")
-    p.add_argument("image", metavar="INPUT",
-                   help="the noisy image (grey or colour; skimage:NAME for bundled ones), or a "
-                        "data store (.zarr) of noisy vectors")
-    p.add_argument("-o", "--out", required=True,
-                   help="where to write the denoised image (8-bit by extension; .tif float, "
-                        ".npy) or data store (for a store input)")
-    p.add_argument("--reference", metavar="ORIG",
-                   help="the clean image (SNR before and after) or clean data store (mean "
-                        "squared error before and after)")
-    add_preimage_options(p)
-    p.add_argument("--block", type=positive_int, metavar="B", help="patches per block (2048)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
-
-    p = subparsers.add_parser(
-        "superresolve", help="scale an image up with a run fitted on high-resolution patches "
-                             "(Kim et al. §4.2)",
-        description="Scale the low-resolution image up by FACTOR (pixel replication or "
-                    "bilinear), cut it into overlapping windows of the training patches' size, "
-                    "project them on the components, map them back by a pre-image (--preimage) "
-                    "and average the overlaps.")
-    p.add_argument("run_dir")
-    p.add_argument("image", help="the low-resolution image (skimage:NAME for bundled ones)")
-    p.add_argument("--factor", type=positive_int, required=True, metavar="F",
-                   help="scale factor (integer)")
-    p.add_argument("-o", "--out", required=True,
-                   help="where to write the image (8-bit by extension; .tif float, .npy)")
-    p.add_argument("--upscaling", choices=("replicate", "bilinear"), default="replicate",
-                   help="how the image is first scaled up (default: pixel replication, the "
-                        "paper's); the pre-images start from it")
-    p.add_argument("--step", dest="window_step", type=positive_int, metavar="S",
-                   help="window grid in pixels (default: the training store's step)")
-    p.add_argument("--reference", metavar="ORIG",
-                   help="the original high-resolution image: print the PSNR")
-    add_preimage_options(p, gradient_step="--gradient-step")
-    p.add_argument("--block", type=positive_int, metavar="B", help="windows per block (2048)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
-
-    p = subparsers.add_parser(
-        "cluster", help="spectral clustering (Ng, Jordan & Weiss) of a run's training samples",
-        description="k-means on the row-normalised projections of the training samples on the "
-                    "components; with labels in the store, prints the variation of information "
-                    "(nats) and that of random labels.")
-    p.add_argument("run_dir")
-    p.add_argument("-k", "--k", dest="k", type=positive_int, required=True,
-                   help="number of clusters")
-    p.add_argument("-o", "--out", required=True, help="zarr store for cluster (sample)")
-    p.add_argument("--scale", choices=("eigenvectors", "projections"), default="eigenvectors",
-                   help="columns as unit eigenvectors (NJW, default) or the raw projections")
-    p.add_argument("--seed", type=int, default=0, help="k-means seed (and the random labels')")
-    p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
-
-
-def add_preimage_options(p: argparse.ArgumentParser, *, gradient_step: str = "--step") -> None:
-    """The pre-image options every reconstruction command shares (:mod:`dkha.apply.preimage`);
-    ``gradient_step`` names the gradient step option where ``--step`` means something else."""
-    g = p.add_argument_group("pre-images")
-    g.add_argument("--preimage", choices=("fixed-point", "conformal", "gradient"),
-                   help="fixed-point (Mika et al.; the default for gaussian kernels), conformal "
-                        "(Honeine's conformal-map linear solve; any kernel, the default "
-                        "otherwise) or gradient (Honeine §5.3; gaussian)")
-    g.add_argument("--iterations", type=positive_int, metavar="N",
-                   help="fixed-point / gradient iterations per sample, at most (default 50)")
-    g.add_argument("--tol", type=float,
-                   help="stop a sample once its relative step is below this (1e-5)")
-    g.add_argument("--eta", type=float,
-                   help="conformal: the regularisation η of (P_m − η K_m⁻¹) (default 0; "
-                        "η > 0 needs a dictionary run)")
-    g.add_argument(gradient_step, dest="step", type=float,
-                   help="gradient: a fixed step size, no line search (default: Armijo steps)")
-    g.add_argument("--nonnegative", action="store_true",
-                   help="gradient: steps weighted by z and iterates kept ≥ 0 (Kallas et al.)")
-    g.add_argument("--orthonormalize", action="store_true",
-                   help="project with the components' Gram matrix (one more pass; for batch "
-                        "runs stopped far from convergence)")
 
 
 def preimage_kwargs(args) -> dict:

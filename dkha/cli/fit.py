@@ -1,76 +1,23 @@
-"""The ``dkha fit`` and ``dkha tune`` commands; their options come from the one parameter table
-(:mod:`dkha.estimators.params`)."""
+"""The ``dkha fit`` and ``dkha tune`` commands; their options (:mod:`dkha.cli.parser`) come from
+the one parameter table (:mod:`dkha.estimators.params`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
-import numpy as np
-
-from dkha.cli.options import (
-    add_cluster_options,
-    centering_line,
-    centering_summary,
-    cluster_kwargs,
-    float_list,
-    positive_int,
-    raise_param,
-)
+from dkha.cli.options import centering_line, centering_summary, raise_param
+from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text
+from dkha.cli.where import cluster_kwargs
 from dkha.data.store import open_store
 from dkha.errors import NumericalError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together, run_names
 from dkha.estimators.online import OnlineKernelPCA
-from dkha.estimators.params import BATCH, add_options, cli_values, estimator_kwargs
+from dkha.estimators.params import BATCH, cli_values, estimator_kwargs
 from dkha.estimators.params import ONLINE as ONLINE_MODEL
 from dkha.estimators.tune import tune
 from dkha.solvers.batch import ALGORITHMS
 from dkha.solvers.online import ALGORITHMS as ONLINE
-
-TYPES = {"positive_int": positive_int, "float_list": float_list}
-
-
-def add_fit_parsers(sub) -> None:
-    """Add ``fit`` and ``tune`` to the ``dkha`` command's subparsers."""
-    p = sub.add_parser("fit", help="fit kernel principal components")
-    p.add_argument("store")
-    p.add_argument("-o", "--out", required=True, metavar="RUN_DIR")
-    add_options(p, types=TYPES)
-    p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
-    c = p.add_mutually_exclusive_group()
-    c.add_argument("--checkpoint-every", type=positive_int, metavar="N",
-                   help="write the complete state to RUN_DIR/checkpoints every N passes "
-                        "(SIGTERM also checkpoints, then exits with code 75)")
-    c.add_argument("--checkpoint-steps", type=positive_int, metavar="N",
-                   help="write the complete state at the first block boundary after every N "
-                        "steps")
-    p.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR's run from its newest valid checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
-
-    p = sub.add_parser("tune", help="try the {1,2,5}×10^b grid of eta0 (and mu) in one kernel "
-                                    "stream; keep the best run of each algorithm")
-    p.add_argument("store")
-    p.add_argument("-o", "--out", required=True, metavar="TUNE_DIR",
-                   help="gets tune.json (every setting's excess error) and TUNE_DIR/<algorithm>, "
-                        "the best run (resumable: continue it with dkha fit ... --resume)")
-    p.add_argument("--algorithm", default="kha-smd",
-                   help="batch algorithm(s) to tune, comma-separated (default kha-smd)")
-    p.add_argument("--eta0", type=float_list, metavar="ETA0[,ETA0...]",
-                   help="values to try (default 0.001,0.002,0.005,…,5: {1,2,5}×10^b, b = −3…0)")
-    p.add_argument("--mu", type=float_list, metavar="MU[,MU...]",
-                   help="kha-smd: meta-gains to try with every eta0 (default 0.01,…,0.5,1)")
-    p.add_argument("--passes", type=positive_int, default=3,
-                   help="passes of every setting, judged by the excess error after them (default 3)")
-    add_options(p, (BATCH,), types=TYPES, defaults={"evaluate_every": 0},
-                skip={"algorithm", "eta0", "mu", "passes", "steps", "tol", "projections"})
-    p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
 
 
 def _fit_summary(model, run_dir: str) -> dict:
@@ -84,26 +31,6 @@ def _fit_summary(model, run_dir: str) -> dict:
             if last else None,
             "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
             **centering_summary(model.attrs_)}
-
-
-def excess_precision(error_min: float, top_eigenvalues, n_samples: int) -> float:
-    """How far rounding can move an evaluated excess ``E/E_min − 1``: ``E_min² = ‖K'‖²_F −
-    Σλ²`` cancels, so its relative error is about ``ε √l ‖K'‖²_F / E_min²`` (``ε`` the machine
-    epsilon, ``√l`` the growth of blockwise sums)."""
-    if not error_min or top_eigenvalues is None:
-        return float("nan")
-    frob2 = error_min ** 2 + float(np.sum(np.square(top_eigenvalues)))
-    return float(np.finfo(np.float64).eps * np.sqrt(n_samples) * frob2 / error_min ** 2)
-
-
-def _excess_text(excess: float, precision: float) -> str:
-    """The excess clipped at 0, with its precision (a negative excess is rounding)."""
-    if excess is None:
-        return "n/a"
-    precision = max(precision, -excess) if precision == precision else -excess
-    if excess <= precision:
-        return f"0 (below its precision, ±{precision:.1e})" if precision > 0 else "0"
-    return f"{excess:.3e}" + (f" (±{precision:.1e})" if precision > 0 else "")
 
 
 def _print_backoffs(backoffs: list[dict]) -> None:
@@ -144,7 +71,7 @@ def _batch_model(args, algorithm: str, eta0, mu, **overrides):
     (an option of the online algorithms is refused in one line)."""
     values = dict(cli_values(args), algorithm=algorithm, eta0=eta0, mu=mu)
     kwargs = estimator_kwargs(values, BATCH, algorithm)
-    kwargs.update(verbose=not args.quiet and sys.stderr.isatty() or args.verbose > 0,
+    kwargs.update(verbose=not args.quiet or args.verbose > 0,
                   **cluster_kwargs(args))
     kwargs.update(overrides)
     return KernelHebbianPCA(**kwargs)
@@ -167,15 +94,15 @@ def cmd_fit(args) -> int:
         print(json.dumps(summary))
     else:
         print(f"{summary['algorithm']}: {summary['n_components']} components of "
-              f"{summary['n_samples']} samples, {summary['kernel']}")
+              f"{summary['n_samples']} samples, {kernel_text(model.kernel_)}")
         line = centering_line(model.attrs_, model.n_samples_)
         if line:
             print(line)
         if model.history_:
             after = (f"after {summary['pass']} Krylov products" if summary["algorithm"] == "krylov"
                      else f"after {summary['step']} steps")
-            print(f"{after}: E = {summary['error']:.6g}, E_min = {summary['error_min']:.6g}, "
-                  f"excess = {_excess_text(summary['excess'], summary['excess_precision'])}")
+            print(f"{after}: " + errors_text(summary["error"], summary["error_min"],
+                                             summary["excess"], summary["excess_precision"]))
         _print_backoffs(model.backoffs_)
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
     return 0
@@ -208,7 +135,8 @@ def _fit_many(args, settings: list[dict]) -> int:
               + (f" ({seconds:.1f} s of fitting)" if seconds else ""))
         for s in summaries:
             shown = ("diverged" if "diverged" in s else
-                     f"excess {s['excess']:.3e}" if s.get("excess") is not None else "saved")
+                     f"excess {excess_text(s['excess'], s['excess_precision'])}"
+                     if s.get("excess") is not None else "saved")
             print(f"  {s['run_dir']}: {shown}{_backed_off(s.get('backoffs'))}")
     failed = [s for s in summaries if "diverged" in s]
     if failed:
@@ -273,7 +201,7 @@ def _fit_online(args) -> int:
     every = values["evaluate_every"]
     values["evaluate_every"] = every * n_samples if every > 0 else None
     kwargs = estimator_kwargs(values, ONLINE_MODEL, args.algorithm)
-    kwargs["verbose"] = not args.quiet and sys.stderr.isatty()
+    kwargs["verbose"] = not args.quiet or args.verbose > 0
     model = OnlineKernelPCA(**kwargs)
     # --checkpoint-every counts passes; the online estimator counts steps
     checkpoint = (args.checkpoint_every * n_samples if args.checkpoint_every

@@ -23,20 +23,15 @@ import os
 import sys
 
 from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
-from dkha.cli.apply import add_parsers as add_apply_parsers
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
-from dkha.cli.fit import add_fit_parsers
-from dkha.cli.options import (
-    add_cluster_options,
-    add_storage_options,
-    centering_line,
-    centering_summary,
-    cluster_kwargs,
-    positive_int,
-    raise_param,
-)
+from dkha.cli.options import centering_line, centering_summary, raise_param
+from dkha.cli.output import LineFormatter, excess_precision, excess_text, pair_digits
+from dkha.cli.parser import build_parser
+from dkha.cli.where import cluster_kwargs
 from dkha.data import result
-from dkha.data.store import ingest_array, ingest_images, open_store, set_storage_options
+from dkha.data.ingest import ingest_array, ingest_images
+from dkha.data.storage import set_storage_options
+from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
 from dkha.errors import DkhaError
 from dkha.estimators.batch import KernelHebbianPCA
@@ -48,93 +43,6 @@ from dkha.pipeline.runner import run_file
 from dkha.runs.run import Run
 from dkha.runs.transform import transform_store
 from dkha.runs.variance import explained_variance
-from dkha.solvers.batch import ALGORITHMS
-from dkha.version import __version__
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dkha", description="Kernel PCA by the Kernel Hebbian "
-                                     "Algorithm family, for data sets too large for a kernel matrix.")
-    parser.add_argument("--version", action="version", version=f"dkha {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    # demo
-    p = sub.add_parser("demo", help="ingest scikit-learn's digits and fit KHA-SMD (no cluster needed)")
-    p.add_argument("-o", "--out", default="dkha-demo", help="directory for the store and run (default dkha-demo)")
-    p.add_argument("--passes", type=positive_int, default=20)
-    p.add_argument("--algorithm", default="kha-smd", choices=ALGORITHMS)
-    add_cluster_options(p)
-
-    # ingest
-    p = sub.add_parser("ingest", help="create a data store")
-    isub = p.add_subparsers(dest="kind", required=True)
-    a = isub.add_parser("array", help="from a .npy array (samples × features)")
-    a.add_argument("src")
-    a.add_argument("-o", "--out", required=True)
-    a.add_argument("--labels", help=".npy of one label per sample")
-    a.add_argument("--chunk-rows", type=positive_int)
-    a.add_argument("--overwrite", action="store_true")
-    add_storage_options(a)
-    im = isub.add_parser("images", help="grey-scale patches of images (skimage:NAME for bundled ones)")
-    im.add_argument("images", nargs="+")
-    im.add_argument("-o", "--out", required=True)
-    im.add_argument("--patch", type=positive_int, default=11)
-    im.add_argument("--step", type=positive_int, default=2)
-    im.add_argument("--max-samples", type=positive_int, metavar="N",
-                    help="keep N patches drawn uniformly (seeded) from all the images' patch "
-                         "positions, in raster order")
-    im.add_argument("--seed", type=int, default=0, help="seed of the --max-samples draw")
-    im.add_argument("--chunk-rows", type=positive_int)
-    im.add_argument("--overwrite", action="store_true")
-    add_storage_options(im)
-
-    add_fit_parsers(sub)
-
-    # run (pipelines)
-    p = sub.add_parser("run", help="run a pipeline file (TOML): ingest → fit → evaluate → apply → report")
-    p.add_argument("pipeline")
-    p.add_argument("--run-id", help="name of the run directory (default: the pipeline's name)")
-    p.add_argument("--runs-dir", default="runs", help="where run directories go (default ./runs)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
-
-    # applications: denoise, cluster
-
-    add_apply_parsers(sub)
-
-    # evaluate
-    p = sub.add_parser("evaluate", help="reconstruction error E(A), E_min and the excess (eq. 22); "
-                       "online runs: the AC index; --variance: explained variance (eq. 23)")
-    p.add_argument("run_dir")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--recompute", action="store_true",
-                   help="recompute the top eigenvalues of K' instead of reusing the fit's")
-    p.add_argument("--variance", action="store_true",
-                   help="also Honeine's explained variance per component (eq. 23), blockwise "
-                        "over the training store")
-    p.add_argument("--variance-samples", type=positive_int, metavar="N",
-                   help="estimate the variance on a seeded sample of N rows (huge stores)")
-    p.add_argument("--cache-rows", action="store_true", default=None,
-                   help="keep the kernel's tiles in worker memory while evaluating (pays when "
-                        "the eigenvalues are recomputed: every Krylov iteration is a pass)")
-    add_cluster_options(p)
-
-    # transform
-    p = sub.add_parser("transform", help="project a data store on the components")
-    p.add_argument("run_dir")
-    p.add_argument("new_store")
-    p.add_argument("-o", "--out", required=True)
-    p.add_argument("--overwrite", action="store_true")
-    add_cluster_options(p)
-
-    # report
-    p = sub.add_parser("report", help="an HTML page of a run: convergence, component pictures, "
-                                      "response maps")
-    p.add_argument("run_dir")
-    p.add_argument("--components", type=positive_int, default=8,
-                   help="components to show (default 8)")
-    return parser
 
 
 def cmd_ingest(args) -> int:
@@ -172,7 +80,11 @@ def cmd_evaluate(args) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"E(A)   = {ev.error:.10g}\nE_min  = {ev.error_min:.10g}\nexcess = {ev.excess:.6e}")
+        precision = excess_precision(ev.error_min, eig if eig and len(eig) >= r else None,
+                                     int(ds.sizes["sample"]))
+        d = pair_digits(ev.excess, precision)
+        print(f"E(A)   = {ev.error:.{d}g}\nE_min  = {ev.error_min:.{d}g}\n"
+              f"excess = {excess_text(ev.excess, precision)}")
         _print_variance(out)
         line = centering_line(ds.attrs, int(ds.sizes["sample"]))
         if line:
@@ -245,15 +157,14 @@ def cmd_run(args) -> int:
     # the stages as they start and end, without -v (the pipeline's INFO lines, to stderr)
     stages = logging.StreamHandler(sys.stderr)
     stages.setLevel(logging.INFO)
-    stages.setFormatter(logging.Formatter("dkha run: %(message)s"))
+    stages.setFormatter(LineFormatter("run"))
     stages.addFilter(lambda record: record.levelno < logging.WARNING
                      and record.getMessage().startswith("stage "))
     pipeline_log = logging.getLogger("dkha.pipeline")
     pipeline_log.addHandler(stages)
     try:
         code, summary = run_file(args.pipeline, run_id=args.run_id, runs_dir=args.runs_dir,
-                                 cluster=cluster_kwargs(args),
-                                 verbose=args.verbose > 0 or sys.stderr.isatty())
+                                 cluster=cluster_kwargs(args), verbose=True)
     finally:
         pipeline_log.removeHandler(stages)
     if args.json:
@@ -334,8 +245,12 @@ def _install_stop_handler() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Parse ``argv`` and run the command (as ``dkha`` does, with the engine loaded first)."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command that the parsed ``args`` describe; returns the exit code."""
     level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     for h in logging.root.handlers:  # library INFO lines go to files (pipelines), not the console
@@ -353,4 +268,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dkha: interrupted", file=sys.stderr)
         return 130
-

@@ -1,13 +1,16 @@
 """Command-line options shared by the ``dkha`` subcommands: argument types, where it runs, and
-the one-line summaries of a run's centering. The fit options are generated from the parameter
-table (:mod:`dkha.estimators.params`)."""
+the one-line summaries of a run's centering (the value of the where-it-runs options:
+:func:`dkha.cli.where.cluster_kwargs`). The fit options are generated from the parameter
+table (:mod:`dkha.estimators.params`).
+
+The parser is built before dask, xarray and scikit-learn load (``dkha --help`` and argument
+errors answer at once): what needs them is imported where an option's value is used."""
 
 from __future__ import annotations
 
 import argparse
 
-from dkha.data.store import parse_storage_option
-from dkha.engine.cluster import Where
+from dkha.data.storage import parse_storage_option
 from dkha.errors import DkhaError, ParameterError
 
 
@@ -53,12 +56,6 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-file", metavar="F", help="attach via a scheduler file")
     g.add_argument("--workers", type=positive_int, metavar="N",
                    help="start a local cluster of N worker processes")
-
-
-def cluster_kwargs(args) -> dict:
-    """``{"client": where}`` from ``--scheduler``, ``--scheduler-file`` and ``--workers``: the one
-    where-it-runs value every public function takes (:func:`dkha.engine.cluster.client_for`)."""
-    return {"client": Where(args.scheduler, args.scheduler_file, args.workers)}
 
 
 def raise_param(msg: str):

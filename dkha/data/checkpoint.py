@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.data import result
-from dkha.data.store import replace_directory
+from dkha.data.atomic import replace_directory
 from dkha.errors import (
     DkhaWarning,
     InputError,

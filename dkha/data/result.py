@@ -24,15 +24,16 @@ import uuid
 import numpy as np
 import xarray as xr
 
-from dkha.data.store import consolidate, replace_directory
+from dkha.data.atomic import consolidate, replace_directory
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
+from dkha.progress import phase
 
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
 # attrs that identify a run: a directory holding a run that differs in any of these is "different"
 IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
-                  "rho0", "n_steps", "seed", "store", "init", "nu", "gamma", "tau", "max_members",
+                  "rho0", "n_steps", "seed", "store", "init", "nu", "gain_decay", "tau", "max_members",
                   "centered", "center_sample")
 
 
@@ -136,6 +137,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
 
 def save(ds: xr.Dataset, run_dir: str) -> str:
     """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
+    phase(f"saving the run in {run_dir}")
     os.makedirs(run_dir, exist_ok=True)
     target = os.path.join(run_dir, COMPONENTS)
     tmp = os.path.join(run_dir, f".{COMPONENTS}.{uuid.uuid4().hex}.tmp")

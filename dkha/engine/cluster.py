@@ -23,7 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from threadpoolctl import threadpool_limits
 
 from dkha import config
-from dkha.data.store import apply_storage_settings, storage_settings, url_protocol
+from dkha.data.storage import apply_storage_settings, storage_settings, url_protocol
 from dkha.errors import ParameterError
 
 log = logging.getLogger(__name__)

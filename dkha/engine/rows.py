@@ -50,7 +50,8 @@ import numpy as np
 from distributed import wait as wait_for
 
 from dkha import config
-from dkha.data.store import DataStore, centering_key, read_centering, write_centering
+from dkha.data.centering import centering_key, read_centering, write_centering
+from dkha.data.store import DataStore
 from dkha.engine.budget import memory_plan
 from dkha.engine.cluster import share_storage_options, total_threads
 from dkha.engine.replicas import ProjectedBlock, WorkerReplicas
@@ -332,7 +333,7 @@ class RowEngine:
         columns, ``mk_j ≈ (1/N) Σ_{i∈S} k(x_i, x_j)`` (``O(l N n)``; at ``N = l`` it is the exact
         row up to rounding). Either row is cached in the data store (``cache``, default
         ``dkha.mk-cache``), keyed by the kernel, its parameters, the method and the content of
-        ``X`` (:func:`dkha.data.store.centering_key`), and read back instead of recomputed.
+        ``X`` (:func:`dkha.data.centering.centering_key`), and read back instead of recomputed.
         ``self.centering`` describes the row in use.
         """
         l = self.n_samples

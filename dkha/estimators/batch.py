@@ -5,61 +5,43 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
 from sklearn.base import _fit_context
 
-from dkha import config, schedule
 from dkha.apply.preimage import RunPreimages, preimages
 from dkha.data import result
-from dkha.data.checkpoint import Checkpointer, open_fit
+from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import DataStore, open_store
-from dkha.engine.budget import block_rows_for
-from dkha.engine.cluster import blas_threads_for, client_for
-from dkha.engine.rows import RowEngine
+from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
-from dkha.errors import InputError, NumericalError, ParameterError, RunDirectoryError
+from dkha.errors import InputError, NumericalError, ParameterError
 from dkha.estimators.contract import START_CANDIDATES, DkhaTransformer, input_kind, resolve_store
 from dkha.estimators.params import BATCH, constraints, declare, shared_settings, validate
 from dkha.estimators.pictures import component_images, is_patch_store, projection_array
-from dkha.fit.batch import run_batches, save_checkpoint
-from dkha.fit.evaluate import projections
-from dkha.fit.init import nystrom_coefficients, unit_norm_components
-from dkha.fit.krylov import run_krylov
-from dkha.kernels import make_kernel, median_distance
-from dkha.progress import Progress
+from dkha.fit.batch import save_checkpoint
+from dkha.fit.together import (
+    FitOptions,
+    ModelFit,
+    ModelSettings,
+    StreamSettings,
+    fit_batch,
+    resolve_kernel,
+)
 from dkha.runs.run import kernel_of
 from dkha.solvers.batch import (
     ALGORITHMS,
     DEFAULT_XI,
-    BatchKHA,
     check_algorithm,
     default_eta0,
     default_landmarks,
     default_mu,
-    eigenvalue_estimate,
-    initial_coefficients,
-    start_deficit,
-    warm_eta0,
 )
-from dkha.solvers.warmup import compile_ahead
 from dkha.version import __version__
 
 log = logging.getLogger(__name__)
-
-
-def resolve_kernel(store, kernel: str, seed: int, **params):
-    """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
-    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``)."""
-    k = make_kernel(kernel, **params)
-    if k.needs_sigma():
-        sample = store.sample(int(config.get("median-sample")), seed)
-        k = k.with_params(sigma=median_distance(sample))
-        log.info("sigma by the median-distance heuristic: %g", k["sigma"])
-    return k
 
 
 @declare(BATCH)
@@ -140,7 +122,7 @@ class KernelHebbianPCA(DkhaTransformer):
             return kind, m
         raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
 
-    def _validated(self, n_samples: int) -> dict:
+    def _validated(self, n_samples: int) -> ModelSettings:
         validate(self, BATCH)
         if self.algorithm == "krylov":
             algorithm = "krylov"
@@ -177,24 +159,64 @@ class KernelHebbianPCA(DkhaTransformer):
                 raise ParameterError(f"center_sample must be an integer in 1..{n_samples} (the "
                                      f"number of samples), got {center_sample!r}")
             center_sample = int(center_sample)
-        return {"center_sample": center_sample, "algorithm": algorithm, "r": int(r), "eta0": eta0, "mu": mu, "xi": xi,
-                "rho0": rho0, "n_steps": n_steps, "landmarks": landmarks, "support": support,
-                "init": (f"nystrom:{landmarks}" if landmarks else
-                         f"random:{support}" if support else "random")}
+        return ModelSettings(
+            algorithm=algorithm, n_components=int(r), eta0=eta0, mu=mu, xi=xi, rho0=rho0,
+            n_steps=n_steps, landmarks=landmarks, support=support,
+            init=(f"nystrom:{landmarks}" if landmarks else
+                  f"random:{support}" if support else "random"),
+            center_sample=center_sample, tol=self.tol, on_divergence=self.on_divergence,
+            verbose=bool(self.verbose))
 
-    def run_attrs(self, store: DataStore, kernel, p: dict) -> dict:
+    def _stream(self) -> StreamSettings:
+        """What this model's kernel stream is made of (shared by models fitted together)."""
+        return StreamSettings(seed=self.seed, evaluate_every=self.evaluate_every,
+                              block_rows=self.block_rows, prefetch=self.prefetch,
+                              projections=self.projections, cache_rows=self.cache_rows,
+                              precision=self.precision, device=self.device, client=self.client)
+
+    def run_attrs(self, store: DataStore, kernel, p: ModelSettings) -> dict:
         """The attrs saved with the components (also used to compare runs)."""
-        attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
-                 "kernel_parameters": kernel.param_dict, "n_components": p["r"],
-                 "eta0": p["eta0"], "mu": p["mu"], "xi": p["xi"], "rho0": p["rho0"],
-                 "n_steps": p["n_steps"], "passes": p["n_steps"] / store.n_samples,
+        attrs = {"algorithm": p.algorithm, "kernel": kernel.name,
+                 "kernel_parameters": kernel.param_dict, "n_components": p.n_components,
+                 "eta0": p.eta0, "mu": p.mu, "xi": p.xi, "rho0": p.rho0,
+                 "n_steps": p.n_steps, "passes": p.n_steps / store.n_samples,
                  "seed": int(self.seed), "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
                  "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-                 "init": p["init"], "tol": self.tol, "dkha_version": __version__,
-                 "centering": "exact" if p["center_sample"] is None else "sample",
-                 "center_sample": p["center_sample"]}
+                 "init": p.init, "tol": self.tol, "dkha_version": __version__,
+                 "centering": "exact" if p.center_sample is None else "sample",
+                 "center_sample": p.center_sample}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
         return attrs
+
+    def _keep(self, fit: ModelFit, kernel, store: DataStore, tmp_store, X_fit,
+              run_dir: str | None) -> None:
+        """The fitted attributes from the coordinator's result (saved in ``run_dir``, if any)."""
+        res = fit.result
+        self._tmp_store = tmp_store
+        self.timings_ = fit.timings
+        self.failure_ = res.failure
+        self.history_ = res.history
+        self.backoffs_ = res.backoffs
+        self.kernel_ = kernel
+        self.store_ = store
+        self.n_samples_ = store.n_samples
+        self.n_features_in_ = store.n_features
+        self.stream_stats_ = res.stream_stats
+        if res.failure is not None:
+            return
+        self.alpha_ = res.alpha
+        self.eigenvalues_ = res.eigenvalue
+        self.n_components_ = int(res.alpha.shape[0])
+        self.X_fit_ = X_fit
+        self.projection_ = projection_array(res.projection, store)
+        self.component_image_ = fit.extra
+        self.mk_, self.mkm_ = fit.mk, fit.mkm
+        self.attrs_ = fit.attrs
+        self._final = {"solver": fit.solver, "top_eigenvalues": res.top_eigenvalues,
+                       "fit_seconds": res.wall_time, "meta": fit.meta}
+        if run_dir is not None:
+            self.save(run_dir)
+            fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
@@ -359,24 +381,6 @@ def _check_shared(models: Sequence[KernelHebbianPCA]) -> None:
         raise ParameterError("krylov does not stream kernel rows; fit it on its own")
 
 
-def _common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> list:
-    """The checkpoints to resume several models from: the newest step that all of them hold (a
-    stop between two models' checkpoints leaves some a step ahead), at most ``n_steps``."""
-    step = min(ck.step for ck in cks)
-    out = []
-    for c, ck in zip(checkpointers, cks):
-        if ck.step != step:
-            ck = c.at_step(step)
-            if ck is None:
-                raise InputError(f"cannot resume {c.run_dir}: the models' checkpoints are at "
-                                 f"different steps and none at step {step} is left")
-        if ck.step > n_steps:
-            raise ParameterError(f"cannot resume {c.run_dir}: its checkpoint is at step {ck.step}, "
-                                 f"beyond the {n_steps} steps asked for; ask for more passes")
-        out.append(ck)
-    return out
-
-
 def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
     """Directory names for models fitted together: ``<algorithm>``, with ``-eta0=<value>`` where
     the algorithm appears with several base gains and ``-mu=<value>`` where KHA-SMD appears with
@@ -401,126 +405,6 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
         raise ParameterError(f"the same model is asked for twice ({', '.join(twice)}); give each "
                              "model its own algorithm, eta0 or mu")
     return names
-
-
-def _keep_results(models, results, solvers, attrs, metas, engine, kernel, store, tmp_store,
-                  timings, run_dirs, checkpointers, params, X_fit, pictures) -> list[str]:
-    """Each model's fitted attributes from its result (saved in its run directory, if any);
-    returns the failures of the diverged ones."""
-    failures = []
-    for i, (m, res, solver, a) in enumerate(zip(models, results, solvers, attrs)):
-        m._tmp_store = tmp_store
-        # and every tile pass of the engine (MK row, K'V, residuals): tasks, wall, waiting, bytes
-        m.timings_ = dict(timings, stream=res.wall_time, passes=list(engine.stats.passes),
-                          replicas={"rebuilds": engine.stats.replica_rebuilds,
-                                    "moves": engine.stats.replica_moves})
-        m.failure_ = res.failure
-        m.history_ = res.history
-        m.backoffs_ = res.backoffs
-        m.kernel_ = kernel
-        m.store_ = store
-        m.n_samples_ = store.n_samples
-        m.n_features_in_ = store.n_features
-        m.stream_stats_ = res.stream_stats
-        if res.failure is not None:
-            failures.append(f"{a['algorithm']} (eta0={params[i]['eta0']:g}"
-                            + (f", mu={a['mu']:g}" if a["algorithm"] == "kha-smd" else "")
-                            + f"): {res.failure}")
-            continue
-        m.alpha_ = res.alpha
-        m.eigenvalues_ = res.eigenvalue
-        m.n_components_ = int(res.alpha.shape[0])
-        m.X_fit_ = X_fit
-        m.projection_ = projection_array(res.projection, store)
-        m.component_image_ = pictures[i]
-        m.mk_, m.mkm_ = engine.mk, engine.mkm
-        m.attrs_ = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
-                        else [float(v) for v in res.top_eigenvalues])
-        if solver is not None:      # the gains as applied (eta0 and mu are in units of κ̄)
-            m.attrs_.update(solver.effective_gains(), eta0_applied=solver.eta0,
-                            start_deficit=metas[i].get("start_deficit"))
-        m._final = {"solver": solver, "top_eigenvalues": res.top_eigenvalues,
-                    "fit_seconds": res.wall_time, "meta": metas[i]}
-        if run_dirs is not None:
-            m.save(run_dirs[i])
-            checkpointers[i].clear()  # the run is complete: its checkpoints are spent
-    return failures
-
-
-def _start(engine, params: list[dict], metas: list[dict], cks, n_samples: int, seed: int):
-    """The shared start ``(A_init, C_init)`` (``None`` for the paper's random start or a resume)
-    and the default ``eta0`` of each model that has none: from a Nyström start, scaled to unit
-    feature-space norm, :func:`~dkha.solvers.batch.warm_eta0` of its eigenvalue deficit (kept in
-    the checkpoints' meta, read back on a resume)."""
-    p0 = params[0]
-    A_init = C_init = None
-    if p0["landmarks"] and cks is None:
-        A_init, s = nystrom_coefficients(engine, p0["r"], p0["landmarks"], seed=seed)
-        if p0["algorithm"] != "krylov":     # unit norms: one pass for C = A K'
-            A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
-            deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
-            log.info("Nyström start: eigenvalue deficit %.3g", deficit)
-            for p, meta in zip(params, metas):
-                if p["eta0"] is None:
-                    p["eta0"] = warm_eta0(p["algorithm"], deficit)
-                meta["start_deficit"] = deficit
-    elif p0["support"] and cks is None:
-        A_init = initial_coefficients(p0["r"], n_samples, schedule.init_generator(seed),
-                                      support=p0["support"])
-    for p, meta, ck in zip(params, metas, cks or [None] * len(params)):
-        if p["eta0"] is None and ck is not None:    # resumed: the gain the run started with
-            if ck.meta.get("start_deficit") is None:
-                raise ParameterError(f"cannot resume {ck.path} with the default eta0: the "
-                                     "checkpoint does not record its start (an older dkha); "
-                                     "give --eta0")
-            meta["start_deficit"] = float(ck.meta["start_deficit"])
-            p["eta0"] = warm_eta0(p["algorithm"], meta["start_deficit"])
-    return A_init, C_init
-
-
-def _solver(model: KernelHebbianPCA, p: dict, n_samples: int) -> BatchKHA:
-    return BatchKHA(p["algorithm"], p["r"], n_samples, eta0=p["eta0"], mu=p["mu"], xi=p["xi"],
-                    rho0=p["rho0"], on_divergence=model.on_divergence,
-                    feature_norm=None)
-
-
-def _check_data(store: DataStore, verbose: bool, *, connect: bool) -> Progress:
-    """Check that the data is finite, then show the next stage: connecting to Dask, or starting
-    its workers (the progress of the seconds before the first pass can show its own)."""
-    stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
-                      transient=True)
-    store.check_finite()
-    stages.describe("connecting to Dask" if connect else "starting the Dask workers")
-    return stages
-
-
-def _pictures(results, attrs, engine, client, store, seed: int) -> list:
-    """Each fitted model's component pictures, for patch data (None otherwise)."""
-    pictures = [None] * len(results)
-    if is_patch_store(store):
-        for i, (res, a) in enumerate(zip(results, attrs)):
-            if res.failure is None:
-                ds = result.build_dataset(res.alpha, res.eigenvalue, [], a, mk=engine.mk,
-                                          mkm=engine.mkm)
-                pictures[i] = component_images(ds, client, store, res.projection.std(axis=1),
-                                               seed=seed)
-    return pictures
-
-
-def _check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, resume: bool,
-                    overwrite: bool) -> None:
-    """Refuse run directories inside the data store, and (unless resuming) every directory
-    that may not be written, before any is cleared."""
-    if "://" not in store.path:
-        real_store = os.path.realpath(store.path)
-        for run_dir in run_dirs:
-            real_run = os.path.realpath(run_dir)
-            if real_run == real_store or real_run.startswith(real_store + os.sep):
-                raise RunDirectoryError(f"the run directory {run_dir} is inside the data "
-                                        f"store {store.path} being read; write the run elsewhere")
-    if not resume:
-        for run_dir, a in zip(run_dirs, attrs):
-            result.check_run_dir(run_dir, a, overwrite)
 
 
 def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[str] | None = None,
@@ -564,85 +448,34 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     first = models[0]
     store, tmp, X_fit = resolve_store(X)
     tmp_store = None if tmp is None else _TemporaryStore(tmp)
-    params = [m._validated(store.n_samples) for m in models]
-    p0 = params[0]
+    settings = [m._validated(store.n_samples) for m in models]
     kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma)
-    attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, params)]
-    asked = str(config.get("projections", first.projections))
-    if len(models) > 1 and asked == "workers":
-        raise ParameterError("projections on the workers follow one model per stream; fit "
-                             "several models together with projections='coordinator'")
-    if resume and asked == "auto" and run_dirs:     # where the run projected them before
-        ck = Checkpointer(run_dirs[0]).latest()
-        if ck is not None:
-            asked = str(ck.meta.get("exact", {}).get("projections", asked))
-    # what else a bit-identical continuation needs: the blocks and where they are projected
-    exact = {"block_rows": block_rows_for(store.n_samples, first.block_rows),
-             "projections": asked, "evaluate_every": int(first.evaluate_every)}
-    # a longer run continues a shorter one exactly: the step count does not identify a run
-    identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
-                                                                            "n_features")
-    if run_dirs is not None:
-        _check_run_dirs(run_dirs, store, attrs, resume=resume, overwrite=overwrite)
-    opened = [open_fit(d, a, overwrite=overwrite, resume=resume,
-                       checkpoint_every=checkpoint_every or checkpoint_steps, exact=exact,
-                       identity=identity)
-              for d, a in zip(run_dirs or [None] * len(models), attrs)]
-    checkpointers = None if run_dirs is None else [o[0] for o in opened]
-    metas = [o[2] for o in opened]
-    cks = None
-    if resume:
-        cks = _common_step(checkpointers, [o[1] for o in opened], p0["n_steps"])
-    verbose = any(m.verbose for m in models)
-    if config.get("compile-ahead"):     # the solver's loops compile while the fit starts
-        for algorithm in {p["algorithm"] for p in params}:
-            compile_ahead(algorithm)
-    stages = _check_data(store, verbose, connect=first.client is not None)
-    with client_for(first.client) as client, \
-            blas_threads_for(client):
-        stages.close()
-        engine = RowEngine(store, kernel, client, block_rows=first.block_rows,
-                           prefetch=first.prefetch, projections=asked,
-                           cache_rows=first.cache_rows, precision=first.precision,
-                           device=first.device, models=len(models))
-        engine.verbose = verbose
-        for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
-            if meta is not None and isinstance(meta.get("exact"), dict):
-                meta["exact"]["projections"] = engine.projections
-        t0 = time.perf_counter()
-        if cks is None:
-            engine.compute_mk(center_sample=p0["center_sample"], seed=first.seed)
-        t1 = time.perf_counter()
-        A_init, C_init = _start(engine, params, metas, cks, store.n_samples, first.seed)
-        # seconds before the first pass (history wall times count the passes only)
-        timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
-                   "projections": {"asked": asked, "chosen": engine.projections,
-                                   "reason": engine.projections_reason},
-                   "memory": engine.memory.as_dict()}
-        if p0["algorithm"] == "krylov":
-            results = [run_krylov(engine, p0["r"], seed=first.seed, A_init=A_init,
-                                  tol=first.tol if first.tol is not None else 1e-8,
-                                  with_evaluation=first.evaluate_every >= 0)]
-            solvers = [None]
-        else:
-            solvers = [_solver(m, p, store.n_samples) for m, p in zip(models, params)]
-            results = run_batches(
-                engine, solvers, n_steps=p0["n_steps"], seed=first.seed,
-                evaluate_every=first.evaluate_every, verbose=any(m.verbose for m in models),
-                A_init=A_init, tol=[m.tol for m in models], checkpointers=checkpointers,
-                checkpoint_every=int(checkpoint_every or 0), checkpoint_metas=metas, resumes=cks,
-                checkpoint_steps=int(checkpoint_steps or 0), C_init=C_init, divergence_level=(
-                    logging.INFO if skip_diverged else logging.WARNING))
-        pictures = _pictures(results, attrs, engine, client, store, first.seed)
-    failures = _keep_results(models, results, solvers, attrs, metas, engine, kernel, store,
-                             tmp_store, timings, run_dirs, checkpointers, params, X_fit, pictures)
+    attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, settings)]
+    fits = fit_batch(store, kernel, settings, first._stream(), attrs, FitOptions(
+        run_dirs=run_dirs, overwrite=overwrite, checkpoint_every=checkpoint_every,
+        resume=resume, checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
+        extras=_pictures if is_patch_store(store) else None))
+    for m, f, d in zip(models, fits, run_dirs or [None] * len(models)):
+        m._keep(f, kernel, store, tmp_store, X_fit, d)
+    failures = [f.describe_failure() for f in fits if f.failure is not None]
     if failures and not skip_diverged:
         if len(models) == 1:
-            raise NumericalError(results[0].failure)
+            raise NumericalError(fits[0].failure)
         raise NumericalError(f"{len(failures)} of {len(models)} models diverged (the others "
                              "were completed): " + "; ".join(failures))
     return models
+
+
+def _pictures(fits: list[ModelFit], engine, client) -> None:
+    """Each fitted model's component pictures, for patch data (the cluster still up)."""
+    store = engine.store
+    for f in fits:
+        if f.failure is None:
+            res = f.result
+            ds = result.build_dataset(res.alpha, res.eigenvalue, [], f.attrs, mk=f.mk, mkm=f.mkm)
+            f.extra = component_images(ds, client, store, res.projection.std(axis=1),
+                                       seed=int(f.attrs["seed"]))
 
 
 __all__ = ["KernelHebbianPCA", "fit_together", "ALGORITHMS", "resolve_store", "resolve_kernel", "schedule"]

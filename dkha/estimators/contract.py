@@ -24,8 +24,9 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.utils._param_validation import InvalidParameterError
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
+from dkha.data.ingest import ingest_array, ingest_dask
 from dkha.data.result import sample_coords
-from dkha.data.store import DataStore, ingest_array, ingest_dask, open_store
+from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError, ParameterError
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def lazy_values(X):
 def resolve_store(X) -> tuple[DataStore, str | None, np.ndarray | None]:
     """A validated store for ``X``: a path or :class:`DataStore` as it is; a dask array or an
     xarray DataArray (or Dataset ``X``) written blockwise into a temporary store
-    (:func:`~dkha.store.ingest_dask`); any other array copied into one.
+    (:func:`~dkha.data.ingest.ingest_dask`); any other array copied into one.
 
     Returns the store, the temporary directory to remove later, and the in-memory training
     array (array inputs only; models keep it to transform without reading the store).

@@ -23,13 +23,12 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
   unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
   component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (up to 2000
   rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
-* attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gamma, tau,
+* attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gain_decay, tau,
   centered, seed, store, n_samples, n_features, n_steps, dkha_version.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -38,35 +37,30 @@ import time
 import numpy as np
 from sklearn.base import _fit_context
 
-from dkha import config, schedule
+from dkha import config
 from dkha.apply.preimage import RunPreimages
 from dkha.data import result
-from dkha.data.checkpoint import open_fit
 from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError, ParameterError
-from dkha.estimators.batch import resolve_kernel
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store
 from dkha.estimators.params import ONLINE, constraints, declare, validate
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
-from dkha.fit.control import BlockDriver
-from dkha.fit.evaluate import variance_of
-from dkha.fit.online import coordinator_threads, run_online
-from dkha.kernels import Kernel, make_kernel
-from dkha.solvers.online import (
-    ALGORITHMS,
-    DEFAULT_GAMMA,
-    INIT_STD,
-    NU_RELATIVE,
-    OnlineKHA,
-    check_algorithm,
-    sample_scales,
+from dkha.fit.online import (
+    EIGENVALUE_SAMPLES,
+    coordinator_threads,
+    eigenvalues_of,
+    fit_online,
+    history_entry,
+    new_solver,
+    scaled,
 )
+from dkha.fit.together import resolve_kernel
+from dkha.kernels import Kernel, make_kernel
+from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA, check_algorithm
 from dkha.version import __version__
 
 log = logging.getLogger(__name__)
-
-EIGENVALUE_SAMPLES = 2000
 
 
 # --- the estimator -------------------------------------------------------------------------------
@@ -127,13 +121,13 @@ class OnlineKernelPCA(DkhaTransformer):
         validate(self, ONLINE)
         algorithm = check_algorithm(self.algorithm)
         r = int(self.n_components)
-        if self.gamma is not None and self.tau is not None:
-            raise ParameterError("give gamma (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
-        gamma, tau = None, None
+        if self.gain_decay is not None and self.tau is not None:
+            raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
+        gain_decay, tau = None, None
         if self.tau is not None:
             tau = float(self.tau)
         else:
-            gamma = DEFAULT_GAMMA if self.gamma is None else float(self.gamma)
+            gain_decay = DEFAULT_GAMMA if self.gain_decay is None else float(self.gain_decay)
         mm = int(self.max_members)
         if mm < r:
             raise ParameterError(
@@ -146,7 +140,7 @@ class OnlineKernelPCA(DkhaTransformer):
             raise ParameterError(f"block_rows must be positive, got {block_rows}")
         if prefetch < 1:
             raise ParameterError(f"prefetch must be positive, got {prefetch}")
-        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gamma": gamma,
+        return {"algorithm": algorithm, "r": r, "eta0": float(self.eta0), "gain_decay": gain_decay,
                 "tau": tau, "nu": None if self.nu is None else float(self.nu),
                 "max_members": mm, "center": bool(self.center),
                 "block_rows": block_rows, "prefetch": prefetch,
@@ -157,38 +151,19 @@ class OnlineKernelPCA(DkhaTransformer):
                               degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
     def _scaled(self, p: dict, source, kernel: Kernel) -> dict:
-        """``p`` with the scales read off a seeded sample of the data (the sigma heuristic's):
-        the default ``nu`` (:data:`NU_RELATIVE` × the variance in feature space) and the unit of
-        ``eta0`` (:func:`~dkha.solvers.online.sample_scales`)."""
-        sample = source.sample(int(config.get("median-sample")), self.seed)
-        variance, unit = sample_scales(kernel.block(sample, sample))
-        p = dict(p, feature_norm=unit, gain=p["eta0"] / unit)
-        if p["nu"] is None:
-            if not (np.isfinite(variance) and variance > 0):
-                raise ParameterError(
-                    f"the default nu needs the data's spread in feature space, and the {len(sample)} "
-                    "sample(s) it was measured on coincide there (a first partial_fit batch of "
-                    "one sample, duplicates, or a kernel width far too large); give nu")
-            p["nu"] = NU_RELATIVE * variance
-            log.info("nu = %g × the variance in feature space %.4g = %.4g", NU_RELATIVE,
-                     variance, p["nu"])
-        return p
+        return scaled(p, source, kernel, self.seed)
 
     def _new_solver(self, p: dict, n_features: int, kernel: Kernel) -> OnlineKHA:
-        a_init = INIT_STD * schedule.init_generator(self.seed).standard_normal(p["r"])
-        return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
-                         max_members=p["max_members"], eta0=p["gain"], gamma=p["gamma"],
-                         tau=p["tau"], center=p["center"], a_init=a_init,
-                         on_divergence=p["on_divergence"])
+        return new_solver(p, n_features, kernel, self.seed)
 
     def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
                n_steps: int) -> dict:
         attrs = {"algorithm": p["algorithm"], "kernel": kernel.name,
                  "kernel_parameters": kernel.param_dict, "n_components": p["r"], "nu": p["nu"],
                  "max_members": p["max_members"], "eta0": p["eta0"],
-                 "feature_norm": p["feature_norm"], "gain": p["gain"], "gamma": p["gamma"],
+                 "feature_norm": p["feature_norm"], "gain": p["gain"], "gain_decay": p["gain_decay"],
                  "tau": p["tau"],
-                 "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gamma**s"),
+                 "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
                  "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1),
                  "seed": int(self.seed), "store": store_path, "n_samples": int(n_samples),
                  "n_features": int(n_features), "centered": p["center"], "init": "random",
@@ -247,64 +222,28 @@ class OnlineKernelPCA(DkhaTransformer):
         p = self._scaled(self._validated(), source, kernel)
         l, n = source.n_samples, source.n_features
         n_steps = l if self.steps is None else int(self.steps)
-        store_path = _store_path(source)
-        attrs = self._attrs(p, kernel, store_path, l, n, n_steps)
-        every = n_steps if self.evaluate_every is None else int(self.evaluate_every)
-        # the block boundaries (hence the rounding) depend on these too
-        exact = {"block_rows": p["block_rows"], "evaluate_every": every,
-                 "ac_reference": _describe_reference(ac_reference)}
-        checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
-                                             checkpoint_every=checkpoint_every, exact=exact)
-        reference = self._reference(ac_reference, source, kernel, p["r"])
-        self.solver_ = self._new_solver(p, n, kernel)
-        self.solver_.stream_length = l
+        attrs = self._attrs(p, kernel, _store_path(source), l, n, n_steps)
+        fit = fit_online(source, kernel, p, attrs, seed=self.seed, n_steps=n_steps,
+                         every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
+                         verbose=self.verbose, ac_reference=ac_reference, run_dir=run_dir,
+                         overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume)
+        self.solver_ = fit.solver
         self.kernel_ = kernel
         self.n_features_in_ = n
-        self.history_ = []
-        self.wall_time_ = 0.0
-        self.stream_stats_ = {}
-        self._reference_ = reference
+        self.history_ = fit.history
+        self.wall_time_ = fit.wall_time
+        self.stream_stats_ = fit.stream_stats
+        self._reference_ = fit.reference
         self._params_ = p
-        self._variance_sample_ = source.sample(EIGENVALUE_SAMPLES, self.seed)
-        if ck is not None:
-            self.solver_.restore({k[len("state."):]: v for k, v in ck.arrays.items()
-                                  if k.startswith("state.")}, ck.meta["state_scalars"])
-            self.history_ = list(ck.meta["history"])
-            self.solver_.backoffs = list(ck.meta.get("backoffs", []))
-            self.wall_time_ = float(ck.meta["fit_seconds"])
-            self.stream_stats_ = dict(ck.meta["stream_stats"])
-            log.info("resuming at step %d from %s", self.solver_.state.step, ck.path)
-
-        def save(t: int, pass_end_pending: bool) -> None:
-            self.wall_time_ = driver.seconds
-            arrays, scalars = self.solver_.snapshot()
-            meta = dict(ck_meta, history=self.history_, fit_seconds=self.wall_time_,
-                        backoffs=self.solver_.backoffs,
-                        stream_stats=self.stream_stats_, state_scalars=scalars,
-                        n_steps=n_steps)
-            checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
-
-        def record() -> dict:
-            self.wall_time_ = driver.seconds
-            return self._record(source.n_samples)
-
-        driver = BlockDriver(n_steps, self.solver_.state.step, desc=p["algorithm"],
-                             verbose=self.verbose, save=None if checkpointer is None else save,
-                             checkpoint_steps=int(checkpoint_every or 0), seconds=self.wall_time_)
-        try:
-            run_online(self.solver_, source, driver, seed=self.seed, n_steps=n_steps,
-                       every=every, block_rows=p["block_rows"], prefetch=p["prefetch"],
-                       stats=self.stream_stats_, record=record)
-        finally:
-            driver.close()
-            self.wall_time_ = driver.seconds
+        self._variance_sample_ = fit.variance_sample
         self.n_samples_seen_ = n_steps
         self.n_components_ = p["r"]
-        self._finish(source.sample(EIGENVALUE_SAMPLES, self.seed))
+        self._read_solver()
+        self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs
         if run_dir is not None:
             self.save(run_dir)
-            checkpointer.clear()  # the run is complete: its checkpoints are spent
+            fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -352,46 +291,14 @@ class OnlineKernelPCA(DkhaTransformer):
                                   self.n_features_in_, self.n_samples_seen_)
         return self
 
-    def _reference(self, ac_reference, source, kernel: Kernel, r: int) -> ACReference | None:
-        if ac_reference is None or ac_reference is False:
-            return None
-        if isinstance(ac_reference, ACReference):
-            return ac_reference
-        if ac_reference is True:
-            if isinstance(source, DataStore):
-                return ACReference.from_store(source, kernel, r, seed=self.seed)
-            Xr = source.X if source.n_samples <= DEFAULT_REFERENCE_SAMPLES else \
-                source.sample(DEFAULT_REFERENCE_SAMPLES, self.seed)
-            return ACReference.from_data(Xr, kernel, r)
-        return ACReference.from_data(np.asarray(ac_reference, dtype=np.float64), kernel, r)
-
     def _record(self, n_samples: int | None) -> dict:
-        st = self.solver_.state
-        ac = float("nan")
-        ref = getattr(self, "_reference_", None)
-        if ref is not None and st.m:
-            ac = ref.score(self.solver_.alpha(), self.solver_.dictionary())
-        passes = 0 if n_samples is None else st.step // n_samples  # no passes in a stream
-        sample = getattr(self, "_variance_sample_", None)
-        variance = (variance_of(self.solver_.transform(sample)) if st.m and sample is not None
-                    else np.full(self.solver_.r, np.nan))
-        entry = {"pass": int(passes), "step": int(st.step),
-                 "error": float("nan"), "error_min": float("nan"), "excess": float("nan"),
-                 "wall_time": float(self.wall_time_), "ac_index": ac, "members": int(st.m),
-                 "explained_variance": variance}
+        entry = history_entry(self.solver_, getattr(self, "_reference_", None),
+                              getattr(self, "_variance_sample_", None), self.wall_time_, n_samples)
         self.history_.append(entry)
-        log.info("step %d: %d members, AC %.4f", st.step, st.m, ac)
         return entry
 
     def _finish(self, sample: np.ndarray) -> None:
-        s = self._read_solver()
-        norms = s.component_norms()
-        if s.n_members:
-            Y = s.transform(sample)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                self.eigenvalues_ = np.mean(Y**2, axis=0) / norms**2
-        else:
-            self.eigenvalues_ = np.full(s.r, np.nan)
+        self.eigenvalues_ = eigenvalues_of(self._read_solver(), sample)
 
     # -- using the result --
     def _check_fitted(self):
@@ -479,7 +386,10 @@ class OnlineKernelPCA(DkhaTransformer):
         kp = dict(a.get("kernel_parameters", {}))
         model = cls(int(a["n_components"]), algorithm=a["algorithm"], kernel=a["kernel"],
                     sigma=kp.get("sigma"), degree=kp.get("degree"), offset=kp.get("offset"),
-                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"], gamma=a.get("gamma"),
+                    kernel_gamma=kp.get("gamma"), eta0=a["eta0"],
+                    # runs saved before the rename call it gamma (kernel parameters are kept in
+                    # kernel_parameters, the top-level gamma of a sigmoid kernel too)
+                    gain_decay=a.get("gain_decay", _old_gain_decay(a)),
                     tau=a.get("tau"), nu=a["nu"], max_members=int(a["max_members"]),
                     center=bool(a["centered"]), seed=int(a["seed"]))
         # the scales the run was fitted with (the unit of eta0, read off its data then)
@@ -520,16 +430,12 @@ class OnlineKernelPCA(DkhaTransformer):
         return s
 
 
-def _describe_reference(ac_reference) -> str | None:
-    """What a checkpoint records of the AC reference (arrays by a digest of their bytes)."""
-    if ac_reference is None or ac_reference is False:
+def _old_gain_decay(attrs: dict):
+    """The gain decay of a run saved before ``gain_decay`` had its name: its attr ``gamma``,
+    unless a sigmoid kernel's slope (stored at the top level too) overwrote it."""
+    if "gamma" in attrs.get("kernel_parameters", {}):
         return None
-    if ac_reference is True:
-        return "data"
-    if isinstance(ac_reference, ACReference):
-        return "ACReference"
-    arr = np.ascontiguousarray(ac_reference, dtype=np.float64)
-    return f"array {arr.shape} sha256 {hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
+    return attrs.get("gamma")
 
 
 def _store_path(source) -> str:

@@ -19,18 +19,29 @@ A new fit option is one :class:`Param` entry here.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import math
+import warnings
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
 
-from sklearn.utils import _param_validation as sk
-
 from dkha.errors import ParameterError
-from dkha.kernels import KERNEL_ALIASES, KERNELS
-from dkha.solvers import batch as batch_solver
-from dkha.solvers import online as online_solver
+from dkha.names import (
+    BATCH_ALGORITHMS,
+    COLD_MU,
+    DEFAULT_MU,
+    DEFAULT_XI,
+    EXACT_ALGORITHM,
+    KERNEL_ALIASES,
+    KERNELS,
+    ONLINE_ALGORITHMS,
+    ONLINE_DEFAULT_ETA0,
+    ONLINE_DEFAULT_GAMMA,
+    ONLINE_DEFAULT_MAX_MEMBERS,
+    config_default,
+)
 
 BATCH, ONLINE = "batch", "online"
 BOTH = (BATCH, ONLINE)
@@ -112,6 +123,9 @@ class Param:
     pipeline : a key of a pipeline's ``[[fit]]`` table.
     doc_type : the type shown in the docstring (default from ``accepts`` and ``default``).
     short : the command line's help.
+    old : the parameter's former name, still accepted with a ``FutureWarning`` as the
+        estimator's keyword, the command-line option (hidden from ``--help``) and the pipeline
+        key, where no other row of the estimator takes that name.
     """
 
     name: str
@@ -126,6 +140,7 @@ class Param:
     pipeline: bool = True
     doc_type: str | None = None
     short: str | None = None
+    old: str | None = None
 
     @property
     def dest(self) -> str:
@@ -171,17 +186,17 @@ PARAMETERS: tuple[Param, ...] = (
           "Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent "
           "(Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov "
           "method (LOBPCG) whose products are blockwise passes.",
-          Options(batch_solver.ALGORITHMS + ("krylov",)), models=(BATCH,), shared=False,
+          Options(BATCH_ALGORITHMS + (EXACT_ALGORITHM,)), models=(BATCH,), shared=False,
           doc_type='{"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"',
-          short="one of " + ", ".join(batch_solver.ALGORITHMS + ("krylov",)
-                                      + online_solver.ALGORITHMS)
+          short="one of " + ", ".join(BATCH_ALGORITHMS + (EXACT_ALGORITHM,)
+                                      + ONLINE_ALGORITHMS)
           + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
           "several models in one pass over the kernel rows, each in "
           "RUN_DIR/<algorithm>[-eta0=V][-mu=V]"),
     Param("algorithm", "on-kha",
           "ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised, "
           "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
-          Options(online_solver.ALGORITHMS), models=(ONLINE,), shared=False,
+          Options(ONLINE_ALGORITHMS), models=(ONLINE,), shared=False,
           doc_type='{"on-kha", "oo-kha", "okpca"}, default "on-kha"'),
     Param("kernel", "gaussian", "The kernel.", Options(KERNELS + tuple(KERNEL_ALIASES)),
           cli={"group": "kernel"},
@@ -202,7 +217,7 @@ PARAMETERS: tuple[Param, ...] = (
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
           short="sigmoid slope"),
     Param("kernel_gamma", None,
-          "Slope of the sigmoid kernel (``gamma`` is the learning rate's decay here).",
+          "Slope of the sigmoid kernel.",
           models=(ONLINE,), cli={"type": float, "group": "kernel"}, doc_type="float, optional"),
     Param("eta0", None,
           "Base gain, dimensionless: the largest step ``d_i κ̄`` of GHA in feature space before "
@@ -217,31 +232,31 @@ PARAMETERS: tuple[Param, ...] = (
           cli={"type": "float_list", "metavar": "ETA0[,ETA0...]", "group": _GAINS_GROUP},
           doc_type="float, optional",
           short="base gain, dimensionless (default: from the start, see README)"),
-    Param("eta0", online_solver.DEFAULT_ETA0,
+    Param("eta0", ONLINE_DEFAULT_ETA0,
           "Initial step size in units of ``1/κ̄``, ``κ̄ = Σ k(x,x)² / Σ k(x,x)`` on a seeded sample "
           "(1 for the gaussian and laplacian kernels); the applied one is the attr ``gain``.",
           POSITIVE, models=(ONLINE,),
-          shared=False, doc_type=f"float, default {online_solver.DEFAULT_ETA0}"),
-    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {batch_solver.DEFAULT_MU} from "
-          f"the Nyström start, {batch_solver.COLD_MU} from the random start).",
+          shared=False, doc_type=f"float, default {ONLINE_DEFAULT_ETA0}"),
+    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {DEFAULT_MU} from the Nyström "
+          f"start, {COLD_MU} from the random start).",
           NON_NEGATIVE,
           models=(BATCH,), shared=False,
           cli={"type": "float_list", "metavar": "MU[,MU...]", "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD meta-gain (default {batch_solver.DEFAULT_MU}; "
-          f"{batch_solver.COLD_MU} from --init random)"),
-    Param("xi", None, f"SMD's decay factor (default {batch_solver.DEFAULT_XI}).", UNIT,
+          doc_type="float, optional", short=f"SMD meta-gain (default {DEFAULT_MU}; {COLD_MU} "
+          "from --init random)"),
+    Param("xi", None, f"SMD's decay factor (default {DEFAULT_XI}).", UNIT,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD decay (default {batch_solver.DEFAULT_XI})"),
+          doc_type="float, optional", short=f"SMD decay (default {DEFAULT_XI})"),
     Param("rho0", 0.0,
           "SMD's initial log-gain. Algorithm 1 prints ρ0 = 1 (which multiplies every initial "
           "gain by e); ρ0 = 0 converged an order of magnitude lower in our runs.", FINITE,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
           doc_type="float, default 0.0",
           short="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)"),
-    Param("gamma", None,
-          "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17). Default "
-          f"{online_solver.DEFAULT_GAMMA} when ``tau`` is not given either.",
-          Interval(Real, 0, 1, "right"), models=(ONLINE,), shared=False,
+    Param("gain_decay", None,
+          "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17; formerly ``gamma``). "
+          f"Default {ONLINE_DEFAULT_GAMMA} when ``tau`` is not given either.",
+          Interval(Real, 0, 1, "right"), models=(ONLINE,), shared=False, old="gamma",
           cli={"type": float, "group": _ONLINE_GROUP}, doc_type="float, optional",
           short="learning-rate decay η(k) = γ·η(k−1)"),
     Param("tau", None,
@@ -255,16 +270,18 @@ PARAMETERS: tuple[Param, ...] = (
           POSITIVE, models=(ONLINE,), cli={"type": float, "group": _ONLINE_GROUP},
           doc_type="float, optional",
           short="dictionary threshold ν (default 0.1 × the variance in feature space)"),
-    Param("max_members", online_solver.DEFAULT_MAX_MEMBERS,
+    Param("max_members", ONLINE_DEFAULT_MAX_MEMBERS,
           "Cap on the dictionary (memory ``8 m²`` bytes for the Cholesky factor).",
           POSITIVE_INT, models=(ONLINE,), cli={"type": "positive_int", "group": _ONLINE_GROUP},
-          doc_type=f"int, default {online_solver.DEFAULT_MAX_MEMBERS}",
+          doc_type=f"int, default {ONLINE_DEFAULT_MAX_MEMBERS}",
           short="dictionary size cap"),
     Param("center", False,
           "Center in feature space by the running mean in the dictionary's span (Honeine §5.2). "
           "The papers' ON-KHA and OO-KHA are uncentered.", bool, models=(ONLINE,),
           cli={"action": "store_true", "default": None, "negative": "--no-center",
-               "group": _ONLINE_GROUP}, doc_type="bool, default False", short=""),
+               "group": _ONLINE_GROUP}, doc_type="bool, default False",
+          short="center by the running mean in the dictionary's span (Honeine §5.2; default: "
+                "uncentered, as the papers' ON-KHA and OO-KHA)"),
     Param("passes", None, "Passes through the data (default 10 when ``steps`` is not given).",
           POSITIVE_INT, models=(BATCH,), cli={"type": "positive_int", "exclusive": "length"},
           doc_type="int, optional", short="passes through the data (default 10)"),
@@ -287,10 +304,10 @@ PARAMETERS: tuple[Param, ...] = (
           "Schedule positions per block of kernel rows (online: samples per block) "
           "(``dkha.block-rows``).", POSITIVE_INT, flag="--block",
           cli={"type": "positive_int", "metavar": "B"}, doc_type="int, optional",
-          short="rows per block (dkha.block-rows)"),
+          short=f"rows per block (default {config_default('block-rows')}, dkha.block-rows)"),
     Param("prefetch", None, "Blocks computed (online: read) ahead (``dkha.prefetch``).",
           POSITIVE_INT, cli={"type": "positive_int", "metavar": "D"}, doc_type="int, optional",
-          short="blocks computed ahead"),
+          short=f"blocks computed ahead (default {config_default('prefetch')}, dkha.prefetch)"),
     Param("init", None,
           "Initial coefficients. ``None``: the Nyström solution from "
           ":func:`~dkha.solvers.batch.default_landmarks` landmarks (``40 r``, at least 400, at "
@@ -354,7 +371,7 @@ PARAMETERS: tuple[Param, ...] = (
           "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
           Options(("cpu", "cuda", "auto")), models=(BATCH,),
           cli={"choices": ("cpu", "cuda", "auto")}, doc_type='{"cpu", "cuda", "auto"}, optional',
-          short="where workers compute kernel tiles (dkha.device): cpu, cuda (CuPy, dkha[gpu]), "
+          short="where workers compute kernel tiles (dkha.device, default cpu): cpu, cuda (CuPy, dkha[gpu]), "
                 "auto (cuda on workers with a GPU resource)"),
     Param("center_sample", None,
           "Estimate the centering row (the MK row) from a seeded sample of this many columns "
@@ -394,6 +411,8 @@ def parameters(model: str) -> tuple[Param, ...]:
 def constraints(model: str) -> dict:
     """The table's rows of one estimator as scikit-learn's ``_parameter_constraints`` (checked
     by ``BaseEstimator._validate_params``, with scikit-learn's messages)."""
+    from sklearn.utils import _param_validation as sk   # the estimators', not the CLI's
+
     out = {}
     for p in parameters(model):
         a = p.accepts
@@ -424,7 +443,8 @@ def shared_settings(model: str = BATCH) -> tuple[str, ...]:
 def pipeline_keys() -> set[str]:
     """The fit parameters a pipeline's ``[[fit]]`` table may set (beside ``name``,
     ``algorithm``, ``checkpoint_every``)."""
-    return {p.dest for p in PARAMETERS if p.pipeline}
+    return {p.dest for p in PARAMETERS if p.pipeline} | {p.old for p in PARAMETERS
+                                                        if p.pipeline and p.old}
 
 
 # --- the estimators ------------------------------------------------------------------------------
@@ -460,7 +480,7 @@ def declare(model: str):
     sig = _signature(model)
 
     def __init__(self, *args, **kwargs):
-        bound = sig.bind(self, *args, **kwargs)
+        bound = sig.bind(self, *args, **renamed(kwargs, model, f"{type(self).__name__}("))
         bound.apply_defaults()
         for name, value in list(bound.arguments.items())[1:]:
             setattr(self, name, value)
@@ -475,6 +495,34 @@ def declare(model: str):
         return cls
 
     return wrap
+
+
+def renamed(values: dict, model: str, where: str) -> dict:
+    """``values`` with each row's former name (:attr:`Param.old`) replaced by its own, with a
+    ``FutureWarning``. ``where``: ``"--"`` (command-line keys), ``""`` (pipeline keys) or
+    ``"Class("`` (the estimator's keywords)."""
+    by_name = where.endswith("(")
+    mine = {p.name if by_name else p.dest for p in parameters(model)}
+    out = dict(values)
+    for p in parameters(model):
+        if not p.old or p.old in mine or p.old not in out:
+            continue
+        value = out.pop(p.old)
+        if value is None:
+            continue
+        key = p.name if by_name else p.dest
+        if where == "--":
+            old, new = "--" + p.old.replace("_", "-"), "--" + key.replace("_", "-")
+        elif by_name:
+            old, new = f"{where}{p.old}=...)", f"{key}"
+        else:
+            old, new = f"the [[fit]] key {p.old}", key
+        warnings.warn(f"{old} is now {new}; the old spelling will be removed", FutureWarning,
+                      stacklevel=3)
+        if out.get(key) is not None:
+            raise ParameterError(f"give {new} or {old}, not both")
+        out[key] = value
+    return out
 
 
 def validate(estimator, model: str) -> None:
@@ -516,8 +564,12 @@ def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dic
         if p.dest in defaults:
             extra["default"] = defaults[p.dest]
         short = p.short if p.short is not None else p.help.split(". ")[0].rstrip(".")
-        if short:
-            extra["help"] = short
+        shown = extra["default"]
+        if shown is not None and shown is not False and "default" not in short:
+            # the table's default, never re-listed
+            short = (short[:-1] + f"; default {shown})" if short.endswith(")")
+                     else short + f" (default {shown})")
+        extra["help"] = short
         if excl is not None:
             if excl not in exclusive:
                 exclusive[excl] = parser.add_mutually_exclusive_group()
@@ -530,7 +582,11 @@ def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dic
             target = parser
         target.add_argument(p.option, *aliases, dest=p.dest, **extra)
         if negative:
-            target.add_argument(negative, dest=p.dest, action="store_false")
+            target.add_argument(negative, dest=p.dest, action="store_false",
+                                default=extra["default"], help=f"the opposite of {p.option}")
+        if p.old:       # the former spelling, hidden (a FutureWarning where it is used)
+            target.add_argument("--" + p.old.replace("_", "-"), dest=p.old, type=extra.get("type"),
+                                default=None, help=argparse.SUPPRESS)
 
 
 def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "--") -> dict:
@@ -540,16 +596,17 @@ def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "
     estimator takes must be unset or at that estimator's default, otherwise the one-line error
     names it (``where`` prefixes the key: ``"--"`` for options, ``""`` for pipeline keys)."""
     mine = {p.dest: p for p in parameters(model)}
+    values = renamed(values, model, where)
     out = {}
     for key, value in values.items():
         if key in mine:
             if value is not None:
                 out[mine[key].name] = value
             continue
-        other = [p for p in PARAMETERS if p.dest == key]
+        other = [p for p in PARAMETERS if key in (p.dest, p.old)]
         if other and value is not None and value != other[0].default:
             if model == BATCH:
-                kinds = f"online algorithms ({', '.join(online_solver.ALGORITHMS)})"
+                kinds = f"online algorithms ({', '.join(ONLINE_ALGORITHMS)})"
             else:
                 kinds = "batch algorithms"
             name = where + (key.replace("_", "-") if where == "--" else key)
@@ -559,6 +616,9 @@ def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "
 
 def cli_values(args, model_kinds=BOTH) -> dict:
     """``{key: value}`` of every table option present in parsed ``args``."""
-    return {p.dest: getattr(args, p.dest) for p in PARAMETERS
-            if p.option is not None and set(p.models) & set(model_kinds)
-            and hasattr(args, p.dest)}
+    out = {p.dest: getattr(args, p.dest) for p in PARAMETERS
+           if p.option is not None and set(p.models) & set(model_kinds)
+           and hasattr(args, p.dest)}
+    out.update({p.old: getattr(args, p.old) for p in PARAMETERS
+                if p.old and p.option is not None and hasattr(args, p.old)})
+    return out

@@ -20,6 +20,7 @@ import xarray as xr
 from dkha.apply.preimage import RunPreimages
 from dkha.data.result import sample_coords
 from dkha.data.store import DataStore
+from dkha.progress import phase
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def component_images(ds: xr.Dataset, client, store: DataStore, spread: np.ndarra
     ``spread``: the standard deviation of the training projections on each component. The
     iteration starts from the mean of a seeded sample of the data.
     """
+    phase("component pictures (pre-images)")
     r = ds.sizes["component"]
     side = int(store.attrs["patch"])
     pre = RunPreimages(ds, client, iterations=iterations)

@@ -19,7 +19,7 @@ import numpy as np
 
 from dkha import config
 from dkha.fit.spectrum import top_eigenvalues
-from dkha.progress import Progress
+from dkha.progress import Progress, phase
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def evaluate_many(engine, As: list[np.ndarray], eigenvalues: np.ndarray | None =
     for all their ``C = A K'`` (unless ``Cs`` are given) and one for all their residuals.
     ``announce``: say the cost first at large ``l`` (:func:`announce_cost`)."""
     r = max(A.shape[0] for A in As)
+    phase("evaluation: E(A), E_min and the excess error (eq. 22)")
     if announce:
         announce_cost(engine, passes=(Cs is None) + 1, krylov=eigenvalues is None)
     if Cs is None:

@@ -1,18 +1,35 @@
-"""The coordinator's loop of the online algorithms: the seeded schedule's blocks of samples
+"""The online coordinator: :func:`fit_online` (the one entry of ``OnlineKernelPCA.fit``, ``dkha fit``
+and pipelines) and its loop :func:`run_online`: the seeded schedule's blocks of samples
 (:func:`dkha.data.sources.stream_blocks`, read ahead on a background thread) applied to an
 :class:`~dkha.solvers.online.OnlineKHA`, a history entry every ``every`` steps, under the one
 block driver (:class:`dkha.fit.control.BlockDriver`: stop, checkpoints, progress, timing)."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+from dataclasses import dataclass, field
 from typing import Callable
 
 import dask.config
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from dkha import config, schedule
+from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.sources import stream_blocks
+from dkha.data.store import DataStore
+from dkha.errors import ParameterError
+from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.fit.control import BlockDriver
+from dkha.fit.evaluate import variance_of
+from dkha.kernels import Kernel
+from dkha.solvers.online import INIT_STD, NU_RELATIVE, OnlineKHA, sample_scales
+
+log = logging.getLogger(__name__)
+
+#: rows of the seeded sample the eigenvalues and the explained variance are measured on
+EIGENVALUE_SAMPLES = 2000
 
 
 def coordinator_threads():
@@ -49,3 +66,159 @@ def run_online(solver, source, driver: BlockDriver, *, seed: int, n_steps: int, 
             if np.isfinite(entry["ac_index"]):
                 driver.show(ac=f"{entry['ac_index']:.3f}", members=entry["members"])
             driver.between_blocks(stop, stop // l + 1)
+
+
+def scaled(p: dict, source, kernel: Kernel, seed: int) -> dict:
+    """``p`` with the scales read off a seeded sample of the data (the sigma heuristic's):
+    the default ``nu`` (:data:`NU_RELATIVE` × the variance in feature space) and the unit of
+    ``eta0`` (:func:`~dkha.solvers.online.sample_scales`)."""
+    sample = source.sample(int(config.get("median-sample")), seed)
+    variance, unit = sample_scales(kernel.block(sample, sample))
+    p = dict(p, feature_norm=unit, gain=p["eta0"] / unit)
+    if p["nu"] is None:
+        if not (np.isfinite(variance) and variance > 0):
+            raise ParameterError(
+                f"the default nu needs the data's spread in feature space, and the {len(sample)} "
+                "sample(s) it was measured on coincide there (a first partial_fit batch of "
+                "one sample, duplicates, or a kernel width far too large); give nu")
+        p["nu"] = NU_RELATIVE * variance
+        log.info("nu = %g × the variance in feature space %.4g = %.4g", NU_RELATIVE,
+                 variance, p["nu"])
+    return p
+
+
+def new_solver(p: dict, n_features: int, kernel: Kernel, seed: int) -> OnlineKHA:
+    """The online solver of resolved settings ``p`` (its seeded initial coefficients)."""
+    a_init = INIT_STD * schedule.init_generator(seed).standard_normal(p["r"])
+    return OnlineKHA(p["algorithm"], p["r"], n_features, kernel, nu=p["nu"],
+                     max_members=p["max_members"], eta0=p["gain"], gamma=p["gain_decay"],
+                     tau=p["tau"], center=p["center"], a_init=a_init,
+                     on_divergence=p["on_divergence"])
+
+
+def ac_reference_for(ac_reference, source, kernel: Kernel, r: int,
+                     seed: int) -> ACReference | None:
+    """The AC reference asked for: ``None``/``False`` none, an :class:`ACReference` as is,
+    ``True`` exact KPCA on (a seeded subset of) the data, else an array of samples."""
+    if ac_reference is None or ac_reference is False:
+        return None
+    if isinstance(ac_reference, ACReference):
+        return ac_reference
+    if ac_reference is True:
+        if isinstance(source, DataStore):
+            return ACReference.from_store(source, kernel, r, seed=seed)
+        Xr = source.X if source.n_samples <= DEFAULT_REFERENCE_SAMPLES else \
+            source.sample(DEFAULT_REFERENCE_SAMPLES, seed)
+        return ACReference.from_data(Xr, kernel, r)
+    return ACReference.from_data(np.asarray(ac_reference, dtype=np.float64), kernel, r)
+
+
+def describe_reference(ac_reference) -> str | None:
+    """What a checkpoint records of the AC reference (arrays by a digest of their bytes)."""
+    if ac_reference is None or ac_reference is False:
+        return None
+    if ac_reference is True:
+        return "data"
+    if isinstance(ac_reference, ACReference):
+        return "ACReference"
+    arr = np.ascontiguousarray(ac_reference, dtype=np.float64)
+    return f"array {arr.shape} sha256 {hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
+
+
+def history_entry(solver: OnlineKHA, reference: ACReference | None, sample, wall_time: float,
+                  n_samples: int | None) -> dict:
+    """The history entry of the solver's state now (the AC index against ``reference``, the
+    explained variance on ``sample``; ``n_samples`` ``None``: a stream, no passes)."""
+    st = solver.state
+    ac = float("nan")
+    if reference is not None and st.m:
+        ac = reference.score(solver.alpha(), solver.dictionary())
+    passes = 0 if n_samples is None else st.step // n_samples
+    variance = (variance_of(solver.transform(sample)) if st.m and sample is not None
+                else np.full(solver.r, np.nan))
+    log.info("step %d: %d members, AC %.4f", st.step, st.m, ac)
+    return {"pass": int(passes), "step": int(st.step),
+            "error": float("nan"), "error_min": float("nan"), "excess": float("nan"),
+            "wall_time": float(wall_time), "ac_index": ac, "members": int(st.m),
+            "explained_variance": variance}
+
+
+def eigenvalues_of(solver: OnlineKHA, sample: np.ndarray) -> np.ndarray:
+    """The variance of ``sample`` along each unit component (NaN before any member)."""
+    if not solver.n_members:
+        return np.full(solver.r, np.nan)
+    Y = solver.transform(sample)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.mean(Y**2, axis=0) / solver.component_norms()**2
+
+
+@dataclass
+class OnlineFit:
+    """The outcome of :func:`fit_online`."""
+
+    solver: OnlineKHA
+    history: list
+    wall_time: float
+    stream_stats: dict
+    reference: ACReference | None
+    #: the seeded sample the history's explained variance was measured on
+    variance_sample: np.ndarray
+    eigenvalues: np.ndarray
+    n_steps: int
+    checkpointer: Checkpointer | None = field(default=None, repr=False)
+
+
+def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_steps: int,
+               every: int, verbose: bool = False, ac_reference=None, run_dir=None,
+               overwrite: bool = False, checkpoint_every: int = 0,
+               resume: bool = False) -> OnlineFit:
+    """Stream ``n_steps`` samples of ``source`` in the seeded order through a new solver of the
+    resolved (and :func:`scaled`) settings ``p``, a history entry every ``every`` steps; with
+    ``run_dir`` checkpoints (every ``checkpoint_every`` steps) and ``resume`` as the batch fit's.
+    ``attrs``: the run's saved attrs (they identify its checkpoints)."""
+    # the block boundaries (hence the rounding) depend on these too
+    exact = {"block_rows": p["block_rows"], "evaluate_every": every,
+             "ac_reference": describe_reference(ac_reference)}
+    checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
+                                         checkpoint_every=checkpoint_every, exact=exact)
+    reference = ac_reference_for(ac_reference, source, kernel, p["r"], seed)
+    solver = new_solver(p, source.n_features, kernel, seed)
+    solver.stream_length = source.n_samples
+    fit = OnlineFit(solver, [], 0.0, {}, reference,
+                    source.sample(EIGENVALUE_SAMPLES, seed), None, n_steps, checkpointer)
+    if ck is not None:
+        solver.restore({k[len("state."):]: v for k, v in ck.arrays.items()
+                        if k.startswith("state.")}, ck.meta["state_scalars"])
+        fit.history = list(ck.meta["history"])
+        solver.backoffs = list(ck.meta.get("backoffs", []))
+        fit.wall_time = float(ck.meta["fit_seconds"])
+        fit.stream_stats = dict(ck.meta["stream_stats"])
+        log.info("resuming at step %d from %s", solver.state.step, ck.path)
+
+    def save(t: int, pass_end_pending: bool) -> None:
+        fit.wall_time = driver.seconds
+        arrays, scalars = solver.snapshot()
+        meta = dict(ck_meta, history=fit.history, fit_seconds=fit.wall_time,
+                    backoffs=solver.backoffs, stream_stats=fit.stream_stats,
+                    state_scalars=scalars, n_steps=n_steps)
+        checkpointer.save(scalars["step"], {f"state.{k}": v for k, v in arrays.items()}, meta)
+
+    def record() -> dict:
+        fit.wall_time = driver.seconds
+        entry = history_entry(solver, reference, fit.variance_sample, fit.wall_time,
+                              source.n_samples)
+        fit.history.append(entry)
+        return entry
+
+    driver = BlockDriver(n_steps, solver.state.step, desc=p["algorithm"], verbose=verbose,
+                         save=None if checkpointer is None else save,
+                         checkpoint_steps=int(checkpoint_every or 0), seconds=fit.wall_time)
+    try:
+        run_online(solver, source, driver, seed=seed, n_steps=n_steps, every=every,
+                   block_rows=p["block_rows"], prefetch=p["prefetch"],
+                   stats=fit.stream_stats, record=record)
+    finally:
+        driver.close()
+        fit.wall_time = driver.seconds
+    fit.eigenvalues = eigenvalues_of(solver, source.sample(EIGENVALUE_SAMPLES, seed))
+    return fit

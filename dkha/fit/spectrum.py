@@ -10,7 +10,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from dkha import config
-from dkha.progress import Progress
+from dkha.progress import Progress, phase
 from dkha.solvers.eigen import KrylovInfo, top_eigenpairs
 
 log = logging.getLogger(__name__)
@@ -21,6 +21,8 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
     """The ``r`` largest eigenvalues of ``K'`` (descending)."""
     l = engine.n_samples
     limit = int(config.get("dense-eigh-limit", dense_limit))
+    phase(f"E_min: the top {r} eigenvalues of K' ("
+          + ("dense" if l <= limit else "block Krylov") + ")")
     if l <= limit:
         with engine.labelled("eigenvalues of K' (dense)"):
             Kc = engine.dense()
@@ -68,7 +70,8 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
         start[:, :X0.shape[1]] = X0
     max_basis = int(parse_bytes(config.get("krylov-memory")) // (16 * l))
     verbose = getattr(engine, "verbose", False)
-    with Progress(verbose, maxiter + 1, "Krylov", unit="product") as bar:
+    # no total: the solver stops at its tolerance, far below the iteration cap
+    with Progress(verbose, None, "Krylov", unit="product") as bar:
         def matmat(V):
             bar.update()
             with engine.labelled(f"Krylov product {bar.n}"):

@@ -35,7 +35,9 @@ from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, save_image
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
-from dkha.data.store import ingest_array, ingest_images, open_store, read_grey_image
+from dkha.data.ingest import ingest_array, ingest_images
+from dkha.data.patches import read_grey_image
+from dkha.data.store import open_store
 from dkha.errors import DkhaError, InputError, ParameterError
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.estimators.online import OnlineKernelPCA

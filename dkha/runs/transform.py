@@ -14,8 +14,9 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from dkha.data.atomic import consolidate, replace_directory
 from dkha.data.result import sample_coords
-from dkha.data.store import consolidate, open_store, replace_directory
+from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, RunDirectoryError

@@ -45,22 +45,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.errors import NumericalError, ParameterError
+from dkha.names import BATCH_ALGORITHMS, COLD_MU, DEFAULT_MU, DEFAULT_XI
 from dkha.solvers import reference
 from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
+ALGORITHMS = BATCH_ALGORITHMS
 ENGINES = ("factored", "reference")
 #: default η0 (units of κ̄, see the module docstring) from the paper's random start ... On the
 #: paper's digits (l = 1000, σ = 4, r = 16, 50 passes, seed 0) these give the paper's ordering
 #: SMD 2.4e-4 < KHA/et 3.3e-4 < KHA/t 4.5e-3 < KHA 5.3e-2 (``benchmarks/digits_kpca.py
 #: --defaults``); KHA/t at 0.2 ended at 6.3e-2, worse than constant-gain KHA, and SMD at μ = 0.3
-#: at 4.1e-4, above KHA/et.
+#: at 4.1e-4, above KHA/et. SMD's μ: DEFAULT_MU from a Nyström start, COLD_MU from the random one.
 DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.5, "kha-et": 1.0, "kha-smd": 1.0}
-#: SMD's default meta-gain μ (units of 1/κ̄) from a Nyström start, and from the random start
-DEFAULT_MU = 0.3
-COLD_MU = 0.1
 #: ... and from a Nyström start, per unit of the start's eigenvalue deficit (:func:`warm_eta0`)
 WARM_ETA0 = {"kha": 0.02, "kha-t": 0.02, "kha-et": 2.0, "kha-smd": 2.0}
 WARM_ETA0_MAX = 0.05
@@ -124,7 +122,6 @@ def feature_norm(diagonal: np.ndarray) -> float:
                              "same point in feature space (duplicate samples, or a kernel width "
                              "far too large); choose another kernel or width")
     return float((kappa * kappa).sum() / total)
-DEFAULT_XI = 0.99
 ON_DIVERGENCE = ("backoff", "stop")
 #: a backoff halves the gain; a run still diverging after this many halvings (gain × 2⁻³⁰) fails
 MAX_BACKOFFS = 30

@@ -1,0 +1,340 @@
+"""The batch coordinator: one kernel stream, one or several models, from resolved settings.
+
+:func:`fit_batch` is the one entry of every batch fit (``KernelHebbianPCA.fit``,
+:func:`dkha.fit_together`, ``dkha fit``, ``dkha tune``, pipelines): given a data store, the
+resolved kernel and each model's :class:`ModelSettings` (validated by the estimator), it opens
+the run directories (checkpoints, resume), connects to Dask, builds the row engine, computes the
+MK row and the start, runs the block stream (:func:`dkha.fit.batch.run_batches`) or the exact
+solver (:func:`dkha.fit.krylov.run_krylov`) and returns one :class:`ModelFit` per model. The
+estimators set their fitted attributes from those and save them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dkha import config, schedule
+from dkha.data import result
+from dkha.data.checkpoint import Checkpointer, open_fit
+from dkha.data.store import DataStore
+from dkha.engine.budget import block_rows_for
+from dkha.engine.cluster import blas_threads_for, client_for
+from dkha.engine.rows import RowEngine
+from dkha.errors import InputError, ParameterError, RunDirectoryError
+from dkha.fit.batch import BatchResult, run_batches
+from dkha.fit.evaluate import projections
+from dkha.fit.init import nystrom_coefficients, unit_norm_components
+from dkha.fit.krylov import run_krylov
+from dkha.kernels import make_kernel, median_distance
+from dkha.progress import Progress
+from dkha.solvers.batch import (
+    BatchKHA,
+    eigenvalue_estimate,
+    initial_coefficients,
+    start_deficit,
+    warm_eta0,
+)
+from dkha.solvers.warmup import compile_ahead
+
+log = logging.getLogger(__name__)
+
+#: the exact solver's name: it does not stream kernel rows
+KRYLOV = "krylov"
+
+
+def resolve_kernel(store, kernel: str, seed: int, **params):
+    """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
+    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``)."""
+    k = make_kernel(kernel, **params)
+    if k.needs_sigma():
+        sample = store.sample(int(config.get("median-sample")), seed)
+        k = k.with_params(sigma=median_distance(sample))
+        log.info("sigma by the median-distance heuristic: %g", k["sigma"])
+    return k
+
+
+@dataclass
+class ModelSettings:
+    """One model's resolved settings (what the estimator validated; ``eta0`` ``None``: from the
+    Nyström start, set by :func:`fit_batch`)."""
+
+    algorithm: str
+    n_components: int
+    eta0: float | None
+    mu: float
+    xi: float
+    rho0: float
+    n_steps: int
+    landmarks: int | None
+    support: int | None
+    init: str
+    center_sample: int | None
+    tol: float | None = None
+    on_divergence: str = "backoff"
+    verbose: bool = False
+
+
+@dataclass
+class StreamSettings:
+    """What shapes the one kernel stream every model of a fit shares."""
+
+    seed: int
+    evaluate_every: int
+    block_rows: int | None = None
+    prefetch: int | None = None
+    projections: str | None = None
+    cache_rows: bool | None = None
+    precision: str | None = None
+    device: str | None = None
+    client: object = None
+
+
+@dataclass
+class ModelFit:
+    """One model's outcome: its result and what it needs to be kept, saved or continued."""
+
+    settings: ModelSettings
+    #: the attrs saved with the run (the gains as applied and the top eigenvalues added)
+    attrs: dict
+    result: BatchResult
+    mk: np.ndarray
+    mkm: float
+    #: seconds before the first pass, the row engine's passes, the projections' choice
+    timings: dict
+    #: the batch solver (``None`` for krylov), for a resumable save
+    solver: BatchKHA | None
+    #: the meta its checkpoints carry (the start's deficit, the exact settings)
+    meta: dict
+    checkpointer: Checkpointer | None = None
+    #: what the ``extras`` hook of :func:`fit_batch` made of it (e.g. component pictures)
+    extra: object = None
+
+    @property
+    def failure(self) -> str | None:
+        return self.result.failure
+
+    def describe_failure(self) -> str:
+        """``algorithm (eta0=…[, mu=…]): why`` of a diverged model."""
+        s = self.settings
+        return (f"{s.algorithm} (eta0={s.eta0:g}"
+                + (f", mu={s.mu:g}" if s.algorithm == "kha-smd" else "")
+                + f"): {self.result.failure}")
+
+
+@dataclass
+class FitOptions:
+    """Where and how a fit is kept: run directories, checkpoints, resume."""
+
+    run_dirs: Sequence[str] | None = None
+    overwrite: bool = False
+    checkpoint_every: int = 0
+    resume: bool = False
+    checkpoint_steps: int = 0
+    skip_diverged: bool = False
+    extras: Callable | None = field(default=None, repr=False)
+
+
+def check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, resume: bool,
+                   overwrite: bool) -> None:
+    """Refuse run directories inside the data store, and (unless resuming) every directory
+    that may not be written, before any is cleared."""
+    if "://" not in store.path:
+        real_store = os.path.realpath(store.path)
+        for run_dir in run_dirs:
+            real_run = os.path.realpath(run_dir)
+            if real_run == real_store or real_run.startswith(real_store + os.sep):
+                raise RunDirectoryError(f"the run directory {run_dir} is inside the data "
+                                        f"store {store.path} being read; write the run elsewhere")
+    if not resume:
+        for run_dir, a in zip(run_dirs, attrs):
+            result.check_run_dir(run_dir, a, overwrite)
+
+
+def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> list:
+    """The checkpoints to resume several models from: the newest step that all of them hold (a
+    stop between two models' checkpoints leaves some a step ahead), at most ``n_steps``."""
+    step = min(ck.step for ck in cks)
+    out = []
+    for c, ck in zip(checkpointers, cks):
+        if ck.step != step:
+            ck = c.at_step(step)
+            if ck is None:
+                raise InputError(f"cannot resume {c.run_dir}: the models' checkpoints are at "
+                                 f"different steps and none at step {step} is left")
+        if ck.step > n_steps:
+            raise ParameterError(f"cannot resume {c.run_dir}: its checkpoint is at step {ck.step}, "
+                                 f"beyond the {n_steps} steps asked for; ask for more passes")
+        out.append(ck)
+    return out
+
+
+def start(engine, settings: list[ModelSettings], metas: list[dict], cks, n_samples: int,
+          seed: int):
+    """The shared start ``(A_init, C_init)`` (``None`` for the paper's random start or a resume)
+    and the default ``eta0`` of each model that has none: from a Nyström start, scaled to unit
+    feature-space norm, :func:`~dkha.solvers.batch.warm_eta0` of its eigenvalue deficit (kept in
+    the checkpoints' meta, read back on a resume)."""
+    p0 = settings[0]
+    A_init = C_init = None
+    if p0.landmarks and cks is None:
+        A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
+        if p0.algorithm != KRYLOV:     # unit norms: one pass for C = A K'
+            A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
+            deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
+            log.info("Nyström start: eigenvalue deficit %.3g", deficit)
+            for p, meta in zip(settings, metas):
+                if p.eta0 is None:
+                    p.eta0 = warm_eta0(p.algorithm, deficit)
+                meta["start_deficit"] = deficit
+    elif p0.support and cks is None:
+        A_init = initial_coefficients(p0.n_components, n_samples, schedule.init_generator(seed),
+                                      support=p0.support)
+    for p, meta, ck in zip(settings, metas, cks or [None] * len(settings)):
+        if p.eta0 is None and ck is not None:    # resumed: the gain the run started with
+            if ck.meta.get("start_deficit") is None:
+                raise ParameterError(f"cannot resume {ck.path} with the default eta0: the "
+                                     "checkpoint does not record its start (an older dkha); "
+                                     "give --eta0")
+            meta["start_deficit"] = float(ck.meta["start_deficit"])
+            p.eta0 = warm_eta0(p.algorithm, meta["start_deficit"])
+    return A_init, C_init
+
+
+def _solver(p: ModelSettings, n_samples: int) -> BatchKHA:
+    return BatchKHA(p.algorithm, p.n_components, n_samples, eta0=p.eta0, mu=p.mu, xi=p.xi,
+                    rho0=p.rho0, on_divergence=p.on_divergence, feature_norm=None)
+
+
+def _check_data(store: DataStore, verbose: bool, *, connect: bool) -> Progress:
+    """Check that the data is finite, then show the next stage: connecting to Dask, or starting
+    its workers (the progress of the seconds before the first pass can show its own)."""
+    stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
+                      transient=True)
+    store.check_finite()
+    stages.describe("connecting to Dask" if connect else "starting the Dask workers")
+    return stages
+
+
+def _asked_projections(stream: StreamSettings, n_models: int, opts: FitOptions) -> str:
+    """Where the block projections are asked to be computed (a resume keeps the run's)."""
+    asked = str(config.get("projections", stream.projections))
+    if n_models > 1 and asked == "workers":
+        raise ParameterError("projections on the workers follow one model per stream; fit "
+                             "several models together with projections='coordinator'")
+    if opts.resume and asked == "auto" and opts.run_dirs:     # where the run projected before
+        ck = Checkpointer(opts.run_dirs[0]).latest()
+        if ck is not None:
+            asked = str(ck.meta.get("exact", {}).get("projections", asked))
+    return asked
+
+
+def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSettings,
+               attrs: list[dict], asked: str, opts: FitOptions):
+    """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
+    # what else a bit-identical continuation needs: the blocks and where they are projected
+    exact = {"block_rows": block_rows_for(store.n_samples, stream.block_rows),
+             "projections": asked, "evaluate_every": int(stream.evaluate_every)}
+    # a longer run continues a shorter one exactly: the step count does not identify a run
+    identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
+                                                                            "n_features")
+    run_dirs = opts.run_dirs
+    if run_dirs is not None:
+        check_run_dirs(run_dirs, store, attrs, resume=opts.resume, overwrite=opts.overwrite)
+    opened = [open_fit(d, a, overwrite=opts.overwrite, resume=opts.resume,
+                       checkpoint_every=opts.checkpoint_every or opts.checkpoint_steps,
+                       exact=exact, identity=identity)
+              for d, a in zip(run_dirs or [None] * len(settings), attrs)]
+    checkpointers = None if run_dirs is None else [o[0] for o in opened]
+    metas = [o[2] for o in opened]
+    cks = None
+    if opts.resume:
+        cks = common_step(checkpointers, [o[1] for o in opened], settings[0].n_steps)
+    return checkpointers, metas, cks
+
+
+def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
+              stream: StreamSettings, attrs: Sequence[dict],
+              opts: FitOptions | None = None) -> list[ModelFit]:
+    """Fit every model of ``settings`` in one kernel stream over ``store`` (see the module
+    docstring); ``attrs``: each model's saved attrs (they identify its run directory).
+
+    A diverged model's :class:`ModelFit` carries its ``failure`` (no ``alpha``); raising is the
+    caller's choice (``opts.skip_diverged`` only quietens the divergence's log line).
+    ``opts.extras(fits, engine, client)``, if given, runs while the cluster is up and sets each
+    fit's ``extra``.
+    """
+    opts = opts or FitOptions()
+    settings, attrs = list(settings), [dict(a) for a in attrs]
+    p0 = settings[0]
+    asked = _asked_projections(stream, len(settings), opts)
+    checkpointers, metas, cks = _open_runs(store, settings, stream, attrs, asked, opts)
+    verbose = any(p.verbose for p in settings)
+    if config.get("compile-ahead"):     # the solver's loops compile while the fit starts
+        for algorithm in sorted({p.algorithm for p in settings}):
+            compile_ahead(algorithm)
+    stages = _check_data(store, verbose, connect=stream.client is not None)
+    with client_for(stream.client) as client, blas_threads_for(client):
+        stages.close()
+        engine = RowEngine(store, kernel, client, block_rows=stream.block_rows,
+                           prefetch=stream.prefetch, projections=asked,
+                           cache_rows=stream.cache_rows, precision=stream.precision,
+                           device=stream.device, models=len(settings))
+        engine.verbose = verbose
+        for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
+            if meta is not None and isinstance(meta.get("exact"), dict):
+                meta["exact"]["projections"] = engine.projections
+        t0 = time.perf_counter()
+        if cks is None:
+            engine.compute_mk(center_sample=p0.center_sample, seed=stream.seed)
+        t1 = time.perf_counter()
+        A_init, C_init = start(engine, settings, metas, cks, store.n_samples, stream.seed)
+        # seconds before the first pass (history wall times count the passes only)
+        timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
+                   "projections": {"asked": asked, "chosen": engine.projections,
+                                   "reason": engine.projections_reason},
+                   "memory": engine.memory.as_dict()}
+        if p0.algorithm == KRYLOV:
+            results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
+                                  tol=p0.tol if p0.tol is not None else 1e-8,
+                                  with_evaluation=stream.evaluate_every >= 0)]
+            solvers = [None]
+        else:
+            solvers = [_solver(p, store.n_samples) for p in settings]
+            results = run_batches(
+                engine, solvers, n_steps=p0.n_steps, seed=stream.seed,
+                evaluate_every=stream.evaluate_every, verbose=verbose, A_init=A_init,
+                tol=[p.tol for p in settings], checkpointers=checkpointers,
+                checkpoint_every=int(opts.checkpoint_every or 0), checkpoint_metas=metas,
+                resumes=cks, checkpoint_steps=int(opts.checkpoint_steps or 0), C_init=C_init,
+                divergence_level=logging.INFO if opts.skip_diverged else logging.WARNING)
+        fits = _fits(settings, attrs, results, solvers, metas, checkpointers, engine, timings)
+        if opts.extras is not None:
+            opts.extras(fits, engine, client)
+    return fits
+
+
+def _fits(settings, attrs, results, solvers, metas, checkpointers, engine,
+          timings) -> list[ModelFit]:
+    """One :class:`ModelFit` per model, with the row engine's passes in its timings."""
+    fits = []
+    for i, (p, a, res, solver) in enumerate(zip(settings, attrs, results, solvers)):
+        # and every tile pass of the engine (MK row, K'V, residuals): tasks, wall, waiting, bytes
+        t = dict(timings, stream=res.wall_time, passes=list(engine.stats.passes),
+                 replicas={"rebuilds": engine.stats.replica_rebuilds,
+                           "moves": engine.stats.replica_moves})
+        if res.failure is None:
+            a = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
+                     else [float(v) for v in res.top_eigenvalues])
+            if solver is not None:      # the gains as applied (eta0 and mu in units of κ̄)
+                a.update(solver.effective_gains(), eta0_applied=solver.eta0,
+                         start_deficit=metas[i].get("start_deficit"))
+        fits.append(ModelFit(settings=p, attrs=a, result=res, mk=engine.mk, mkm=engine.mkm,
+                             timings=t, solver=solver, meta=metas[i],
+                             checkpointer=None if checkpointers is None else checkpointers[i]))
+    return fits

@@ -1,0 +1,46 @@
+"""The names of dkha's algorithms and kernels, and the defaults the command line shows: plain
+constants, importable in milliseconds (no numpy, numba, dask), so that ``dkha --help`` and the
+parameter table (:mod:`dkha.estimators.params`) do not load the numerical modules that define
+the algorithms (:mod:`dkha.solvers.batch`, :mod:`dkha.solvers.online`, :mod:`dkha.kernels`,
+which take these from here)."""
+
+import functools
+import os
+
+#: the batch algorithms of the KHA family (:mod:`dkha.solvers.batch`)
+BATCH_ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
+#: the online algorithms (:mod:`dkha.solvers.online`)
+ONLINE_ALGORITHMS = ("on-kha", "oo-kha", "okpca")
+#: the exact solver (block Krylov, :mod:`dkha.fit.krylov`)
+EXACT_ALGORITHM = "krylov"
+
+#: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`); the meta-gain from the random start
+DEFAULT_MU = 0.3
+COLD_MU = 0.1
+DEFAULT_XI = 0.99
+#: the online algorithms' initial step, its decay per step and the dictionary cap
+#: (:mod:`dkha.solvers.online`)
+ONLINE_DEFAULT_ETA0 = 0.05
+ONLINE_DEFAULT_GAMMA = 0.999995
+ONLINE_DEFAULT_MAX_MEMBERS = 2000
+
+#: the kernels (:mod:`dkha.kernels`) and the other names they go by
+KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid")
+KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial",
+                  "linear": "polynomial"}
+
+
+@functools.lru_cache(maxsize=None)
+def package_config() -> dict:
+    """dkha's package configuration defaults, ``{"dkha": {...}}`` from ``dkha.yaml`` (registered
+    with ``dask.config`` by :mod:`dkha.config`; read here without loading dask)."""
+    import yaml
+
+    with open(os.path.join(os.path.dirname(__file__), "dkha.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def config_default(key: str):
+    """The package default of the setting ``dkha.<key>`` (what the command line's help shows;
+    the value in effect is ``dkha.config.get(key)``)."""
+    return package_config()["dkha"][key]

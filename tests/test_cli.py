@@ -1,0 +1,181 @@
+"""The command line's text and responsiveness: ``--version``, ``--help`` and argument errors
+without the engine, help for every option with its default, a subcommand's own usage and the
+nearest option name on errors, ``-v`` after the subcommand, progress lines in a pipe, and numbers
+printed with the precision they have."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from dkha import progress
+from dkha.cli.output import errors_text, excess_text, kernel_text, pair_digits
+from dkha.cli.parser import build_parser
+from dkha.estimators.params import PARAMETERS
+from dkha.kernels import make_kernel
+from tests.processes import other_lines, progress_lines, subprocess_env
+
+ENGINE = ("dask", "distributed", "xarray", "sklearn", "numba", "zarr", "scipy")
+
+PROBE = """
+import json, sys
+from dkha.cli import main
+try:
+    main(json.loads(sys.argv[1]))
+except SystemExit:
+    pass
+sys.stderr.write("\\nLOADED " + json.dumps(sorted({m.split(".")[0] for m in sys.modules}
+                                                & set(json.loads(sys.argv[2])))))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["fit", "--help"],
+                                  ["ingest", "images", "--help"], ["tune", "--help"],
+                                  ["denoise", "--help"],
+                                  ["fit", "store.zarr", "-o", "run", "--sgima", "3"],
+                                  ["fit", "store.zarr"]],
+                         ids=["version", "help", "fit help", "ingest images help", "tune help",
+                              "denoise help", "unknown option", "missing option"])
+def test_answers_without_loading_the_engine(argv):
+    p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(ENGINE)],
+                       env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    loaded = json.loads(p.stderr.rsplit("LOADED ", 1)[1])
+    assert loaded == [], (loaded, p.stderr)
+    assert p.stdout or "error:" in p.stderr
+
+
+def _actions(parser: argparse.ArgumentParser, name: str = "dkha"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, p in action.choices.items():
+                yield from _actions(p, f"{name} {sub}")
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and \
+                action.help != argparse.SUPPRESS:     # (hidden: a deprecated spelling)
+            yield name, action
+
+
+def test_every_option_has_a_help_text_with_its_default():
+    actions = list(_actions(build_parser()))
+    assert {name for name, _ in actions} >= {"dkha fit", "dkha tune", "dkha ingest images",
+                                             "dkha denoise", "dkha evaluate", "dkha run"}
+    for name, a in actions:
+        what = f"{name} {'/'.join(a.option_strings) or a.dest}"
+        assert a.help, f"{what} has no help"
+        shown = a.default
+        if (a.option_strings and not isinstance(a, argparse._CountAction)
+                and shown not in (None, False, argparse.SUPPRESS)):
+            assert "default" in a.help, f"{what}: its default {shown!r} is not in {a.help!r}"
+    # the default algorithm, from the parameter table
+    default = next(p.default for p in PARAMETERS if p.name == "algorithm")
+    fit = dict((a.dest, a) for name, a in actions if name == "dkha fit")
+    assert f"default {default}" in fit["algorithm"].help
+    images = {a.dest: a.help for name, a in actions if name == "dkha ingest images"}
+    assert "default 11" in images["patch"] and "default 2" in images["step"]
+    assert "default" in images["chunk_rows"]
+
+
+def _error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_errors_show_the_subcommands_usage_and_the_nearest_option(capsys):
+    err = _error(["fit", "s.zarr", "-o", "run", "--sgima", "3"], capsys)
+    assert err.startswith("usage: dkha fit ")
+    assert err.strip().endswith("dkha fit: error: unrecognized arguments: --sgima 3; did you mean "
+                                "--sigma?")
+    err = _error(["ingest", "images", "a.png", "-o", "s.zarr", "--pach", "5"], capsys)
+    assert err.startswith("usage: dkha ingest images ") and "did you mean --patch?" in err
+    err = _error(["denoise", "run", "a.png", "-o", "b.png", "--preimage", "fixed-piont"], capsys)
+    assert err.startswith("usage: dkha denoise ") and "did you mean fixed-point?" in err
+    err = _error(["fitt", "s.zarr"], capsys)
+    assert err.startswith("usage: dkha ") and "did you mean fit?" in err
+    # nothing near: no guess
+    err = _error(["fit", "s.zarr", "-o", "run", "--zzzzzz"], capsys)
+    assert "did you mean" not in err and "unrecognized arguments: --zzzzzz" in err
+
+
+def test_verbose_before_and_after_the_subcommand():
+    parse = build_parser().parse_args
+    assert parse(["fit", "s.zarr", "-o", "run"]).verbose == 0
+    assert parse(["fit", "s.zarr", "-o", "run", "-v"]).verbose == 1
+    assert parse(["-v", "fit", "s.zarr", "-o", "run", "-vv"]).verbose == 3
+    assert parse(["ingest", "images", "a.png", "-o", "s.zarr", "--verbose"]).verbose == 1
+    assert not hasattr(parse(["report", "run", "-v"]), "verbose_after")
+
+
+def test_a_piped_fit_logs_each_phase_with_the_time(digits_store, tmp_path):
+    run = str(tmp_path / "run")
+    p = subprocess.run([sys.executable, "-m", "dkha.cli", "fit", digits_store.path, "-o", run,
+                        "--components", "3", "--sigma", "4", "--passes", "1"],
+                       env=subprocess_env(DASK_DKHA__MK_CACHE="false"), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert other_lines(p.stderr) == []      # every line on stderr is a progress line
+    lines = progress_lines(p.stderr)
+    seconds = [s for s, _ in lines]
+    assert seconds == sorted(seconds)
+    phases = ["loading", "checking the data", "connecting to Dask", "centering (MK row): 0/",
+              "Nyström landmark rows: 0/", "E_min: the top 3 eigenvalues", "evaluation:",
+              "kha-smd: 0/300 steps", "saving the run in"]
+    messages = [m for _, m in lines]
+    found = [next((i for i, m in enumerate(messages) if m.startswith("dkha fit: " + phase)),
+                  None) for phase in phases]
+    assert None not in found, dict(zip(phases, found))
+    assert found == sorted(found), messages
+    assert "saved " in p.stdout
+
+
+def test_heartbeat_logs_while_a_step_takes_long(caplog):
+    caplog.set_level(logging.INFO, logger="dkha.progress")
+    with progress.heartbeat(every=0.2):
+        with progress.Progress(True, 4, "a slow pass", unit="block") as bar:
+            bar.update()
+            time.sleep(1.5)                       # one block far longer than the interval
+        progress.phase("saving")
+        time.sleep(1.0)                           # a phase without progress of its own
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "a slow pass: 0/4 blocks so far in 0 s"
+    assert any(m.startswith("a slow pass: 1/4 blocks so far in ") for m in lines[1:])
+    assert any(m.startswith("working, ") and m.endswith("s since: saving") for m in lines)
+    assert not any(t.name == "dkha-heartbeat" for t in threading.enumerate())
+
+
+def test_the_krylov_progress_has_no_made_up_total(digits_store, client, caplog):
+    from dkha import KernelHebbianPCA
+
+    caplog.set_level(logging.INFO, logger="dkha.progress")
+    KernelHebbianPCA(3, algorithm="krylov", sigma=4.0, client=client, verbose=True,
+                     evaluate_every=-1).fit(digits_store)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Krylov (LOBPCG)")]
+    assert lines[0] == "Krylov (LOBPCG): 0 products so far in 0 s"
+    end = re.fullmatch(r"Krylov \(LOBPCG\): (\d+) products in \d+ s", lines[-1])
+    assert end and int(end.group(1)) > 1, lines
+
+
+def test_numbers_are_printed_with_the_precision_they_have():
+    # E and E_min apart by 3.3e-6 relative: printed with the digits that tell them apart
+    e_min = 106.29200437
+    e = e_min * (1 + 3.261e-6)
+    text = errors_text(e, e_min, 3.261e-6, 4e-12)
+    shown = re.fullmatch(r"E = (\S+), E_min = (\S+), excess = 3\.261e-06 \(±4\.0e-12\)", text)
+    assert shown and shown.group(1) != shown.group(2), text
+    assert abs(float(shown.group(1)) / float(shown.group(2)) - 1 - 3.261e-6) < 1e-7
+    # below its precision: the digits stop there, and the excess says so
+    assert pair_digits(-8.88e-16, 3e-12) == 6
+    assert excess_text(-8.88e-16, float("nan")) == "0 (below its precision, ±8.9e-16)"
+    assert excess_text(-8.88e-16, 3e-12) == "0 (below its precision, ±3.0e-12)"
+    assert excess_text(2e-3, 3e-12) == "2.000e-03 (±3.0e-12)"
+    # a median-heuristic sigma: six significant digits, not sixteen
+    assert kernel_text(make_kernel("gaussian", sigma=3.0864712345678901)) == \
+        "gaussian(sigma=3.08647)"
