@@ -62,7 +62,8 @@ def peak_rss_watch(pid: int, out: list) -> threading.Thread:
 
 def make_store(case: str, workdir: str):
     from _data import patch_store
-    from dkha.data.store import ingest_array, open_store
+    from dkha.data.ingest import ingest_array
+    from dkha.data.store import open_store
 
     kind, _, n = case.partition("-")
     l = int(n)
