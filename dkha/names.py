@@ -25,9 +25,11 @@ ONLINE_DEFAULT_GAMMA = 0.999995
 ONLINE_DEFAULT_MAX_MEMBERS = 2000
 
 #: the kernels (:mod:`dkha.kernels`) and the other names they go by
-KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid")
+KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "precomputed")
 KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial",
-                  "linear": "polynomial"}
+                  "linear": "polynomial", "poly": "polynomial"}
+#: scikit-learn's kernel names (``KernelPCA(kernel=...)``), with its meanings and defaults
+SKLEARN_KERNELS = ("linear", "poly", "rbf", "sigmoid", "cosine", "precomputed")
 
 
 @functools.lru_cache(maxsize=None)

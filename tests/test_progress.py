@@ -63,3 +63,8 @@ def test_krylov_summary_counts_its_products(digits_store, client, capsys, tmp_pa
     products = re.search(r"after (\d+) Krylov products: .* excess = (\S+)", out)
     assert products and int(products.group(1)) > 1, out
     assert not products.group(2).startswith("-"), out
+    # dkha evaluate says the excess the way dkha fit does (never a negative round-off)
+    assert main(["evaluate", str(tmp_path / "k"), "--scheduler", client.scheduler.address]) == 0
+    out = capsys.readouterr().out
+    excess = re.search(r"^excess = (.*)$", out, re.M).group(1)
+    assert re.fullmatch(r"0 \(below its precision, ±\S+\)|\d\.\d{3}e-\d\d \(±\S+\)", excess), out

@@ -7,7 +7,7 @@ import json
 import os
 
 from dkha.cli.options import centering_line, centering_summary, raise_param
-from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text
+from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text, number
 from dkha.cli.where import cluster_kwargs
 from dkha.data.store import open_store
 from dkha.errors import NumericalError, RunDirectoryError
@@ -218,7 +218,7 @@ def _fit_online(args) -> int:
         summary["backoffs"] = len(model.backoffs_)
         summary["eta0_final"] = model.backoffs_[-1]["gain_after"]
     print(json.dumps(summary) if args.json else
-          ", ".join(f"{k} = {v}" for k, v in summary.items()))
+          ", ".join(f"{k} = {number(v)}" for k, v in summary.items()))
     return 0
 
 

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _evaluate_parser(sub)
     _transform_parser(sub)
     _report_parser(sub)
+    _maps_parser(sub)
     return parser
 
 
@@ -139,7 +140,8 @@ def _ingest_parsers(sub) -> None:
     im.add_argument("--max-samples", type=positive_int, metavar="N",
                     help="keep N patches drawn uniformly (seeded) from all the images' patch "
                          "positions, in raster order (default: every position)")
-    im.add_argument("--seed", type=int, default=0, help="seed of the --max-samples draw (default 0)")
+    im.add_argument("--seed", type=int, default=0,
+                    help="seed of the --max-samples draw (default 0)")
     im.add_argument("--chunk-rows", type=positive_int, metavar="N", help=chunk_rows)
     im.add_argument("--overwrite", action="store_true", help="replace an existing store")
     add_storage_options(im)
@@ -234,8 +236,28 @@ def _report_parser(sub) -> None:
     p = _subcommand(sub, "report", help="an HTML page of a run: convergence, component "
                     "pictures, response maps")
     p.add_argument("run_dir", help="a run directory (dkha fit); the page is RUN_DIR/report.html")
-    p.add_argument("--components", type=positive_int, default=8,
-                   help="components to show (default 8)")
+    p.add_argument("--components", type=positive_int, default=16,
+                   help="components to show (default 16; the page says when there are more)")
+    p.add_argument("--maps", metavar="MAPS.zarr",
+                   help="response maps from `dkha maps` to show (default: every patch position "
+                        "of the training images when their files can be read, else the training "
+                        "projections)")
+    add_cluster_options(p)
+
+
+def _maps_parser(sub) -> None:
+    p = _subcommand(sub, "maps", help="response maps: every patch position of whole images "
+                    "projected on a run's components",
+                    description="Cut each image into patches on the training store's grid "
+                                "(every position, also for a store ingested with "
+                                "--max-samples), project them blockwise on the workers and "
+                                "write response (component, image, row, col) to a zarr store.")
+    p.add_argument("run_dir", help="a run directory (dkha fit) fitted on image patches")
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help="image files (skimage:NAME for scikit-image's bundled ones) or .npy")
+    p.add_argument("-o", "--out", required=True, help="the zarr store to write (maps.zarr)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_cluster_options(p)
 
 
 def add_apply_parsers(subparsers) -> None:
@@ -260,11 +282,7 @@ def add_apply_parsers(subparsers) -> None:
                    help="the clean image (SNR before and after) or clean data store (mean "
                         "squared error before and after)")
     add_preimage_options(p)
-    p.add_argument("--block", type=positive_int, metavar="B",
-                   help="patches per block (default 2048)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
+    _reconstruction_options(p, "patches")
 
     p = _subcommand(
         subparsers, "superresolve", help="scale an image up with a run fitted on "
@@ -287,11 +305,7 @@ def add_apply_parsers(subparsers) -> None:
     p.add_argument("--reference", metavar="ORIG",
                    help="the original high-resolution image: print the PSNR")
     add_preimage_options(p, gradient_step="--gradient-step")
-    p.add_argument("--block", type=positive_int, metavar="B",
-                   help="windows per block (default 2048)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_options(p)
+    _reconstruction_options(p, "windows")
 
     p = _subcommand(
         subparsers, "cluster", help="spectral clustering (Ng, Jordan & Weiss) of a run's "
@@ -308,6 +322,15 @@ def add_apply_parsers(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="k-means seed, and the random labels' (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_cluster_options(p)
+
+
+def _reconstruction_options(p: argparse.ArgumentParser, pieces: str) -> None:
+    """What every image reconstruction command ends with: blocks, output, where it runs."""
+    p.add_argument("--block", type=positive_int, metavar="B",
+                   help=f"{pieces} per block (default 2048)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_cluster_options(p)
 

@@ -15,6 +15,10 @@ from dkha.solvers.eigen import KrylovInfo, top_eigenpairs
 
 log = logging.getLogger(__name__)
 
+#: samples up to which the exact eigenpairs come from a dense ``eigh`` of ``K'`` (also below
+#: ``5 k`` samples for a block of ``k`` vectors; dense is exact where K' is rank-deficient)
+SMALL_DENSE = 200
+
 
 def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = None,
                     tol: float = 1e-11, maxiter: int = 500) -> np.ndarray:
@@ -64,6 +68,11 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
     """
     l = engine.n_samples
     k = min(l - 1, r + (oversample if oversample is not None else default_oversample(r)))
+    if l <= max(SMALL_DENSE, 5 * k):     # small: a dense eigh (exact where K' is rank-deficient)
+        with engine.labelled("eigenpairs of K' (dense)"):
+            Kc = engine.dense()
+        w, V = np.linalg.eigh(0.5 * (Kc + Kc.T))
+        return w[::-1][:r].copy(), V[:, ::-1][:, :r].copy(), KrylovInfo(converged=True)
     rng = np.random.default_rng(seed)
     start = rng.standard_normal((l, k))
     if X0 is not None:
@@ -84,3 +93,49 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
              info.products, info.columns, info.restarts, info.history[-1],
              "" if info.converged else " (not converged)")
     return w, V, info
+
+
+def clip_eigenvalues(eigenvalue: np.ndarray) -> np.ndarray:
+    """scikit-learn's ``_check_psd_eigenvalues``: round-off eigenvalues (negative ones, or below
+    ``1e-12`` of the largest) become exactly 0; significantly negative ones raise its
+    ``ValueError`` ("There are significant negative eigenvalues ...": the kernel is not PSD)."""
+    from sklearn.utils.validation import _check_psd_eigenvalues
+
+    w = np.asarray(eigenvalue, dtype=np.float64)
+    if w.size == 0:
+        return w.copy()
+    return np.asarray(_check_psd_eigenvalues(w, enable_warnings=False), dtype=np.float64)
+
+
+def sign_convention(alpha: np.ndarray) -> np.ndarray:
+    """``±1`` per component such that each component's largest coefficient in absolute value
+    (the first of equal ones) is positive: scikit-learn's ``svd_flip`` on the eigenvectors
+    ``alpha_i √λ_i``, so signs depend on the data only, never on the seed."""
+    alpha = np.asarray(alpha)
+    if alpha.size == 0:
+        return np.ones(len(alpha))
+    pick = np.argmax(np.abs(alpha), axis=1)
+    signs = np.sign(alpha[np.arange(len(alpha)), pick])
+    signs[signs == 0] = 1.0
+    return signs
+
+
+def finalise_components(alpha: np.ndarray, eigenvalue: np.ndarray,
+                        projection: np.ndarray | None = None):
+    """The components as a fit hands them out: eigenvalues clipped (:func:`clip_eigenvalues`),
+    components of eigenvalue 0 null (coefficients and projections 0: they carry no variance,
+    and round-off directions would be scaled by ``1/√λ`` up to 1e7), signs fixed
+    (:func:`sign_convention`), sorted by decreasing eigenvalue. Returns ``(alpha, eigenvalue,
+    projection, null)`` with ``null`` the number of null components."""
+    w = clip_eigenvalues(eigenvalue)
+    alpha = np.array(alpha, dtype=np.float64)
+    order = np.argsort(-w, kind="stable")
+    w, alpha = w[order], alpha[order]
+    null = w <= 0
+    alpha[null] = 0.0
+    signs = sign_convention(alpha)
+    alpha *= signs[:, None]
+    if projection is not None:
+        projection = np.array(projection, dtype=np.float64)[order] * signs[:, None]
+        projection[null] = 0.0
+    return alpha, w, projection, int(null.sum())

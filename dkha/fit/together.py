@@ -50,12 +50,19 @@ KRYLOV = "krylov"
 
 def resolve_kernel(store, kernel: str, seed: int, **params):
     """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
-    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``)."""
+    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``), times
+    ``dkha.patch-sigma-factor`` (3) for a gaussian kernel on image patches: the width that keeps
+    patch denoising level with linear patch PCA (benchmarks/denoise_photo.py, README)."""
     k = make_kernel(kernel, **params)
+    if getattr(store, "n_features", None) is not None:
+        k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
     if k.needs_sigma():
         sample = store.sample(int(config.get("median-sample")), seed)
-        k = k.with_params(sigma=median_distance(sample))
-        log.info("sigma by the median-distance heuristic: %g", k["sigma"])
+        patches = kernel == "gaussian" and "patch" in (getattr(store, "attrs", None) or {})
+        factor = float(config.get("patch-sigma-factor")) if patches else 1.0
+        k = k.with_params(sigma=factor * median_distance(sample))
+        log.info("sigma by the median-distance heuristic%s: %g",
+                 f" × {factor:g} (image patches)" if patches else "", k["sigma"])
     return k
 
 
@@ -184,6 +191,11 @@ def start(engine, settings: list[ModelSettings], metas: list[dict], cks, n_sampl
     A_init = C_init = None
     if p0.landmarks and cks is None:
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
+        if len(A_init) < p0.n_components:   # K' has that rank: the start is exact, the rest null
+            for p in settings:
+                p.n_components = len(A_init)
+            if not len(A_init):
+                return None, None
         if p0.algorithm != KRYLOV:     # unit norms: one pass for C = A K'
             A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
             deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
@@ -299,7 +311,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
                    "projections": {"asked": asked, "chosen": engine.projections,
                                    "reason": engine.projections_reason},
                    "memory": engine.memory.as_dict()}
-        if p0.algorithm == KRYLOV:
+        if p0.algorithm == KRYLOV or p0.n_components == 0:    # 0: K' = 0, nothing to fit
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=p0.tol if p0.tol is not None else 1e-8,
                                   with_evaluation=stream.evaluate_every >= 0)]
