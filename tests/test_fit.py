@@ -213,10 +213,15 @@ def test_transform(runs, oracle, digits, seed):
                                atol=1e-11 * scale)
 
 
-@pytest.mark.parametrize("r", [300, 301])
-def test_too_many_components_refused(digits_store, r):
-    model = KernelHebbianPCA(r, algorithm="kha", sigma=SIGMA, passes=1, client=UNREACHABLE)
-    with pytest.raises(ParameterError, match=rf"n_components \({r}\) must be smaller .* \(300\)"):
+def test_all_components_refused_above_the_dense_limit(digits_store):
+    """n_components=None (scikit-learn's all components) fits l − 1 of them: refused in one
+    line, before any work, where l is above dkha.dense-eigh-limit. (n_components ≥ l is
+    scikit-learn's: null components, tests/test_sklearn_kernel_pca_port.py.)"""
+    import dask
+
+    model = KernelHebbianPCA(None, algorithm="kha", sigma=SIGMA, passes=1, client=UNREACHABLE)
+    with dask.config.set({"dkha.dense-eigh-limit": 100}), \
+            pytest.raises(ParameterError, match=r"n_components=None asks for all 299 components"):
         model.fit(digits_store.path)
 
 

@@ -18,6 +18,7 @@ from dkha.data.patches import patch_bands, patch_coords, patch_grid, read_grey_i
 from dkha.data.store import DataStore
 from dkha.data.writer import StoreWriter
 from dkha.errors import InputError, ParameterError, StoreNotFoundError
+from dkha.schedule import Stream, random_stream
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
         sizes = [int(np.prod(patch_grid(grey_values(p, i)[0].shape, patch, step)))
                  for i, p in enumerate(paths)]
         if max_samples < sum(sizes):
-            drawn = np.sort(np.random.default_rng([int(seed), 5]).choice(
+            drawn = np.sort(random_stream(seed, Stream.PATCH_SAMPLE).choice(
                 sum(sizes), size=int(max_samples), replace=False))
             starts = np.cumsum([0] + sizes)
             keep = [drawn[(drawn >= a) & (drawn < b)] - a for a, b in zip(starts, starts[1:])]
@@ -124,7 +125,7 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
     images = []
     try:
         for i, p in enumerate(paths):
-            first = writer.n + writer._buffered
+            first = writer.rows_appended
             img, name = grey_values(p, i)
             position = 0
             for band in patch_bands(img, patch, step, writer.chunk_rows):
@@ -136,7 +137,7 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
                     writer.append(band)
             images.append({"path": name, "shape": list(img.shape),
                            "grid": list(patch_grid(img.shape, patch, step)),
-                           "first_sample": first, "n_samples": writer.n + writer._buffered - first})
+                           "first_sample": first, "n_samples": writer.rows_appended - first})
             log.info("ingested %s: %d patches", name, images[-1]["n_samples"])
         attrs = {"source": {"kind": "images", "images": images}, "patch": patch, "step": step,
                  "scaling": "grey, [0, 1] (skimage img_as_float)"}

@@ -28,7 +28,7 @@ import uuid
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import consolidate, replace_directory
+from dkha.data.atomic import write_zarr_atomically
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 from dkha.progress import phase
 
@@ -167,13 +167,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
 def save(ds: xr.Dataset, run_dir: str) -> str:
     """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
     phase(f"saving the run in {run_dir}")
-    os.makedirs(run_dir, exist_ok=True)
-    target = os.path.join(run_dir, COMPONENTS)
-    tmp = os.path.join(run_dir, f".{COMPONENTS}.{uuid.uuid4().hex}.tmp")
-    ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
-    consolidate(tmp)
-    replace_directory(tmp, target)
-    return target
+    return write_zarr_atomically(ds, os.path.join(run_dir, COMPONENTS))
 
 
 TIMINGS = "timings.json"

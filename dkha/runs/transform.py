@@ -14,7 +14,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import consolidate, replace_directory
+from dkha.data.atomic import write_zarr_atomically
 from dkha.data.result import sample_coords
 from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
@@ -111,10 +111,8 @@ def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite
 
 
 def write_dataset(res: xr.Dataset, out: str, *, client=None) -> xr.Dataset:
-    """Write ``res`` (lazy parts computed on the cluster) aside and rename it into ``out``."""
-    tmp = out + ".tmp"
+    """Write ``res`` (lazy parts computed on the cluster) aside and rename it into ``out``
+    (:func:`~dkha.data.atomic.write_zarr_atomically`)."""
     with client_for(client):
-        res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
-    consolidate(tmp)
-    replace_directory(tmp, out)
+        write_zarr_atomically(res, out)
     return xr.open_zarr(out)
