@@ -126,9 +126,10 @@ def kha_pass(engine, l, r, seed=0, n_steps=None):
 
 def krylov_fit(engine, r):
     """A whole krylov fit without the centering cache: the MK pass, then LOBPCG's products."""
+    from dkha.engine.mkrow import exact_mk_row
     from dkha.fit.krylov import run_krylov
 
-    mk = engine._mk_pass()
+    mk = exact_mk_row(engine)
     engine.set_mk(mk, float(mk.mean()))
     return run_krylov(engine, r, seed=0, tol=1e-2, with_evaluation=False).alpha
 
@@ -136,6 +137,7 @@ def krylov_fit(engine, r):
 def main():
     from _data import patch_store
     from dkha.kernels import make_kernel
+    from dkha.engine.mkrow import exact_mk_row
     from dkha.engine.rows import RowEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -170,11 +172,12 @@ def main():
                                     prefetch=args.prefetch, projections=p)
                        for p in ("coordinator", "workers")}
             eng = engines["coordinator"]
-            eng._mk_pass()      # warm-up: imports, chunk reads
-            mk = eng._mk_pass()
+            exact_mk_row(eng)       # warm-up: imports, chunk reads
+            mk = exact_mk_row(eng)
             eng.set_mk(mk, float(mk.mean()))
             engines["workers"].set_mk(mk, float(mk.mean()))
-            rows.append(measure_median(eng, client, "MK pass", eng._mk_pass, args.repeat))
+            rows.append(measure_median(eng, client, "MK pass", lambda: exact_mk_row(eng),
+                                       args.repeat))
             rows.append(measure_median(eng, client, f"K'V ({args.columns} cols)",
                                        lambda: eng.matmat(V), args.repeat))
             rows.append(measure_median(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",

@@ -23,16 +23,22 @@ _EXPORTS = {
 }
 
 
+#: the subpackages, reachable as attributes after a bare ``import dkha`` (``dkha.data.result``)
+_SUBPACKAGES = ("apply", "data", "engine", "estimators", "fit", "pipeline", "runs", "solvers")
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value     # once loaded, an ordinary attribute
         return value
+    if name in _SUBPACKAGES:     # its modules load on first use too (dkha.lazy)
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'dkha' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBPACKAGES))
 
 
 if TYPE_CHECKING:   # what static tools see

@@ -56,3 +56,11 @@ class Interrupted(DkhaError):
 
 class DkhaWarning(UserWarning):
     """Warnings dkha itself emits (tests turn them into errors)."""
+
+
+class NullComponentWarning(DkhaWarning):
+    """Components beyond the rank of the centered kernel matrix are null (eigenvalue 0)."""
+
+
+class DictionaryWarning(DkhaWarning):
+    """An online fit's dictionary holds fewer members than components."""

@@ -14,8 +14,9 @@ ONLINE_ALGORITHMS = ("on-kha", "oo-kha", "okpca")
 #: the exact solver (block Krylov, :mod:`dkha.fit.krylov`)
 EXACT_ALGORITHM = "krylov"
 
-#: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`)
+#: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`); the meta-gain from the random start
 DEFAULT_MU = 0.3
+COLD_MU = 0.1
 DEFAULT_XI = 0.99
 #: the online algorithms' initial step, its decay per step and the dictionary cap
 #: (:mod:`dkha.solvers.online`)
@@ -24,9 +25,11 @@ ONLINE_DEFAULT_GAMMA = 0.999995
 ONLINE_DEFAULT_MAX_MEMBERS = 2000
 
 #: the kernels (:mod:`dkha.kernels`) and the other names they go by
-KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid")
+KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "precomputed")
 KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial",
-                  "linear": "polynomial"}
+                  "linear": "polynomial", "poly": "polynomial"}
+#: scikit-learn's kernel names (``KernelPCA(kernel=...)``), with its meanings and defaults
+SKLEARN_KERNELS = ("linear", "poly", "rbf", "sigmoid", "cosine", "precomputed")
 
 
 @functools.lru_cache(maxsize=None)

@@ -152,7 +152,7 @@ def test_products_are_summed_on_the_worker_processes(store, real_cluster):
         engine = RowEngine(ds, make_kernel("gaussian", sigma=4.0), client)
         V = np.random.default_rng(5).normal(size=(ds.n_samples, 7))
         got = engine.matmat(V)
-        g, pairs = engine.tile_groups, engine._pairs()
+        g, pairs = engine.tile_groups, engine.tile_pairs()
         assert len(g) >= 3
         want = np.zeros_like(got)
         for i, j in pairs:

@@ -132,6 +132,37 @@ def test_saved_run_dir(runs, oracle, digits_store, seed, algorithm):
     assert a["n_components"] == R
 
 
+
+def test_history_is_indexed_by_pass_step_and_wall_time(runs, tmp_path):
+    """``pass``, ``step``, ``wall_time`` are coordinates along ``evaluation`` (so xarray plots and
+    selects by them), every history variable has units; a run saved before, with them as data
+    variables, loads the same way and gives the same history to ``dkha.load``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from dkha.data import result
+
+    model, run_dir = runs["kha-smd"]
+    ds = result.load(run_dir)
+    assert {"pass", "step", "wall_time"} <= set(ds.coords)
+    assert ds["wall_time"].attrs["units"] == "s" and ds["excess"].attrs["units"] == "1"
+    line, = ds.excess.plot(x="pass")
+    np.testing.assert_array_equal(line.get_xdata(), [0, 1, 2, 3])
+    by_pass = ds.swap_dims(evaluation="pass")
+    assert by_pass.excess.sel({"pass": 2}).item() == model.history_[2]["excess"]
+    # the old layout: history fields as data variables, no attrs
+    old = xr.open_zarr(os.path.join(run_dir, "components.zarr"), consolidated=False).load()
+    old = old.reset_coords(["pass", "step", "wall_time"])
+    for name in ("pass", "step", "error", "error_min", "excess", "wall_time"):
+        old[name].attrs = {}
+    assert "pass" in old.data_vars
+    result.save(old, str(tmp_path / "old"))
+    again = result.load(tmp_path / "old")
+    assert {"pass", "step", "wall_time"} <= set(again.coords)
+    assert again["wall_time"].attrs["units"] == "s"
+    assert result.history_of(again) == model.history_
+    assert dkha.load(str(tmp_path / "old")).history_ == model.history_
+
 def test_run_dir_holding_a_different_run(digits_store, client, seed, tmp_path):
     run_dir = str(tmp_path / "run")
     first = model_for("kha", seed, client, passes=1).fit(digits_store.path, run_dir=run_dir)
@@ -182,10 +213,15 @@ def test_transform(runs, oracle, digits, seed):
                                atol=1e-11 * scale)
 
 
-@pytest.mark.parametrize("r", [300, 301])
-def test_too_many_components_refused(digits_store, r):
-    model = KernelHebbianPCA(r, algorithm="kha", sigma=SIGMA, passes=1, client=UNREACHABLE)
-    with pytest.raises(ParameterError, match=rf"n_components \({r}\) must be smaller .* \(300\)"):
+def test_all_components_refused_above_the_dense_limit(digits_store):
+    """n_components=None (scikit-learn's all components) fits l − 1 of them: refused in one
+    line, before any work, where l is above dkha.dense-eigh-limit. (n_components ≥ l is
+    scikit-learn's: null components, tests/test_sklearn_kernel_pca_port.py.)"""
+    import dask
+
+    model = KernelHebbianPCA(None, algorithm="kha", sigma=SIGMA, passes=1, client=UNREACHABLE)
+    with dask.config.set({"dkha.dense-eigh-limit": 100}), \
+            pytest.raises(ParameterError, match=r"n_components=None asks for all 299 components"):
         model.fit(digits_store.path)
 
 

@@ -87,8 +87,16 @@ def test_aliases_and_defaults():
     assert make_kernel("exponential", sigma=1).name == "laplacian"
     lin = make_kernel("linear")
     assert lin.name == "polynomial" and lin["degree"] == 1 and lin["offset"] == 0.0
+    # scikit-learn's defaults under its names: gamma = 1/n_features at fit time, coef0 = 1
     sig = make_kernel("SIGMOID")
-    assert sig["gamma"] == 1.0 and sig["offset"] == 0.0
+    assert sig["gamma"] is None and sig["offset"] == 1.0
+    assert sig.with_defaults(4)["gamma"] == 0.25
+    poly = make_kernel("poly").with_defaults(8)
+    assert (poly["degree"], poly["offset"], poly["gamma"]) == (3, 1.0, 0.125)
+    assert make_kernel("polynomial")["gamma"] == 1.0
+    assert make_kernel("rbf", gamma=2.0) == make_kernel("gaussian", sigma=0.5)
+    assert make_kernel("rbf").with_defaults(2) == make_kernel("gaussian", sigma=1.0)
+    assert make_kernel("poly", coef0=2.0)["offset"] == 2.0
     # a kernel travels to workers as a task argument
     k = make_kernel("gaussian", sigma=1.25)
     k2 = pickle.loads(pickle.dumps(k))
@@ -104,8 +112,8 @@ def test_sigma_must_be_positive(name, sigma):
 
 
 def test_unknown_kernel():
-    with pytest.raises(ParameterError, match="unknown kernel 'cosine'") as e:
-        make_kernel("cosine")
+    with pytest.raises(ParameterError, match="unknown kernel 'chi2'") as e:
+        make_kernel("chi2")
     assert "gaussian" in str(e.value)  # lists the choices
     with pytest.raises(ParameterError):
         make_kernel(3)
@@ -119,6 +127,49 @@ def test_unknown_kernel():
 def test_unknown_parameter(name, params, bad):
     with pytest.raises(ParameterError, match=f"no parameter {bad}"):
         make_kernel(name, **params)
+
+
+@pytest.mark.parametrize("name,params", [
+    ("rbf", {"gamma": 0.3}), ("poly", {}), ("poly", {"gamma": 0.2, "coef0": -1.0, "degree": 2}),
+    ("linear", {}), ("sigmoid", {}), ("sigmoid", {"gamma": 0.05, "coef0": 0.5}), ("cosine", {}),
+])
+def test_scikit_learn_kernels_equal_pairwise_kernels(name, params, blocks):
+    """scikit-learn's kernel names, parameters and defaults (gamma = 1/n_features): blocks and
+    diagonals equal its pairwise_kernels."""
+    from sklearn.metrics.pairwise import pairwise_kernels
+
+    X, Y = blocks
+    X = np.vstack([X, np.zeros(X.shape[1])])     # the cosine of a zero row is 0, as scikit-learn's
+    k = make_kernel(name, **params).with_defaults(X.shape[1])
+    want = pairwise_kernels(X, Y, metric=name, filter_params=True, **params)
+    np.testing.assert_allclose(k.block(X, Y), want, rtol=1e-12, atol=1e-14)
+    diag = np.diag(pairwise_kernels(X, X, metric=name, filter_params=True, **params))
+    np.testing.assert_allclose(k.diagonal(X), diag, rtol=1e-12, atol=1e-14)
+
+
+def test_callable_and_precomputed_kernels(blocks):
+    """A callable runs per pair with its kernel_params; a precomputed kernel's rows carry their
+    index, so a block of rows against training rows picks the columns."""
+    from dkha.kernels import precomputed_rows
+
+    X, Y = blocks
+
+    def chi(x, y, scale=1.0):
+        return scale * np.minimum(x, y).sum()
+
+    k = make_kernel(chi, kernel_params={"scale": 2.0})
+    want = np.array([[2.0 * np.minimum(x, y).sum() for y in Y] for x in X])
+    np.testing.assert_allclose(k.block(X, Y), want, rtol=1e-14)
+    np.testing.assert_allclose(k.diagonal(X), 2.0 * np.maximum(X, X).sum(axis=1), rtol=1e-14)
+    assert not k.cacheable and k.with_params(kernel_params={"scale": 1.0}).function is chi
+    K = X @ X.T
+    rows = precomputed_rows(K)
+    pre = make_kernel("precomputed")
+    np.testing.assert_array_equal(pre.block(rows[:3], rows[2:]), K[:3, 2:])
+    np.testing.assert_array_equal(pre.block(K[:2], rows), K[:2])      # new rows: K(x, X_train)
+    np.testing.assert_array_equal(pre.diagonal(rows), np.diag(K))
+    with pytest.raises(ParameterError, match="kernel_params apply to a callable"):
+        make_kernel("rbf", kernel_params={"a": 1})
 
 
 @pytest.mark.parametrize("degree", [0, -2, 1.5, 2.0001])

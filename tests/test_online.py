@@ -74,7 +74,8 @@ def paper_steps(Xs, algorithm, r, *, nu, eta0, gamma=None, tau=None, center=Fals
         kap = gaussian(np.array(D), x[None, :])[:, 0]
         beta = np.linalg.solve(K, kap)
         eps2 = kxx - kap @ beta
-        if eps2 >= nu and len(D) < max_members:
+        # below r members any independent sample joins (r components need r members)
+        if (eps2 >= nu or (len(D) < r and eps2 > 1e-10 * kxx)) and len(D) < max_members:
             D.append(x)
             K = np.block([[K, kap[:, None]], [kap[None, :], np.array([[kxx]])]])  # eq. 60
             A = np.vstack([A, np.zeros((1, r))])  # eq. 58
@@ -115,7 +116,7 @@ def cholesky_steps(Xs, algorithm, r, *, nu, eta0, gamma=None, tau=None, center=F
         c = np.linalg.solve(L, kap) if m else np.zeros(0)  # forward substitution
         eps2 = 1.0 - c @ c
         initialising = False
-        if eps2 >= nu:
+        if eps2 >= nu or (m < r and eps2 > 1e-10):
             d = np.sqrt(eps2)
             L = np.block([[L, np.zeros((m, 1))], [c[None, :], np.array([[d]])]])
             B = np.hstack([B, (d * a_init if m == 0 else np.zeros(r))[:, None]])
@@ -287,7 +288,8 @@ def test_partial_fit_in_batches_equals_fit(online_digits):
     fitted = OnlineKernelPCA(4, steps=n_steps, **kw).fit(online_digits)
     seq = online_digits[sequence(online_digits, seed, n_steps)]
     streamed = OnlineKernelPCA(4, **kw)
-    for a, b in [(0, 1), (1, 50), (50, 333), (333, 500)]:
+    # the first batch holds at least n_components samples (IncrementalPCA's rule), then any
+    for a, b in [(0, 4), (4, 5), (5, 50), (50, 333), (333, 500)]:
         streamed.partial_fit(seq[a:b])
     assert streamed.n_samples_seen_ == n_steps
     np.testing.assert_array_equal(streamed.dictionary_, fitted.dictionary_)

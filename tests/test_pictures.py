@@ -12,7 +12,7 @@ import xarray as xr
 from dkha import KernelHebbianPCA
 from dkha.data import result
 from dkha.data.store import open_store
-from tests.browser import chromium, decoded_images
+from tests.browser import chromium, decoded_images, rendered_images
 from tests.processes import dkha_command, subprocess_env
 
 PATCH, STEP = 5, 2
@@ -118,8 +118,129 @@ def test_report_page_decodes_in_chromium(photo_run):
     assert p.stdout.strip().endswith("report.html")
     page = open(d / "run" / "report.html").read()
     sizes = decoded_images(page)
-    # the convergence curve, the component pictures, the response maps: all decoded
-    assert len(sizes) == 3 and all(w > 50 and h > 50 for w, h in sizes), sizes
+    # the convergence curve, the component pictures, 3 components × 2 images of maps: decoded
+    assert len(sizes) == 2 + 3 * 2 and all(w > 50 and h > 50 for w, h in sizes), sizes
     # the probe can fail: a broken picture decodes to nothing
     broken = page.replace("base64,iVBOR", "base64,AAAA", 1)
     assert sorted(w for w, _ in decoded_images(broken))[0] == 0
+
+@pytest.fixture(scope="module")
+def sampled_run(photo_run, client):
+    """The same photographs ingested with ``--max-samples`` (a third of the positions), a KHA/et
+    fit on them and ``dkha maps`` of both whole images."""
+    d, shapes, _ = photo_run
+    _dkha("ingest", "images", "camera.png", "coins.png", "-o", "sampled.zarr", "--patch",
+          str(PATCH), "--step", str(STEP), "--max-samples", "70", cwd=d)
+    KernelHebbianPCA(3, algorithm="kha-et", sigma=1.5, passes=2, block_rows=32,
+                     client=client).fit(str(d / "sampled.zarr"), run_dir=str(d / "sampled"))
+    p = _dkha("maps", "sampled", "camera.png", "coins.png", "-o", "maps.zarr", cwd=d)
+    assert "maps.zarr" in p.stdout
+    return d, shapes
+
+
+def test_maps_of_a_sampled_store_cover_every_patch_position(sampled_run):
+    """Every grid position of each image is projected (no NaN), equal to the projection computed
+    here with numpy from the run's alpha, mk, mkm and the kernel against the training patches;
+    at the sampled positions it equals the fit's own training projections."""
+    from scipy.spatial.distance import cdist
+    import skimage.io
+
+    d, shapes = sampled_run
+    ds = result.load(d / "sampled")
+    train = open_store(d / "sampled.zarr").read()
+    assert len(train) == 70
+    maps = xr.open_zarr(d / "maps.zarr")["response"].load()
+    assert maps.dims == ("component", "image", "row", "col")
+    assert list(maps["image"].values) == list(shapes)
+    alpha, mk, mkm, sigma = (ds["alpha"].values, ds["mk"].values, ds.attrs["mkm"],
+                             ds.attrs["sigma"])
+    for name, shape in shapes.items():
+        img = np.asarray(skimage.io.imread(d / name), dtype=np.float64) / 255
+        grid = ((shape[0] - PATCH) // STEP + 1, (shape[1] - PATCH) // STEP + 1)
+        one = maps.sel(image=name)
+        inside = one.isel(row=slice(0, grid[0]), col=slice(0, grid[1])).values
+        assert np.isfinite(inside).all()
+        assert np.isnan(one.values).sum() == one.size - inside.size  # NaN only beyond the grid
+        patches = np.array([img[STEP * r:STEP * r + PATCH, STEP * c:STEP * c + PATCH].ravel()
+                            for r in range(grid[0]) for c in range(grid[1])])
+        K = np.exp(-cdist(patches, train, "sqeuclidean") / (2 * sigma**2))
+        expected = (K - mk - K.mean(axis=1, keepdims=True) + mkm) @ alpha.T
+        np.testing.assert_allclose(inside.reshape(3, -1).T, expected, rtol=0, atol=1e-10)
+    # the fit's training projections are the maps at the positions it drew
+    proj = ds["projection"]
+    names = list(shapes)
+    for k in range(0, 70, 9):
+        at = maps.sel(image=names[int(proj["image"][k])]).isel(
+            row=int(proj["row"][k]), col=int(proj["col"][k]))
+        np.testing.assert_allclose(at.values, proj.values[k], rtol=0, atol=1e-8)
+
+
+def test_maps_refuses_a_run_not_fitted_on_patches(tmp_path):
+    from dkha.runs.maps import response_maps
+
+    ds = result.build_dataset(np.ones((1, 3)), np.ones(1), [], {
+        "algorithm": "kha", "kernel": "gaussian", "kernel_parameters": {"sigma": 1.0},
+        "sigma": 1.0, "store": str(tmp_path / "plain.zarr"), "n_samples": 3, "n_features": 4},
+        mk=np.zeros(3), mkm=0.0)
+    from dkha.data.ingest import ingest_array
+
+    ingest_array(np.zeros((3, 4)), str(tmp_path / "plain.zarr"))
+    with pytest.raises(ValueError, match="not ingested from images"):
+        response_maps(ds, [np.zeros((8, 8))])
+
+
+
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (.ci/run installs it)")
+def test_report_of_a_sampled_store_in_chromium(sampled_run):
+    """``dkha report --maps`` of a run on a --max-samples store, rendered by Chromium: every
+    picture decoded, one map panel per image and component under human titles, none of them
+    blank (a NaN-only panel keeps only its colour bar in colour), the settings with units."""
+    d, shapes = sampled_run
+    _dkha("report", "sampled", "--maps", "maps.zarr", cwd=d)
+    page = open(d / "sampled" / "report.html").read()
+    shown = rendered_images(page)
+    assert all(im["width"] > 50 and im["height"] > 50 for im in shown), shown
+    panels = [im for im in shown if im["kind"] == "map"]
+    assert sorted(im["alt"] for im in panels) == sorted(
+        f"{name}, component {c}" for name in shapes for c in (1, 2, 3))
+    assert all(im["coloured"] > 0.3 for im in panels), panels
+    assert [im["kind"] for im in shown].count("components") == 1
+    assert "All 3 components." in page and "wall time of fitting (s)" in page
+    assert ".npy" not in page and "noisy-0" not in page
+    # the same page's maps with every position but one component's blank: the probe sees it
+    import xarray as xr
+
+    maps = xr.open_zarr(d / "maps.zarr").load()
+    maps["response"][1] = np.nan
+    maps.to_zarr(d / "blank.zarr", mode="w", consolidated=False)
+    _dkha("report", "sampled", "--maps", "blank.zarr", cwd=d)
+    blank = rendered_images(open(d / "sampled" / "report.html").read())
+    low = sorted(im["alt"] for im in blank if im["kind"] == "map" and im["coloured"] < 0.3)
+    assert low == sorted(f"{name}, component 2" for name in shapes), blank
+
+
+def test_report_axes_and_settings_read_as_a_person_expects():
+    """Convergence on each algorithm's own axis (K'V products for krylov), integers as
+    integers, seconds with their unit."""
+    from dkha.pipeline.report import convergence_figure, settings_rows
+
+    def run(algorithm, history):
+        return result.build_dataset(np.ones((2, 4)), np.ones(2), history, {
+            "algorithm": algorithm, "kernel": "gaussian", "kernel_parameters": {"sigma": 2.0},
+            "sigma": 2.0, "n_components": 2, "n_samples": 4, "n_features": 3})
+
+    def h(p, step, excess, wall):
+        return {"pass": p, "step": step, "error": 1.0, "error_min": 1.0, "excess": excess,
+                "wall_time": wall}
+
+    krylov = run("krylov", [h(32, 0, 1e-9, 7.638)])
+    smd = run("kha-smd", [h(0, 0, 1e-2, 0.5), h(1, 50000, 1e-3, 2.0), h(2, 100000, 1e-4, 3.5)])
+    fig = convergence_figure({"exact": krylov, "smd": smd})
+    labels = [a.get_xlabel() for a in fig.axes]
+    assert labels == ["pass over the training samples", "K'V products (block Krylov)"]
+    assert fig.axes[1].lines[0].get_xdata().tolist() == [32]
+    assert fig.axes[0].lines[0].get_xdata().tolist() == [0, 1, 2]
+    rows = dict(settings_rows(smd, {"fit_seconds": 3.5}))
+    assert rows["steps done"] == "100 000" and rows["passes done"] == "2"
+    assert rows["wall time of fitting (s)"] == "3.5" and rows["time: fit (s)"] == "3.5"
+    assert dict(settings_rows(krylov, None))["K'V products"] == "32"

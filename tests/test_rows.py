@@ -102,9 +102,10 @@ def test_row_cache(stores, oracle, client, chunk, seed):
 
 
 def test_row_cache_refused_when_too_big(stores, client, monkeypatch):
+    from dkha.engine.tilecache import TileCache
     from dkha.errors import ParameterError
 
-    monkeypatch.setattr(RowEngine, "cache_bytes", lambda self: 2**60)
+    monkeypatch.setattr(TileCache, "nbytes", lambda self: 2**60)
     with pytest.raises(ParameterError, match="row cache needs"):
         RowEngine(stores[64], kernel_of("gaussian"), client, cache_rows=True)
 
@@ -164,6 +165,33 @@ def test_transform_new_samples(stores, oracle, digits, client, seed):
     Kc_new = Knew - K.mean(axis=0)[None, :] - Knew.mean(axis=1)[:, None] + K.mean()
     want = Kc_new @ alpha.T
     assert_rel(engine.transform(Xnew, alpha), want, scale=(np.abs(Kc_new) @ np.abs(alpha.T)).max())
+
+
+@pytest.mark.parametrize("path", ["rows", "dense", "transform", "diagonal"])
+def test_direct_paths_wait_through_the_stop_checks(stores, oracle, digits, client, path):
+    """``rows()``, ``dense()``, ``transform()`` and the centered diagonal wait for their tasks
+    through the passes' plumbing (:mod:`dkha.engine.passes`): a stop request ends each with
+    :class:`Interrupted` naming what it stopped, and once cleared the same call gives the rows."""
+    from dkha.engine.stop import STOP
+    from dkha.errors import Interrupted
+
+    K, Kc = oracle["polynomial"]
+    engine = RowEngine(stores[64], kernel_of("polynomial"), client, column_groups=2)
+    engine.compute_mk(cache=False)
+    idx = np.array([7, 0, 299])
+    calls = {"rows": (lambda: engine.rows(idx), "the rows of 3 samples", lambda: Kc[idx]),
+             "dense": (engine.dense, "the dense tile", lambda: Kc),
+             "transform": (lambda: engine.transform(digits[idx], np.eye(300)[:2]),
+                           "the projection of 3 new samples", lambda: Kc[idx][:, :2]),
+             "diagonal": (engine.centered_diagonal, "the kernel's diagonal", lambda: np.diag(Kc))}
+    call, what, want = calls[path]
+    STOP.set()
+    try:
+        with pytest.raises(Interrupted, match=f"stopped during {what}"):
+            call()
+    finally:
+        STOP.clear()
+    assert_rel(call(), want())
 
 
 @pytest.mark.parametrize("prefetch", [1, 3])
@@ -228,14 +256,14 @@ def test_band_sums_on_the_workers(stores, oracle, client, monkeypatch, hold):
     straightforward form (every tile's pieces gathered and added on the coordinator in the
     pass's order), whatever the fan-in (``hold=1``: one add task a piece), with one band of
     each sum coming home."""
-    from dkha.engine import rows
+    from dkha.engine import passes
     from dkha.engine.tasks import mk_tile, product_pair
 
     if hold is not None:
-        monkeypatch.setattr(rows, "REDUCE_HOLD_BYTES", hold)
+        monkeypatch.setattr(passes, "REDUCE_HOLD_BYTES", hold)
     store = stores[17]
     engine = RowEngine(store, kernel_of("gaussian"), client)
-    g, pairs, l = engine.tile_groups, engine._pairs(), store.n_samples
+    g, pairs, l = engine.tile_groups, engine.tile_pairs(), store.n_samples
     n = len(g)
     assert n >= 3
     bounds = [(t[0][0], t[-1][1]) for t in g]
@@ -270,4 +298,4 @@ def test_band_sums_on_the_workers(stores, oracle, client, monkeypatch, hold):
         assert p["tasks"] == len(pairs)
         assert p["reduce_tasks"] == (pieces if hold else n), p
         width = 5 if p is product else 1
-        assert p["fan_in"] == (1 if hold else rows.REDUCE_HOLD_BYTES // (2 * l * width * 8))
+        assert p["fan_in"] == (1 if hold else passes.REDUCE_HOLD_BYTES // (2 * l * width * 8))

@@ -203,3 +203,98 @@ def test_xarray_and_store_inputs_keep_their_kind(digits, digits_store, client):
             da.from_array(digits, chunks=(100, 64)))
     eager_fit = KernelHebbianPCA(3, algorithm="kha-et", passes=1, sigma=SIGMA).fit(digits)
     np.testing.assert_allclose(lazy_fit.alpha_, eager_fit.alpha_, atol=1e-12)
+
+
+# --- scikit-learn's KernelPCA behaviours (issue 24's bugs); scikit-learn's own test file is
+# ported in tests/test_sklearn_kernel_pca_port.py ------------------------------------------------
+
+
+def test_fit_keeps_a_copy_of_the_training_array(client):
+    """copy_X (scikit-learn's default): changing X after fit does not change transform."""
+    X = np.random.default_rng(0).random((10, 10))
+    model = KernelHebbianPCA(3, algorithm="krylov", kernel="rbf").fit(X)
+    assert model.X_fit_ is not X
+    before = model.transform(X.copy())
+    X_copy = X.copy()
+    X[:, 0] = 666
+    np.testing.assert_array_equal(model.transform(X_copy), before)
+    shared = KernelHebbianPCA(3, algorithm="krylov", kernel="rbf", copy_X=False).fit(X_copy)
+    assert shared.X_fit_ is X_copy
+
+
+@pytest.mark.parametrize("algorithm", ["krylov", "kha-smd"])
+def test_rank_deficient_kernel_gives_null_components(algorithm, client):
+    """A linear kernel on 2 features asked for 6 components: scikit-learn's eigenvalues and
+    projections, the 4 null components with eigenvalue 0 and projections 0 (no 1/√1e-14
+    blow-up), a warning naming the remedy; remove_zero_eig drops them."""
+    from sklearn.datasets import make_circles
+    from sklearn.decomposition import KernelPCA
+
+    X, _ = make_circles(n_samples=300, factor=0.3, noise=0.05, random_state=0)
+    with pytest.warns(dkha.errors.NullComponentWarning, match="remove_zero_eig"):
+        model = KernelHebbianPCA(6, kernel="linear", algorithm=algorithm).fit(X)
+    ref = KernelPCA(6, kernel="linear", eigen_solver="dense").fit(X)
+    np.testing.assert_allclose(model.eigenvalues_[:2], ref.eigenvalues_[:2], rtol=1e-9)
+    np.testing.assert_array_equal(model.eigenvalues_[2:], 0.0)
+    Y = model.transform(X[:50])
+    np.testing.assert_allclose(Y[:, :2], ref.transform(X[:50])[:, :2], atol=1e-8)
+    np.testing.assert_array_equal(Y[:, 2:], 0.0)
+    dropped = KernelHebbianPCA(6, kernel="linear", algorithm=algorithm,
+                               remove_zero_eig=True).fit(X)
+    assert dropped.transform(X[:5]).shape == (5, 2)
+
+
+def test_signs_do_not_depend_on_the_seed(digits, client):
+    """The sign convention (scikit-learn's svd_flip on the eigenvectors): three seeds, one
+    output, equal to scikit-learn's own (signs included)."""
+    from sklearn.decomposition import KernelPCA
+
+    X = digits      # 300 samples: LOBPCG from each seed's random start
+    outs = [KernelHebbianPCA(4, algorithm="krylov", kernel="rbf", gamma=0.02,
+                             random_state=s).fit(X).transform(X[:20]) for s in (0, 1, 2)]
+    np.testing.assert_allclose(outs[1], outs[0], atol=1e-6)
+    np.testing.assert_allclose(outs[2], outs[0], atol=1e-6)
+    ref = KernelPCA(4, kernel="rbf", gamma=0.02, eigen_solver="dense").fit(X).transform(X[:20])
+    np.testing.assert_allclose(outs[0], ref, atol=1e-6)
+
+
+def test_output_width_follows_the_fit_not_the_parameter(client):
+    """set_params(n_components=k) after fit: the feature names and pandas output keep the
+    fitted width until the next fit."""
+    X = np.random.default_rng(1).random((30, 4))
+    model = KernelHebbianPCA(3, algorithm="krylov", kernel="rbf").fit(X)
+    model.set_params(n_components=5)
+    assert list(model.get_feature_names_out()) == [f"kernelhebbianpca{i}" for i in range(3)]
+    frame = model.set_output(transform="pandas").transform(X[:4])
+    assert frame.shape == (4, 3)
+    assert model.fit(X).transform(X[:4]).shape == (4, 5)
+
+
+def test_online_dictionary_holds_as_many_members_as_components():
+    """Two tight clusters, r = 2: the default ν would admit one member (both components the
+    same, equal eigenvalues); below r members any independent sample joins. Data spanning
+    fewer dimensions than components: a warning naming the remedy."""
+    rng = np.random.default_rng(3)
+    X = np.vstack([rng.normal(0.0, 0.01, (50, 3)), rng.normal(1.0, 0.01, (50, 3))])
+    model = OnlineKernelPCA(2, sigma=1.0, center=True).fit(X)
+    assert len(model.dictionary_) >= 2
+    Y = model.transform(X)
+    assert abs(np.corrcoef(Y[:, 0], Y[:, 1])[0, 1]) < 0.99      # not one component twice
+    flat = np.column_stack([X[:, 0], 2 * X[:, 0]])               # rank 1 for a linear kernel
+    with pytest.warns(dkha.errors.DictionaryWarning, match="ask for at most 1 components"):
+        OnlineKernelPCA(2, kernel="linear").fit(flat)
+
+
+def test_online_partial_fit_as_incremental_pca():
+    """IncrementalPCA's rules: a first batch smaller than the components is refused; changing
+    n_components between calls raises; fit on small data streams at least MIN_STEPS samples."""
+    from dkha.estimators.online import MIN_STEPS
+
+    X = np.random.default_rng(4).normal(size=(40, 3))
+    with pytest.raises(ValueError, match="n_components=3 must be less or equal to the batch"):
+        OnlineKernelPCA(3, sigma=1.0).partial_fit(X[:2])
+    model = OnlineKernelPCA(3, sigma=1.0).partial_fit(X)
+    model.set_params(n_components=2)
+    with pytest.raises(ValueError, match="changed from 3 to 2"):
+        model.partial_fit(X)
+    assert OnlineKernelPCA(2, sigma=1.0).fit(X).n_samples_seen_ == MIN_STEPS

@@ -375,3 +375,85 @@ def test_existing_store_is_kept(tmp_path):
     with pytest.raises(RunDirectoryError, match="not a directory"):
         ingest_array(old, tmp_path / "file", overwrite=True)
     assert (tmp_path / "file").read_text() == "x"
+
+
+# --- writing a dataset atomically -----------------------------------------------------------------
+
+
+def _dataset(value: float, fail: bool = False, barrier=None) -> xr.Dataset:
+    """A small lazy dataset of ``value`` everywhere: 4 chunks, the third raising with ``fail``,
+    every chunk waiting at ``barrier`` (so that two writes are mid-write together)."""
+    import dask.array as da
+
+    def block(x, block_info=None):
+        if barrier is not None:
+            barrier.wait()
+        if fail and block_info[0]["chunk-location"][0] == 2:
+            raise RuntimeError("the disk is full")
+        return x
+
+    data = da.full((40, 3), value, chunks=(10, 3)).map_blocks(block, dtype=float)
+    return xr.Dataset({"v": (("sample", "feature"), data)}, attrs={"value": value})
+
+
+def test_write_zarr_atomically_consolidates_and_replaces(tmp_path):
+    from dkha.data.atomic import write_zarr_atomically
+
+    out = tmp_path / "sub" / "result.zarr"
+    assert write_zarr_atomically(_dataset(1.0), out) == str(out)
+    assert write_zarr_atomically(_dataset(2.0), out) == str(out)
+    assert zarr.open_group(str(out), mode="r").metadata.consolidated_metadata is not None
+    ds = xr.open_zarr(out)      # consolidated: opens without consolidated=False
+    assert ds.attrs["value"] == 2.0 and np.array_equal(ds["v"].values, np.full((40, 3), 2.0))
+    assert leftovers(out.parent, "result.zarr") == ["result.zarr"]
+
+
+def test_write_zarr_atomically_failure_keeps_the_old_result(tmp_path):
+    """A write failing mid-way (its third chunk) leaves the old result as it was and removes its
+    temporary (computed in order here: with threads, chunks still being written when the error
+    arrives could put pieces of the temporary back after its removal)."""
+    import dask
+
+    from dkha.data.atomic import write_zarr_atomically
+
+    out = tmp_path / "result.zarr"
+    write_zarr_atomically(_dataset(1.0), out)
+    with pytest.raises(RuntimeError, match="the disk is full"), \
+            dask.config.set(scheduler="synchronous"):
+        write_zarr_atomically(_dataset(2.0, fail=True), out)
+    ds = xr.open_zarr(out)
+    assert ds.attrs["value"] == 1.0 and np.array_equal(ds["v"].values, np.full((40, 3), 1.0))
+    assert sorted(os.listdir(tmp_path)) == ["result.zarr"]     # no temporary left behind
+
+
+def test_write_zarr_atomically_concurrent_writers(tmp_path):
+    """Two writes of the same target at once (both mid-write together: every chunk waits for the
+    other write's) write aside under their own temporary names: both succeed, and the target is
+    one of the two datasets whole (with one shared ``.tmp`` name they wipe each other's)."""
+    import threading
+
+    import dask
+
+    from dkha.data.atomic import write_zarr_atomically
+
+    out = tmp_path / "result.zarr"
+    barrier = threading.Barrier(2, timeout=60)
+    errors = []
+
+    def write(value):
+        try:
+            with dask.config.set(scheduler="synchronous"):
+                write_zarr_atomically(_dataset(value, barrier=barrier), out)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(v,)) for v in (1.0, 2.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    ds = xr.open_zarr(out)
+    assert ds.attrs["value"] in (1.0, 2.0)
+    assert np.array_equal(ds["v"].values, np.full((40, 3), ds.attrs["value"]))
+    assert sorted(os.listdir(tmp_path)) == ["result.zarr"]

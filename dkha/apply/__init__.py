@@ -30,3 +30,7 @@ from dkha.apply.preimage import (
 __all__ = ["METHODS", "RunPreimages", "cluster_run", "conformal", "denoise_image", "entropy",
            "expansion", "fixed_point", "gradient", "preimages", "snr", "spectral_clustering",
            "variation_of_information"]
+
+from dkha.lazy import submodules as _submodules
+
+__getattr__, __dir__ = _submodules(__name__, __path__)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import replace_directory
+from dkha.data.atomic import write_zarr_atomically
 from dkha.engine.cluster import client_for
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.evaluate import projections
@@ -185,7 +185,5 @@ def save_clusters(res: ClusteringResult, out: str, *, attrs: dict | None = None,
     meta = {k: v for k, v in res.summary().items() if v is not None}
     meta.update(attrs or {})
     ds = xr.Dataset({"cluster": ("sample", res.clusters)}, attrs=meta)
-    tmp = out + ".tmp"
-    ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
-    replace_directory(tmp, out)
+    write_zarr_atomically(ds, out)
     return ds

@@ -28,7 +28,7 @@ import numpy as np
 import xarray as xr
 
 from dkha.apply.preimage import RunPreimages, Training, check_options, expansion, solve
-from dkha.data.atomic import consolidate, replace_directory
+from dkha.data.atomic import write_zarr_atomically
 from dkha.data.patches import read_grey_image
 from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
@@ -347,11 +347,8 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
     res.attrs = {"source": os.path.abspath(noisy), "denoised_by": "dkha denoise",
                  "run_store": ds.attrs["store"], "algorithm": ds.attrs["algorithm"],
                  "preimage": method}
-    tmp = out + ".tmp"
     with client_for(client):
-        res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
-    consolidate(tmp)
-    replace_directory(tmp, out)
+        write_zarr_atomically(res, out)
     return {"out": out, "n_samples": src.n_samples, "n_features": src.n_features,
             "chunks": src.n_chunks, "method": method, "seconds": time.perf_counter() - t0}
 

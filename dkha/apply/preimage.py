@@ -282,9 +282,8 @@ def engine_sums(engine, alpha: np.ndarray, *, block: int | None = None) -> Calla
         num = np.zeros_like(Z)
         den = np.zeros(len(Z))
         mag = np.zeros(len(Z))
-        for f in futs:  # fixed order: reproducible sums
-            n_, d_, m_ = f.result()
-            num += n_
+        for n_, d_, m_ in engine.passes.results(futs, "a pre-image iteration's sums"):
+            num += n_  # fixed order: reproducible sums
             den += d_
             mag += m_
         return num, den, mag
@@ -341,9 +340,8 @@ class Training:
                                          pure=False) for cols in engine.column_groups]
             M = np.zeros((alpha.shape[0], engine.store.n_features))
             total = np.zeros(engine.store.n_features)
-            for f in futs:  # fixed order: reproducible sums
-                m, t = f.result()
-                M += m
+            for m, t in engine.passes.results(futs, "the pre-images' moments"):
+                M += m  # fixed order: reproducible sums
                 total += t
             return M, total
 

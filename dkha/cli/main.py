@@ -9,6 +9,7 @@
     dkha evaluate RUN_DIR [--exact] [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
     dkha report RUN_DIR
+    dkha maps RUN_DIR IMAGE... -o MAPS.zarr
 
 Errors a user can cause print one line (``dkha: error: ...``) and exit non-zero: 2 for bad
 input or parameters, 3 for a diverged fit.
@@ -41,6 +42,7 @@ from dkha.fit.evaluate import evaluate
 from dkha.fit.spectrum import cached_top_eigenvalues
 from dkha.pipeline.report import report_run
 from dkha.pipeline.runner import run_file
+from dkha.runs.maps import response_maps, save_maps
 from dkha.runs.run import Run
 from dkha.runs.transform import transform_store
 from dkha.runs.variance import explained_variance
@@ -157,8 +159,16 @@ def cmd_transform(args) -> int:
     return 0
 
 
+def cmd_maps(args) -> int:
+    maps = response_maps(args.run_dir, args.images, **cluster_kwargs(args))
+    save_maps(maps, args.out, overwrite=args.overwrite)
+    print(f"{args.out}: response {dict(maps.sizes)}")
+    return 0
+
+
 def cmd_report(args) -> int:
-    print(report_run(args.run_dir, components=args.components))
+    print(report_run(args.run_dir, components=args.components, maps=args.maps,
+                     **cluster_kwargs(args)))
     return 0
 
 
@@ -213,7 +223,7 @@ def cmd_demo(args) -> int:
 
 COMMANDS = {"demo": cmd_demo, "ingest": cmd_ingest, **FIT_COMMANDS,
             "evaluate": cmd_evaluate, "transform": cmd_transform, "run": cmd_run,
-            "report": cmd_report}
+            "report": cmd_report, "maps": cmd_maps}
 
 
 def _quiet_distributed(level: int) -> None:

@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _evaluate_parser(sub)
     _transform_parser(sub)
     _report_parser(sub)
+    _maps_parser(sub)
     return parser
 
 
@@ -240,8 +241,28 @@ def _report_parser(sub) -> None:
     p = _subcommand(sub, "report", help="an HTML page of a run: convergence, component "
                     "pictures, response maps")
     p.add_argument("run_dir", help="a run directory (dkha fit); the page is RUN_DIR/report.html")
-    p.add_argument("--components", type=positive_int, default=8,
-                   help="components to show (default 8)")
+    p.add_argument("--components", type=positive_int, default=16,
+                   help="components to show (default 16; the page says when there are more)")
+    p.add_argument("--maps", metavar="MAPS.zarr",
+                   help="response maps from `dkha maps` to show (default: every patch position "
+                        "of the training images when their files can be read, else the training "
+                        "projections)")
+    add_cluster_options(p)
+
+
+def _maps_parser(sub) -> None:
+    p = _subcommand(sub, "maps", help="response maps: every patch position of whole images "
+                    "projected on a run's components",
+                    description="Cut each image into patches on the training store's grid "
+                                "(every position, also for a store ingested with "
+                                "--max-samples), project them blockwise on the workers and "
+                                "write response (component, image, row, col) to a zarr store.")
+    p.add_argument("run_dir", help="a run directory (dkha fit) fitted on image patches")
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help="image files (skimage:NAME for scikit-image's bundled ones) or .npy")
+    p.add_argument("-o", "--out", required=True, help="the zarr store to write (maps.zarr)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_cluster_options(p)
 
 
 def add_apply_parsers(subparsers) -> None:

@@ -94,8 +94,8 @@ def state_from_arrays(cls, arrays: dict[str, np.ndarray], scalars: dict):
         setattr(obj, k, v)
     for k, v in arrays.items():
         setattr(obj, k, np.array(v, order="C"))
-    if hasattr(cls, "_value"):  # the factored state's snapshot cache
-        obj._cache = {}
+    if hasattr(cls, "forget_values"):  # the factored state's snapshot cache
+        obj.forget_values()
     return obj
 
 

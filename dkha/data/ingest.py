@@ -18,6 +18,7 @@ from dkha.data.patches import patch_bands, patch_coords, patch_grid, read_grey_i
 from dkha.data.store import DataStore
 from dkha.data.writer import StoreWriter
 from dkha.errors import InputError, ParameterError, StoreNotFoundError
+from dkha.schedule import Stream, random_stream
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,10 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
         raise InputError("no images given")
     keep = None        # per image: the sorted positions (raster order) of its kept patches
     if max_samples is not None:
-        sizes = [int(np.prod(patch_grid(_grey_values(p, i)[0].shape, patch, step)))
+        sizes = [int(np.prod(patch_grid(grey_values(p, i)[0].shape, patch, step)))
                  for i, p in enumerate(paths)]
         if max_samples < sum(sizes):
-            drawn = np.sort(np.random.default_rng([int(seed), 5]).choice(
+            drawn = np.sort(random_stream(seed, Stream.PATCH_SAMPLE).choice(
                 sum(sizes), size=int(max_samples), replace=False))
             starts = np.cumsum([0] + sizes)
             keep = [drawn[(drawn >= a) & (drawn < b)] - a for a, b in zip(starts, starts[1:])]
@@ -124,8 +125,8 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
     images = []
     try:
         for i, p in enumerate(paths):
-            first = writer.n + writer._buffered
-            img, name = _grey_values(p, i)
+            first = writer.rows_appended
+            img, name = grey_values(p, i)
             position = 0
             for band in patch_bands(img, patch, step, writer.chunk_rows):
                 if keep is not None:
@@ -136,7 +137,7 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
                     writer.append(band)
             images.append({"path": name, "shape": list(img.shape),
                            "grid": list(patch_grid(img.shape, patch, step)),
-                           "first_sample": first, "n_samples": writer.n + writer._buffered - first})
+                           "first_sample": first, "n_samples": writer.rows_appended - first})
             log.info("ingested %s: %d patches", name, images[-1]["n_samples"])
         attrs = {"source": {"kind": "images", "images": images}, "patch": patch, "step": step,
                  "scaling": "grey, [0, 1] (skimage img_as_float)"}
@@ -161,7 +162,7 @@ def _load_npy(path, what: str = "file", mmap: bool = False) -> np.ndarray:
         raise InputError(f"{name} is not a readable .npy array ({exc})") from None
 
 
-def _grey_values(item, i: int) -> tuple[np.ndarray, str]:
+def grey_values(item, i: int) -> tuple[np.ndarray, str]:
     """An image item of :func:`ingest_images` as a 2-d float array, and its name."""
     if isinstance(item, np.ndarray) or (isinstance(item, (str, os.PathLike))
                                         and os.fspath(item).endswith(".npy")):

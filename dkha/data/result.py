@@ -6,12 +6,17 @@
 * ``eigenvalue (component)`` — eq. 13 estimates (eigenvalues of ``K'``, not divided by ``l``);
 * ``mk (sample)`` and attr ``mkm`` — the centering (attrs ``centering``: ``"exact"``, or
   ``"sample"`` for a row estimated from ``center_sample`` columns);
-* history over ``evaluation``: ``pass``, ``step``, ``error``, ``error_min``, ``excess``,
-  ``wall_time`` (seconds of fitting, evaluations excluded); where entries say which measure
-  they are, the attr ``history_measures`` (one per entry: ``"exact"``: eq. 22 against the exact ``E_min``; ``"residual"``: the
-  largest relative residual ``‖K'v − θv‖/λ_1`` of a Krylov solve; ``"ritz"``: a KHA pass tracked
-  without ``E_min``, :mod:`dkha.fit.track`; ``error``/``excess`` NaN for both) and the
-  variables ``residual``, ``captured`` and ``change`` (NaN where an entry has none);
+* history over ``evaluation``: ``error``, ``error_min``, ``excess`` with the coordinates
+  ``pass``, ``step`` and ``wall_time`` (seconds of fitting, evaluations excluded) that index
+  it (``ds.excess.plot(x="pass")``, ``ds.swap_dims(evaluation="pass")``); every history
+  variable carries ``long_name`` and ``units`` attrs (:data:`HISTORY_ATTRS`). Runs saved before
+  held ``pass``, ``step``, ``wall_time`` as data variables: :func:`load` makes them
+  coordinates;
+  where entries say which measure they are, the attr ``history_measures`` (one per entry:
+  ``"exact"``: eq. 22 against the exact ``E_min``; ``"residual"``: the largest relative residual
+  ``‖K'v − θv‖/θ`` of a Krylov solve; ``"ritz"``: a KHA pass tracked without ``E_min``,
+  :mod:`dkha.fit.track`; ``error``/``excess`` NaN for both) and the variables ``residual``,
+  ``captured`` and ``change`` (NaN where an entry has none);
 * the backoffs over ``backoff`` (a step guard tripped; the fit rolled back to the start of the
   block and halved its gain): ``backoff_step``, ``backoff_pass`` (of the bad step),
   ``backoff_gain_before``, ``backoff_gain_after`` (the effective η0) — empty when none;
@@ -28,12 +33,27 @@ import uuid
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import consolidate, replace_directory
+from dkha.data.atomic import write_zarr_atomically
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 from dkha.progress import phase
 
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
+#: the history fields that index the evaluations: coordinates along ``evaluation``
+HISTORY_COORDS = ("pass", "step", "wall_time")
+#: ``long_name`` and ``units`` of the history variables (CF conventions: "1" is dimensionless)
+HISTORY_ATTRS = {
+    "pass": {"long_name": "pass over the training samples (krylov: K'V products)", "units": "1"},
+    "step": {"long_name": "update step (samples presented)", "units": "1"},
+    "wall_time": {"long_name": "wall time of fitting (evaluations excluded)", "units": "s"},
+    "error": {"long_name": "reconstruction error E(A)", "units": "1"},
+    "error_min": {"long_name": "least reconstruction error E_min of r components", "units": "1"},
+    "excess": {"long_name": "excess error E/E_min − 1", "units": "1"},
+    "ac_index": {"long_name": "AC index (mean |cos| to exact components)", "units": "1"},
+    "members": {"long_name": "dictionary members", "units": "1"},
+    "explained_variance": {"long_name": "explained variance per component (eq. 23)",
+                           "units": "1"},
+}
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
 #: the figures of entries that are not exact evaluations (NaN where an entry has none):
 #: ``residual`` (Krylov: the largest ‖K'v − θv‖/λ_1), ``captured`` and ``change`` (tracked KHA
@@ -87,9 +107,19 @@ def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
     return out
 
 
+def with_history_coords(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with ``pass``, ``step``, ``wall_time`` as coordinates along ``evaluation`` and the
+    history's ``long_name``/``units`` attrs (runs saved before held them as data variables)."""
+    ds = ds.set_coords([c for c in HISTORY_COORDS if c in ds.data_vars])
+    for name, attrs in HISTORY_ATTRS.items():
+        if name in ds.variables and ds[name].dims[:1] == ("evaluation",):
+            ds[name].attrs.update({k: v for k, v in attrs.items() if k not in ds[name].attrs})
+    return ds
+
+
 def history_of(ds: xr.Dataset) -> list[dict]:
-    """The history entries of a saved run (every variable over ``evaluation``)."""
-    names = [k for k, v in ds.data_vars.items() if v.dims and v.dims[0] == "evaluation"]
+    """The history entries of a saved run (every variable and coordinate over ``evaluation``)."""
+    names = [k for k, v in ds.variables.items() if v.dims and v.dims[0] == "evaluation"]
     out = []
     for i in range(ds.sizes.get("evaluation", 0)):
         entry = {}
@@ -115,7 +145,7 @@ def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict]
     data.update(backoff_dataset(list(backoffs)))
     if extra:
         data.update(extra)
-    ds = xr.Dataset(data, coords={"component": np.arange(alpha.shape[0])})
+    ds = with_history_coords(xr.Dataset(data, coords={"component": np.arange(alpha.shape[0])}))
     attrs = dict(attrs)
     if any("measure" in h for h in history):
         attrs["history_measures"] = [str(h.get("measure", "exact")) for h in history]
@@ -155,13 +185,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool) -> None:
 def save(ds: xr.Dataset, run_dir: str) -> str:
     """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
     phase(f"saving the run in {run_dir}")
-    os.makedirs(run_dir, exist_ok=True)
-    target = os.path.join(run_dir, COMPONENTS)
-    tmp = os.path.join(run_dir, f".{COMPONENTS}.{uuid.uuid4().hex}.tmp")
-    ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
-    consolidate(tmp)
-    replace_directory(tmp, target)
-    return target
+    return write_zarr_atomically(ds, os.path.join(run_dir, COMPONENTS))
 
 
 TIMINGS = "timings.json"
@@ -200,7 +224,7 @@ def load(run_dir: str) -> xr.Dataset:
         raise InputError(f"cannot read {comp}: {exc}") from None
     if "alpha" not in ds:
         raise InputError(f"{comp} has no alpha variable; it was not written by dkha")
-    return objects_for_strings(ds)
+    return objects_for_strings(with_history_coords(ds))
 
 
 def objects_for_strings(ds):

@@ -81,6 +81,11 @@ class StoreWriter:
             fs.rm(root, recursive=True)
         self.group = zarr.open_group(self.out, mode="w")
 
+    @property
+    def rows_appended(self) -> int:
+        """Rows appended so far (written, and buffered until a chunk is whole)."""
+        return self.n + self._buffered
+
     def append(self, X: np.ndarray, labels: np.ndarray | None = None) -> None:
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.X.shape[1]:

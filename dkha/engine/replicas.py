@@ -25,7 +25,6 @@ from dkha.engine.tasks import (
     replica_project,
     replica_update,
 )
-from dkha.engine.stop import check_stop
 from dkha.errors import ClusterLostError
 from dkha.solvers.factored import replay_message
 
@@ -34,7 +33,6 @@ log = logging.getLogger(__name__)
 
 _UPDATE_PRIORITY = 1        # replica updates before any block's tasks (those have priority −seq)
 _REBALANCE_SECONDS = 1.0    # how often the replicas look for workers that joined
-_POLL_SECONDS = 1.0         # waiting on pinned tasks: check this often that their workers live
 
 
 @dataclass
@@ -131,7 +129,7 @@ class WorkerReplicas:
         slots = [addr for addr, n in threads for _ in range(max(1, int(n)))]
         self.epoch += 1
         self.workers = [slots[g % len(slots)] for g in range(len(self.groups))]
-        mk = eng._need_mk()
+        mk = eng.mk_future()
         self.updates = []
         s_base = [b for b in self.bases if b[0] <= self.keep_from]
         self.exact = bool(s_base)
@@ -150,7 +148,7 @@ class WorkerReplicas:
             return
         S_A = None
         if st.keeps_c and st.c_stale:                # C̃ is recomputed there: C̃ = S̃_A K'
-            S_A = eng.put(np.array(st.S_tilde[:st.r]))
+            S_A = eng.passes.put(np.array(st.S_tilde[:st.r]))
         log.info("replicas of S̃ built from the coordinator's state at version %d%s",
                  self.version, " (C̃ recomputed: equal up to rounding)" if S_A is not None else "")
         for g, (lo, hi) in enumerate(self.bounds):
@@ -284,7 +282,7 @@ class WorkerReplicas:
     def _submit_at(self, seq: int, index: np.ndarray, version: int, window_index: np.ndarray,
                    offsets: dict) -> _PendingBlock:
         eng = self.engine
-        mk = eng._need_mk()
+        mk = eng.mk_future()
         keep = bool(self.state.keeps_c)
         partials = [self._pinned(g, replica_project, self._key(g), eng.store.path, eng.kernel,
                                  mk, eng.mkm, self._ranges, cols, index, window_index,
@@ -299,27 +297,10 @@ class WorkerReplicas:
                              combined)
 
     def _wait(self, futures: list, what: str) -> list:
-        """The results of ``futures`` (tasks pinned to the replicas' workers), checking every
-        ``_POLL_SECONDS`` that those workers are still in the cluster (also while a result is
-        fetched: a result held by a worker that dies is recomputed, and a task pinned to a gone
-        worker would wait for ever)."""
-        out = []
-        for f in futures:
-            while True:
-                try:
-                    out.append(f.result(timeout=_POLL_SECONDS))
-                    break
-                except TimeoutError:
-                    check_stop(what)
-                    alive = set(self.client.nthreads())
-                    gone = sorted({w for w in self.workers if w not in alive})
-                    if gone:
-                        raise ReplicaLostError(f"worker {', '.join(gone)} holding replicas of S̃ "
-                                               f"left the cluster while computing {what}") from None
-                except Exception:  # noqa: BLE001 - the task failed: gather raises it, named
-                    out.append(self.engine.gather([f], what=what)[0])
-                    break
-        return out
+        """The results of ``futures`` (tasks pinned to the replicas' workers):
+        :class:`ReplicaLostError` where one of those workers left the cluster meanwhile
+        (:meth:`dkha.engine.passes.ClusterPasses.wait_pinned`)."""
+        return self.engine.passes.wait_pinned(futures, self.workers, what)
 
     def wait_block(self, pending: _PendingBlock, what: str) -> ProjectedBlock:
         if pending.combined is not None:

@@ -128,7 +128,7 @@ def accumulate(partial: np.ndarray | None, *pieces: list) -> np.ndarray:
     zeros), each piece ``[result, k]`` the ``k``-th item of a task's result (``k`` None: the
     result).
 
-    The band sums of a tile pass (:meth:`dkha.engine.rows.RowEngine.reduced_pass`) chain these
+    The band sums of a tile pass (:meth:`dkha.engine.passes.ClusterPasses.reduced_pass`) chain these
     on the workers: a band's pieces are added in the pass's fixed order whatever the grouping
     into tasks, so the sum is the one the coordinator made adding every piece itself, bit for
     bit, and the coordinator receives one band instead of every piece."""

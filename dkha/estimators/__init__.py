@@ -1,1 +1,5 @@
 """The public Python API: the estimators, their one parameter table, tuning."""
+
+from dkha.lazy import submodules as _submodules
+
+__getattr__, __dir__ = _submodules(__name__, __path__)

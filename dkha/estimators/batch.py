@@ -5,20 +5,24 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import warnings
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
 from sklearn.base import _fit_context
+from sklearn.utils import check_random_state
 
+from dkha import config
 from dkha.apply.preimage import RunPreimages, preimages
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import DataStore, open_store
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
-from dkha.errors import InputError, NumericalError, ParameterError
-from dkha.estimators.contract import START_CANDIDATES, DkhaTransformer, input_kind, resolve_store
+from dkha.errors import InputError, NullComponentWarning, NumericalError, ParameterError
+from dkha.estimators.contract import (START_CANDIDATES, DkhaTransformer, input_kind, lazy_values,
+                                      resolve_store)
 from dkha.estimators.params import BATCH, constraints, declare, shared_settings, validate
 from dkha.estimators.pictures import component_images, is_patch_store, projection_array
 from dkha.fit.batch import save_checkpoint
@@ -31,18 +35,33 @@ from dkha.fit.together import (
     fit_batch,
     resolve_kernel,
 )
+from dkha.fit.spectrum import finalise_components
+from dkha.kernels import precomputed_rows
 from dkha.runs.run import kernel_of
 from dkha.solvers.batch import (
     ALGORITHMS,
-    DEFAULT_MU,
     DEFAULT_XI,
     check_algorithm,
     default_eta0,
     default_landmarks,
+    default_mu,
 )
 from dkha.version import __version__
 
 log = logging.getLogger(__name__)
+
+
+def fitted_components(n_components: int | None, n_samples: int) -> int:
+    """The components a fit computes: at most ``l − 1`` (the centered ``K'`` has rank ``l − 1``
+    at most; scikit-learn's further ones are null), all ``l − 1`` for ``None``."""
+    limit = int(config.get("dense-eigh-limit"))
+    if n_components is None:
+        if n_samples > limit:
+            raise ParameterError(f"n_components=None asks for all {n_samples - 1} components, "
+                                 f"more than dkha fits above dkha.dense-eigh-limit ({limit}) "
+                                 "samples; give n_components")
+        return max(n_samples - 1, 0)
+    return min(int(n_components), max(n_samples - 1, 0))
 
 
 @declare(BATCH)
@@ -101,13 +120,13 @@ class KernelHebbianPCA(DkhaTransformer):
     _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
-    def _init(self, n_samples: int, algorithm: str | None = None) -> tuple[str, int | None]:
+    def _init(self, n_samples: int, r: int, algorithm: str | None = None) -> tuple[str, int | None]:
         """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
         (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
         if self.init is None and (algorithm or self.algorithm) == "krylov":
             return "random", None
         if self.init is None:
-            m = default_landmarks(n_samples, int(self.n_components))
+            m = default_landmarks(n_samples, r)
             return ("nystrom", m) if m else ("random", None)
         init = str(self.init)
         if init == "random":
@@ -140,10 +159,8 @@ class KernelHebbianPCA(DkhaTransformer):
                                  "dkha.estimators.online.OnlineKernelPCA)")
         else:
             algorithm = check_algorithm(algorithm)
-        r = self.n_components
-        if r >= n_samples:
-            raise ParameterError(f"n_components ({r}) must be smaller than the number of samples ({n_samples})")
-        init_kind, init_m = self._init(n_samples, algorithm)
+        r = fitted_components(self.n_components, n_samples)
+        init_kind, init_m = self._init(n_samples, r, algorithm)
         landmarks = init_m if init_kind == "nystrom" else None
         support = init_m if init_kind == "random" else None
         if landmarks is not None and landmarks < r:
@@ -151,7 +168,7 @@ class KernelHebbianPCA(DkhaTransformer):
                                  f"components ({r})")
         # None from a Nyström start: it follows from the start (fit_together, warm_eta0)
         eta0 = default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None else float(self.eta0)
-        mu = DEFAULT_MU if self.mu is None else float(self.mu)
+        mu = default_mu(warm=bool(landmarks)) if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
         if self.passes is not None and self.steps is not None:
@@ -214,11 +231,13 @@ class KernelHebbianPCA(DkhaTransformer):
         self.stream_stats_ = res.stream_stats
         if res.failure is not None:
             return
-        self.alpha_ = res.alpha
-        self.eigenvalues_ = res.eigenvalue
-        self.n_components_ = int(res.alpha.shape[0])
+        alpha, eigenvalue, projection, self.null_components_ = finalise_components(
+            res.alpha, res.eigenvalue, res.projection)
+        self.alpha_ = alpha
+        self.eigenvalues_ = eigenvalue
+        self.n_components_ = int(alpha.shape[0])
         self.X_fit_ = X_fit
-        self.projection_ = projection_array(res.projection, store)
+        self.projection_ = projection_array(projection, store)
         self.component_image_ = fit.extra
         self.mk_, self.mkm_ = fit.mk, fit.mkm
         self.attrs_ = fit.attrs
@@ -245,14 +264,106 @@ class KernelHebbianPCA(DkhaTransformer):
         with other settings or data is refused with the list of differences; more passes (or
         steps) than the checkpointed run asked for continue it.
         """
+        if self.fit_inverse_transform not in (True, False, "preimage"):
+            raise ParameterError("fit_inverse_transform must be True, False or 'preimage', got "
+                                 f"{self.fit_inverse_transform!r}")
+        precomputed = isinstance(self.kernel, str) and self.kernel == "precomputed"
+        if precomputed and self.fit_inverse_transform is True:
+            raise ParameterError("Cannot fit_inverse_transform with a precomputed kernel.")
         if input_kind(X) == "array":
-            X = self._validate_array(X, reset=True)
+            X = self._validate_array(X, reset=True, copy=bool(self.copy_X))
+            if precomputed:
+                X = precomputed_rows(_square_kernel(X))
         else:
             self._set_lazy_features(X)
-        fit_together([self], X, run_dirs=None if run_dir is None else [run_dir],
-                     overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
-                     checkpoint_steps=checkpoint_steps)
+            if precomputed:
+                X = _lazy_precomputed_rows(X)
+        seed = self.seed
+        try:    # random_state (scikit-learn's) gives the seed of this fit
+            self.seed = self._fit_seed()
+            fit_together([self], X, run_dirs=None if run_dir is None else [run_dir],
+                         overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
+                         checkpoint_steps=checkpoint_steps)
+        finally:
+            self.seed = seed
+        self._finish_fit(precomputed)
         return self
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.pairwise = isinstance(self.kernel, str) and self.kernel == "precomputed"
+        return tags
+
+    def _fit_seed(self) -> int:
+        rs = self.random_state
+        if rs is None:
+            return self.seed
+        if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool):
+            return int(rs)
+        return int(check_random_state(rs).randint(np.iinfo(np.int32).max))
+
+    def _finish_fit(self, precomputed: bool) -> None:
+        """scikit-learn's view of the fit: the output width ``min(n_components, l)`` (null
+        components beyond the rank of ``K'`` padded, or dropped with ``remove_zero_eig`` and
+        ``n_components=None``), ``eigenvectors_``, ``gamma_``, and the learned pre-image."""
+        l = int(self.n_samples_)
+        if precomputed:
+            self.n_features_in_ = l
+        null = int(getattr(self, "null_components_", 0))
+        width = l if self.n_components is None else min(int(self.n_components), l)
+        if self.remove_zero_eig or self.n_components is None:
+            width = int(np.sum(self.eigenvalues_ > 0))
+        pad = width - len(self.alpha_)
+        if null + max(pad, 0) and not (self.remove_zero_eig or self.n_components is None):
+            warnings.warn(f"K' has rank {len(self.alpha_) - null}: {null + max(pad, 0)} of the "
+                          f"{width} components are null (eigenvalue 0, projections 0); ask for "
+                          "fewer components or set remove_zero_eig=True",
+                          NullComponentWarning, stacklevel=3)
+        if pad > 0:
+            self.alpha_ = np.vstack([self.alpha_, np.zeros((pad, l))])
+            self.eigenvalues_ = np.concatenate([self.eigenvalues_, np.zeros(pad)])
+        keep = slice(0, width)
+        self.alpha_, self.eigenvalues_ = self.alpha_[keep], self.eigenvalues_[keep]
+        P = np.zeros((l, width))
+        C = self.projection_.values[:, :width]
+        P[:, :C.shape[1]] = C
+        self.projection_ = projection_array(P.T, self.store_)
+        self.n_components_ = width
+        self.eigenvectors_ = (self.alpha_ * np.sqrt(self.eigenvalues_)[:, None]).T
+        k = self.kernel_
+        params = k.param_dict
+        if self.gamma is not None:
+            self.gamma_ = self.gamma
+        elif isinstance(self.kernel, str) and self.kernel.lower() in ("rbf", "poly", "sigmoid"):
+            self.gamma_ = 1 / int(self.n_features_in_)      # scikit-learn's, exactly
+        elif params.get("gamma") is not None:
+            self.gamma_ = params["gamma"]
+        elif k.name == "gaussian":
+            self.gamma_ = 1.0 / (2.0 * params["sigma"] ** 2)
+        else:
+            self.gamma_ = 1.0 / int(self.n_features_in_)
+        if self.fit_inverse_transform is True:
+            self._fit_learned_preimage()
+
+    def _fit_learned_preimage(self) -> None:
+        """scikit-learn's learned pre-image (Bakır, Weston & Schölkopf 2004): kernel ridge
+        regression, with the fit's kernel, from the training projections back to the inputs,
+        ``dual_coef_ = (k(P, P) + alpha I)⁻¹ X``. It needs the ``l × l`` kernel of the
+        projections, so it is offered up to ``dkha.dense-eigh-limit`` samples."""
+        from scipy import linalg
+
+        l = int(self.n_samples_)
+        limit = int(config.get("dense-eigh-limit"))
+        if l > limit:
+            raise ParameterError(f"fit_inverse_transform=True solves an l × l kernel ridge "
+                                 f"system, offered up to dkha.dense-eigh-limit ({limit}) "
+                                 f"samples, not {l}; use fit_inverse_transform='preimage'")
+        X = self.X_fit_ if self.X_fit_ is not None else self.store_.read_rows(np.arange(l))
+        P = self.projection_.values
+        K = self.kernel_.block(P, P)
+        K.flat[::l + 1] += self.alpha
+        self.dual_coef_ = linalg.solve(K, X, assume_a="pos", overwrite_a=True)
+        self.X_transformed_fit_ = P
 
     def to_dataset(self):
         """The components as an xarray dataset (the ``components.zarr`` schema), with the
@@ -369,6 +480,31 @@ class KernelHebbianPCA(DkhaTransformer):
 #: options of the KHA iterations: given with algorithm="auto", they make it KHA-SMD
 KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init")
 
+
+def _square_kernel(K: np.ndarray) -> np.ndarray:
+    """A precomputed kernel matrix: square; symmetrised as ``(K + Kᵀ)/2`` (centering and the
+    solvers read one triangle; scikit-learn centers the rows and columns as given, the same
+    matrix where its centered ``K`` is symmetric)."""
+    if K.shape[0] != K.shape[1]:
+        raise InputError(f"a precomputed kernel must be a square matrix, got shape {K.shape}")
+    if not np.array_equal(K, K.T):
+        K = 0.5 * (K + K.T)
+    return K
+
+
+def _lazy_precomputed_rows(X):
+    """The rows of a lazy square kernel matrix (dask array, DataArray or data store) with
+    their index appended (:func:`dkha.kernels.precomputed_rows`), blockwise: the matrix is
+    read chunk by chunk and must be symmetric already."""
+    import dask.array as da
+
+    arr = lazy_values(X)
+    if arr.shape[0] != arr.shape[1]:
+        raise InputError(f"a precomputed kernel must be a square matrix, got shape {arr.shape}")
+    index = da.arange(arr.shape[0], chunks=(arr.chunks[0],), dtype=np.float64)[:, None]
+    return da.concatenate([arr.astype(np.float64), index], axis=1)
+
+
 #: settings that every model of one shared kernel stream must agree on (from the table)
 SHARED_SETTINGS = shared_settings(BATCH)
 
@@ -405,7 +541,7 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
         return m.eta0 if m.eta0 is not None else default_eta0(m.algorithm, warm=m.init is None)
 
     def mu(m):
-        return m.mu if m.mu is not None else DEFAULT_MU
+        return m.mu if m.mu is not None else default_mu(warm=m.init is None)
 
     names = []
     for m in models:
@@ -464,6 +600,9 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     first = models[0]
     store, tmp, X_fit = resolve_store(X)
     tmp_store = None if tmp is None else _TemporaryStore(tmp)
+    if first.kernel == "precomputed" and store.n_features != store.n_samples + 1:
+        raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
+                             "appends each row's index), not fit_together")
     settings = [m._validated(store.n_samples) for m in models]
     p0 = settings[0]
     if p0.algorithm == AUTO and (resume or checkpoint_every or checkpoint_steps):
@@ -474,7 +613,8 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         first._path_reason = ("checkpoints or a resume asked for: those of the KHA iterations, "
                               "so kha-smd")
     kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
-                            degree=first.degree, offset=first.offset, gamma=first.gamma)
+                            degree=first.degree, offset=first.offset, gamma=first.gamma,
+                            coef0=first.coef0, kernel_params=first.kernel_params)
     attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, settings)]
     fits = fit_batch(store, kernel, settings, first._stream(), attrs, FitOptions(
         run_dirs=run_dirs, overwrite=overwrite, checkpoint_every=checkpoint_every,

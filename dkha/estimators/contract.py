@@ -21,6 +21,7 @@ import tempfile
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.exceptions import NotFittedError
 from sklearn.utils._param_validation import InvalidParameterError
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
@@ -122,6 +123,10 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
 
     @property
     def _n_features_out(self) -> int:
+        """The output width: the fit's (``n_components_``), which a later ``set_params`` does
+        not change; the parameter before a fit."""
+        if hasattr(self, "n_components_"):
+            return int(self.n_components_)
         return int(self.n_components)
 
     def __sklearn_tags__(self):
@@ -140,13 +145,15 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
             raise InvalidParameter(str(exc)) from None
 
     # -- input --
-    def _validate_array(self, X, *, reset: bool, min_samples: int | None = None) -> np.ndarray:
+    def _validate_array(self, X, *, reset: bool, min_samples: int | None = None,
+                        copy: bool = False) -> np.ndarray:
         """scikit-learn's validation (its messages), float64; at least two samples to fit
-        (a kernel matrix of one sample has no principal component)."""
+        (a kernel matrix of one sample has no principal component); ``copy``: a copy even
+        where the input is float64 already (``copy_X``)."""
         if min_samples is None:
             min_samples = 2 if reset else 1
         return validate_data(self, X, reset=reset, dtype=np.float64,
-                             ensure_min_samples=min_samples)
+                             ensure_min_samples=min_samples, copy=copy)
 
     def _set_lazy_features(self, X) -> None:
         """``feature_names_in_`` of a lazy input: a DataArray's ``feature`` coordinate when it
@@ -211,7 +218,18 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
         (:mod:`dkha.apply.preimage`: fixed-point for the gaussian kernel, the conformal map
         otherwise), each started from the training sample whose projection is nearest."""
         check_is_fitted(self)
+        learned = getattr(self, "fit_inverse_transform", "preimage")
+        if learned is False:
+            raise NotFittedError("The fit_inverse_transform parameter was not set to True when "
+                                 "instantiating and hence the inverse transform is not "
+                                 "available (dkha's pre-images: fit_inverse_transform="
+                                 "'preimage').")
         Y = check_array(X, dtype=np.float64)
+        if learned is True:
+            if not hasattr(self, "dual_coef_"):
+                raise NotFittedError("the learned pre-image was not fitted; fit again with "
+                                     "fit_inverse_transform=True")
+            return self.kernel_.block(Y, self.X_transformed_fit_) @ self.dual_coef_
         if Y.shape[1] != self.n_components_:
             raise ValueError(f"X has {Y.shape[1]} features, but {type(self).__name__} has "
                              f"{self.n_components_} components.")

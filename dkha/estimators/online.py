@@ -33,6 +33,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 
 import numpy as np
 from sklearn.base import _fit_context
@@ -42,7 +43,7 @@ from dkha.apply.preimage import RunPreimages
 from dkha.data import result
 from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore, open_store
-from dkha.errors import InputError, ParameterError
+from dkha.errors import DictionaryWarning, InputError, ParameterError
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store
 from dkha.estimators.params import ONLINE, constraints, declare, validate
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
@@ -61,6 +62,20 @@ from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA, check_algo
 from dkha.version import __version__
 
 log = logging.getLogger(__name__)
+
+#: ``fit``'s default length: one pass, and at least this many steps (passes over small data in
+#: the seeded order: one pass over a few hundred samples leaves the components far from converged)
+MIN_STEPS = 20_000
+
+def _check_dictionary(solver: OnlineKHA) -> None:
+    """Warn where the dictionary holds fewer members than components (below ``r`` members the
+    solver admits any independent sample, so the data span no more dimensions)."""
+    m, r = solver.n_members, solver.r
+    if m < r:
+        warnings.warn(f"the dictionary holds {m} members for {r} components: the data span only "
+                      f"{m} dimensions in feature space, so components beyond that many are not "
+                      f"independent; ask for at most {m} components", DictionaryWarning,
+                      stacklevel=4)
 
 
 # --- the estimator -------------------------------------------------------------------------------
@@ -120,6 +135,9 @@ class OnlineKernelPCA(DkhaTransformer):
     def _validated(self) -> dict:
         validate(self, ONLINE)
         algorithm = check_algorithm(self.algorithm)
+        if self.n_components is None:
+            raise ParameterError("OnlineKernelPCA needs n_components (None, all components, is "
+                                 "KernelHebbianPCA's: a stream has no fixed number of samples)")
         r = int(self.n_components)
         if self.gain_decay is not None and self.tau is not None:
             raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
@@ -147,6 +165,10 @@ class OnlineKernelPCA(DkhaTransformer):
                 "on_divergence": self.on_divergence}
 
     def _kernel(self, source) -> Kernel:
+        if isinstance(self.kernel, str) and self.kernel == "precomputed":
+            raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
+                                 "dictionary needs the kernel of each new sample against the "
+                                 "members); use KernelHebbianPCA")
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
                               degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
@@ -221,7 +243,7 @@ class OnlineKernelPCA(DkhaTransformer):
         kernel = self._kernel(source)
         p = self._scaled(self._validated(), source, kernel)
         l, n = source.n_samples, source.n_features
-        n_steps = l if self.steps is None else int(self.steps)
+        n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
         attrs = self._attrs(p, kernel, _store_path(source), l, n, n_steps)
         fit = fit_online(source, kernel, p, attrs, seed=self.seed, n_steps=n_steps,
                          every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
@@ -238,7 +260,7 @@ class OnlineKernelPCA(DkhaTransformer):
         self._variance_sample_ = fit.variance_sample
         self.n_samples_seen_ = n_steps
         self.n_components_ = p["r"]
-        self._read_solver()
+        _check_dictionary(self._read_solver())
         self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs
         if run_dir is not None:
@@ -256,6 +278,14 @@ class OnlineKernelPCA(DkhaTransformer):
         """
         first_call = not hasattr(self, "solver_")
         X = self._validate_array(X, reset=first_call, min_samples=1)
+        if first_call and self.n_components is not None and len(X) < self.n_components:
+            raise ParameterError(f"n_components={self.n_components} must be less or equal to "
+                                 f"the batch number of samples {len(X)} for the first "
+                                 "partial_fit call.")
+        if not first_call and self.n_components != self.n_components_:
+            raise ParameterError(f"Number of components has changed from {self.n_components_} "
+                                 f"to {self.n_components} between calls to partial_fit! Try "
+                                 "setting n_components to a fixed value.")
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
         if first_call:
@@ -298,7 +328,9 @@ class OnlineKernelPCA(DkhaTransformer):
         return entry
 
     def _finish(self, sample: np.ndarray) -> None:
-        self.eigenvalues_ = eigenvalues_of(self._read_solver(), sample)
+        s = self._read_solver()
+        _check_dictionary(s)
+        self.eigenvalues_ = eigenvalues_of(s, sample)
 
     # -- using the result --
     def _check_fitted(self):

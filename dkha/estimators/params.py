@@ -30,11 +30,10 @@ from typing import Any
 from dkha.errors import ParameterError
 from dkha.names import (
     BATCH_ALGORITHMS,
+    COLD_MU,
     DEFAULT_MU,
     DEFAULT_XI,
     EXACT_ALGORITHM,
-    KERNEL_ALIASES,
-    KERNELS,
     ONLINE_ALGORITHMS,
     ONLINE_DEFAULT_ETA0,
     ONLINE_DEFAULT_GAMMA,
@@ -122,6 +121,7 @@ class Param:
     pipeline : a key of a pipeline's ``[[fit]]`` table.
     doc_type : the type shown in the docstring (default from ``accepts`` and ``default``).
     short : the command line's help.
+    none : ``None`` is accepted although the default is not (its meaning in the help).
     old : the parameter's former name, still accepted with a ``FutureWarning`` as the
         estimator's keyword, the command-line option (hidden from ``--help``) and the pipeline
         key, where no other row of the estimator takes that name.
@@ -139,6 +139,7 @@ class Param:
     pipeline: bool = True
     doc_type: str | None = None
     short: str | None = None
+    none: bool = False
     old: str | None = None
 
     @property
@@ -153,7 +154,7 @@ class Param:
 
     def check(self, value) -> None:
         """Raise :class:`~dkha.errors.ParameterError` unless ``value`` is accepted."""
-        if value is None and self.default is None:
+        if value is None and (self.default is None or self.none):
             return
         a = self.accepts
         if a is None:
@@ -178,9 +179,13 @@ _GAINS_GROUP = "gains (a list gives one value per model; one value serves all)"
 
 #: every fit parameter of the estimators, in the order of their signatures
 PARAMETERS: tuple[Param, ...] = (
-    Param("n_components", 8, "Number of components ``r`` (must be below the number of samples).",
+    Param("n_components", 8,
+          "Number of components ``r``. As in scikit-learn, at most ``min(r, l)`` are returned "
+          "and components beyond the rank of ``K'`` are null (eigenvalue 0, projections 0; "
+          "``remove_zero_eig`` drops them). ``None``: every component of non-zero eigenvalue "
+          "(``l − 1`` are fitted: refused above ``dkha.dense-eigh-limit`` samples).",
           POSITIVE_INT, key="components", cli={"type": "positive_int", "aliases": ["-r"]},
-          doc_type="int, default 8", short="number of components r (default 8)"),
+          none=True, doc_type="int or None, default 8", short="number of components r (default 8)"),
     Param("algorithm", "auto",
           "``auto``: the exact top components by the fastest path on the machine at hand "
           "(:mod:`dkha.fit.plan`: ``K'`` held whole where it fits ``dkha.dense-bytes``, "
@@ -202,24 +207,45 @@ PARAMETERS: tuple[Param, ...] = (
           "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
           Options(ONLINE_ALGORITHMS), models=(ONLINE,), shared=False,
           doc_type='{"on-kha", "oo-kha", "okpca"}, default "on-kha"'),
-    Param("kernel", "gaussian", "The kernel.", Options(KERNELS + tuple(KERNEL_ALIASES)),
-          cli={"group": "kernel"},
-          doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid"}, default "gaussian"',
-          short="gaussian, laplacian, polynomial, sigmoid"),
+    Param("kernel", "gaussian",
+          "The kernel (:mod:`dkha.kernels`). scikit-learn's names take scikit-learn's meaning "
+          "and defaults: ``rbf`` ``exp(−gamma ‖x−y‖²)`` with ``gamma=None`` meaning "
+          "``1/n_features`` (dkha's ``gaussian`` takes ``sigma``, by default the median "
+          "distance), ``poly`` ``(gamma x·y + coef0)^degree`` (defaults ``1/n_features``, 1, 3), "
+          "``linear``, ``sigmoid`` ``tanh(gamma x·y + coef0)`` (defaults ``1/n_features``, 1), "
+          "``cosine``; ``precomputed``: ``X`` is the square kernel matrix (an array, symmetrised "
+          "as ``(K + Kᵀ)/2``; or a dask array or data store of a symmetric one, read blockwise), "
+          "``transform`` takes ``K(X_new, X_train)``; a callable ``f(x, y, **kernel_params)`` is "
+          "evaluated per pair on the workers.",
+          None, cli={"group": "kernel"},
+          doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "rbf", "poly", '
+                   '"linear", "precomputed"} or callable, default "gaussian"',
+          short="gaussian, laplacian, polynomial, sigmoid, cosine; scikit-learn's rbf, poly, "
+                "linear (its gamma defaults)"),
     Param("sigma", None,
           "Width of the gaussian / laplacian kernel. ``None`` uses the median distance between "
-          "samples (recorded in ``kernel_`` and the saved attrs).",
+          "samples (3× it for a gaussian kernel on image patches, ``dkha.patch-sigma-factor``; "
+          "recorded in ``kernel_`` and the saved attrs).",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
-          short="gaussian/laplacian width (default: median distance)"),
+          short="gaussian/laplacian width (default: median distance; 3× on image patches)"),
     Param("degree", None, "Degree of the polynomial kernel (default 1: the dot product).",
           cli={"type": int, "group": "kernel"}, doc_type="int, optional",
           short="polynomial degree (default 1: dot product)"),
     Param("offset", None, "Offset of the polynomial and sigmoid kernels.",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
           short="polynomial / sigmoid offset"),
-    Param("gamma", None, "Slope of the sigmoid kernel.", models=(BATCH,), key="kernel_gamma",
+    Param("coef0", None, "scikit-learn's name of ``offset`` (give one of them).",
+          models=(BATCH,), flag=None, doc_type="float, optional"),
+    Param("gamma", None,
+          "Kernel coefficient, scikit-learn's ``gamma``: ``rbf``/``gaussian`` "
+          "``exp(−gamma ‖x−y‖²)`` (instead of ``sigma``), ``poly``/``polynomial`` and "
+          "``sigmoid`` the factor of ``x·y``. ``None``: ``1/n_features`` for scikit-learn's "
+          "``rbf``, ``poly`` and ``sigmoid``; 1 for dkha's ``polynomial``. The value used is "
+          "``gamma_``.", models=(BATCH,), key="kernel_gamma",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
-          short="sigmoid slope"),
+          short="kernel coefficient gamma (rbf, poly, sigmoid)"),
+    Param("kernel_params", None, "Keyword arguments of a callable kernel.", dict,
+          models=(BATCH,), flag=None, pipeline=False, doc_type="dict, optional"),
     Param("kernel_gamma", None,
           "Slope of the sigmoid kernel.",
           models=(ONLINE,), cli={"type": float, "group": "kernel"}, doc_type="float, optional"),
@@ -241,11 +267,13 @@ PARAMETERS: tuple[Param, ...] = (
           "(1 for the gaussian and laplacian kernels); the applied one is the attr ``gain``.",
           POSITIVE, models=(ONLINE,),
           shared=False, doc_type=f"float, default {ONLINE_DEFAULT_ETA0}"),
-    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {DEFAULT_MU}).",
+    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {DEFAULT_MU} from the Nyström "
+          f"start, {COLD_MU} from the random start).",
           NON_NEGATIVE,
           models=(BATCH,), shared=False,
           cli={"type": "float_list", "metavar": "MU[,MU...]", "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD meta-gain (default {DEFAULT_MU})"),
+          doc_type="float, optional", short=f"SMD meta-gain (default {DEFAULT_MU}; {COLD_MU} "
+          "from --init random)"),
     Param("xi", None, f"SMD's decay factor (default {DEFAULT_XI}).", UNIT,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
           doc_type="float, optional", short=f"SMD decay (default {DEFAULT_XI})"),
@@ -289,7 +317,8 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="int, optional", short="passes through the data (default 10)"),
     Param("steps", None,
           "Number of single-sample steps instead of whole passes (online: samples to stream in "
-          "``fit``, default one pass).", POSITIVE_INT,
+          "``fit``, default one pass and at least 20 000, in passes over small data).",
+          POSITIVE_INT,
           cli={"type": "positive_int", "exclusive": "length"}, doc_type="int, optional",
           short="single-sample steps"),
     Param("seed", 0,
@@ -403,6 +432,31 @@ PARAMETERS: tuple[Param, ...] = (
           flag=None, pipeline=False, doc_type="optional"),
     Param("verbose", False, "Show a progress bar.", None, flag=None, shared=False,
           pipeline=False, doc_type="bool, default False"),
+    Param("fit_inverse_transform", "preimage",
+          "What ``inverse_transform`` does: ``'preimage'`` dkha's pre-images "
+          "(:mod:`dkha.apply.preimage`); ``True`` scikit-learn's learned pre-image (Bakır et "
+          "al.: kernel ridge regression with the fit's kernel from the training projections "
+          "back to the inputs, ridge ``alpha``; up to ``dkha.dense-eigh-limit`` samples); "
+          "``False`` none (``inverse_transform`` raises ``NotFittedError``, as scikit-learn's).",
+          (bool, str), models=(BATCH,), flag=None, pipeline=False,
+          doc_type="{'preimage', True, False}, default 'preimage'"),
+    Param("alpha", 1.0, "Ridge of the learned pre-image (``fit_inverse_transform=True``).",
+          NON_NEGATIVE, models=(BATCH,), flag=None, pipeline=False,
+          doc_type="float, default 1.0"),
+    Param("remove_zero_eig", False,
+          "Drop the null components (eigenvalue 0 after round-off eigenvalues are clipped to "
+          "0): fewer than ``n_components`` may remain. Always on with ``n_components=None``.",
+          bool, models=(BATCH,), flag=None, pipeline=False, doc_type="bool, default False"),
+    Param("random_state", None,
+          "scikit-learn's seed: an int, a ``numpy.random.RandomState`` (one seed is drawn from "
+          "it per fit) or ``None`` (``seed`` is used). Outputs do not depend on it beyond the "
+          "algorithm's accuracy: component signs follow a fixed convention.",
+          None, models=(BATCH,), flag=None, pipeline=False, shared=False,
+          doc_type="int, RandomState instance or None, default None"),
+    Param("copy_X", True,
+          "Keep a copy of an in-memory training array (``X_fit_``); ``False`` keeps the "
+          "caller's array, so changing it afterwards changes ``transform``.",
+          bool, models=(BATCH,), flag=None, pipeline=False, doc_type="bool, default True"),
 )
 
 
@@ -432,7 +486,7 @@ def constraints(model: str) -> dict:
             c = ["boolean"]
         else:
             c = list(a) if isinstance(a, tuple) else [a]
-        if p.default is None:
+        if p.default is None or p.none:
             c.append(None)
         out[p.name] = c
     return out

@@ -1,1 +1,5 @@
 """The coordinator: one block driver for the batch and online loops, Krylov, init, evaluation."""
+
+from dkha.lazy import submodules as _submodules
+
+__getattr__, __dir__ = _submodules(__name__, __path__)

@@ -20,7 +20,9 @@ import logging
 import numpy as np
 
 from dkha.errors import ParameterError
+from dkha.fit.spectrum import clip_eigenvalues
 from dkha.progress import Progress
+from dkha.schedule import Stream, random_stream
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     l = engine.n_samples
     if not 0 < m < l:
         raise ParameterError(f"nystrom:M needs 0 < M < the number of samples ({l}), got {m}")
-    M = np.sort(np.random.default_rng([int(seed), 2]).choice(l, size=m, replace=False))
+    M = np.sort(random_stream(seed, Stream.NYSTROM_COLUMNS).choice(l, size=m, replace=False))
     b = engine.block_rows
     rows = np.empty((m, l))
     blocks = ((a, M[a:a + b]) for a in range(0, m, b))
@@ -49,10 +51,10 @@ def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float 
     W = CT[:, M]
     W = 0.5 * (W + W.T)
     w, Q = np.linalg.eigh(W)
-    keep = w > rcond * w.max()
-    if keep.sum() < r:
-        raise ParameterError(f"the {m} landmarks span only {keep.sum()} dimensions of K'; "
-                             f"use more landmarks than {r} components")
+    clip_eigenvalues(np.sort(w)[::-1][:r])      # a kernel that is not PSD: scikit-learn's error
+    keep = w > rcond * max(w.max(), 0.0)
+    if not keep.any():
+        return np.zeros((0, engine.n_samples)), np.zeros(0)
     W_isqrt = (Q[:, keep] / np.sqrt(w[keep])) @ Q[:, keep].T
     BT = CT                                # Bᵀ = W^{-1/2} Cᵀ   (m × l), in place: at l = 200 000
     step = max(1, (1 << 22) // m)          # and m = 500 a second m × l array took 0.8 GB more
@@ -61,8 +63,26 @@ def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float 
     s, U = np.linalg.eigh(BT @ BT.T)
     order = np.argsort(s)[::-1][:r]
     s, U = s[order], U[:, order]
+    if keep.sum() < r:
+        _check_rank(engine, m, int(keep.sum()), r, float(np.sum(s)))
+        pos = s > rcond * max(s.max(), 0.0)
+        s, U = s[pos], U[:, pos]
     A = (U / s).T @ BT                     # A_i = u_iᵀ Bᵀ / s_i
     return A, s
+
+
+def _check_rank(engine, m: int, rank: int, r: int, captured: float) -> None:
+    """The landmarks span ``rank < r`` dimensions: either ``K'`` itself has that rank (the
+    Nyström approximation is then exact: ``K' − C W⁺ Cᵀ`` is positive semi-definite with trace
+    ``trace(K') − Σ s_i`` ≈ 0), and the start holds every non-null component; or more
+    landmarks are needed (raised)."""
+    total = float(np.sum(engine.centered_diagonal()))
+    if total - captured > 1e-9 * max(abs(total), np.finfo(float).tiny):
+        raise ParameterError(f"the {m} landmarks span only {rank} dimensions of K' for {r} "
+                             f"components (trace {total:.6g}, captured {captured:.6g}); use "
+                             "more landmarks (init='nystrom:M') or algorithm='krylov'")
+    log.info("K' has rank %d < %d components: the Nyström start is exact; the other "
+             "components are null", rank, r)
 
 
 def unit_norm_components(A: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The exact solver: the top-``r`` eigenpairs of ``K'`` by LOBPCG (a block Krylov method) on
+"""The exact solver: the top-``r`` eigenpairs of ``K'`` by a block Krylov method on
 blockwise products (:func:`dkha.fit.spectrum.krylov_eigenpairs`), ``alpha_i = v_i / √λ_i``."""
 
 from __future__ import annotations
@@ -7,33 +7,38 @@ import time
 
 import numpy as np
 
-from dkha.errors import ParameterError
 from dkha.fit.batch import BatchResult
 from dkha.fit.evaluate import evaluate
-from dkha.fit.spectrum import krylov_eigenpairs
+from dkha.fit.spectrum import clip_eigenvalues, krylov_eigenpairs
+from dkha.schedule import Stream, random_stream
 
 
 def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
                         X0: np.ndarray | None = None, info: dict | None = None
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise LOBPCG."""
+    """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise block Krylov products."""
     if X0 is not None:  # warm start: pad the given vectors with random ones (the oversampling)
         k = min(engine.n_samples - 1, r + max(5, r // 2))
-        extra = np.random.default_rng([int(seed), 3]).standard_normal((engine.n_samples, k - X0.shape[1]))
+        extra = random_stream(seed, Stream.KRYLOV_START).standard_normal(
+            (engine.n_samples, k - X0.shape[1]))
         X0 = np.hstack([X0, extra]) if k > X0.shape[1] else X0
     w, V = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0, info=info)
-    if np.any(w <= 0):
-        raise ParameterError(f"K' has fewer than {r} positive eigenvalues; ask for fewer components")
-    return (V / np.sqrt(w)).T.copy(), w
+    # round-off eigenvalues become 0 and their components null, as scikit-learn's
+    # _check_psd_eigenvalues (significantly negative ones: not a PSD kernel, its ValueError)
+    w = clip_eigenvalues(w)
+    positive = w > 0
+    scale = np.zeros_like(w)
+    scale[positive] = 1.0 / np.sqrt(w[positive])
+    return (V * scale).T.copy(), w
 
 
 def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, tol: float = 1e-8,
                with_evaluation: bool = True, tracked: bool = False) -> BatchResult:
-    """The exact top-``r`` components by block Krylov (LOBPCG) on blockwise passes.
+    """The exact top-``r`` components by block Krylov on blockwise passes.
 
     ``with_evaluation``: the history's entry is exact (eq. 22 with ``E_min`` from the computed
     eigenvalues: one residual pass, ``C = A K'`` being ``λ_i alpha_i``); otherwise it is the
-    tracked measure with ``tracked`` (``measure="residual"``: LOBPCG's own largest relative
+    tracked measure with ``tracked`` (``measure="residual"``: the solver's own largest relative
     residual, no pass), or no entry."""
     if engine.mk is None:
         engine.compute_mk()

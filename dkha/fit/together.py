@@ -24,6 +24,7 @@ from dkha import config, schedule
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
+from dkha.engine.budget import block_rows_for
 from dkha.engine.cluster import blas_threads_for, client_for
 from dkha.engine.rows import RowEngine
 from dkha.errors import InputError, ParameterError, RunDirectoryError
@@ -42,6 +43,7 @@ from dkha.solvers.batch import (
     start_deficit,
     warm_eta0,
 )
+from dkha.solvers.warmup import compile_ahead
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +55,19 @@ AUTO = "auto"
 
 def resolve_kernel(store, kernel: str, seed: int, **params):
     """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
-    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``)."""
+    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``), times
+    ``dkha.patch-sigma-factor`` (3) for a gaussian kernel on image patches: the width that keeps
+    patch denoising level with linear patch PCA (benchmarks/denoise_photo.py, README)."""
     k = make_kernel(kernel, **params)
+    if getattr(store, "n_features", None) is not None:
+        k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
     if k.needs_sigma():
         sample = store.sample(int(config.get("median-sample")), seed)
-        k = k.with_params(sigma=median_distance(sample))
-        log.info("sigma by the median-distance heuristic: %g", k["sigma"])
+        patches = kernel == "gaussian" and "patch" in (getattr(store, "attrs", None) or {})
+        factor = float(config.get("patch-sigma-factor")) if patches else 1.0
+        k = k.with_params(sigma=factor * median_distance(sample))
+        log.info("sigma by the median-distance heuristic%s: %g",
+                 f" × {factor:g} (image patches)" if patches else "", k["sigma"])
     return k
 
 
@@ -187,6 +196,11 @@ def start(engine, settings: list[ModelSettings], metas: list[dict], cks, n_sampl
     A_init = C_init = None
     if p0.landmarks and cks is None:
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
+        if len(A_init) < p0.n_components:   # K' has that rank: the start is exact, the rest null
+            for p in settings:
+                p.n_components = len(A_init)
+            if not len(A_init):
+                return None, None
         if p0.algorithm != KRYLOV:     # unit norms: one pass for C = A K'
             A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
             deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
@@ -241,7 +255,7 @@ def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSe
                attrs: list[dict], asked: str, opts: FitOptions):
     """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
     # what else a bit-identical continuation needs: the blocks and where they are projected
-    exact = {"block_rows": int(config.get("block-rows", stream.block_rows)),
+    exact = {"block_rows": block_rows_for(store.n_samples, stream.block_rows),
              "projections": asked, "evaluate_every": int(stream.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
     identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
@@ -278,8 +292,13 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
     asked = _asked_projections(stream, len(settings), opts)
     checkpointers, metas, cks = _open_runs(store, settings, stream, attrs, asked, opts)
     verbose = any(p.verbose for p in settings)
+    if config.get("compile-ahead"):     # the solver's loops compile while the fit starts
+        for algorithm in sorted({p.algorithm for p in settings}):
+            compile_ahead(algorithm)
     stages = _check_data(store, verbose, connect=stream.client is not None)
     plan = None
+    if p0.algorithm == AUTO and not 0 < p0.n_components < store.n_samples - 1:
+        p0.algorithm = KRYLOV     # no components, or all of them: the exact solver's dense eigh
     if p0.algorithm == AUTO:     # the default: the fastest path (dkha.fit.plan)
         plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
         attrs[0].update(plan.attrs())
@@ -306,7 +325,8 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         # seconds before the first pass (history wall times count the passes only)
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
-                                   "reason": engine.projections_reason}}
+                                   "reason": engine.projections_reason},
+                   "memory": engine.memory.as_dict()}
         if plan is not None:    # the default's Krylov path: exact evaluation only when asked
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=auto_krylov_tol(p0.tol),
@@ -315,7 +335,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
                                   tracked=stream.evaluate_every >= 0)]
             timings["path"] = plan.attrs()
             solvers = [None]
-        elif p0.algorithm == KRYLOV:
+        elif p0.algorithm == KRYLOV or p0.n_components == 0:    # 0: K' = 0, nothing to fit
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=p0.tol if p0.tol is not None else 1e-8,
                                   with_evaluation=stream.evaluate_every >= 0)]

@@ -1,1 +1,5 @@
 """Declarative pipelines and their report."""
+
+from dkha.lazy import submodules as _submodules
+
+__getattr__, __dir__ = _submodules(__name__, __path__)

@@ -1,102 +1,51 @@
-"""Reports of pipeline runs: a self-contained HTML page and the PNG files it shows.
+"""Reports of runs: a self-contained HTML page and the PNG files it shows.
 
-* the convergence plot: excess error E/E_min − 1 per pass on a log scale, every batch fit on one
-  plot (online fits: the AC index over steps);
-* the leading components as pictures: the run's ``component_image`` (pre-images, patch data), or
-  else, for square samples such as digits, the input-space image ``Σ_j alpha[i, j] x_j`` (the
-  linear shadow of the feature-space component);
-* response maps: the training projections over each image's patch grid (patch data);
-* the denoised image beside the noisy one and the clean reference;
-* a table of figures (final excess, time, AC index, SNR, VI).
+* the run's settings and timings as a table (units in the headers, integers as integers);
+* convergence against each algorithm's own axis: the excess error E/E_min − 1 per pass for the
+  iterative batch algorithms, per ``K'V`` product for krylov, the AC index per step for the
+  online ones;
+* every component as a picture: the run's ``component_image`` (pre-images, patch data), or for
+  square samples such as digits the input-space image ``Σ_j alpha[i, j] x_j`` (the linear shadow
+  of the feature-space component), with a colour bar;
+* response maps, one panel per image and component with its colour bar: from a ``dkha maps``
+  store (``--maps``), else computed for every patch position of the training images when they can
+  be read (:func:`dkha.runs.maps.response_maps`), else the training projections at the positions
+  the store holds;
+* for pipelines, the denoised image between the noisy one and the clean reference, and a table
+  of figures.
+
+At most ``components`` components are shown (every one by default up to
+:data:`DEFAULT_COMPONENTS`); the page says "first N of M" and how to see the rest.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import io
+import logging
 import os
 
 import numpy as np
 
 from dkha.data import result
 from dkha.data.store import open_store
+from dkha.runs.maps import response_maps
 from dkha.runs.run import Run
 
-#: at most this many images and components in the response maps
-MAP_IMAGES = 4
-MAP_COMPONENTS = 6
+log = logging.getLogger(__name__)
 
+#: components shown unless asked for more (``dkha report --components``)
+DEFAULT_COMPONENTS = 16
 
-def _png(fig, path: str) -> str:
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    with open(path, "rb") as f:
-        return base64.b64encode(f.read()).decode()
-
-
-def write_report(runner) -> str:
-    """The pipeline's report: ``RUN/report.html`` and ``RUN/report/*.png``."""
-    plt = _matplotlib()
-    out_dir = os.path.join(runner.run_dir, "report")
-    os.makedirs(out_dir, exist_ok=True)
-    title = runner.p.report.get("title", runner.p.name)
-    rows = []
-    datasets = {}
-    for f in runner.p.fits:
-        try:
-            datasets[f["name"]] = result.load(runner.fit_dir(f["name"]))
-        except Exception:
-            continue
-    images = [("Convergence", _png(convergence_figure(datasets),
-                                   os.path.join(out_dir, "convergence.png")))]
-
-    # components as pictures
-    data = runner.state["stages"].get("data", {}).get("result", {}) or {}
-    store_path = data.get("store")
-    n_show = int(runner.p.report.get("components", 8))
-    if datasets:
-        name, ds = next(iter(datasets.items()))
-        if "component_image" in ds:
-            images.extend(run_pictures(ds, out_dir, name, n_show))
-        elif store_path and "mk" in ds:
-            st = open_store(store_path)
-            side = int(np.sqrt(st.n_features))
-            if side * side == st.n_features:
-                comps = ds["alpha"].values[:n_show] @ st.read()
-                images.append((f"Leading components of {name} (input-space images)",
-                               _png(_picture_row(comps.reshape(-1, side, side)),
-                                    os.path.join(out_dir, "components.png"))))
-
-    # denoising
-    for key, fig_data in runner.figures.items():
-        if key.endswith("-denoise") and data.get("noisy"):
-            noisy = np.clip(np.load(data["noisy"][0]), 0, 1)
-            clean = np.load(data["clean"][0])
-            import skimage.io
-
-            den = skimage.io.imread(fig_data["image"]).astype(float)
-            den = den / 255.0 if den.max() > 1 else den
-            fig, axes = plt.subplots(1, 3, figsize=(12, 4.3))
-            for a, img, t in zip(axes, (noisy, den, clean), (
-                    f"noisy ({fig_data.get('snr_noisy', float('nan')):.2f} dB)",
-                    f"dkha ({fig_data.get('snr_denoised', float('nan')):.2f} dB)", "clean")):
-                a.imshow(img, cmap="gray", vmin=0, vmax=1)
-                a.set_title(t)
-                a.axis("off")
-            images.append(("Denoising", _png(fig, os.path.join(out_dir, f"{key}.png"))))
-
-    for name, figs in runner.figures.items():
-        for k, v in figs.items():
-            if isinstance(v, float):
-                v = f"{v:.4g}"
-            rows.append((name, k, v))
-
-    path = os.path.join(runner.run_dir, "report.html")
-    write_page(path, title, f"pipeline {runner.p.path} — run {runner.run_dir}", images, rows)
-    return path
-
+#: the run's settings shown in the table, in this order, with their labels
+SETTINGS = (("algorithm", "algorithm"), ("kernel", "kernel"), ("sigma", "σ (kernel width)"),
+            ("degree", "degree"), ("offset", "offset"), ("n_components", "components"),
+            ("n_samples", "training samples"), ("n_features", "features"), ("init", "start"),
+            ("eta0", "η0 (dimensionless gain)"), ("eta0_applied", "η0 applied"),
+            ("mu", "μ (meta-gain)"), ("passes", "passes asked"), ("n_steps", "steps"),
+            ("seed", "seed"), ("centering", "centering"), ("store", "data store"),
+            ("dkha_version", "dkha version"))
 
 
 def _matplotlib():
@@ -108,110 +57,248 @@ def _matplotlib():
     return plt
 
 
-def _picture_row(pictures: np.ndarray, titles=None):
-    """One figure of grey pictures side by side."""
+def _png(fig, path: str | None = None) -> str:
+    """The figure as base64 PNG text (also written to ``path`` when given)."""
     plt = _matplotlib()
-    n = len(pictures)
-    fig, axes = plt.subplots(1, n, figsize=(1.6 * n, 1.9), squeeze=False)
-    for i, (c, a) in enumerate(zip(pictures, axes[0])):
-        a.imshow(c, cmap="gray")
-        a.set_title(str(i) if titles is None else titles[i], fontsize=8)
-        a.axis("off")
-    return fig
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    data = buf.getvalue()
+    if path is not None:
+        with open(path, "wb") as f:
+            f.write(data)
+    return base64.b64encode(data).decode()
 
 
-def response_maps(ds) -> "xarray.DataArray | None":  # noqa: F821
-    """The training projections as maps ``(component, image, row, col)`` over each image's
-    patch grid (NaN outside a smaller image's grid); None without patch provenance."""
-    if "projection" not in ds or not {"image", "row", "col"} <= set(ds["projection"].coords):
-        return None
-    proj = ds["projection"].reset_coords([c for c in ds["projection"].coords
-                                          if c not in ("image", "row", "col", "component")],
-                                         drop=True)
-    return proj.set_index(sample=["image", "row", "col"]).unstack("sample").transpose(
-        "component", "image", "row", "col")
+def _img(b64: str, alt: str, kind: str) -> str:
+    a = html.escape(alt)
+    return f'<img class="{kind}" alt="{a}" title="{a}" src="data:image/png;base64,{b64}">'
 
 
-def run_pictures(ds, out_dir: str, name: str, n_show: int = 8) -> list[tuple[str, str]]:
-    """The component pictures and response maps of one run, as (caption, base64 PNG)."""
-    plt = _matplotlib()
-    images = []
-    if "component_image" in ds:
-        pics = ds["component_image"].values[:n_show]
-        images.append((f"Components of {name}: pre-images (mean + 2 standard deviations along "
-                       "each component)",
-                       _png(_picture_row(pics), os.path.join(out_dir, "components.png"))))
-    maps = response_maps(ds)
-    if maps is not None:
-        names = {}
-        if "image_name" in ds.coords:
-            for i, n in zip(ds["image"].values, ds["image_name"].values):
-                names.setdefault(int(i), str(n))
-        comps = maps["component"].values[:MAP_COMPONENTS]
-        imgs = maps["image"].values[:MAP_IMAGES]
-        fig, axes = plt.subplots(len(imgs), len(comps), squeeze=False,
-                                 figsize=(2.0 * len(comps), 2.0 * len(imgs)))
-        for a_row, im in zip(axes, imgs):
-            for a, c in zip(a_row, comps):
-                m = maps.sel(image=im, component=c)
-                m = m.dropna("row", how="all").dropna("col", how="all")
-                a.imshow(m.values, cmap="RdBu_r")
-                a.set_title(f"{os.path.basename(names.get(int(im), str(im)))[:18]} · c{c}",
-                            fontsize=7)
-                a.axis("off")
-        images.append((f"Response maps of {name}: each component's projection over each "
-                       "image's patch grid", _png(fig, os.path.join(out_dir, "response_maps.png"))))
-    return images
+def _number(v) -> str:
+    """A value as a person reads it: integers without exponent, floats to 4 digits."""
+    if isinstance(v, (bool, np.bool_)) or v is None:
+        return str(v)
+    if isinstance(v, (int, np.integer)) or (isinstance(v, float) and v.is_integer()
+                                            and abs(v) < 1e15):
+        return f"{int(v):,}".replace(",", " ")
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.4g}"
+    return str(v)
 
+
+def _table(header: tuple[str, ...], rows: list[tuple]) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>")
+    return "".join(out) + "</table>"
+
+
+# --- convergence ---------------------------------------------------------------------------
 
 def convergence_figure(datasets: dict):
-    """Excess error per pass (batch runs) and AC index per step (online runs)."""
+    """Convergence of each run against its algorithm's axis: excess error per pass (iterative
+    batch algorithms), per ``K'V`` product (krylov), AC index per step (online)."""
     plt = _matplotlib()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    have_batch = have_online = False
+    panels = {"pass": [], "krylov": [], "online": []}
     for name, ds in datasets.items():
         if ds.sizes.get("evaluation", 0) == 0:
             continue
         if Run(ds).is_dictionary:
             if "ac_index" in ds and np.isfinite(ds["ac_index"].values).any():
-                ax2.plot(ds["step"].values, ds["ac_index"].values, marker=".", label=name)
-                have_online = True
+                panels["online"].append((name, ds))
         else:
+            panels["krylov" if ds.attrs.get("algorithm") == "krylov" else "pass"].append((name, ds))
+    shown = [k for k, v in panels.items() if v] or ["pass"]
+    fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 3.8), squeeze=False)
+    for ax, kind in zip(axes[0], shown):
+        for name, ds in panels[kind]:
+            if kind == "online":
+                ax.plot(ds["step"].values, ds["ac_index"].values, marker=".", label=name)
+                continue
             ex = ds["excess"].values
             ok = ex > 0
-            ax.semilogy(ds["pass"].values[ok], ex[ok], marker=".", label=name)
-            have_batch = True
-    ax.set_xlabel("pass")
-    ax.set_ylabel("excess error E/E_min − 1")
-    ax.set_title("batch algorithms")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("AC index")
-    ax2.set_title("online algorithms")
-    for a, has in ((ax, have_batch), (ax2, have_online)):
-        if has:
-            a.legend()
-            a.grid(True, which="both", alpha=0.3)
+            ax.semilogy(ds["pass"].values[ok], ex[ok], marker="o" if kind == "krylov" else ".",
+                        label=name)
+        ax.set_xlabel({"pass": "pass over the training samples",
+                       "krylov": "K'V products (block Krylov)",
+                       "online": "step (samples presented)"}[kind])
+        ax.set_ylabel("AC index" if kind == "online" else "excess error E/E_min − 1")
+        ax.set_title({"pass": "iterative batch algorithms", "krylov": "exact (krylov)",
+                      "online": "online algorithms"}[kind])
+        if kind != "online" and not any((ds["excess"].values > 0).any() for _, ds in panels[kind]):
+            ax.text(0.5, 0.5, "excess error at round-off (≤ 0) at every evaluation",
+                    ha="center", va="center", transform=ax.transAxes)
+        elif panels[kind]:
+            ax.legend()
+            ax.grid(True, which="both", alpha=0.3)
         else:
-            a.set_visible(False)
+            ax.text(0.5, 0.5, "no evaluations recorded", ha="center", va="center",
+                    transform=ax.transAxes)
     return fig
 
 
-def write_page(path: str, title: str, subtitle: str, images: list[tuple[str, str]],
-               rows: list[tuple]) -> str:
-    """A self-contained HTML page: the images inline (data: URLs) and a table of figures."""
-    body = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(subtitle)}</p>"]
-    for caption, b64 in images:
-        body.append(f"<h2>{html.escape(caption)}</h2><img alt=\"{html.escape(caption)}\" "
-                    f"src=\"data:image/png;base64,{b64}\">")
-    body.append("<h2>Figures</h2><table><tr><th>stage</th><th>figure</th><th>value</th></tr>")
-    for name, k, v in rows:
-        body.append(f"<tr><td>{html.escape(str(name))}</td><td>{html.escape(str(k))}</td>"
-                    f"<td>{html.escape(str(v))}</td></tr>")
-    body.append("</table>")
+# --- components and maps -------------------------------------------------------------------
+
+def _picture_grid(pictures: np.ndarray, titles: list[str], label: str, cmap: str = "gray"):
+    """Pictures in rows of at most 8, one shared colour scale and colour bar."""
+    plt = _matplotlib()
+    n = len(pictures)
+    cols = min(n, 8)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.5 * cols + 0.8, 1.7 * rows), squeeze=False)
+    lo, hi = float(np.nanmin(pictures)), float(np.nanmax(pictures))
+    im = None
+    for k, a in enumerate(axes.ravel()):
+        a.axis("off")
+        if k < n:
+            im = a.imshow(pictures[k], cmap=cmap, vmin=lo, vmax=hi)
+            a.set_title(titles[k], fontsize=8)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label=label)
+    return fig
+
+
+def component_section(ds, out_dir: str, n_show: int, store_path: str | None = None) -> str:
+    """HTML of the component pictures (empty when the run has none to show)."""
+    r = ds.sizes["component"]
+    n = min(n_show, r)
+    titles = [f"component {i + 1}" for i in range(n)]
+    if "component_image" in ds:
+        pics = ds["component_image"].values[:n]
+        caption = ("Components as pictures: the pre-image of the mean plus two standard "
+                   "deviations along each component")
+        label = "grey value"
+    else:
+        path = store_path or ds.attrs.get("store")
+        try:
+            st = open_store(path)
+        except Exception:
+            return ""
+        side = int(np.sqrt(st.n_features))
+        if side * side != st.n_features or "mk" not in ds or st.n_samples != ds.sizes["sample"]:
+            return ""
+        pics = (ds["alpha"].values[:n] @ st.read()).reshape(-1, side, side)
+        caption = "Components as input-space images Σ_j alpha[i, j] x_j"
+        label = "weight"
+    b64 = _png(_picture_grid(pics, titles, label), os.path.join(out_dir, "components.png"))
+    return (f"<h2>{html.escape(caption)}</h2>" + _shown_note(n, r)
+            + _img(b64, f"components 1 to {n}", "components"))
+
+
+def _shown_note(n: int, r: int) -> str:
+    if n >= r:
+        return f"<p>All {r} components.</p>"
+    return (f"<p>First {n} of {r} components; <code>dkha report RUN --components {r}</code> "
+            "shows them all.</p>")
+
+
+def training_maps(ds):
+    """The training projections as maps ``(component, image, row, col)`` over each image's
+    patch grid (NaN at positions the store does not hold); None without patch provenance."""
+    if "projection" not in ds or not {"image", "row", "col"} <= set(ds["projection"].coords):
+        return None
+    proj = ds["projection"]
+    names = {}
+    if "image_name" in proj.coords:
+        for i, nm in zip(proj["image"].values, proj["image_name"].values):
+            names.setdefault(int(i), os.path.basename(str(nm)))
+    proj = proj.reset_coords([c for c in proj.coords
+                              if c not in ("image", "row", "col", "component")], drop=True)
+    maps = proj.set_index(sample=["image", "row", "col"]).unstack("sample").transpose(
+        "component", "image", "row", "col")
+    return maps.assign_coords(image=[names.get(int(i), f"image {int(i)}")
+                                     for i in maps["image"].values])
+
+
+def maps_for_report(ds, maps_path: str | None = None, client=None):
+    """``(maps, note)``: a ``dkha maps`` store, else every patch position of the training
+    images (when their files can be read), else the training projections."""
+    import xarray as xr
+
+    if maps_path:
+        return (result.objects_for_strings(xr.open_zarr(maps_path)).load()["response"],
+                f"every patch position, from {os.path.basename(os.path.normpath(maps_path))}")
+    try:
+        images = open_store(ds.attrs["store"]).attrs.get("source", {}).get("images", [])
+    except Exception:
+        images = []
+    paths = [im["path"] for im in images]
+    if paths and all(p.startswith("skimage:") or os.path.exists(p) for p in paths):
+        try:
+            return (response_maps(ds, paths, client=client),
+                    "every patch position of the training images")
+        except Exception as exc:   # a report still shows what it can
+            log.warning("response maps of the training images failed: %s", exc)
+    maps = training_maps(ds)
+    if maps is None:
+        return None, ""
+    return maps, ("the training projections, at the patch positions the store holds (blank "
+                  "elsewhere; `dkha maps RUN IMAGE... -o maps.zarr` and `dkha report RUN --maps "
+                  "maps.zarr` show every position)")
+
+
+def map_section(maps, note: str, out_dir: str, n_show: int) -> str:
+    """HTML table of response maps: a row per image, a panel per component with its colour bar."""
+    plt = _matplotlib()
+    r = maps.sizes["component"]
+    n = min(n_show, r)
+    rows = []
+    for im in maps["image"].values:
+        name = str(im)
+        cells = [f"<th>{html.escape(name)}</th>"]
+        one = maps.sel(image=im)
+        for c in range(n):
+            m = one.isel(component=c).dropna("row", how="all").dropna("col", how="all").values
+            fig, ax = plt.subplots(figsize=(2.4, 2.0))
+            shown = ax.imshow(m, cmap="viridis")
+            ax.set_title(f"component {c + 1}", fontsize=8)
+            ax.axis("off")
+            fig.colorbar(shown, ax=ax, shrink=0.85)
+            alt = f"{name}, component {c + 1}"
+            cells.append("<td>" + _img(_png(fig), alt, "map") + "</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    header = ("<h2>Response maps: each component's projection over each image's patch grid</h2>"
+              f"<p>{html.escape(note)}. Colour: the projection (dimensionless). "
+              f"{maps.sizes['image']} images.</p>" + _shown_note(n, r))
+    return header + '<table class="maps">' + "".join(rows) + "</table>"
+
+
+# --- settings ------------------------------------------------------------------------------
+
+def settings_rows(ds, timings: dict | None) -> list[tuple[str, str]]:
+    """(label, value) rows: the run's settings, its last evaluation and its timings, with units."""
+    a = ds.attrs
+    rows = [(label, _number(a[k])) for k, label in SETTINGS if a.get(k) is not None]
+    if ds.sizes.get("evaluation", 0):
+        last = ds.isel(evaluation=-1)
+        krylov = a.get("algorithm") == "krylov"
+        for k, label in (("pass", "K'V products" if krylov else "passes done"),
+                         ("step", "steps done"), ("excess", "excess error E/E_min − 1"),
+                         ("error", "reconstruction error E(A)"), ("ac_index", "AC index"),
+                         ("wall_time", "wall time of fitting (s)")):
+            if k in last.variables and np.isfinite(float(last[k])):
+                v = last[k].item()
+                rows.append((label, _number(int(v) if k in ("pass", "step") else float(v))))
+    for k, v in (timings or {}).items():     # timings.json: seconds per phase of the fit
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            name = k.replace("_", " ").removesuffix(" seconds")
+            rows.append((f"time: {name} (s)", _number(float(v))))
+    backoffs = ds.sizes.get("backoff", 0)
+    if backoffs:
+        rows.append(("backoffs (step guard)", str(backoffs)))
+    return rows
+
+
+# --- pages ---------------------------------------------------------------------------------
+
+def write_page(path: str, title: str, subtitle: str, sections: list[str]) -> str:
+    """A self-contained HTML page: the sections' HTML, images inline (data: URLs)."""
+    body = [f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(subtitle)}</p>", *sections]
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"
             "img{max-width:100%}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-            "padding:3px 8px}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+            "padding:3px 8px;text-align:left}table.maps td{padding:0}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(page)
@@ -219,22 +306,85 @@ def write_page(path: str, title: str, subtitle: str, images: list[tuple[str, str
     return path
 
 
-def report_run(run_dir: str, *, components: int = 8) -> str:
-    """``dkha report RUN``: ``RUN/report.html`` with the convergence curve, the component
-    pictures and the response maps of one run directory (PNG files in ``RUN/report/``)."""
+def _convergence_section(datasets: dict, out_dir: str) -> str:
+    b64 = _png(convergence_figure(datasets), os.path.join(out_dir, "convergence.png"))
+    return "<h2>Convergence</h2>" + _img(b64, "convergence", "convergence")
+
+
+def report_run(run_dir: str, *, components: int = DEFAULT_COMPONENTS, maps: str | None = None,
+               client=None) -> str:
+    """``dkha report RUN``: ``RUN/report.html`` with the settings and timings, the convergence,
+    every component's picture and the response maps of one run directory (PNG files in
+    ``RUN/report/``). ``maps``: a ``dkha maps`` store to show instead of computing them."""
     ds = result.load(run_dir)
     out_dir = os.path.join(run_dir, "report")
     os.makedirs(out_dir, exist_ok=True)
     name = os.path.basename(os.path.normpath(run_dir))
-    images = [("Convergence", _png(convergence_figure({name: ds}),
-                                   os.path.join(out_dir, "convergence.png")))]
-    images.extend(run_pictures(ds, out_dir, name, components))
-    rows = []
-    if ds.sizes.get("evaluation", 0):
-        last = ds.isel(evaluation=-1)
-        for k in ("pass", "step", "excess", "wall_time", "ac_index"):
-            if k in last and np.isfinite(float(last[k])):
-                rows.append((name, k, f"{float(last[k]):.4g}"))
-    title = f"dkha run {name}: {ds.attrs.get('algorithm')}, {ds.sizes['component']} components"
+    r = ds.sizes["component"]
+    sections = ["<h2>Settings and timings</h2>"
+                + _table(("", "value"), settings_rows(ds, result.load_timings(run_dir))),
+                _convergence_section({name: ds}, out_dir),
+                component_section(ds, out_dir, components)]
+    m, note = maps_for_report(ds, maps, client)
+    if m is not None:
+        sections.append(map_section(m, note, out_dir, components))
+    title = (f"dkha run {name}: {ds.attrs.get('algorithm')}, {r} components of "
+             f"{_number(ds.attrs.get('n_samples'))} samples")
     return write_page(os.path.join(run_dir, "report.html"), title, os.path.abspath(run_dir),
-                      images, rows)
+                      sections)
+
+
+def write_report(runner) -> str:
+    """The pipeline's report: ``RUN/report.html`` and ``RUN/report/*.png``."""
+    plt = _matplotlib()
+    out_dir = os.path.join(runner.run_dir, "report")
+    os.makedirs(out_dir, exist_ok=True)
+    title = runner.p.report.get("title", runner.p.name)
+    datasets = {}
+    for f in runner.p.fits:
+        try:
+            datasets[f["name"]] = result.load(runner.fit_dir(f["name"]))
+        except Exception:
+            continue
+    sections = [_convergence_section(datasets, out_dir)]
+    data = runner.state["stages"].get("data", {}).get("result", {}) or {}
+    n_show = int(runner.p.report.get("components", DEFAULT_COMPONENTS))
+    if datasets:
+        name, ds = next(iter(datasets.items()))
+        sections.append(f"<h2>Fit {html.escape(name)}</h2>"
+                        + _table(("", "value"), settings_rows(ds, result.load_timings(
+                            runner.fit_dir(name)))))
+        sections.append(component_section(ds, out_dir, n_show, data.get("store")))
+        m = training_maps(ds)
+        if m is not None:
+            sections.append(map_section(m, "the training projections", out_dir, n_show))
+
+    for key, fig_data in runner.figures.items():
+        if key.endswith("-denoise") and data.get("noisy"):
+            noisy = np.clip(np.load(data["noisy"][0]), 0, 1)
+            clean = np.load(data["clean"][0])
+            import skimage.io
+
+            den = skimage.io.imread(fig_data["image"]).astype(float)
+            den = den / 255.0 if den.max() > 1 else den
+            fig, axes = plt.subplots(1, 3, figsize=(12, 4.3))
+            for a, img, t in zip(axes, (noisy, den, clean), (
+                    f"noisy ({fig_data.get('snr_noisy', float('nan')):.2f} dB SNR)",
+                    f"denoised by dkha ({fig_data.get('snr_denoised', float('nan')):.2f} dB SNR)",
+                    "clean reference")):
+                shown = a.imshow(img, cmap="gray", vmin=0, vmax=1)
+                a.set_title(t)
+                a.axis("off")
+            fig.colorbar(shown, ax=list(axes), shrink=0.8, label="grey value")
+            sections.append("<h2>Denoising: noisy, denoised, clean</h2>"
+                            + _img(_png(fig, os.path.join(out_dir, f"{key}.png")),
+                                   "denoising", "denoise"))
+
+    rows = []
+    for stage, figs in runner.figures.items():
+        for k, v in figs.items():
+            rows.append((stage, k.replace("_", " "), _number(v)))
+    sections.append("<h2>Figures</h2>" + _table(("stage", "figure", "value"), rows))
+    path = os.path.join(runner.run_dir, "report.html")
+    write_page(path, title, f"pipeline {runner.p.path} — run {runner.run_dir}", sections)
+    return path

@@ -14,7 +14,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import consolidate, replace_directory
+from dkha.data.atomic import write_zarr_atomically
 from dkha.data.result import sample_coords
 from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
@@ -65,24 +65,29 @@ def transform_lazy(ds: xr.Dataset | Run, new_store: str) -> xr.DataArray:
     ds = run.ds
     new = open_store(new_store, check_finite=True)
     run.check_features(new.n_features, new_store)
-    X = da.from_zarr(new.array())
-    r = run.n_components
-    if run.is_dictionary:
-        small = run.dictionary_part()
-        proj = X.map_blocks(lambda b: project_dictionary(small, b), dtype=np.float64,
-                            chunks=(X.chunks[0], (r,)))
-    else:
-        train = run.training_store()
-        groups = tuple((a, b) for a, b in (train.chunk_bounds(i) for i in range(train.n_chunks)))
-        proj = X.map_blocks(_project_chunk, train.path, run.kernel, ds["mk"].values,
-                            float(ds.attrs["mkm"]), groups, run.alpha, dtype=np.float64,
-                            chunks=(X.chunks[0], (r,)))
+    proj = project_blocks(run, da.from_zarr(new.array()))
     return xr.DataArray(proj, dims=("sample", "component"),
                         coords={"component": ds["component"].values, **sample_coords(new.path)},
                         name="projection",
                         attrs={"run_store": ds.attrs["store"], "source": os.path.abspath(new_store)
                                if "://" not in new_store else new_store,
                                "algorithm": ds.attrs["algorithm"]})
+
+
+def project_blocks(run: Run, X: da.Array) -> da.Array:
+    """The lazy ``(n, n_components)`` projections of the rows of the dask array ``X``: one task
+    per block of rows, each projecting against the training chunks (cached per worker process)
+    or an online run's dictionary."""
+    r = run.n_components
+    if run.is_dictionary:
+        small = run.dictionary_part()
+        return X.map_blocks(lambda b: project_dictionary(small, b), dtype=np.float64,
+                            chunks=(X.chunks[0], (r,)))
+    train = run.training_store()
+    groups = tuple((a, b) for a, b in (train.chunk_bounds(i) for i in range(train.n_chunks)))
+    return X.map_blocks(_project_chunk, train.path, run.kernel, run.ds["mk"].values,
+                        float(run.ds.attrs["mkm"]), groups, run.alpha, dtype=np.float64,
+                        chunks=(X.chunks[0], (r,)))
 
 
 def _project_chunk(Xc, path, kernel, mk, mkm, groups, alpha):
@@ -102,9 +107,12 @@ def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite
     proj = transform_lazy(run, new_store)
     res = proj.to_dataset()
     res.attrs = dict(proj.attrs)
-    tmp = out + ".tmp"
+    return write_dataset(res, out, client=client)
+
+
+def write_dataset(res: xr.Dataset, out: str, *, client=None) -> xr.Dataset:
+    """Write ``res`` (lazy parts computed on the cluster) aside and rename it into ``out``
+    (:func:`~dkha.data.atomic.write_zarr_atomically`)."""
     with client_for(client):
-        res.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
-    consolidate(tmp)
-    replace_directory(tmp, out)
+        write_zarr_atomically(res, out)
     return xr.open_zarr(out)

@@ -1,0 +1,4 @@
+
+from dkha.lazy import submodules as _submodules
+
+__getattr__, __dir__ = _submodules(__name__, __path__)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.errors import NumericalError, ParameterError
-from dkha.names import BATCH_ALGORITHMS, DEFAULT_MU, DEFAULT_XI
+from dkha.names import BATCH_ALGORITHMS, COLD_MU, DEFAULT_MU, DEFAULT_XI
 from dkha.solvers import reference
 from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
@@ -53,8 +53,12 @@ log = logging.getLogger(__name__)
 
 ALGORITHMS = BATCH_ALGORITHMS
 ENGINES = ("factored", "reference")
-#: default η0 (units of κ̄, see the module docstring) from the paper's random start ...
-DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.2, "kha-et": 1.0, "kha-smd": 1.0}
+#: default η0 (units of κ̄, see the module docstring) from the paper's random start ... On the
+#: paper's digits (l = 1000, σ = 4, r = 16, 50 passes, seed 0) these give the paper's ordering
+#: SMD 2.4e-4 < KHA/et 3.3e-4 < KHA/t 4.5e-3 < KHA 5.3e-2 (``benchmarks/digits_kpca.py
+#: --defaults``); KHA/t at 0.2 ended at 6.3e-2, worse than constant-gain KHA, and SMD at μ = 0.3
+#: at 4.1e-4, above KHA/et. SMD's μ: DEFAULT_MU from a Nyström start, COLD_MU from the random one.
+DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.5, "kha-et": 1.0, "kha-smd": 1.0}
 #: ... and from a Nyström start, per unit of the start's eigenvalue deficit (:func:`warm_eta0`)
 WARM_ETA0 = {"kha": 0.001, "kha-t": 0.001, "kha-et": 0.05, "kha-smd": 0.05}
 WARM_ETA0_MAX = 0.05
@@ -64,6 +68,13 @@ def default_eta0(algorithm: str, *, warm: bool) -> float | None:
     """The default ``η0`` of ``algorithm`` from a random start; ``None`` from a Nyström start,
     where it follows from the start (:func:`warm_eta0`)."""
     return None if warm else DEFAULT_ETA0.get(algorithm, 0.0)
+
+
+def default_mu(*, warm: bool) -> float:
+    """SMD's default meta-gain: :data:`DEFAULT_MU` from a Nyström start, :data:`COLD_MU` from
+    the random start (where the log-gains start far from their values at convergence and a
+    larger μ keeps them noisy for the whole fit)."""
+    return DEFAULT_MU if warm else COLD_MU
 
 
 def start_deficit(nystrom_eigenvalues: np.ndarray, eigenvalues: np.ndarray) -> float:
@@ -107,7 +118,7 @@ def default_landmarks(n_samples: int, n_components: int) -> int | None:
 def feature_norm(diagonal: np.ndarray) -> float:
     """``κ̄ = Σ K'[p, p]² / Σ K'[p, p]``: the squared feature-space norm of the centered samples,
     weighted as GHA's step condition weighs them (module docstring); ``diagonal`` is ``K'[p, p]``
-    for every sample (:meth:`dkha.rows.RowEngine.centered_diagonal`)."""
+    for every sample (:meth:`dkha.engine.rows.RowEngine.centered_diagonal`)."""
     kappa = np.maximum(np.asarray(diagonal, dtype=np.float64), 0.0)
     total = kappa.sum()
     if not (np.isfinite(total) and total > 0):
@@ -168,6 +179,51 @@ class BatchState:
     gain_factor: float = 1.0     # halved by each backoff (a checkpointed part of the state)
 
 
+class BlockStart:
+    """A copy of a solver's state at the start of a block: where a backoff rolls back to.
+
+    The copy's arrays are kept from block to block and overwritten in place (a block's start
+    costs copies, not allocations)."""
+
+    def __init__(self):
+        self.state = None
+        self.saved: dict = {}
+
+    def save(self, st, *, keep_replicated: bool = False) -> None:
+        """Copy ``st`` (its transient caches left out). ``keep_replicated``: the worker replicas
+        follow the state; blocks of projections change ``S̃`` only once they are taken
+        (``FactoredState._defer``) and ``C̃`` only on the replicas, so a rollback leaves both as
+        they are."""
+        saved = self.saved if self.state is st else {}
+        skip = set(getattr(st, "TRANSIENT", ()))
+        if keep_replicated:
+            skip.update(("S_tilde", "C_tilde"))
+            saved.pop("S_tilde", None)
+            saved.pop("C_tilde", None)
+        for k, v in vars(st).items():
+            if k in skip:
+                continue
+            old = saved.get(k)
+            if isinstance(v, np.ndarray):
+                if isinstance(old, np.ndarray) and old.shape == v.shape and old.dtype == v.dtype:
+                    np.copyto(old, v)
+                else:
+                    saved[k] = v.copy()
+            else:
+                saved[k] = v
+        self.state, self.saved = st, saved
+
+    def restore(self, *, gain_factor: float) -> None:
+        """Put the copy back into the state, with ``gain_factor`` (kept in the copy too: where a
+        second rollback of the same block returns to)."""
+        st = self.state
+        self.saved["gain_factor"] = gain_factor
+        for k, v in self.saved.items():
+            setattr(st, k, v.copy() if isinstance(v, np.ndarray) else v)
+        if hasattr(st, "forget_values"):   # the factored state's snapshots of A, B, C
+            st.forget_values()
+
+
 class BatchKHA:
     """Gains and updates of one batch algorithm over blocks of centered kernel rows.
 
@@ -222,7 +278,7 @@ class BatchKHA:
         #: (the effective η0, ``eta0 × gain_factor``), rolled_back_to (the block's first step)
         #: and reason
         self.backoffs: list[dict] = []
-        self._saved: tuple[object, dict] | None = None   # (state, its block-start copy)
+        self._block_start = BlockStart()     # the state's copy a backoff rolls back to
         self.log_level = logging.WARNING    # of the backoff messages (INFO where a table shows them)
 
     @property
@@ -339,7 +395,7 @@ class BatchKHA:
         if self.on_divergence == "stop":
             self._apply_block(index, rows)
             return
-        self._save_state()
+        self._block_start.save(self.state, keep_replicated=self.replicas is not None)
         while True:
             try:
                 self._apply_block(index, rows)
@@ -347,49 +403,21 @@ class BatchKHA:
             except NumericalError as exc:
                 self.back_off(exc)
 
-    def _save_state(self) -> None:
-        """Copy the state (into buffers kept from the last block): the block's rollback point."""
-        st = self.state
-        saved = self._saved[1] if self._saved is not None and self._saved[0] is st else {}
-        skip = set(getattr(st, "TRANSIENT", ()))
-        if self.replicas is not None:
-            # blocks of projections change S̃ only once they are taken (FactoredState._defer)
-            # and C̃ only on the replicas: a rollback leaves both as they are
-            skip.update(("S_tilde", "C_tilde"))
-            saved.pop("S_tilde", None)
-            saved.pop("C_tilde", None)
-        for k, v in vars(st).items():
-            if k in skip:
-                continue
-            old = saved.get(k)
-            if isinstance(v, np.ndarray):
-                if isinstance(old, np.ndarray) and old.shape == v.shape and old.dtype == v.dtype:
-                    np.copyto(old, v)
-                else:
-                    saved[k] = v.copy()
-            else:
-                saved[k] = v
-        self._saved = (st, saved)
-
     def back_off(self, exc: NumericalError) -> None:
         """Roll the state back to the block's start and halve the gain; record the event.
 
         Raises ``exc`` (with the backoffs named) once :data:`MAX_BACKOFFS` halvings did not help.
         """
-        st, saved = self._saved
+        st = self._block_start.state
         t_bad = getattr(exc, "step", None)
         factor = st.gain_factor
         if len(self.backoffs) >= MAX_BACKOFFS:
             raise NumericalError(f"{exc} (still, after {len(self.backoffs)} backoffs that "
                                  f"halved the gain to {factor:g} of eta0)") from None
-        saved["gain_factor"] = factor * 0.5      # also where a second rollback returns to
-        for k, v in saved.items():
-            setattr(st, k, v.copy() if isinstance(v, np.ndarray) else v)
+        self._block_start.restore(gain_factor=factor * 0.5)
         if getattr(st, "rho", None) is not None:
             # SMD: its divergences are runaway log-gains; those above the start go back to it
             st.rho = np.minimum(st.rho, self.rho0)
-        if hasattr(st, "_cache"):
-            st._cache = {}
         before = self.eta0 * factor
         t_bad = st.t if t_bad is None else t_bad
         event = {"step": int(t_bad) + 1, "pass": int(t_bad) // self.l + 1,

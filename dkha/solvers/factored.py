@@ -143,6 +143,11 @@ class FactoredState:
 
     # -- true values --------------------------------------------------------------------------
 
+    def forget_values(self) -> None:
+        """Drop the cached true values ``A``, ``B``, ``C``: after the factors were set from
+        outside (a rollback to a block's start, a state read from a checkpoint)."""
+        self._cache = {}
+
     def _value(self, name: str) -> np.ndarray:
         v = self._cache.get(name)
         if v is None:

@@ -118,6 +118,10 @@ def learning_rate(step: int, eta0: float, gamma: float | None, tau: float | None
 # Reassociation lets LLVM vectorise the dot products and norms; no-NaN/no-inf assumptions are
 # left out so a diverging run still shows up as non-finite coefficients.
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+#: while the dictionary holds fewer members than components, a sample joins when its ε² exceeds
+#: this fraction of k(x, x) (independent beyond round-off), whatever ν: components over fewer
+#: members than their number would duplicate each other
+INDEPENDENT = 1e-10
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
@@ -161,7 +165,8 @@ def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, s
             norm2 += c[q] * c[q]
         eps2 = kdiag[j] - norm2
         initialising = False
-        if eps2 >= nu and m < capacity:
+        # below r members any numerically independent sample joins: r components need r members
+        if (eps2 >= nu or (m < r and eps2 > INDEPENDENT * kdiag[j])) and m < capacity:
             d = np.sqrt(eps2)
             for i in range(m):
                 L[m, i] = c[i]

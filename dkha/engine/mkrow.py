@@ -1,0 +1,94 @@
+"""The MK row (the centering, coordinator-math.md §1) on the cluster: exact, by one pass over the
+tiles ``I ≤ J``, or estimated from a seeded sample of columns; kept in the data store's cache
+(:mod:`dkha.data.centering`) and read back instead of recomputed."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from dkha import config
+from dkha.data.centering import centering_key, read_centering, write_centering
+from dkha.engine.tasks import mk_sample_tile, mk_tile, tile_sums
+from dkha.errors import ParameterError
+from dkha.schedule import Stream, random_stream
+
+log = logging.getLogger(__name__)
+
+
+def describe_centering(kernel, l: int, center_sample: int | None, seed: int) -> dict:
+    """What a centering row is made of (kernel, parameters, method): its cache identity."""
+    centering = {"kernel": kernel.name, "parameters": kernel.param_dict, "centering": "exact"}
+    if kernel.precision != "float64":      # float64 rows keep their cache keys
+        centering["precision"] = kernel.precision
+    if center_sample is not None:
+        if not 1 <= int(center_sample) <= l:
+            raise ParameterError(f"center_sample must lie in 1..{l} (the number of samples), "
+                                 f"got {center_sample}")
+        centering.update(centering="sample", center_sample=int(center_sample), seed=int(seed))
+    return centering
+
+
+def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
+           ) -> tuple[np.ndarray, float, dict]:
+    """``(mk, mkm, centering)`` of :meth:`dkha.engine.rows.RowEngine.compute_mk`: read from the
+    store's cache, or computed (and cached where ``cache``, default ``dkha.mk-cache``)."""
+    store = engine.store
+    centering = describe_centering(engine.kernel, store.n_samples, center_sample, seed)
+    key = None
+    if bool(config.get("mk-cache", cache)) and engine.kernel.cacheable:
+        key = centering_key(store, centering)
+        cached = read_centering(store, key)
+        if cached is not None:
+            return cached[0], cached[1], dict(centering, cached=True)
+    t0 = time.perf_counter()
+    mk = (exact_mk_row(engine) if center_sample is None
+          else sampled_mk_row(engine, int(center_sample), seed))
+    log.info("%s MK row in %.1f s", centering["centering"], time.perf_counter() - t0)
+    if center_sample is None:
+        engine.stats.mk_pass_seconds = time.perf_counter() - t0
+    mkm = float(mk.mean())
+    if key is not None:
+        write_centering(store, key, mk, mkm)
+    return mk, mkm, dict(centering, cached=False)
+
+
+def exact_mk_row(engine) -> np.ndarray:
+    """The exact MK row: one pass over chunk pairs (tiles ``I ≤ J``), the band sums added on
+    the workers (from the cached tiles where the engine keeps them)."""
+    path, groups, client = engine.store.path, engine.tile_groups, engine.client
+    pairs = engine.tile_pairs()
+
+    def submit(k):
+        i, j = pairs[k]
+        if engine.tile_cache is not None:
+            return client.submit(tile_sums, engine.tile_cache.tile(i, j), i == j, pure=False)
+        return client.submit(mk_tile, path, engine.kernel, groups[i], groups[j], pure=False)
+
+    # column sums to band j, row sums (off the diagonal) to band i
+    routes = [[(j, 0)] + ([(i, 1)] if i != j else []) for i, j in pairs]
+    mk = engine.passes.reduced_pass(submit, routes, engine.tile_bounds(), None,
+                                    "the MK row (centering) pass", kind="mk",
+                                    progress="centering (MK row)", transient=False)
+    return mk / engine.n_samples
+
+
+def sampled_mk_row(engine, n: int, seed: int) -> np.ndarray:
+    """The MK row estimated from ``n`` seeded random columns (pieces of ≤ ``dkha.tile-rows``)."""
+    store, passes = engine.store, engine.passes
+    sample = np.sort(random_stream(seed, Stream.CENTERING_SAMPLE).choice(store.n_samples, size=n,
+                                                                         replace=False))
+    piece = int(config.get("tile-rows"))
+    parts = [passes.put(store.read_rows(sample[a:a + piece]), everywhere=True)
+             for a in range(0, n, piece)]
+    groups = engine.tile_groups
+    tasks = [(band, part) for band in range(len(groups)) for part in parts]
+    mk = passes.reduced_pass(
+        lambda k: engine.client.submit(mk_sample_tile, store.path, engine.kernel,
+                                       groups[tasks[k][0]], tasks[k][1], pure=False),
+        [[(band, None)] for band, _ in tasks], engine.tile_bounds(), None,
+        "the sampled MK row", kind="mk",
+        progress="centering (MK row from a sample)", transient=False)
+    return mk / n

@@ -1,0 +1,135 @@
+"""Response maps: the projection of every patch position of whole images on a run's components.
+
+A run fitted on image patches (``dkha ingest images``, possibly a ``--max-samples`` draw of the
+positions) holds the training projections only at the positions it kept. A response map is the
+projection of *every* position of an image's patch grid (the training store's ``patch`` and
+``step``): the images are cut into patches exactly as ingest cuts them
+(:func:`dkha.data.patches.extract_patches`) and projected blockwise on the workers by the
+transform's tasks (:func:`dkha.runs.transform.project_blocks`: the same kernel rows, the same
+centering with the training ``mk``, ``mkm``). The result is
+``response (component, image, row, col)`` with the images' names as the ``image`` coordinate;
+grid positions outside a smaller image's grid are NaN, every patch position of an image is a
+number.
+
+    dkha maps RUN IMAGE... -o maps.zarr
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from dkha.data.ingest import grey_values
+from dkha.data.patches import extract_patches, patch_grid
+from dkha.engine.cluster import client_for
+from dkha.errors import InputError, RunDirectoryError
+from dkha.runs.run import Run, as_run
+from dkha.runs.transform import project_blocks, write_dataset
+
+#: patches per projection task
+BLOCK_PATCHES = 2048
+
+
+def patch_geometry(run: Run) -> tuple[int, int]:
+    """``(patch, step)`` of the run's training store; refuses runs not fitted on image patches."""
+    attrs = run.training_store().attrs
+    patch, step = attrs.get("patch"), attrs.get("step")
+    if patch is None or step is None:
+        raise InputError(f"the run's training store {run.store_path} was not ingested from "
+                         "images (no patch/step attrs); response maps need a run fitted on "
+                         "patches (`dkha ingest images`)")
+    if int(patch) ** 2 != run.n_features:
+        raise InputError(f"the run has {run.n_features} features, not {patch}×{patch} patches")
+    return int(patch), int(step)
+
+
+def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *,
+                  names: Sequence[str] | None = None, block: int = BLOCK_PATCHES,
+                  client=None) -> xr.DataArray:
+    """The projections of every patch position of ``images`` on the run's components.
+
+    Parameters
+    ----------
+    run : str, xarray.Dataset or Run
+        A run (batch or online) fitted on image patches.
+    images : sequence
+        Image paths (``skimage:NAME`` for scikit-image's bundled photographs), ``.npy`` files or
+        2-d arrays, read as ``dkha ingest images`` reads them.
+    names : sequence of str, optional
+        The ``image`` coordinate (default: the paths' file names, ``<array i>`` for arrays).
+    block : int
+        Patches per task.
+    client : optional
+        Where it runs (:func:`dkha.engine.cluster.client_for`).
+
+    Returns
+    -------
+    xarray.DataArray
+        ``response (component, image, row, col)``; ``row``, ``col`` index each image's patch
+        grid (the patch at ``(row, col)`` has its top left corner at pixel
+        ``(step·row, step·col)``); the coordinates ``image_rows``, ``image_cols`` give each
+        image's grid (NaN beyond it, where another image's grid is larger).
+
+    Examples
+    --------
+    >>> maps = response_maps("run", ["skimage:camera"])              # doctest: +SKIP
+    >>> maps.sel(image="camera", component=0).plot()                 # doctest: +SKIP
+    """
+    run = as_run(run)
+    patch, step = patch_geometry(run)
+    if len(images) == 0:
+        raise InputError("no images given")
+    if names is not None and len(names) != len(images):
+        raise InputError(f"{len(names)} names for {len(images)} images")
+    if int(block) < 1:
+        raise InputError(f"block must be positive, got {block}")
+    pictures, grids, labels = [], [], []
+    for i, item in enumerate(images):
+        img, name = grey_values(item, i)
+        if img.shape[0] < patch or img.shape[1] < patch:
+            raise InputError(f"image {name} of shape {img.shape} is smaller than a "
+                             f"{patch}×{patch} patch")
+        pictures.append(img)
+        grids.append(patch_grid(img.shape, patch, step))
+        labels.append(_display_name(name) if names is None else str(names[i]))
+    if len(set(labels)) != len(labels):
+        labels = [f"{i}: {n}" for i, n in enumerate(labels)]
+    # the patches as a dask array, a task per block, projected on the workers
+    parts = [da.from_array(extract_patches(img, patch, step), chunks=(int(block), -1))
+             for img in pictures]
+    with client_for(client):
+        flat = project_blocks(run, da.concatenate(parts, axis=0)).compute()
+    r = run.n_components
+    rows, cols = max(g[0] for g in grids), max(g[1] for g in grids)
+    out = np.full((r, len(pictures), rows, cols), np.nan)
+    start = 0
+    for i, (gr, gc) in enumerate(grids):
+        out[:, i, :gr, :gc] = flat[start:start + gr * gc].T.reshape(r, gr, gc)
+        start += gr * gc
+    return xr.DataArray(
+        out, dims=("component", "image", "row", "col"), name="response",
+        coords={"component": run.ds["component"].values, "image": np.array(labels, dtype=object),
+                "row": np.arange(rows), "col": np.arange(cols),
+                "image_rows": ("image", np.array([g[0] for g in grids])),
+                "image_cols": ("image", np.array([g[1] for g in grids]))},
+        attrs={"long_name": "projection on the component", "units": "1", "patch": patch,
+               "step": step, "algorithm": run.attrs.get("algorithm"),
+               "run_store": run.store_path})
+
+
+def _display_name(name: str) -> str:
+    """``skimage:camera`` → ``camera``, ``dir/photo.png`` → ``photo.png``."""
+    return name.split(":", 1)[1] if name.startswith("skimage:") else os.path.basename(name)
+
+
+def save_maps(maps: xr.DataArray, out: str, *, overwrite: bool = False) -> xr.Dataset:
+    """Write ``maps`` as a zarr store ``out`` (aside, then renamed into place)."""
+    if os.path.lexists(out) and not overwrite:
+        raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
+    ds = maps.to_dataset()
+    ds = ds.assign_coords(image=ds["image"].values.astype(np.dtypes.StringDType()))  # zarr v3 strings
+    return write_dataset(ds, out)

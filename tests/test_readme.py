@@ -1,0 +1,74 @@
+"""Every Python block of README.md runs as written, in order, in one namespace, on a small data
+store made here: the documentation cannot drift from the code."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.processes import REPO, subprocess_env
+
+#: README blocks refer to a few names the reader has: defined here on small data (image patches,
+#: so the response-map block has provenance), and one in-process Dask cluster for every fit
+PRELUDE = '''
+import matplotlib
+matplotlib.use("Agg")
+import numpy as np
+import skimage.data
+import skimage.transform
+import xarray as xr
+import distributed
+import dkha as _dkha
+import time
+_t0 = time.perf_counter()
+
+client = distributed.Client(processes=False, n_workers=1, threads_per_worker=2,
+                            dashboard_address=None)
+photos = [skimage.transform.resize(skimage.data.camera(), (16, 18), anti_aliasing=True),
+          skimage.transform.resize(skimage.data.coins(), (14, 14), anti_aliasing=True)]
+_dkha.ingest_images(photos, "data.zarr", patch=5, step=2)
+X = _dkha.open_store("data.zarr").read()
+new_samples, more_rows = X[:7], X[7:40]
+_dkha.ingest_array(X, "big.zarr")
+xr_array = xr.DataArray(X[:9], dims=("sample", "feature"),
+                        coords={"sample": np.arange(100, 109)})
+del _dkha
+'''
+
+
+def python_blocks(text: str) -> list[str]:
+    """The fenced ```python blocks of a Markdown text, in order."""
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_python_blocks_are_found():
+    blocks = python_blocks("a\n```python\nx = 1\n```\n```bash\nls\n```\n```python\ny = 2\n```\n")
+    assert blocks == ["x = 1\n", "y = 2\n"]
+
+
+@pytest.mark.slow
+def test_every_readme_python_block_runs(tmp_path):
+    with open(f"{REPO}/README.md", encoding="utf-8") as f:
+        blocks = python_blocks(f.read())
+    assert len(blocks) >= 3, "README.md lost its Python examples"
+    script = [PRELUDE]
+    for i, block in enumerate(blocks, 1):
+        script.append(f"print('README block {i} of {len(blocks)}', flush=True)\n{block}"
+                      "print(f'  {time.perf_counter() - _t0:.1f} s', flush=True)\n")
+    script.append("print('README blocks done', flush=True)\n")
+    (tmp_path / "readme.py").write_text("\n".join(script))
+    p = subprocess.run([sys.executable, "readme.py"], cwd=tmp_path, env=subprocess_env(),
+                       capture_output=True, text=True, timeout=900)
+    print(p.stdout)     # each block's seconds (pytest -rP)
+    ran = re.findall(r"README block (\d+) of", p.stdout)
+    assert p.returncode == 0, (f"README block {ran[-1] if ran else '?'} failed:\n"
+                               f"{p.stderr[-3000:]}")
+    assert ran == [str(i) for i in range(1, len(blocks) + 1)]
+    assert p.stdout.rstrip().endswith("README blocks done")
+    # what the blocks wrote is what they say: runs, a tune directory, an online run
+    for path in ("run/components.zarr", "runs/et/components.zarr", "runs/smd/components.zarr",
+                 "tune/tune.json", "tune/kha-smd/components.zarr", "online/components.zarr"):
+        assert (tmp_path / path).exists(), path
