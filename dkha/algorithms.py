@@ -4,6 +4,10 @@
   (:mod:`dkha.solvers.batch`, driven by :func:`dkha.fit.together.fit_batch`);
 * ``exact`` — the exact top eigenvectors by block Krylov products (:mod:`dkha.fit.krylov`; a
   batch estimator, but it streams no kernel rows and fits one model at a time);
+* ``default`` — ``auto``, the default: the exact top components by the fastest path, chosen by
+  a cost model (:mod:`dkha.fit.plan`: ``K'`` held whole, or blockwise Krylov); given options of
+  the KHA iterations it falls back to ``kha-smd``. Neither exact nor streamable together: it
+  fits one model at a time, and its path is decided at fit time;
 * ``online`` — one sample at a time over a dictionary (:mod:`dkha.solvers.online`, driven by
   :func:`dkha.fit.online.fit_online`).
 
@@ -15,10 +19,11 @@ from __future__ import annotations
 
 from dkha.errors import ParameterError
 
-BATCH, EXACT, ONLINE = "batch", "exact", "online"
+BATCH, EXACT, ONLINE, DEFAULT = "batch", "exact", "online", "default"
 
 #: name → family, in the order the documentation lists them
 REGISTRY: dict[str, str] = {
+    "auto": DEFAULT,
     "kha": BATCH, "kha-t": BATCH, "kha-et": BATCH, "kha-smd": BATCH,
     "krylov": EXACT,
     "on-kha": ONLINE, "oo-kha": ONLINE, "okpca": ONLINE,
@@ -26,9 +31,12 @@ REGISTRY: dict[str, str] = {
 
 #: the exact solver's name
 KRYLOV = "krylov"
+#: the default's name (:mod:`dkha.fit.plan`)
+AUTO = "auto"
 
-#: the families each estimator fits (the batch estimator fits the exact solver too)
-ESTIMATOR_FAMILIES = {"batch": (BATCH, EXACT), "online": (ONLINE,)}
+#: the families each estimator fits (the batch estimator fits the default and the exact
+#: solver too)
+ESTIMATOR_FAMILIES = {"batch": (DEFAULT, BATCH, EXACT), "online": (ONLINE,)}
 
 
 def names(*families: str) -> tuple[str, ...]:
@@ -49,3 +57,10 @@ def family(algorithm: str, *, option: str = "algorithm") -> str:
 def is_exact(algorithm: str) -> bool:
     """Whether ``algorithm`` is the exact solver (no kernel row stream, no gains)."""
     return REGISTRY.get(algorithm) == EXACT
+
+
+def streams_together(algorithm: str) -> bool:
+    """Whether ``algorithm`` can share one kernel row stream with other models (the KHA family;
+    not the exact solver, which streams no rows, nor the default, whose path is decided at fit
+    time)."""
+    return REGISTRY.get(algorithm) == BATCH

@@ -16,8 +16,9 @@ BATCH_ALGORITHMS = algorithms.names(algorithms.BATCH)
 ONLINE_ALGORITHMS = algorithms.names(algorithms.ONLINE)
 EXACT_ALGORITHM = algorithms.KRYLOV
 
-#: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`)
+#: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`); the meta-gain from the random start
 DEFAULT_MU = 0.3
+COLD_MU = 0.1
 DEFAULT_XI = 0.99
 #: the online algorithms' initial step, its decay per step and the dictionary cap
 #: (:mod:`dkha.solvers.online`)

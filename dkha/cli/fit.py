@@ -95,10 +95,23 @@ def cmd_fit(args) -> int:
         line = centering_line(model.attrs_, model.n_samples_)
         if line:
             print(line)
-        if model.history_:
-            after = (f"after {summary['pass']} Krylov products"
-                     if algorithms.is_exact(summary["algorithm"])
-                     else f"after {summary['step']} steps")
+        if "path" in model.attrs_:
+            print(f"path: {model.attrs_['path']} ({model.attrs_['path_reason']})")
+        last = model.history_[-1] if model.history_ else {}
+        if last:
+            path = model.attrs_.get("path", summary["algorithm"])
+            after = (f"after {summary['pass']} Krylov products" if algorithms.is_exact(path)
+                     else "dense" if path == "dense" else f"after {summary['step']} steps")
+        if last.get("measure") == "residual":
+            print(f"{after}: largest relative residual ‖K'v − λv‖/λ1 = {last['residual']:.2e} "
+                  "(the exact excess: dkha evaluate RUN_DIR --exact, or fit with --tol)")
+        elif last.get("measure") == "ritz":
+            kept = model.attrs_.get("kept_state")
+            print(f"{after}: tracked Σθ² = {last['captured']:.10g}, the span moved "
+                  f"{last['change']:.1e} in the last pass (the exact excess: dkha evaluate "
+                  "RUN_DIR --exact, or fit with --tol)"
+                  + (f"; kept the better state of pass {kept['pass']}" if kept else ""))
+        elif last:
             print(f"{after}: " + errors_text(summary["error"], summary["error_min"],
                                              summary["excess"], summary["excess_precision"]))
         _print_backoffs(model.backoffs_)
@@ -108,10 +121,12 @@ def cmd_fit(args) -> int:
 
 def _fit_many(args, settings: list[dict]) -> int:
     """Several batch models in one pass over the kernel rows, one run directory each."""
-    for s, family in zip(settings, _families([s["algorithm"] for s in settings])):
-        if family != algorithms.BATCH:
+    _families([s["algorithm"] for s in settings])
+    for s in settings:
+        if not algorithms.streams_together(s["algorithm"]):
             raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
-                        "(kha, kha-t, kha-et, kha-smd) to fit several together")
+                        f"({', '.join(algorithms.names(algorithms.BATCH))}) to fit several "
+                        "together")
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise RunDirectoryError(f"{args.out} exists and is not a directory")
     models = [_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dkha import config
-from dkha.algorithms import KRYLOV, is_exact
+from dkha.algorithms import AUTO, KRYLOV, is_exact
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
@@ -50,10 +50,10 @@ from dkha.runs.run import kernel_of
 from dkha.runs.transform import project_rows
 from dkha.solvers.batch import (
     ALGORITHMS,
-    DEFAULT_MU,
     DEFAULT_XI,
     default_eta0,
     default_landmarks,
+    default_mu,
 )
 from dkha.version import __version__
 
@@ -128,9 +128,10 @@ class KernelHebbianPCA(DkhaTransformer):
 
     # -- validation --
     def _validated(self, n_samples: int) -> ModelSettings:
-        algorithm = self.algorithm      # the table checked it (validated_fit, fit_together)
+        # the table checked the parameters (validated_fit, fit_together); auto may become kha-smd
+        algorithm, self._path_reason = path_of(self)
         r = fitted_components(self.n_components, n_samples)
-        init_kind, init_m = start_of(self.init, self.algorithm, n_samples, r)
+        init_kind, init_m = start_of(self.init, algorithm, n_samples, r)
         landmarks = init_m if init_kind == "nystrom" else None
         support = init_m if init_kind == "random" else None
         if landmarks is not None and landmarks < r:
@@ -138,7 +139,7 @@ class KernelHebbianPCA(DkhaTransformer):
                                  f"components ({r})")
         # None from a Nyström start: it follows from the start (fit_together, warm_eta0)
         eta0 = default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None else float(self.eta0)
-        mu = DEFAULT_MU if self.mu is None else float(self.mu)
+        mu = default_mu(warm=bool(landmarks)) if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
         if self.passes is not None and self.steps is not None:
@@ -180,6 +181,8 @@ class KernelHebbianPCA(DkhaTransformer):
             "dkha_version": __version__,
             "centering": "exact" if p.center_sample is None else "sample"})
         attrs.update({k: v for k, v in kernel.param_dict.items()})
+        if getattr(self, "_path_reason", None):     # algorithm="auto" resolved to the iterations
+            attrs.update(path=p.algorithm, path_reason=self._path_reason)
         return attrs
 
     def _keep(self, fit: ModelFit, kernel, store: DataStore, tmp_store, X_fit,
@@ -370,6 +373,21 @@ class KernelHebbianPCA(DkhaTransformer):
         return run_preimages(self.to_dataset(), Y, start, client=self.client)
 
 
+#: options of the KHA iterations: given with algorithm="auto", they make it KHA-SMD
+KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init")
+
+
+def path_of(model) -> tuple[str, str | None]:
+    """``(algorithm, reason)``: the algorithm ``model`` fits, and why where that is not its
+    ``algorithm``: ``auto`` given options of the KHA iterations (:data:`KHA_OPTIONS`) fits
+    their previous default, KHA-SMD (the default path takes no passes or gains)."""
+    asked = [n for n in KHA_OPTIONS if getattr(model, n) is not None]
+    if str(model.algorithm) != AUTO or not asked:
+        return str(model.algorithm), None
+    return "kha-smd", (f"{', '.join(asked)} given: options of the KHA iterations, so kha-smd "
+                       "(the default path takes no passes or gains)")
+
+
 def _square_kernel(K: np.ndarray) -> np.ndarray:
     """A precomputed kernel matrix: square; symmetrised as ``(K + Kᵀ)/2`` (centering and the
     solvers read one triangle; scikit-learn centers the rows and columns as given, the same
@@ -440,6 +458,9 @@ def _check_shared(models: Sequence[KernelHebbianPCA]) -> None:
                     f"model 0 has {a!r}, model {i} has {b!r}")
     if len(models) > 1 and any(is_exact(m.algorithm) for m in models):
         raise ParameterError(f"{KRYLOV} does not stream kernel rows; fit it on its own")
+    if len(models) > 1 and any(m.algorithm == AUTO for m in models):
+        raise ParameterError(f"algorithm {AUTO!r} fits one model at a time; name the algorithms "
+                             "of models fitted together")
 
 
 def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
@@ -450,7 +471,7 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
         return m.eta0 if m.eta0 is not None else default_eta0(m.algorithm, warm=m.init is None)
 
     def mu(m):
-        return m.mu if m.mu is not None else DEFAULT_MU
+        return m.mu if m.mu is not None else default_mu(warm=m.init is None)
 
     names = []
     for m in models:
@@ -524,6 +545,14 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
         raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
                              "appends each row's index), not fit_together")
     settings = [m._validated(store.n_samples) for m in models]
+    p0 = settings[0]
+    if p0.algorithm == AUTO and (resume or checkpoint_every or checkpoint_steps):
+        # checkpoints are those of the KHA iterations (the default path is one solve)
+        p0.algorithm = "kha-smd"
+        if first.eta0 is None:
+            p0.eta0 = default_eta0("kha-smd", warm=bool(p0.landmarks))
+        first._path_reason = ("checkpoints or a resume asked for: those of the KHA iterations, "
+                              "so kha-smd")
     kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma,
                             coef0=first.coef0, kernel_params=first.kernel_params)

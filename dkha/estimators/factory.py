@@ -18,7 +18,8 @@ from dkha.estimators.online import OnlineKernelPCA
 from dkha.estimators.params import BATCH, ONLINE, estimator_kwargs
 
 #: the estimator of each family, and its rows of the parameter table
-ESTIMATORS = {algorithms.BATCH: (KernelHebbianPCA, BATCH),
+ESTIMATORS = {algorithms.DEFAULT: (KernelHebbianPCA, BATCH),
+              algorithms.BATCH: (KernelHebbianPCA, BATCH),
               algorithms.EXACT: (KernelHebbianPCA, BATCH),
               algorithms.ONLINE: (OnlineKernelPCA, ONLINE)}
 
