@@ -82,7 +82,7 @@ CHILD = textwrap.dedent("""
 def photo_patches(l: int, seed: int = 0) -> np.ndarray:
     """``l`` patches drawn (seeded, without replacement) from all 11×11 patches of
     :data:`PHOTOS` on a grid of step 2."""
-    from dkha.data.store import extract_patches, read_grey_image
+    from dkha.data.patches import extract_patches, read_grey_image
 
     pool = np.concatenate([extract_patches(read_grey_image(f"skimage:{p}"), 11, 2)
                            for p in PHOTOS])
@@ -182,7 +182,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     from benchmarks._data import load_average
     from dkha import config
-    from dkha.data.store import ingest_array
+    from dkha.data.ingest import ingest_array
     from dkha.kernels import median_distance
 
     sizes = [int(s) for s in args.sizes.split(",") if s]

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.sparse.linalg import eigsh
 
-from dkha.errors import ParameterError
 from dkha.fit.batch import BatchResult
+from dkha.fit.spectrum import clip_eigenvalues
+from dkha.schedule import Stream, random_stream
 
 log = logging.getLogger(__name__)
 
@@ -65,17 +66,19 @@ def dense_fit(X: np.ndarray, kernel, r: int, *, seed: int = 0, tol: float = 0.0
     K, mk, mkm = centered_kernel(X, kernel)
     t1 = time.perf_counter()
     l = len(K)
-    v0 = np.random.default_rng([int(seed), 5]).standard_normal(l)
+    v0 = random_stream(seed, Stream.DENSE_START).standard_normal(l)
     w, V = eigsh(K, k=r, which="LA", tol=tol, v0=v0)
     order = np.argsort(w)[::-1]
     w, V = w[order], np.ascontiguousarray(V[:, order])
-    if np.any(w <= 0):
-        raise ParameterError(f"K' has fewer than {r} positive eigenvalues; ask for fewer components")
+    # round-off eigenvalues become 0 and their components null, as on the Krylov path
+    w = clip_eigenvalues(w)
     t2 = time.perf_counter()
-    alpha = (V / np.sqrt(w)).T.copy()
+    scale = np.zeros_like(w)
+    scale[w > 0] = 1.0 / np.sqrt(w[w > 0])
+    alpha = (V * scale).T.copy()
     C = w[:, None] * alpha                       # A K' = λ_i alpha_i
     KV = K @ V
-    residual = np.linalg.norm(KV - V * w, axis=0) / w
+    residual = np.linalg.norm(KV - V * w, axis=0) / np.where(w > 0, w, 1.0)
     frob2 = float(np.einsum("ij,ij->", K, K))
     # E(A)² = ‖K' − CᵀC‖² = ‖K'‖² − 2 tr(C K' Cᵀ) + ‖C Cᵀ‖², all from K' V
     CKC = float(np.sum(w * np.einsum("ij,ij->j", V, KV)))     # C = diag(√λ) Vᵀ

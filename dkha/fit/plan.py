@@ -30,8 +30,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from distributed import Client
 
 from dkha import config
+from dkha.engine.cluster import total_threads
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +140,7 @@ def cluster_threads(client) -> int:
     """The threads the blockwise passes will run on: a connected client's workers' threads, else
     (the in-process cluster, or one not yet reached) this machine's cores."""
     try:
-        from distributed import Client
-
         if isinstance(client, Client):
-            from dkha.engine.cluster import total_threads
-
             return max(1, int(total_threads(client)))
     except Exception:  # noqa: BLE001 - no worker information: the local cores
         pass
