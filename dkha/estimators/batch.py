@@ -26,6 +26,7 @@ from dkha.estimators.contract import (START_CANDIDATES, DkhaTransformer, input_k
 from dkha.estimators.params import BATCH, constraints, declare, shared_settings, validate
 from dkha.estimators.pictures import component_images, is_patch_store, projection_array
 from dkha.fit.batch import save_checkpoint
+from dkha.fit.ridge import learned_preimage
 from dkha.fit.together import (
     FitOptions,
     ModelFit,
@@ -98,6 +99,14 @@ class KernelHebbianPCA(DkhaTransformer):
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
+    dual_coef_, X_transformed_fit_ : ndarray (n_samples, n_features), (n_samples, n_components)
+        With ``fit_inverse_transform=True``: scikit-learn's learned pre-image
+        ``(k(P, P) + alpha I)⁻¹ X`` and the training projections ``P`` it regresses from
+        (dense solve up to ``dkha.dense-eigh-limit`` samples, conjugate gradients on blockwise
+        products on the workers above: :func:`dkha.fit.ridge.learned_preimage`).
+    inverse_iterations_, inverse_residual_ : int, float
+        The products ``k(P, P) V`` the conjugate gradients took (0: the dense solve) and the
+        largest relative residual they reached (at most ``dkha.ridge-tol``).
 
     References
     ----------
@@ -338,21 +347,21 @@ class KernelHebbianPCA(DkhaTransformer):
     def _fit_learned_preimage(self) -> None:
         """scikit-learn's learned pre-image (Bakır, Weston & Schölkopf 2004): kernel ridge
         regression, with the fit's kernel, from the training projections back to the inputs,
-        ``dual_coef_ = (k(P, P) + alpha I)⁻¹ X``. It needs the ``l × l`` kernel of the
-        projections, so it is offered up to ``dkha.dense-eigh-limit`` samples."""
-        from scipy import linalg
-
+        ``dual_coef_ = (k(P, P) + alpha I)⁻¹ X`` (:func:`dkha.fit.ridge.learned_preimage`): a
+        dense solve up to ``dkha.dense-eigh-limit`` samples, conjugate gradients on blockwise
+        products ``k(P, P) V`` on the workers above (``inverse_iterations_`` products, relative
+        residual ``inverse_residual_`` ≤ ``dkha.ridge-tol``)."""
         l = int(self.n_samples_)
-        limit = int(config.get("dense-eigh-limit"))
-        if l > limit:
-            raise ParameterError(f"fit_inverse_transform=True solves an l × l kernel ridge "
-                                 f"system, offered up to dkha.dense-eigh-limit ({limit}) "
-                                 f"samples, not {l}; use fit_inverse_transform='preimage'")
         X = self.X_fit_ if self.X_fit_ is not None else self.store_.read_rows(np.arange(l))
         P = self.projection_.values
-        K = self.kernel_.block(P, P)
-        K.flat[::l + 1] += self.alpha
-        self.dual_coef_ = linalg.solve(K, X, assume_a="pos", overwrite_a=True)
+        if l <= int(config.get("dense-eigh-limit")):
+            ridge = learned_preimage(P, X, self.kernel_, float(self.alpha), None)
+        else:
+            with client_for(self.client) as c:
+                ridge = learned_preimage(P, X, self.kernel_, float(self.alpha), c)
+        self.dual_coef_ = ridge.dual_coef
+        self.inverse_iterations_ = ridge.iterations
+        self.inverse_residual_ = ridge.residual
         self.X_transformed_fit_ = P
 
     def to_dataset(self):
