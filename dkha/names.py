@@ -14,8 +14,9 @@ ONLINE_ALGORITHMS = ("on-kha", "oo-kha", "okpca")
 #: the exact solver (block Krylov, :mod:`dkha.fit.krylov`)
 EXACT_ALGORITHM = "krylov"
 
-#: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`)
+#: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`); the meta-gain from the random start
 DEFAULT_MU = 0.3
+COLD_MU = 0.1
 DEFAULT_XI = 0.99
 #: the online algorithms' initial step, its decay per step and the dictionary cap
 #: (:mod:`dkha.solvers.online`)

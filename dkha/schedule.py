@@ -31,6 +31,8 @@ class Stream(enum.IntEnum):
     CENTERING_SAMPLE = 4
     #: the patches kept by an image ingest with ``max_samples`` (:mod:`dkha.data.ingest`)
     PATCH_SAMPLE = 5
+    #: the Lanczos start vector of the default fit's dense path (:mod:`dkha.fit.dense`)
+    DENSE_START = 6
 
 
 def random_stream(seed: int, stream: Stream, *more: int) -> np.random.Generator:

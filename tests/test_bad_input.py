@@ -86,7 +86,7 @@ CASES = [
     ("corrupted chunk (checksum)", ["fit", "{d}/corrupt.zarr", "-o", "{d}/r7", "--sigma", "1"], "corrupted", "r7"),
     ("missing chunk", ["fit", "{d}/missing.zarr", "-o", "{d}/r8"], "missing 1 of 6 chunks", "r8"),
     ("sigma ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r10", "--sigma", "0"], "sigma must be a positive", "r10"),
-    ("unknown algorithm", ["fit", "{d}/good.zarr", "-o", "{d}/r11", "--algorithm", "pca"], "unknown --algorithm 'pca'; choose one of kha, kha-t, kha-et, kha-smd, krylov, on-kha, oo-kha, okpca", "r11"),
+    ("unknown algorithm", ["fit", "{d}/good.zarr", "-o", "{d}/r11", "--algorithm", "pca"], "unknown --algorithm 'pca'; choose one of auto, kha, kha-t, kha-et, kha-smd, krylov, on-kha, oo-kha, okpca", "r11"),
     ("unknown kernel", ["fit", "{d}/good.zarr", "-o", "{d}/r12", "--kernel", "chi2"], "unknown kernel 'chi2'; choose one of gaussian", "r12"),
     ("eta0 ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r13", "--eta0", "-1"], "'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf)", "r13"),
     ("xi outside [0, 1]", ["fit", "{d}/good.zarr", "-o", "{d}/r14", "--xi", "1.5"], "'xi' parameter of KernelHebbianPCA must be a float in the range [0.0, 1.0]", "r14"),

@@ -100,14 +100,16 @@ def test_gains_in_units_of_kappa_make_the_fit_invariant_under_kernel_scaling(dig
 
 
 def test_fit_records_the_effective_gains(digits_store, digits, client):
-    model = KernelHebbianPCA(R, sigma=4.0, passes=1, evaluate_every=-1, client=client)
+    model = KernelHebbianPCA(R, algorithm="kha-smd", sigma=4.0, passes=1, evaluate_every=-1,
+                             client=client)
     model.fit(digits_store.path)
     _, Kc = centered_kernel_oracle(np.array(digits), "gaussian", sigma=4.0)
     a = model.attrs_
     assert a["algorithm"] == "kha-smd" and a["init"] == "nystrom:299"   # l − 1 of 300 samples
     assert a["feature_norm"] == pytest.approx(kappa_bar(Kc), rel=1e-10)
-    assert a["eta0"] is None        # from the start: 2δ (warm_eta0)
-    assert a["eta0_applied"] == pytest.approx(np.clip(2 * a["start_deficit"], 1e-8, 0.05), rel=1e-12)
+    assert a["eta0"] is None        # from the start: δ/20 (warm_eta0)
+    assert a["eta0_applied"] == pytest.approx(np.clip(0.05 * a["start_deficit"], 1e-8, 0.05),
+                                              rel=1e-12)
     assert a["gain"] == pytest.approx(a["eta0_applied"] / kappa_bar(Kc), rel=1e-10)
     assert a["meta_gain"] == pytest.approx(a["mu"] / kappa_bar(Kc), rel=1e-10)
 
@@ -144,10 +146,11 @@ def data_kinds(tmp_path_factory, digits_with_labels, seed):
 
 @pytest.mark.parametrize("kind", ["digits", "cancer", "patches"])
 def test_default_fit_is_near_exact(data_kinds, client, kind):
-    """``KernelHebbianPCA(r)`` with nothing else (KHA-SMD, the default Nyström start and
-    gains, the median width, 10 passes): excess ≤ 1e-3 against the dense oracle."""
+    """``KernelHebbianPCA(r, algorithm="kha-smd")`` with nothing else (the default Nyström
+    start and gains, the median width, 10 passes): excess ≤ 1e-3 against the dense oracle."""
     store, X = data_kinds[kind]
-    model = KernelHebbianPCA(R, evaluate_every=0, client=client).fit(store.path)
+    model = KernelHebbianPCA(R, algorithm="kha-smd", evaluate_every=0,
+                             client=client).fit(store.path)
     _, Kc = centered_kernel_oracle(X, "gaussian", sigma=model.kernel_["sigma"])
     excess = dense_excess(model.alpha_, Kc, R)
     assert excess <= 1e-3, excess

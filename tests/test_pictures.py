@@ -242,5 +242,5 @@ def test_report_axes_and_settings_read_as_a_person_expects():
     assert fig.axes[0].lines[0].get_xdata().tolist() == [0, 1, 2]
     rows = dict(settings_rows(smd, {"fit_seconds": 3.5}))
     assert rows["steps done"] == "100 000" and rows["passes done"] == "2"
-    assert rows["wall time of fitting (s)"] == "3.5" and rows["fit seconds (s)"] == "3.5"
+    assert rows["wall time of fitting (s)"] == "3.5" and rows["time: fit (s)"] == "3.5"
     assert dict(settings_rows(krylov, None))["K'V products"] == "32"

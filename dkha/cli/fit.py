@@ -79,7 +79,8 @@ def _batch_model(args, algorithm: str, eta0, mu, **overrides):
 
 def cmd_fit(args) -> int:
     settings = _model_settings(args)
-    _check_algorithm_names([s["algorithm"] for s in settings], ALGORITHMS + ("krylov",) + ONLINE)
+    _check_algorithm_names([s["algorithm"] for s in settings],
+                           ("auto",) + ALGORITHMS + ("krylov",) + ONLINE)
     if len(settings) > 1:
         return _fit_many(args, settings)
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
@@ -98,9 +99,23 @@ def cmd_fit(args) -> int:
         line = centering_line(model.attrs_, model.n_samples_)
         if line:
             print(line)
-        if model.history_:
-            after = (f"after {summary['pass']} Krylov products" if summary["algorithm"] == "krylov"
-                     else f"after {summary['step']} steps")
+        if "path" in model.attrs_:
+            print(f"path: {model.attrs_['path']} ({model.attrs_['path_reason']})")
+        last = model.history_[-1] if model.history_ else {}
+        if last:
+            path = model.attrs_.get("path", summary["algorithm"])
+            after = (f"after {summary['pass']} Krylov products" if path == "krylov"
+                     else "dense" if path == "dense" else f"after {summary['step']} steps")
+        if last.get("measure") == "residual":
+            print(f"{after}: largest relative residual ‖K'v − λv‖/λ1 = {last['residual']:.2e} "
+                  "(the exact excess: dkha evaluate RUN_DIR --exact, or fit with --tol)")
+        elif last.get("measure") == "ritz":
+            kept = model.attrs_.get("kept_state")
+            print(f"{after}: tracked Σθ² = {last['captured']:.10g}, the span moved "
+                  f"{last['change']:.1e} in the last pass (the exact excess: dkha evaluate "
+                  "RUN_DIR --exact, or fit with --tol)"
+                  + (f"; kept the better state of pass {kept['pass']}" if kept else ""))
+        elif last:
             print(f"{after}: " + errors_text(summary["error"], summary["error_min"],
                                              summary["excess"], summary["excess_precision"]))
         _print_backoffs(model.backoffs_)
@@ -111,7 +126,7 @@ def cmd_fit(args) -> int:
 def _fit_many(args, settings: list[dict]) -> int:
     """Several batch models in one pass over the kernel rows, one run directory each."""
     for s in settings:
-        if s["algorithm"] in ONLINE or s["algorithm"] == "krylov":
+        if s["algorithm"] in ONLINE or s["algorithm"] in ("krylov", "auto"):
             raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
                         "(kha, kha-t, kha-et, kha-smd) to fit several together")
     if os.path.lexists(args.out) and not os.path.isdir(args.out):

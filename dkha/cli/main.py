@@ -6,7 +6,7 @@
     dkha fit STORE.zarr -o RUN_DIR --algorithm kha-smd --components R ...
     dkha fit STORE.zarr -o RUN_DIR --algorithm kha-t,kha-et,kha-smd --eta0 0.5,0.2,0.2
     dkha tune STORE.zarr -o TUNE_DIR --algorithm kha-smd --passes 3
-    dkha evaluate RUN_DIR [--variance] [--json]
+    dkha evaluate RUN_DIR [--exact] [--variance] [--json]
     dkha transform RUN_DIR NEW.zarr -o OUT.zarr
     dkha report RUN_DIR
     dkha maps RUN_DIR IMAGE... -o MAPS.zarr
@@ -39,6 +39,7 @@ from dkha.estimators.batch import KernelHebbianPCA
 from dkha.fit.ac_index import ACReference
 from dkha.fit.control import STOP
 from dkha.fit.evaluate import evaluate
+from dkha.fit.spectrum import cached_top_eigenvalues
 from dkha.pipeline.report import report_run
 from dkha.pipeline.runner import run_file
 from dkha.runs.maps import response_maps, save_maps
@@ -74,19 +75,27 @@ def cmd_evaluate(args) -> int:
     r = ds.sizes["component"]
     with client_for(**cluster_kwargs(args)) as client:
         engine = run.engine(client, cache_rows=args.cache_rows)
-        ev = evaluate(engine, ds["alpha"].values,
-                      None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig))
+        known = None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig)
+        if known is None and not (args.exact or args.recompute):
+            known = cached_top_eigenvalues(engine, r)
+        if known is None and not (args.exact or args.recompute):
+            known = np.full(r, np.nan)      # E(A) only: E_min is asked for with --exact
+        ev = evaluate(engine, ds["alpha"].values, known)
         out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),
                "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client),
                **centering_summary(ds.attrs)}
     if args.json:
         print(json.dumps(out))
     else:
-        precision = excess_precision(ev.error_min, eig if eig and len(eig) >= r else None,
-                                     int(ds.sizes["sample"]))
-        d = pair_digits(ev.excess, precision)
-        print(f"E(A)   = {ev.error:.{d}g}\nE_min  = {ev.error_min:.{d}g}\n"
-              f"excess = {excess_text(ev.excess, precision)}")
+        if ev.error_min != ev.error_min:
+            print(f"E(A)   = {ev.error:.10g}\nE_min  = not computed: the exact top eigenvalues of "
+                  "K' are neither in the run nor cached in the data store (--exact computes them)")
+        else:
+            precision = excess_precision(ev.error_min, eig if eig and len(eig) >= r else None,
+                                         int(ds.sizes["sample"]))
+            d = pair_digits(ev.excess, precision)
+            print(f"E(A)   = {ev.error:.{d}g}\nE_min  = {ev.error_min:.{d}g}\n"
+                  f"excess = {excess_text(ev.excess, precision)}")
         _print_variance(out)
         line = centering_line(ds.attrs, int(ds.sizes["sample"]))
         if line:

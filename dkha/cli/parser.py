@@ -210,6 +210,11 @@ def _evaluate_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--recompute", action="store_true",
                    help="recompute the top eigenvalues of K' instead of reusing the fit's")
+    p.add_argument("--exact", action="store_true",
+                   help="the exact E_min even where neither the fit nor the data store's cache "
+                        "has the top eigenvalues of K' (a Krylov solve: as costly as an exact "
+                        "fit; cached in the data store for later fits and evaluations); without "
+                        "it such a run shows E(A) only")
     p.add_argument("--variance", action="store_true",
                    help="also Honeine's explained variance per component (eq. 23), blockwise "
                         "over the training store")

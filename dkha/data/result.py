@@ -12,6 +12,11 @@
   variable carries ``long_name`` and ``units`` attrs (:data:`HISTORY_ATTRS`). Runs saved before
   held ``pass``, ``step``, ``wall_time`` as data variables: :func:`load` makes them
   coordinates;
+  where entries say which measure they are, the attr ``history_measures`` (one per entry:
+  ``"exact"``: eq. 22 against the exact ``E_min``; ``"residual"``: the largest relative residual
+  ``‖K'v − θv‖/θ`` of a Krylov solve; ``"ritz"``: a KHA pass tracked without ``E_min``,
+  :mod:`dkha.fit.track`; ``error``/``excess`` NaN for both) and the variables ``residual``,
+  ``captured`` and ``change`` (NaN where an entry has none);
 * the backoffs over ``backoff`` (a step guard tripped; the fit rolled back to the start of the
   block and halved its gain): ``backoff_step``, ``backoff_pass`` (of the bad step),
   ``backoff_gain_before``, ``backoff_gain_after`` (the effective η0) — empty when none;
@@ -50,6 +55,10 @@ HISTORY_ATTRS = {
                            "units": "1"},
 }
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
+#: the figures of entries that are not exact evaluations (NaN where an entry has none):
+#: ``residual`` (Krylov: the largest ‖K'v − θv‖/λ_1), ``captured`` and ``change`` (tracked KHA
+#: passes, :mod:`dkha.fit.track`)
+TRACKED_FIELDS = ("residual", "captured", "change")
 # attrs that identify a run: a directory holding a run that differs in any of these is "different"
 IDENTITY_ATTRS = ("algorithm", "kernel", "kernel_parameters", "n_components", "eta0", "mu", "xi",
                   "rho0", "n_steps", "seed", "store", "init", "nu", "gain_decay", "tau", "max_members",
@@ -61,6 +70,10 @@ def history_dataset(history: list[dict]) -> dict:
     for f in HISTORY_FIELDS:
         dtype = np.int64 if f in ("pass", "step") else np.float64
         data[f] = ("evaluation", np.array([h[f] for h in history], dtype=dtype))
+    if any("measure" in h for h in history):     # which measure each entry is: build_dataset
+        for f in TRACKED_FIELDS:
+            data[f] = ("evaluation", np.array([h.get(f, np.nan) for h in history],
+                                              dtype=np.float64))
     return data
 
 
@@ -113,6 +126,9 @@ def history_of(ds: xr.Dataset) -> list[dict]:
         for k in names:
             v = ds[k].values[i]
             entry[k] = v.copy() if np.ndim(v) else v.item()
+        measures = ds.attrs.get("history_measures")
+        if measures is not None and i < len(measures):
+            entry["measure"] = measures[i]
         out.append(entry)
     return out
 
@@ -131,6 +147,8 @@ def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict]
         data.update(extra)
     ds = with_history_coords(xr.Dataset(data, coords={"component": np.arange(alpha.shape[0])}))
     attrs = dict(attrs)
+    if any("measure" in h for h in history):
+        attrs["history_measures"] = [str(h.get("measure", "exact")) for h in history]
     if mkm is not None:
         attrs["mkm"] = float(mkm)
     ds.attrs.update(jsonable(attrs))

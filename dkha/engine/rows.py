@@ -49,6 +49,7 @@ import numpy as np
 
 from dkha import config
 from dkha.data.store import DataStore
+from dkha.engine.budget import memory_plan
 from dkha.engine.cluster import share_storage_options, total_threads
 from dkha.engine.mkrow import mk_row
 from dkha.engine.passes import ClusterPasses
@@ -147,7 +148,9 @@ class RowEngine:
         With all parameters set (``sigma`` resolved).
     client : distributed.Client
     block_rows, prefetch, column_groups : int, optional
-        Default from ``dkha.block-rows``, ``dkha.prefetch``, ``dkha.column-groups``.
+        Default: block rows and prefetch from ``dkha.memory-budget`` (at most ``dkha.block-rows``,
+        ``dkha.prefetch``; :func:`dkha.engine.budget.memory_plan`, the plan in :attr:`memory`),
+        ``dkha.column-groups``.
     projections : {"auto", "coordinator", "workers"}, optional
         Where a batch solver's block projections are computed (module docstring); default
         ``dkha.projections`` (``auto``: :func:`choose_projections`, the choice and its reason
@@ -202,8 +205,11 @@ class RowEngine:
         # ‖K'‖² − Σλ² cancels, and float32 tiles moved E_min by 1.6e-5 on the digits
         self.exact_kernel = self.kernel.computed_with(precision="float64")
         self.client = client
-        self.block_rows = int(config.get("block-rows", block_rows))
-        self.prefetch = max(1, int(config.get("prefetch", prefetch)))
+        threads = total_threads(client)
+        # block rows, prefetch and tile side from dkha.memory-budget (dkha.engine.budget)
+        self.memory = memory_plan(store.n_samples, client, threads=threads,
+                                  block_rows=block_rows, prefetch=prefetch)
+        self.block_rows, self.prefetch = self.memory.block_rows, self.memory.prefetch
         ng = config.get("column-groups", column_groups)
         if ng is None:
             ng = total_threads(client)
@@ -211,9 +217,7 @@ class RowEngine:
         self.all_ranges = tuple(r for g in self.column_groups for r in g)
         # square tiles for the MK row and evaluation: at most dkha.tile-rows rows a side, and
         # enough of them to keep every thread busy
-        tile_rows = int(config.get("tile-rows"))
-        threads = total_threads(client)
-        self.tile_groups = _tile_ranges(store.n_samples, threads, tile_rows)
+        self.tile_groups = _tile_ranges(store.n_samples, threads, self.memory.tile_rows)
         self.cache_rows = bool(config.get("row-cache", cache_rows))
         self.tile_cache: TileCache | None = None
         if self.cache_rows:

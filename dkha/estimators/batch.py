@@ -28,6 +28,7 @@ from dkha.estimators.pictures import component_images, is_patch_store, projectio
 from dkha.fit.batch import save_checkpoint
 from dkha.fit.ridge import learned_preimage
 from dkha.fit.together import (
+    AUTO,
     FitOptions,
     ModelFit,
     ModelSettings,
@@ -40,11 +41,11 @@ from dkha.kernels import precomputed_rows
 from dkha.runs.run import kernel_of
 from dkha.solvers.batch import (
     ALGORITHMS,
-    DEFAULT_MU,
     DEFAULT_XI,
     check_algorithm,
     default_eta0,
     default_landmarks,
+    default_mu,
 )
 from dkha.version import __version__
 
@@ -128,10 +129,10 @@ class KernelHebbianPCA(DkhaTransformer):
     _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
-    def _init(self, n_samples: int, r: int) -> tuple[str, int | None]:
+    def _init(self, n_samples: int, r: int, algorithm: str | None = None) -> tuple[str, int | None]:
         """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
         (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
-        if self.init is None and self.algorithm == "krylov":
+        if self.init is None and (algorithm or self.algorithm) == "krylov":
             return "random", None
         if self.init is None:
             m = default_landmarks(n_samples, r)
@@ -152,16 +153,23 @@ class KernelHebbianPCA(DkhaTransformer):
 
     def _validated(self, n_samples: int) -> ModelSettings:
         validate(self, BATCH)
-        if self.algorithm == "krylov":
-            algorithm = "krylov"
-        elif self.algorithm not in ALGORITHMS:
-            raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of "
+        algorithm, self._path_reason = str(self.algorithm), None
+        if algorithm == "auto":
+            asked = [n for n in KHA_OPTIONS if getattr(self, n) is not None]
+            if asked:   # options of the paper's iterations: the previous default, KHA-SMD
+                algorithm = "kha-smd"
+                self._path_reason = (f"{', '.join(asked)} given: options of the KHA iterations, "
+                                     "so kha-smd (the default path takes no passes or gains)")
+        if algorithm in ("krylov", "auto"):
+            pass
+        elif algorithm not in ALGORITHMS:
+            raise ParameterError(f"unknown algorithm {self.algorithm!r}; choose one of auto, "
                                  f"{', '.join(ALGORITHMS)}, krylov (or on-kha, oo-kha, okpca with "
                                  "dkha.estimators.online.OnlineKernelPCA)")
         else:
-            algorithm = check_algorithm(self.algorithm)
+            algorithm = check_algorithm(algorithm)
         r = fitted_components(self.n_components, n_samples)
-        init_kind, init_m = self._init(n_samples, r)
+        init_kind, init_m = self._init(n_samples, r, algorithm)
         landmarks = init_m if init_kind == "nystrom" else None
         support = init_m if init_kind == "random" else None
         if landmarks is not None and landmarks < r:
@@ -169,7 +177,7 @@ class KernelHebbianPCA(DkhaTransformer):
                                  f"components ({r})")
         # None from a Nyström start: it follows from the start (fit_together, warm_eta0)
         eta0 = default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None else float(self.eta0)
-        mu = DEFAULT_MU if self.mu is None else float(self.mu)
+        mu = default_mu(warm=bool(landmarks)) if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
         if self.passes is not None and self.steps is not None:
@@ -212,6 +220,8 @@ class KernelHebbianPCA(DkhaTransformer):
                  "centering": "exact" if p.center_sample is None else "sample",
                  "center_sample": p.center_sample}
         attrs.update({k: v for k, v in kernel.param_dict.items()})
+        if getattr(self, "_path_reason", None):     # algorithm="auto" resolved to the iterations
+            attrs.update(path=p.algorithm, path_reason=self._path_reason)
         return attrs
 
     def _keep(self, fit: ModelFit, kernel, store: DataStore, tmp_store, X_fit,
@@ -476,6 +486,10 @@ class KernelHebbianPCA(DkhaTransformer):
             return RunPreimages(self.to_dataset(), c).from_projections(Y, start).Z
 
 
+#: options of the KHA iterations: given with algorithm="auto", they make it KHA-SMD
+KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init")
+
+
 def _square_kernel(K: np.ndarray) -> np.ndarray:
     """A precomputed kernel matrix: square; symmetrised as ``(K + Kᵀ)/2`` (centering and the
     solvers read one triangle; scikit-learn centers the rows and columns as given, the same
@@ -523,6 +537,9 @@ def _check_shared(models: Sequence[KernelHebbianPCA]) -> None:
                     f"model 0 has {a!r}, model {i} has {b!r}")
     if len(models) > 1 and any(m.algorithm == "krylov" for m in models):
         raise ParameterError("krylov does not stream kernel rows; fit it on its own")
+    if len(models) > 1 and any(m.algorithm == "auto" for m in models):
+        raise ParameterError("algorithm 'auto' fits one model at a time; name the algorithms of "
+                             "models fitted together")
 
 
 def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
@@ -533,7 +550,7 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
         return m.eta0 if m.eta0 is not None else default_eta0(m.algorithm, warm=m.init is None)
 
     def mu(m):
-        return m.mu if m.mu is not None else DEFAULT_MU
+        return m.mu if m.mu is not None else default_mu(warm=m.init is None)
 
     names = []
     for m in models:
@@ -596,6 +613,14 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
         raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
                              "appends each row's index), not fit_together")
     settings = [m._validated(store.n_samples) for m in models]
+    p0 = settings[0]
+    if p0.algorithm == AUTO and (resume or checkpoint_every or checkpoint_steps):
+        # checkpoints are those of the KHA iterations (the default path is one solve)
+        p0.algorithm = "kha-smd"
+        if first.eta0 is None:
+            p0.eta0 = default_eta0("kha-smd", warm=bool(p0.landmarks))
+        first._path_reason = ("checkpoints or a resume asked for: those of the KHA iterations, "
+                              "so kha-smd")
     kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma,
                             coef0=first.coef0, kernel_params=first.kernel_params)

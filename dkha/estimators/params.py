@@ -30,6 +30,7 @@ from typing import Any
 from dkha.errors import ParameterError
 from dkha.names import (
     BATCH_ALGORITHMS,
+    COLD_MU,
     DEFAULT_MU,
     DEFAULT_XI,
     EXACT_ALGORITHM,
@@ -185,14 +186,19 @@ PARAMETERS: tuple[Param, ...] = (
           "(``l − 1`` are fitted: refused above ``dkha.dense-eigh-limit`` samples).",
           POSITIVE_INT, key="components", cli={"type": "positive_int", "aliases": ["-r"]},
           none=True, doc_type="int or None, default 8", short="number of components r (default 8)"),
-    Param("algorithm", "kha-smd",
-          "Constant gain (eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent "
-          "(Algorithm 1) on top of eq. 12, or the exact top eigenvectors by a block Krylov "
-          "method (LOBPCG) whose products are blockwise passes.",
-          Options(BATCH_ALGORITHMS + (EXACT_ALGORITHM,)), models=(BATCH,), shared=False,
-          doc_type='{"kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "kha-smd"',
-          short="one of " + ", ".join(BATCH_ALGORITHMS + (EXACT_ALGORITHM,)
-                                      + ONLINE_ALGORITHMS)
+    Param("algorithm", "auto",
+          "``auto``: the exact top components by the fastest path on the machine at hand "
+          "(:mod:`dkha.fit.plan`: ``K'`` held whole where it fits ``dkha.dense-bytes``, "
+          "otherwise blockwise Krylov from a Nyström start), the choice and its reason in the "
+          "attrs ``path`` and ``path_reason``; or one of the paper's algorithms: constant gain "
+          "(eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent (Algorithm 1) on top "
+          "of eq. 12; or the exact top eigenvectors by a block Krylov method (LOBPCG) whose "
+          "products are blockwise passes.",
+          Options(("auto",) + BATCH_ALGORITHMS + (EXACT_ALGORITHM,)), models=(BATCH,),
+          shared=False,
+          doc_type='{"auto", "kha", "kha-t", "kha-et", "kha-smd", "krylov"}, default "auto"',
+          short="auto (default: the fastest exact path, chosen by a cost model), or one of "
+          + ", ".join(BATCH_ALGORITHMS + (EXACT_ALGORITHM,) + ONLINE_ALGORITHMS)
           + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
           "several models in one pass over the kernel rows, each in "
           "RUN_DIR/<algorithm>[-eta0=V][-mu=V]"),
@@ -248,8 +254,8 @@ PARAMETERS: tuple[Param, ...] = (
           "the decay ``l/(t + l)``, ``κ̄`` the weighted mean squared feature-space norm of the "
           "centered samples (:func:`~dkha.solvers.batch.feature_norm`; stable below about 2 on "
           "any data and kernel). Default from a Nyström start: from the start's eigenvalue "
-          "deficit δ (:func:`~dkha.solvers.batch.warm_eta0`: 2δ for kha-et and kha-smd, at most "
-          "0.05; 0.02δ for kha and kha-t); from a random start 0.05 (kha), 0.2 (kha-t), 1 "
+          "deficit δ (:func:`~dkha.solvers.batch.warm_eta0`: δ/20 for kha-et and kha-smd, at most "
+          "0.05; δ/1000 for kha and kha-t); from a random start 0.05 (kha), 0.2 (kha-t), 1 "
           "(kha-et, kha-smd). The applied gains are in the attrs (``eta0_applied``, "
           "``feature_norm``, ``gain`` = η0/κ̄, ``meta_gain`` = μ/κ̄, ``start_deficit``).",
           POSITIVE, models=(BATCH,), shared=False,
@@ -261,11 +267,13 @@ PARAMETERS: tuple[Param, ...] = (
           "(1 for the gaussian and laplacian kernels); the applied one is the attr ``gain``.",
           POSITIVE, models=(ONLINE,),
           shared=False, doc_type=f"float, default {ONLINE_DEFAULT_ETA0}"),
-    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {DEFAULT_MU}).",
+    Param("mu", None, f"SMD's meta-gain in units of 1/κ̄ (default {DEFAULT_MU} from the Nyström "
+          f"start, {COLD_MU} from the random start).",
           NON_NEGATIVE,
           models=(BATCH,), shared=False,
           cli={"type": "float_list", "metavar": "MU[,MU...]", "group": _GAINS_GROUP},
-          doc_type="float, optional", short=f"SMD meta-gain (default {DEFAULT_MU})"),
+          doc_type="float, optional", short=f"SMD meta-gain (default {DEFAULT_MU}; {COLD_MU} "
+          "from --init random)"),
     Param("xi", None, f"SMD's decay factor (default {DEFAULT_XI}).", UNIT,
           models=(BATCH,), shared=False, cli={"type": float, "group": _GAINS_GROUP},
           doc_type="float, optional", short=f"SMD decay (default {DEFAULT_XI})"),

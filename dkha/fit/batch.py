@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dkha import schedule
+from dkha import config, schedule
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
 from dkha.errors import Interrupted, NumericalError, ParameterError
 from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import announce_cost, evaluate_many, projections, projections_many
 from dkha.fit.spectrum import top_eigenvalues
+from dkha.fit.track import MEASURE as TRACKED
+from dkha.fit.track import state_of, tracked
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, feature_norm, initial_coefficients
 from dkha.solvers.factored import FactoredState
 
@@ -42,6 +44,9 @@ class BatchResult:
     #: ``C = A K'`` (component × sample) of the final ``alpha``: the training samples'
     #: projections, which the final evaluation and eq. 13 use anyway
     projection: np.ndarray | None = None
+    #: where the state kept is not the last one (a tracked evaluation found an earlier pass
+    #: better): ``{"pass", "step", "captured", "captured_last"}``; None otherwise
+    kept: dict | None = None
 
 
 def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
@@ -86,6 +91,11 @@ class _Model:
     history: list = field(default_factory=list)
     active: bool = True          # still taking steps (false once converged or diverged)
     failure: str | None = None
+    #: tracked evaluations: the best entry so far ``{"captured", "step", "pass"}`` with its
+    #: ``A`` and ``C`` (the state kept if the end is worse), and the last span (its change)
+    best: dict | None = None
+    best_arrays: tuple | None = None
+    previous: tuple | None = None
 
 
 def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
@@ -128,6 +138,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     tols = list(tol) if isinstance(tol, (list, tuple)) else [tol] * len(solvers)
     if any(t is not None for t in tols) and evaluate_every < 1:
         evaluate_every = 1
+    # the exact E_min only when asked for: a tol on the excess, or dkha.evaluation: exact
+    exact = any(t is not None for t in tols) or str(config.get("evaluation")) == "exact"
     models = [_Model(s, t) for s, t in zip(solvers, tols)]
     for s in solvers:
         s.log_level = divergence_level
@@ -135,7 +147,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                            checkpoint_metas or [None] * len(models)):
         m.checkpointer, m.meta = ck, meta
     fit = _SharedStream(engine, models, n_steps=n_steps, seed=seed, evaluate_every=evaluate_every,
-                        divergence_level=divergence_level)
+                        divergence_level=divergence_level, exact=exact)
     C1 = fit.restore(resumes) if resumes is not None else fit.start(A_init, C_init)
     unset = [s for s in solvers if s.feature_norm is None]
     if unset:       # the gains' unit κ̄ from the centered diagonal (O(l n); no kernel rows)
@@ -169,8 +181,9 @@ class _SharedStream:
     """The state of :func:`run_batches`: its models, the shared evaluations and the driver."""
 
     def __init__(self, engine, models: list[_Model], *, n_steps: int, seed: int,
-                 evaluate_every: int, divergence_level: int = logging.WARNING):
+                 evaluate_every: int, divergence_level: int = logging.WARNING, exact: bool = True):
         self.engine, self.models = engine, models
+        self.exact = exact
         self.divergence_level = divergence_level
         self.n_steps, self.seed, self.evaluate_every = n_steps, seed, evaluate_every
         self.l, self.r = engine.n_samples, models[0].solver.r
@@ -197,6 +210,10 @@ class _SharedStream:
             s.state = state_from_arrays(type(s.state), arrays, ck.meta["state_scalars"])
             m.history = list(ck.meta["history"])
             s.backoffs = list(ck.meta.get("backoffs", []))
+            if ck.meta.get("best") is not None:      # tracked evaluations: the best so far
+                m.best = dict(ck.meta["best"])
+                m.best_arrays = (ck.arrays["best.A"], ck.arrays["best.C"])
+                m.previous = (ck.arrays["previous.A"], ck.arrays.get("previous.Li"))
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         self.fit_seconds = float(first.meta["fit_seconds"])
         if "top_eigenvalues" in first.arrays:
@@ -226,11 +243,14 @@ class _SharedStream:
                 save_checkpoint(m.checkpointer, m.solver, self.engine.mk, self.engine.mkm,
                                 history=m.history, top_eigenvalues=self.eig_top,
                                 fit_seconds=seconds, meta=m.meta, n_steps=self.n_steps,
-                                pass_end_pending=pass_end_pending)
+                                pass_end_pending=pass_end_pending, tracked=m)
 
     def record(self, which: list[_Model], Cs=None, shared_start: bool = False) -> None:
         """Evaluate ``which`` (one pass for C unless given, one for the residuals)."""
         if not which:
+            return
+        if not self.exact:
+            self.track(which, Cs)
             return
         engine = self.engine
         announce_cost(engine, passes=(Cs is None) + 1, krylov=self.eig_top is None)
@@ -258,6 +278,36 @@ class _SharedStream:
         shown = [m.history[-1]["excess"] for m in self.models if m.history]
         if shown and self.driver is not None:
             self.driver.show(excess=f"{min(shown):.2e}")
+
+    def track(self, which: list[_Model], Cs=None) -> None:
+        """Tracked evaluations of ``which`` (:mod:`dkha.fit.track`): from each state's ``C``
+        (KHA/et, SMD; given as ``Cs``, or one projection pass for the others), no ``E_min``.
+        The best entry's state is kept: the fit never ends worse than its best evaluation."""
+        seconds = self.fit_seconds if self.driver is None else self.driver.seconds
+        if Cs is None:
+            kept = [getattr(m.solver.state, "C", None) for m in which]
+            missing = [m.solver.A for m, C in zip(which, kept) if C is None]
+            computed = iter(projections_many(self.engine, missing) if missing else [])
+            Cs = [next(computed) if C is None else np.array(C) for C in kept]
+        for m, C in zip(which, Cs):
+            A = m.solver.A
+            t = m.solver.state.t
+            pass_index = -(-t // self.l)
+            got = tracked(A, C, m.previous)
+            m.previous = state_of(A, C)
+            m.history.append({"pass": pass_index, "step": t, "error": float("nan"),
+                              "error_min": float("nan"), "excess": float("nan"),
+                              "wall_time": seconds, "measure": TRACKED, **got})
+            log.info("%s pass %d step %d: captured Σθ² %.10g, span change %.2e",
+                     m.solver.algorithm, pass_index, t, got["captured"], got["change"])
+            if m.best is None or got["captured"] > m.best["captured"]:
+                m.best = {"captured": got["captured"], "step": t, "pass": pass_index}
+                m.best_arrays = (np.array(A, copy=True), np.array(C, copy=True))
+        if self.driver is not None:
+            shown = [m.history[-1]["change"] for m in self.models if m.history]
+            shown = [v for v in shown if v == v]
+            if shown:
+                self.driver.show(change=f"{max(shown):.1e}")
 
     def stopped(self, exc: Interrupted) -> Interrupted:
         """The error to raise for a stop asked outside the driver's check between blocks
@@ -353,8 +403,8 @@ class _SharedStream:
         eq. 18) instead of a pass."""
         engine, models = self.engine, self.models
         done = [m for m in models if m.failure is None]
-        kept = [getattr(m.solver.state, "C", None) if self.evaluate_every < 0 else None
-                for m in done]
+        kept = [getattr(m.solver.state, "C", None)
+                if self.evaluate_every < 0 or not self.exact else None for m in done]
         missing = [m.solver.A for m, C in zip(done, kept) if C is None]
         computed = iter(projections_many(engine, missing) if missing else [])
         Cs = [next(computed) if C is None else np.array(C) for C in kept]
@@ -374,10 +424,21 @@ class _SharedStream:
                                            backoffs=list(m.solver.backoffs)))
                 continue
             A, C = m.solver.A, next(Cs)
+            kept = None
+            last = m.history[-1] if m.history else {}
+            if (m.best is not None and last.get("measure") == TRACKED
+                    and m.best["step"] != last["step"]
+                    and last["captured"] < m.best["captured"]):
+                # the end is worse than an earlier evaluation: that state is the result
+                A, C = m.best_arrays
+                kept = dict(m.best, captured_last=last["captured"])
+                log.info("%s: the state of pass %d captures more than the last (%.10g > "
+                         "%.10g): it is the result", m.solver.algorithm, m.best["pass"],
+                         m.best["captured"], last["captured"])
             results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
                                        history=m.history, top_eigenvalues=self.eig_top,
                                        wall_time=seconds, stream_stats=stats, projection=C,
-                                       backoffs=list(m.solver.backoffs)))
+                                       backoffs=list(m.solver.backoffs), kept=kept))
         return results
 
 
@@ -443,7 +504,8 @@ class PassMeter:
 
 def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, *,
                     history: list, top_eigenvalues: np.ndarray | None, fit_seconds: float,
-                    meta: dict | None, n_steps: int, pass_end_pending: bool = False) -> str:
+                    meta: dict | None, n_steps: int, pass_end_pending: bool = False,
+                    tracked=None) -> str:
     """Write ``solver``'s complete state (with the centering ``mk``, ``mkm``) as a checkpoint.
 
     ``pass_end_pending``: written after a pass's last block but before its end-of-pass work
@@ -453,7 +515,14 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
     out["mk"] = mk
     if top_eigenvalues is not None:
         out["top_eigenvalues"] = np.asarray(top_eigenvalues)
-    meta = dict(meta or {}, mkm=mkm, history=history, fit_seconds=fit_seconds,
+    best = None
+    if tracked is not None and tracked.best is not None:     # tracked evaluations' best state
+        best = tracked.best
+        out["best.A"], out["best.C"] = tracked.best_arrays
+        out["previous.A"] = tracked.previous[0]
+        if tracked.previous[1] is not None:
+            out["previous.Li"] = tracked.previous[1]
+    meta = dict(meta or {}, mkm=mkm, best=best, history=history, fit_seconds=fit_seconds,
                 backoffs=solver.backoffs,
                 state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
                 pass_end_pending=pass_end_pending)

@@ -94,7 +94,7 @@ def announce_cost(engine, *, passes: int, krylov: bool) -> None:
     limit = int(config.get("dense-eigh-limit"))
     what = f"{passes} pass{'es' if passes > 1 else ''}"
     if krylov and l > limit:
-        what += " and, for E_min, one per Krylov (LOBPCG) product (typically 10–40)"
+        what += " and, for E_min, one per Krylov product (typically 8–15)"
     seconds = getattr(getattr(engine, "stats", None), "mk_pass_seconds", None)
     each = f", each about {seconds:.0f} s like the MK pass" if seconds else ""
     log.warning("evaluating at l = %d: %s over the kernel's %.2g entries%s; "

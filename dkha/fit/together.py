@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -23,13 +24,16 @@ from dkha import config, schedule
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
+from dkha.engine.budget import block_rows_for
 from dkha.engine.cluster import blas_threads_for, client_for
 from dkha.engine.rows import RowEngine
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.batch import BatchResult, run_batches
 from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
+from dkha.fit.dense import dense_fit
 from dkha.fit.krylov import run_krylov
+from dkha.fit.plan import auto_krylov_tol, plan_fit
 from dkha.kernels import make_kernel, median_distance
 from dkha.progress import Progress
 from dkha.solvers.batch import (
@@ -39,11 +43,14 @@ from dkha.solvers.batch import (
     start_deficit,
     warm_eta0,
 )
+from dkha.solvers.warmup import compile_ahead
 
 log = logging.getLogger(__name__)
 
 #: the exact solver's name: it does not stream kernel rows
 KRYLOV = "krylov"
+#: the default: the fastest exact path by a cost model (:mod:`dkha.fit.plan`)
+AUTO = "auto"
 
 
 def resolve_kernel(store, kernel: str, seed: int, **params):
@@ -248,7 +255,7 @@ def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSe
                attrs: list[dict], asked: str, opts: FitOptions):
     """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
     # what else a bit-identical continuation needs: the blocks and where they are projected
-    exact = {"block_rows": int(config.get("block-rows", stream.block_rows)),
+    exact = {"block_rows": block_rows_for(store.n_samples, stream.block_rows),
              "projections": asked, "evaluate_every": int(stream.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
     identity = tuple(k for k in result.IDENTITY_ATTRS if k != "n_steps") + ("n_samples",
@@ -285,7 +292,21 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
     asked = _asked_projections(stream, len(settings), opts)
     checkpointers, metas, cks = _open_runs(store, settings, stream, attrs, asked, opts)
     verbose = any(p.verbose for p in settings)
+    if config.get("compile-ahead"):     # the solver's loops compile while the fit starts
+        for algorithm in sorted({p.algorithm for p in settings}):
+            compile_ahead(algorithm)
     stages = _check_data(store, verbose, connect=stream.client is not None)
+    plan = None
+    if p0.algorithm == AUTO and not 0 < p0.n_components < store.n_samples - 1:
+        p0.algorithm = KRYLOV     # no components, or all of them: the exact solver's dense eigh
+    if p0.algorithm == AUTO:     # the default: the fastest path (dkha.fit.plan)
+        plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
+        attrs[0].update(plan.attrs())
+        if plan.path == "dense":
+            stages.close()
+            return [_fit_dense(store, kernel, p0, stream, attrs[0], plan, metas[0],
+                               None if checkpointers is None else checkpointers[0], opts)]
+        p0.algorithm = KRYLOV      # the attrs keep "auto" and the path
     with client_for(stream.client) as client, blas_threads_for(client):
         stages.close()
         engine = RowEngine(store, kernel, client, block_rows=stream.block_rows,
@@ -304,8 +325,17 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         # seconds before the first pass (history wall times count the passes only)
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
-                                   "reason": engine.projections_reason}}
-        if p0.algorithm == KRYLOV or p0.n_components == 0:    # 0: K' = 0, nothing to fit
+                                   "reason": engine.projections_reason},
+                   "memory": engine.memory.as_dict()}
+        if plan is not None:    # the default's Krylov path: exact evaluation only when asked
+            results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
+                                  tol=auto_krylov_tol(p0.tol),
+                                  with_evaluation=(p0.tol is not None or
+                                                   str(config.get("evaluation")) == "exact"),
+                                  tracked=stream.evaluate_every >= 0)]
+            timings["path"] = plan.attrs()
+            solvers = [None]
+        elif p0.algorithm == KRYLOV or p0.n_components == 0:    # 0: K' = 0, nothing to fit
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=p0.tol if p0.tol is not None else 1e-8,
                                   with_evaluation=stream.evaluate_every >= 0)]
@@ -337,6 +367,8 @@ def _fits(settings, attrs, results, solvers, metas, checkpointers, engine,
         if res.failure is None:
             a = dict(a, top_eigenvalues=None if res.top_eigenvalues is None
                      else [float(v) for v in res.top_eigenvalues])
+            if res.kept is not None:    # an earlier pass was better than the end: its state
+                a["kept_state"] = dict(res.kept)
             if solver is not None:      # the gains as applied (eta0 and mu in units of κ̄)
                 a.update(solver.effective_gains(), eta0_applied=solver.eta0,
                          start_deficit=metas[i].get("start_deficit"))
@@ -344,3 +376,20 @@ def _fits(settings, attrs, results, solvers, metas, checkpointers, engine,
                              timings=t, solver=solver, meta=metas[i],
                              checkpointer=None if checkpointers is None else checkpointers[i]))
     return fits
+
+
+def _fit_dense(store: DataStore, kernel, p: ModelSettings, stream: StreamSettings, attrs: dict,
+               plan, meta: dict, checkpointer, opts: FitOptions) -> ModelFit:
+    """The default fit's dense path (:func:`dkha.fit.dense.dense_fit`): in this process, no
+    cluster (one only for ``opts.extras``, e.g. the component pictures of patch data)."""
+    res, mk, mkm, stats = dense_fit(store.read(), kernel, p.n_components, seed=stream.seed)
+    timings = {"centering": 0.0, "init": 0.0, "path": plan.attrs(), "stream": res.wall_time,
+               "passes": list(stats.passes), "replicas": {"rebuilds": 0, "moves": 0},
+               "projections": {"asked": None, "chosen": "dense", "reason": plan.reason}}
+    a = dict(attrs, top_eigenvalues=[float(v) for v in res.top_eigenvalues])
+    fit = ModelFit(settings=p, attrs=a, result=res, mk=mk, mkm=mkm, timings=timings,
+                   solver=None, meta=meta, checkpointer=checkpointer)
+    if opts.extras is not None:
+        with client_for(stream.client) as client:
+            opts.extras([fit], SimpleNamespace(store=store, mk=mk, mkm=mkm), client)
+    return fit

@@ -126,7 +126,10 @@ def convergence_figure(datasets: dict):
         ax.set_ylabel("AC index" if kind == "online" else "excess error E/E_min − 1")
         ax.set_title({"pass": "iterative batch algorithms", "krylov": "exact (krylov)",
                       "online": "online algorithms"}[kind])
-        if panels[kind]:
+        if kind != "online" and not any((ds["excess"].values > 0).any() for _, ds in panels[kind]):
+            ax.text(0.5, 0.5, "excess error at round-off (≤ 0) at every evaluation",
+                    ha="center", va="center", transform=ax.transAxes)
+        elif panels[kind]:
             ax.legend()
             ax.grid(True, which="both", alpha=0.3)
         else:
@@ -276,11 +279,10 @@ def settings_rows(ds, timings: dict | None) -> list[tuple[str, str]]:
             if k in last.variables and np.isfinite(float(last[k])):
                 v = last[k].item()
                 rows.append((label, _number(int(v) if k in ("pass", "step") else float(v))))
-    for k, v in (timings or {}).items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "passes":
-            rows.append((f"{k.replace('_', ' ')} (s)" if "second" in k or k.endswith("time")
-                         or k in ("fit", "mk", "init", "evaluation", "total") else
-                         k.replace("_", " "), _number(float(v))))
+    for k, v in (timings or {}).items():     # timings.json: seconds per phase of the fit
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            name = k.replace("_", " ").removesuffix(" seconds")
+            rows.append((f"time: {name} (s)", _number(float(v))))
     backoffs = ds.sizes.get("backoff", 0)
     if backoffs:
         rows.append(("backoffs (step guard)", str(backoffs)))

@@ -96,6 +96,15 @@ class Run:
                              f"samples; the run was fitted on {self.ds.sizes['sample']}")
         engine = RowEngine(store, self.kernel, client, cache_rows=cache_rows)
         engine.set_mk(self.ds["mk"].values, float(self.ds.attrs["mkm"]))
+        # what the row is (as RowEngine.compute_mk describes it): keys the store's caches
+        a = self.ds.attrs
+        centering = {"kernel": engine.kernel.name, "parameters": engine.kernel.param_dict,
+                     "centering": a.get("centering", "exact")}
+        if engine.kernel.precision != "float64":
+            centering["precision"] = engine.kernel.precision
+        if centering["centering"] == "sample":
+            centering.update(center_sample=int(a["center_sample"]), seed=int(a["seed"]))
+        engine.centering = dict(centering, cached=True)
         return engine
 
     def dictionary_part(self) -> xr.Dataset:

@@ -131,6 +131,15 @@ def apply_na_right(X, a, cb, y, z, xi, out):
 
 
 @njit(cache=True, nogil=True)
+def copy_square(src, dst):
+    """``dst[:, :] = src`` as a loop: numba compiles a slice assignment with its shape-mismatch
+    error message, which cost ~4 s of a first run's compilation (1-D ~7 s)."""
+    for i in range(src.shape[0]):
+        for k in range(src.shape[1]):
+            dst[i, k] = src[i, k]
+
+
+@njit(cache=True, nogil=True)
 def lower_matvec(T, x, out):
     """``out = T x`` for lower-triangular ``T`` (the upper triangle is not read)."""
     for i in range(T.shape[0]):
@@ -478,7 +487,7 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
                 return j, False, fresh, GUARD_A, i
         if lower_nonfinite(Tn):
             return j, False, fresh, GUARD_A, -1
-        T[:, :] = Tn
+        copy_square(Tn, T)
         bound[0] = new_bound
         for i in range(r):
             U[j, i] = delta[i]
@@ -574,7 +583,8 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
                     direct_log[j, 1 + r + i] = cb[i]
                     direct_log[j, 1 + 2 * r + i] = y[i]
                     direct_log[j, 1 + 3 * r + i] = z[i]
-        rho[:] = rho_new
+        for i in range(r):
+            rho[i] = rho_new[i]
         smd_gram_update(gaa, gab, a, cb, y, z, Kpp[j, j], xi)
         if not (all_finite(gaa) and all_finite(gab)):
             return j, False, fresh, GUARD_GRAM, -1
@@ -605,7 +615,7 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
                 return j, False, fresh, GUARD_A if i < r else GUARD_B, i % r
         if lower_nonfinite(Tn):
             return j, False, fresh, GUARD_A, -1
-        T[:, :] = Tn
+        copy_square(Tn, T)
         bound[0] = new_bound
         for i in range(m):
             U[j, i] = delta[i]

@@ -1,0 +1,158 @@
+"""The default fit (``algorithm="auto"``): the fastest path to the exact top ``r`` components
+on the machine at hand, chosen from a cost model of its passes.
+
+Paths:
+
+* ``dense`` — ``K'`` held whole in this process and its top eigenpairs by Lanczos
+  (:mod:`dkha.fit.dense`; scikit-learn's own path, with a full ``eigh``), where the ``l × l``
+  float64 matrix takes at most ``dkha.dense-bytes`` of memory;
+* ``krylov`` — block Krylov (LOBPCG) on blockwise products over the workers
+  (:mod:`dkha.fit.krylov`), started from the Nyström solution: memory ``O(l r)`` on the
+  coordinator, one pass over the kernel's upper triangle per product.
+
+The cost model counts kernel entries: a probe tile computed here gives this machine's rate
+(entries per second on one thread, the kernel's own width and feature count), the cluster's
+threads multiply it. The dense path computes the upper triangle once (``l²/2`` entries) and
+then a few dozen memory-bound products ``K' v`` (Lanczos); the Krylov path computes ``l²/2``
+entries per product (:data:`KRYLOV_PRODUCTS` of them, the MK row and the start) and pays for
+starting the workers and scheduling each pass. The choice,
+its reason and the estimates are recorded with the run (:meth:`Plan.attrs`).
+
+The paper's algorithms stay one option away (``algorithm="kha-smd"`` etc.), with their own
+Nyström or random starts and gains.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from distributed import Client
+
+from dkha import config
+from dkha.engine.cluster import total_threads
+
+log = logging.getLogger(__name__)
+
+PATHS = ("dense", "krylov")
+#: products a Krylov solve from a Nyström start takes to the default residual (19 measured on
+#: 3 000 patches, r = 20)
+KRYLOV_PRODUCTS = 25
+#: seconds the Krylov path spends outside its passes (starting the workers, a pass's own
+#: scheduling: 0.1–0.2 s measured at l = 3 000)
+KRYLOV_START_SECONDS, KRYLOV_PASS_SECONDS = 3.0, 0.15
+#: Lanczos products per component on the dense matrix (ARPACK, ncv = 2r + 1, restarts)
+LANCZOS_PRODUCTS_PER_COMPONENT = 6
+#: bytes per second of a memory-bound product with a dense float64 matrix (one core, modest)
+DENSE_PRODUCT_BYTES_PER_SECOND = 4e9
+#: the residual tolerance (relative to λ1) of the default's Krylov path: well below what an
+#: excess error of 1e-4 needs (the excess grows as the residual squared)
+AUTO_KRYLOV_TOL = 1e-6
+#: the probe tile: rows × columns of kernel entries timed here
+PROBE_ROWS, PROBE_COLUMNS = 256, 2048
+
+
+@dataclass
+class Plan:
+    """The path chosen, why, and the cost model's seconds for every path (None: not possible)."""
+
+    path: str
+    reason: str
+    estimates: dict = field(default_factory=dict)
+    rate: float = 0.0           # kernel entries per second per thread (the probe)
+    threads: int = 1
+
+    def attrs(self) -> dict:
+        """The choice as run attrs (JSON values)."""
+        return {"path": self.path, "path_reason": self.reason,
+                "path_estimates": {k: (None if v is None else round(float(v), 3))
+                                   for k, v in self.estimates.items()},
+                "path_probe_rate": float(self.rate), "path_threads": int(self.threads)}
+
+
+def probe_rate(kernel, sample: np.ndarray, repeat: int = 2) -> float:
+    """Kernel entries per second on one thread of this machine for ``kernel`` on rows like
+    ``sample`` (``≥ 2`` rows): the best of ``repeat`` timings of one probe tile."""
+    from threadpoolctl import threadpool_limits
+
+    sample = np.ascontiguousarray(sample, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    X = sample[rng.integers(0, len(sample), PROBE_ROWS)]
+    Y = sample[rng.integers(0, len(sample), PROBE_COLUMNS)]
+    best = np.inf
+    with threadpool_limits(limits=1, user_api="blas"):
+        kernel.block(X[:8], Y[:8])       # compiled on first use: not part of the timing
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            kernel.block(X, Y)
+            best = min(best, time.perf_counter() - t0)
+    return PROBE_ROWS * PROBE_COLUMNS / max(best, 1e-9)
+
+
+def dense_limit_bytes() -> float:
+    """The largest kernel matrix the default holds whole (``dkha.dense-bytes``)."""
+    return float(config.get("dense-bytes"))
+
+
+def choose_path(l: int, r: int, *, rate: float, threads: int,
+                landmarks: int | None = None, dense_bytes: float | None = None) -> Plan:
+    """The fastest path to the exact top-``r`` components of ``l`` samples (module docstring)."""
+    threads = max(1, int(threads))
+    limit = dense_limit_bytes() if dense_bytes is None else float(dense_bytes)
+    per_pass = 0.5 * l * l / (rate * threads)          # the upper triangle, once
+    matrix_bytes = 8.0 * l * l
+    dense = None
+    if matrix_bytes <= limit:
+        lanczos = LANCZOS_PRODUCTS_PER_COMPONENT * r * matrix_bytes / DENSE_PRODUCT_BYTES_PER_SECOND
+        dense = per_pass + lanczos
+    start = (landmarks or 0) / l * 2 * per_pass
+    krylov = (KRYLOV_START_SECONDS + (1 + KRYLOV_PRODUCTS) * (per_pass + KRYLOV_PASS_SECONDS)
+              + start)
+    estimates = {"dense": dense, "krylov": krylov}
+    if dense is not None and dense <= krylov:
+        reason = (f"the {l}×{l} kernel matrix ({matrix_bytes / 2**20:.0f} MiB) fits within "
+                  f"dkha.dense-bytes ({limit / 2**20:.0f} MiB) and the cost model gives "
+                  f"{dense:.1f} s against {krylov:.1f} s for blockwise Krylov")
+        return Plan("dense", reason, estimates, rate, threads)
+    if dense is None:
+        reason = (f"the {l}×{l} kernel matrix ({matrix_bytes / 2**30:.2f} GiB) exceeds "
+                  f"dkha.dense-bytes ({limit / 2**30:.2f} GiB): blockwise Krylov, about "
+                  f"{KRYLOV_PRODUCTS} passes of {per_pass:.1f} s on {threads} threads")
+    else:
+        reason = (f"the cost model gives {krylov:.1f} s for blockwise Krylov against {dense:.1f} s "
+                  "for the dense matrix")
+    return Plan("krylov", reason, estimates, rate, threads)
+
+
+def auto_krylov_tol(tol: float | None) -> float:
+    """The Krylov path's residual tolerance for a target excess error ``tol`` (None: the
+    default's :data:`AUTO_KRYLOV_TOL`): the excess grows as the squared residual over the
+    spectral gaps, so ``0.01 √tol`` leaves a wide margin."""
+    if tol is None:
+        return AUTO_KRYLOV_TOL
+    return float(min(AUTO_KRYLOV_TOL, 0.01 * np.sqrt(float(tol))))
+
+
+def cluster_threads(client) -> int:
+    """The threads the blockwise passes will run on: a connected client's workers' threads, else
+    (the in-process cluster, or one not yet reached) this machine's cores."""
+    try:
+        if isinstance(client, Client):
+            return max(1, int(total_threads(client)))
+    except Exception:  # noqa: BLE001 - no worker information: the local cores
+        pass
+    return max(1, os.cpu_count() or 1)
+
+
+def plan_fit(store, kernel, settings, client, seed: int) -> Plan:
+    """The default fit's :class:`Plan` for ``store`` (a probe tile on a seeded sample of it);
+    ``settings``: the model's (``n_components``, ``landmarks``)."""
+    sample = store.sample(min(store.n_samples, 2 * PROBE_COLUMNS), seed)
+    plan = choose_path(store.n_samples, int(settings.n_components),
+                       rate=probe_rate(kernel, sample), threads=cluster_threads(client),
+                       landmarks=settings.landmarks)
+    log.info("default fit: %s (%s)", plan.path, plan.reason)
+    return plan
