@@ -8,6 +8,7 @@ default ``gamma = 1/n_features``) of ``l`` 11×11 patches of scikit-image's phot
 workers share this process (threads), so ``tracemalloc``'s peak covers the products too.
 
     python benchmarks/learned_preimage.py [--samples 20000] [--components 20] [--alpha 1.0]
+        [--fit-samples M]
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def main() -> None:
     ap.add_argument("--components", type=int, default=20)
     ap.add_argument("--alpha", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fit-samples", type=int, default=None,
+                    help="fit the components on the first this many samples and project all "
+                         "(P: their projections; default: fit on all, P the training projections)")
     args = ap.parse_args()
     from distributed import Client, LocalCluster
 
@@ -44,10 +48,12 @@ def main() -> None:
     with LocalCluster(n_workers=1, threads_per_worker=args.threads, processes=False,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         t0 = time.perf_counter()
+        m = l if args.fit_samples is None else min(l, args.fit_samples)
         model = KernelHebbianPCA(args.components, algorithm="krylov", kernel="rbf",
-                                 client=client).fit(X)
-        print(f"krylov fit (the projections P): {time.perf_counter() - t0:.1f} s")
-        P = model.projection_.values
+                                 gamma=1.0 / n, client=client).fit(X[:m])
+        P = model.projection_.values if m == l else model.transform(X)
+        print(f"krylov fit on {m} samples and the projections P: "
+              f"{time.perf_counter() - t0:.1f} s")
         tracemalloc.start()
         ridge = learned_preimage(P, X, model.kernel_, args.alpha, client, dense_limit=0)
         _, peak = tracemalloc.get_traced_memory()
