@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,7 +25,7 @@ from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
 from dkha.engine.budget import block_rows_for
-from dkha.engine.cluster import blas_threads_for, client_for
+from dkha.engine.cluster import blas_threads_for, client_for, describe_target, names_a_cluster
 from dkha.engine.rows import RowEngine
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.batch import BatchResult, run_batches
@@ -301,6 +301,11 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         p0.algorithm = KRYLOV     # no components, or all of them: the exact solver's dense eigh
     if p0.algorithm == AUTO:     # the default: the fastest path (dkha.fit.plan)
         plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
+        if plan.path == "dense" and names_a_cluster(stream.client):
+            # a cluster the user named does the work (the dense path computes in this process)
+            plan = replace(plan, path="krylov",
+                           reason=f"{describe_target(stream.client)} named: blockwise Krylov on "
+                                  f"its workers (in this process, dense: {plan.reason})")
         attrs[0].update(plan.attrs())
         if plan.path == "dense":
             stages.close()
