@@ -56,6 +56,14 @@ def where_of(client) -> Where | Client:
                          f"local workers or None, got {client!r}")
 
 
+def names_a_cluster(client=None) -> bool:
+    """Whether ``client`` names a cluster of its own (a ``Client``, a scheduler address or file,
+    or ``DASK_SCHEDULER_ADDRESS``) rather than local workers that a fit starts itself."""
+    w = where_of(client)
+    return isinstance(w, Client) or bool(w.scheduler or w.scheduler_file
+                                         or os.environ.get("DASK_SCHEDULER_ADDRESS"))
+
+
 def describe_target(client=None) -> str:
     w = where_of(client)
     if isinstance(w, Client):

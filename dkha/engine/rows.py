@@ -41,6 +41,7 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Iterable, Iterator
 
@@ -101,8 +102,8 @@ def choose_projections(requested: str, client, cache_rows: bool = False,
                        "travel instead of kernel rows")
 
 
-__all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "center_block",
-           "clear_cache", "load_rows", "project_rows"]
+__all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "array_engine",
+           "center_block", "clear_cache", "load_rows", "project_rows"]
 
 
 def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
@@ -191,7 +192,8 @@ class RowEngine:
                  prefetch: int | None = None, column_groups: int | None = None,
                  projections: str | None = None, cache_rows: bool | None = None,
                  precision: str | None = None, device: str | None = None, models: int = 1):
-        share_storage_options(client, store.path)
+        if isinstance(store.path, str):
+            share_storage_options(client, store.path)
         requested = str(config.get("projections", projections))
         if requested not in PROJECTIONS:
             raise ParameterError(f"unknown projections {requested!r}; choose one of "
@@ -423,3 +425,22 @@ class RowEngine:
         future = self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
                                     self.column_groups, alpha, pure=False)
         return self.passes.wait(future, f"the projection of {len(Xnew)} new samples")
+
+
+def array_engine(X: np.ndarray, kernel: Kernel, client) -> RowEngine:
+    """A row engine over rows held in memory, with the kernel **uncentered**: its
+    :meth:`~RowEngine.matmat` is ``K(X, X) V``, the same blockwise pass over the tiles ``I ≤ J``
+    (on the workers, never forming ``l × l``) as the fit's ``K' V``.
+
+    ``X`` goes to the cluster once, copied to every worker (:meth:`ClusterPasses.put`); the
+    tasks take it in place of a store path (:func:`~dkha.engine.tasks.load_rows` slices an
+    array), and the MK row is zero (``K' = K − 0 − 0 + 0``). For small in-memory problems of the
+    coordinator (the learned pre-image's kernel of the projections), not for training data."""
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    l = len(X)
+    engine = RowEngine(DataStore("", l, X.shape[1], max(1, l), False, {}), kernel, client,
+                       cache_rows=False, projections="coordinator", column_groups=1)
+    engine.store = dataclasses.replace(engine.store, path=engine.passes.put(X, everywhere=True))
+    engine.set_mk(np.zeros(l), 0.0)
+    engine.centering = {"method": "none"}
+    return engine

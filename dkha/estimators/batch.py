@@ -108,6 +108,14 @@ class KernelHebbianPCA(DkhaTransformer):
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
+    dual_coef_, X_transformed_fit_ : ndarray (n_samples, n_features), (n_samples, n_components)
+        With ``fit_inverse_transform=True``: scikit-learn's learned pre-image
+        ``(k(P, P) + alpha I)⁻¹ X`` and the training projections ``P`` it regresses from
+        (dense solve up to ``dkha.dense-eigh-limit`` samples, conjugate gradients on blockwise
+        products on the workers above: :func:`dkha.fit.ridge.learned_preimage`).
+    inverse_iterations_, inverse_residual_ : int, float
+        The products ``k(P, P) V`` the conjugate gradients took (0: the dense solve) and the
+        largest relative residual they reached (at most ``dkha.ridge-tol``).
 
     References
     ----------

@@ -29,7 +29,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 from dkha.data.ingest import ingest_array, ingest_dask
 from dkha.data.result import sample_coords
 from dkha.data.store import DataStore, open_store
-from dkha.errors import InputError, ParameterError
+from dkha.errors import InputError
 from dkha.estimators.params import InvalidParameter, validate  # noqa: F401 (its home before)
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,12 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
             if not hasattr(self, "dual_coef_"):
                 raise NotFittedError("the learned pre-image was not fitted; fit again with "
                                      "fit_inverse_transform=True")
-            return self.kernel_.block(Y, self.X_transformed_fit_) @ self.dual_coef_
+            P, C = self.X_transformed_fit_, self.dual_coef_
+            if Y.shape[1] != P.shape[1]:
+                raise ValueError(f"X has {Y.shape[1]} features, but {type(self).__name__} has "
+                                 f"{P.shape[1]} components.")
+            # k(Y, P) dual_coef_ by blocks of rows of Y (each block's kernel bounded)
+            return self._project_rows_blocked(Y, lambda part: self.kernel_.block(part, P) @ C)
         if Y.shape[1] != self.n_components_:
             raise ValueError(f"X has {Y.shape[1]} features, but {type(self).__name__} has "
                              f"{self.n_components_} components.")

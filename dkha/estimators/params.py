@@ -338,11 +338,15 @@ PARAMETERS: tuple[Param, ...] = (
           "What ``inverse_transform`` does: ``'preimage'`` dkha's pre-images "
           "(:mod:`dkha.apply.preimage`); ``True`` scikit-learn's learned pre-image (Bakır et "
           "al.: kernel ridge regression with the fit's kernel from the training projections "
-          "back to the inputs, ridge ``alpha``; up to ``dkha.dense-eigh-limit`` samples); "
+          "back to the inputs, ridge ``alpha``: a dense solve up to ``dkha.dense-eigh-limit`` "
+          "samples, conjugate gradients on blockwise products on the workers above, never "
+          "``l × l``, to relative residual ``dkha.ridge-tol``); "
           "``False`` none (``inverse_transform`` raises ``NotFittedError``, as scikit-learn's).",
           (bool, str), models=(BATCH,), flag=None, pipeline=False,
           doc_type="{'preimage', True, False}, default 'preimage'"),
-    Param("alpha", 1.0, "Ridge of the learned pre-image (``fit_inverse_transform=True``).",
+    Param("alpha", 1.0, "Ridge of the learned pre-image (``fit_inverse_transform=True``); "
+          "above ``dkha.dense-eigh-limit`` samples it must be positive (the conjugate "
+          "gradients take about ``√(λ_max/alpha)`` products).",
           NON_NEGATIVE, models=(BATCH,), flag=None, pipeline=False,
           doc_type="float, default 1.0"),
     Param("remove_zero_eig", False,

@@ -8,9 +8,9 @@ import warnings
 import numpy as np
 from sklearn.utils import check_random_state
 
-from dkha import config
-from dkha.errors import NullComponentWarning, ParameterError
+from dkha.errors import NullComponentWarning
 from dkha.estimators.pictures import projection_array
+from dkha.fit.ridge import learned_preimage as fit_learned_preimage
 
 
 def finish_fit(model, precomputed: bool) -> None:
@@ -56,24 +56,21 @@ def finish_fit(model, precomputed: bool) -> None:
     if model.fit_inverse_transform is True:
         learned_preimage(model)
 
+
 def learned_preimage(model) -> None:
     """scikit-learn's learned pre-image (Bakır, Weston & Schölkopf 2004): kernel ridge
     regression, with the fit's kernel, from the training projections back to the inputs,
-    ``dual_coef_ = (k(P, P) + alpha I)⁻¹ X``. It needs the ``l × l`` kernel of the
-    projections, so it is offered up to ``dkha.dense-eigh-limit`` samples."""
-    from scipy import linalg
-
+    ``dual_coef_ = (k(P, P) + alpha I)⁻¹ X`` (:func:`dkha.fit.ridge.learned_preimage`): a
+    dense solve up to ``dkha.dense-eigh-limit`` samples, conjugate gradients on blockwise
+    products ``k(P, P) V`` on the workers above (``inverse_iterations_`` products, relative
+    residual ``inverse_residual_`` ≤ ``dkha.ridge-tol``)."""
     l = int(model.n_samples_)
-    limit = int(config.get("dense-eigh-limit"))
-    if l > limit:
-        raise ParameterError(f"fit_inverse_transform=True solves an l × l kernel ridge "
-                             f"system, offered up to dkha.dense-eigh-limit ({limit}) "
-                             f"samples, not {l}; use fit_inverse_transform='preimage'")
     X = model.X_fit_ if model.X_fit_ is not None else model.store_.read_rows(np.arange(l))
     P = model.projection_.values
-    K = model.kernel_.block(P, P)
-    K.flat[::l + 1] += model.alpha
-    model.dual_coef_ = linalg.solve(K, X, assume_a="pos", overwrite_a=True)
+    ridge = fit_learned_preimage(P, X, model.kernel_, float(model.alpha), model.client)
+    model.dual_coef_ = ridge.dual_coef
+    model.inverse_iterations_ = ridge.iterations
+    model.inverse_residual_ = ridge.residual
     model.X_transformed_fit_ = P
 
 

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,7 +26,7 @@ from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
 from dkha.engine.budget import block_rows_for
-from dkha.engine.cluster import Where, blas_threads_for, client_for, where_of
+from dkha.engine.cluster import blas_threads_for, client_for, describe_target, names_a_cluster
 from dkha.engine.rows import RowEngine
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.batch import BatchResult, run_batches
@@ -237,17 +237,6 @@ def _check_data(store: DataStore, verbose: bool, *, connect: bool) -> Progress:
     return stages
 
 
-def _plan(store: DataStore, kernel, p0: ModelSettings, stream: StreamSettings):
-    """The default's path (:func:`dkha.fit.plan.plan_fit`); a named scheduler is reached first:
-    its workers' threads price the passes, and an unreachable one is refused in one line
-    whichever path would have been chosen."""
-    w = where_of(stream.client)
-    if not isinstance(w, Where) or not (w.scheduler or w.scheduler_file):
-        return plan_fit(store, kernel, p0, stream.client, stream.seed)
-    with client_for(stream.client) as client:
-        return plan_fit(store, kernel, p0, client, stream.seed)
-
-
 def _asked_projections(stream: StreamSettings, n_models: int, opts: FitOptions) -> str:
     """Where the block projections are asked to be computed (a resume keeps the run's)."""
     asked = str(config.get("projections", stream.projections))
@@ -311,7 +300,12 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
     if p0.algorithm == AUTO and not 0 < p0.n_components < store.n_samples - 1:
         p0.algorithm = KRYLOV     # no components, or all of them: the exact solver's dense eigh
     if p0.algorithm == AUTO:     # the default: the fastest path (dkha.fit.plan)
-        plan = _plan(store, kernel, p0, stream)
+        plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
+        if plan.path == "dense" and names_a_cluster(stream.client):
+            # a cluster the user named does the work (the dense path computes in this process)
+            plan = replace(plan, path="krylov",
+                           reason=f"{describe_target(stream.client)} named: blockwise Krylov on "
+                                  f"its workers (in this process, dense: {plan.reason})")
         attrs[0].update(plan.attrs())
         if plan.path == "dense":
             stages.close()
