@@ -310,32 +310,7 @@ class KernelHebbianPCA(DkhaTransformer):
         inverse-transforms against the run's training store; with more ``passes`` (or
         ``steps``), ``fit(store, run_dir=RUN_DIR, resume=True)`` continues a run saved with
         ``save(..., resumable=True)`` or stopped at a checkpoint."""
-        a = ds.attrs
-        kp = dict(a.get("kernel_parameters", {}))
-        l = int(a["n_samples"])
-        n_steps = int(a["n_steps"])
-        kw = dict({"init": "random"}, **from_attrs(BATCH, a))  # older runs: no init attr
-        model = cls(**kw, sigma=kp.get("sigma"), degree=kp.get("degree"),
-                    offset=kp.get("offset"), gamma=kp.get("gamma"),
-                    passes=n_steps // l if n_steps % l == 0 else None,
-                    steps=None if n_steps % l == 0 else n_steps)
-        model.alpha_ = ds["alpha"].values.copy()
-        model.eigenvalues_ = ds["eigenvalue"].values.copy()
-        model.n_components_ = int(model.alpha_.shape[0])
-        model.mk_, model.mkm_ = ds["mk"].values.copy(), float(a["mkm"])
-        model.history_ = result.history_of(ds)
-        model.attrs_ = {k: v for k, v in a.items() if k != "mkm"}
-        model.kernel_ = kernel_of(ds)
-        model.store_ = open_store(a["store"])
-        if model.store_.n_samples != l:
-            raise InputError(f"the training store {a['store']} now holds "
-                             f"{model.store_.n_samples} samples; the run was fitted on {l}")
-        model.n_samples_, model.n_features_in_ = l, int(a["n_features"])
-        model.X_fit_ = None
-        model.timings_, model.failure_ = {}, None
-        model.projection_ = ds["projection"] if "projection" in ds else None
-        model.component_image_ = ds["component_image"] if "component_image" in ds else None
-        return model
+        return _from_dataset(cls, ds)
 
     def fit_transform(self, X, y=None, **fit_params):
         """Fit, and return the training samples' projections (which the fit's last pass
@@ -379,6 +354,37 @@ class KernelHebbianPCA(DkhaTransformer):
         if getattr(self, "X_fit_", None) is not None:
             return preimages(self.X_fit_, self.kernel_, self.alpha_, Y, start).Z
         return run_preimages(self.to_dataset(), Y, start, client=self.client)
+
+
+def _from_dataset(cls, ds) -> KernelHebbianPCA:
+    """:meth:`KernelHebbianPCA.from_dataset`: the estimator's parameters from the run's attrs,
+    its fitted attributes from the run's variables."""
+    a = ds.attrs
+    kp = dict(a.get("kernel_parameters", {}))
+    l = int(a["n_samples"])
+    n_steps = int(a["n_steps"])
+    kw = dict({"init": "random"}, **from_attrs(BATCH, a))  # older runs: no init attr
+    model = cls(**kw, sigma=kp.get("sigma"), degree=kp.get("degree"),
+                offset=kp.get("offset"), gamma=kp.get("gamma"),
+                passes=n_steps // l if n_steps % l == 0 else None,
+                steps=None if n_steps % l == 0 else n_steps)
+    model.alpha_ = ds["alpha"].values.copy()
+    model.eigenvalues_ = ds["eigenvalue"].values.copy()
+    model.n_components_ = int(model.alpha_.shape[0])
+    model.mk_, model.mkm_ = ds["mk"].values.copy(), float(a["mkm"])
+    model.history_ = result.history_of(ds)
+    model.attrs_ = {k: v for k, v in a.items() if k != "mkm"}
+    model.kernel_ = kernel_of(ds)
+    model.store_ = open_store(a["store"])
+    if model.store_.n_samples != l:
+        raise InputError(f"the training store {a['store']} now holds "
+                         f"{model.store_.n_samples} samples; the run was fitted on {l}")
+    model.n_samples_, model.n_features_in_ = l, int(a["n_features"])
+    model.X_fit_ = None
+    model.timings_, model.failure_ = {}, None
+    model.projection_ = ds["projection"] if "projection" in ds else None
+    model.component_image_ = ds["component_image"] if "component_image" in ds else None
+    return model
 
 
 #: options of the KHA iterations: given with algorithm="auto", they make it KHA-SMD

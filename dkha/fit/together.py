@@ -275,6 +275,22 @@ def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSe
     return checkpointers, metas, cks
 
 
+def _default_path(store: DataStore, kernel, p0: ModelSettings, stream: StreamSettings):
+    """The default's (``algorithm="auto"``) :class:`~dkha.fit.plan.Plan`, or ``None`` for
+    another algorithm. No components, or all of them, make it the exact solver's dense eigh; a
+    cluster the user named does the work (the dense path computes in this process)."""
+    if p0.algorithm == AUTO and not 0 < p0.n_components < store.n_samples - 1:
+        p0.algorithm = KRYLOV
+    if p0.algorithm != AUTO:
+        return None
+    plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
+    if plan.path == "dense" and names_a_cluster(stream.client):
+        plan = replace(plan, path="krylov",
+                       reason=f"{describe_target(stream.client)} named: blockwise Krylov on "
+                              f"its workers (in this process, dense: {plan.reason})")
+    return plan
+
+
 def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
               stream: StreamSettings, attrs: Sequence[dict],
               opts: FitOptions | None = None) -> list[ModelFit]:
@@ -296,16 +312,8 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         for algorithm in sorted({p.algorithm for p in settings}):
             compile_ahead(algorithm)
     stages = _check_data(store, verbose, connect=stream.client is not None)
-    plan = None
-    if p0.algorithm == AUTO and not 0 < p0.n_components < store.n_samples - 1:
-        p0.algorithm = KRYLOV     # no components, or all of them: the exact solver's dense eigh
-    if p0.algorithm == AUTO:     # the default: the fastest path (dkha.fit.plan)
-        plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
-        if plan.path == "dense" and names_a_cluster(stream.client):
-            # a cluster the user named does the work (the dense path computes in this process)
-            plan = replace(plan, path="krylov",
-                           reason=f"{describe_target(stream.client)} named: blockwise Krylov on "
-                                  f"its workers (in this process, dense: {plan.reason})")
+    plan = _default_path(store, kernel, p0, stream)
+    if plan is not None:
         attrs[0].update(plan.attrs())
         if plan.path == "dense":
             stages.close()
