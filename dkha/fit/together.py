@@ -15,10 +15,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
+from distributed import Client
 
 from dkha import config, schedule
 from dkha.algorithms import AUTO, KRYLOV, is_exact
@@ -26,7 +27,7 @@ from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
 from dkha.engine.budget import block_rows_for
-from dkha.engine.cluster import blas_threads_for, client_for, describe_target, names_a_cluster
+from dkha.engine.cluster import blas_threads_for, client_for, names_a_cluster
 from dkha.engine.rows import RowEngine
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.batch import BatchResult, run_batches
@@ -277,18 +278,17 @@ def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSe
 
 def _default_path(store: DataStore, kernel, p0: ModelSettings, stream: StreamSettings):
     """The default's (``algorithm="auto"``) :class:`~dkha.fit.plan.Plan`, or ``None`` for
-    another algorithm. No components, or all of them, make it the exact solver's dense eigh; a
-    cluster the user named does the work (the dense path computes in this process)."""
+    another algorithm. No components, or all of them, make it the exact solver's dense eigh. A
+    scheduler the user named is reached first: its workers' threads price the blockwise passes,
+    and an unreachable one is refused in one line whichever path would have been chosen."""
     if p0.algorithm == AUTO and not 0 < p0.n_components < store.n_samples - 1:
         p0.algorithm = KRYLOV
     if p0.algorithm != AUTO:
         return None
-    plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
-    if plan.path == "dense" and names_a_cluster(stream.client):
-        plan = replace(plan, path="krylov",
-                       reason=f"{describe_target(stream.client)} named: blockwise Krylov on "
-                              f"its workers (in this process, dense: {plan.reason})")
-    return plan
+    if not names_a_cluster(stream.client) or isinstance(stream.client, Client):
+        return plan_fit(store, kernel, p0, stream.client, stream.seed)
+    with client_for(stream.client) as client:   # reached first: unreachable is refused at once
+        return plan_fit(store, kernel, p0, client, stream.seed)
 
 
 def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
