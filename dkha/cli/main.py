@@ -85,6 +85,8 @@ def cmd_evaluate(args) -> int:
                "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client),
                **centering_summary(ds.attrs)}
     if args.json:
+        if ev.error_min != ev.error_min:    # not computed: null, not NaN (invalid JSON)
+            out.update(error_min=None, excess=None)
         print(json.dumps(out))
     else:
         if ev.error_min != ev.error_min:
