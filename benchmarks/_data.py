@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import resource
 
+import threading
+import time
+
 import numpy as np
+import psutil
 
 from dkha.data.ingest import ingest_array
 from dkha.data.patches import extract_patches, read_grey_image
@@ -48,3 +52,26 @@ def peak_rss_mb(children: bool = False) -> float:
 def load_average() -> str:
     """The load average (the machine may be shared) and the core count, for a benchmark's log."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" ({os.cpu_count()} cores)"
+
+
+def peak_rss_watch(pid: int, out: list) -> threading.Thread:
+    """Sample the RSS of ``pid`` and its children until it exits; the maximum goes to ``out``."""
+    def run():
+        peak = 0
+        try:
+            proc = psutil.Process(pid)
+            while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                rss = proc.memory_info().rss
+                for child in proc.children(recursive=True):
+                    try:
+                        rss += child.memory_info().rss
+                    except psutil.Error:
+                        pass
+                peak = max(peak, rss)
+                time.sleep(0.1)
+        except psutil.Error:
+            pass
+        out.append(peak)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t

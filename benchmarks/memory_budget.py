@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,32 +31,9 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
+from _data import peak_rss_watch  # noqa: E402
 
 GiB = 2**30
-
-
-def peak_rss_watch(pid: int, out: list) -> threading.Thread:
-    """Sample the RSS of ``pid`` and its children until it exits; the maximum goes to ``out``."""
-    def run():
-        peak = 0
-        try:
-            proc = psutil.Process(pid)
-            while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                rss = proc.memory_info().rss
-                for child in proc.children(recursive=True):
-                    try:
-                        rss += child.memory_info().rss
-                    except psutil.Error:
-                        pass
-                peak = max(peak, rss)
-                time.sleep(0.1)
-        except psutil.Error:
-            pass
-        out.append(peak)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
 
 
 def make_store(case: str, workdir: str):
