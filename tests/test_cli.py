@@ -118,7 +118,9 @@ def test_a_piped_fit_logs_each_phase_with_the_time(digits_store, tmp_path):
     run = str(tmp_path / "run")
     p = subprocess.run([sys.executable, "-m", "dkha.cli", "fit", digits_store.path, "-o", run,
                         "--components", "3", "--sigma", "4", "--passes", "1"],
-                       env=subprocess_env(DASK_DKHA__MK_CACHE="false"), capture_output=True,
+                       env=subprocess_env(DASK_DKHA__MK_CACHE="false",
+                                          DASK_DKHA__SPECTRUM_CACHE="false"),
+                       capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert other_lines(p.stderr) == []      # every line on stderr is a progress line

@@ -9,7 +9,7 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # modules of optional extras that need not be installed where the tests run: module -> extra
-OPTIONAL = {"cupy": "gpu"}
+OPTIONAL = {"cupy": "gpu", "bm3d": "bench"}
 
 
 def _norm(name: str) -> str:

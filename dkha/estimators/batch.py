@@ -593,8 +593,12 @@ def _pictures(fits: list[ModelFit], engine, client) -> None:
     for f in fits:
         if f.failure is None:
             res = f.result
-            ds = result.build_dataset(res.alpha, res.eigenvalue, [], f.attrs, mk=f.mk, mkm=f.mkm)
-            f.extra = component_images(ds, client, store, res.projection.std(axis=1),
+            # the components as the model keeps them (order and signs fixed), so that a
+            # picture shows its own component, not −w
+            alpha, eigenvalue, projection, _ = finalise_components(
+                res.alpha, res.eigenvalue, res.projection)
+            ds = result.build_dataset(alpha, eigenvalue, [], f.attrs, mk=f.mk, mkm=f.mkm)
+            f.extra = component_images(ds, client, store, projection.std(axis=1),
                                        seed=int(f.attrs["seed"]))
 
 
