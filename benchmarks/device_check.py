@@ -215,7 +215,6 @@ def bound(device: str, t: int, n: int = 121):
         say(f"{dtype}: GEMM {t}×{n}·{n}×{t} {tg * 1e3:.2f} ms ({2 * t * t * n / tg / 1e12:.1f} "
             f"TFLOP/s), exp of {t}×{t} {te * 1e3:.2f} ms: bound {rate / 1e9:.1f} G kernel "
             f"values/s")
-        del A, B, G, E
     FIGURES["bound"] = out
     return out
 
