@@ -220,9 +220,7 @@ class KernelHebbianPCA(DkhaTransformer):
         self.attrs_ = fit.attrs
         self._final = {"solver": fit.solver, "top_eigenvalues": res.top_eigenvalues,
                        "fit_seconds": res.wall_time, "meta": fit.meta}
-        if run_dir is not None:
-            self.save(run_dir)
-            fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
+        self._keep_complete_run(run_dir, fit.checkpointer)
 
     @validated_fit
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,

@@ -255,9 +255,7 @@ class OnlineKernelPCA(DkhaTransformer):
         _check_dictionary(self._read_solver())
         self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs
-        if run_dir is not None:
-            self.save(run_dir)
-            fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
+        self._keep_complete_run(run_dir, fit.checkpointer)
         return self
 
     @validated_fit
