@@ -135,14 +135,17 @@ def bound_parts(X: np.ndarray, dtype, ks: tuple[int, ...], cores: int, fraction:
     return out
 
 
-def kha_pass(store, r: int, client, sigma: float, projections: str, precision: str) -> float:
+def kha_pass(store, r: int, client, sigma: float, projections: str, precision: str
+             ) -> tuple[float, dict]:
     """Seconds of one KHA-SMD pass: the block stream of a 1-pass fit (``timings_["stream"]``:
-    start-up, the cached centering row and the final eigenvalue estimate excluded)."""
+    start-up, the cached centering row and the final eigenvalue estimate excluded), and the
+    pass's record (:class:`dkha.fit.batch.PassMeter`)."""
     m = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=1, evaluate_every=-1,
                          seed=0, eta0=0.05, mu=0.05, client=client, projections=projections,
                          precision=precision)
     m.fit(store.path)
-    return float(m.timings_["stream"])
+    rec = [p for p in m.timings_["passes"] if p.get("kind") == "kha"][-1]
+    return float(m.timings_["stream"]), rec
 
 
 def dkha_passes(store, kernel, client, r: int, precision: str, projections: str) -> dict:
@@ -161,7 +164,11 @@ def dkha_passes(store, kernel, client, r: int, precision: str, projections: str)
         t0 = time.perf_counter()
         engine.residual(C)
         out["evaluation"] = time.perf_counter() - t0
-        out["KHA"] = kha_pass(store, r, client, kernel["sigma"], projections, precision)
+        out["KHA"], rec = kha_pass(store, r, client, kernel["sigma"], projections, precision)
+        # where the pass's time went: the coordinator's own work (CPU seconds of its thread:
+        # block GEMMs, steps) and its waits for the workers' blocks
+        out["KHA coordinator CPU"] = rec["busy_cpu_seconds"]
+        out["KHA coordinator waiting"] = rec["wait_seconds"]
         sides = [g[-1][1] - g[0][0] for g in engine.tile_groups]
         symmetric = sum(sides[i] * sides[j] for i in range(len(sides)) for j in range(i, len(sides)))
     return out, symmetric
