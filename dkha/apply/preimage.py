@@ -277,7 +277,7 @@ def engine_sums(engine, alpha: np.ndarray, *, block: int | None = None) -> Calla
         parts.append(client.scatter(np.ascontiguousarray(alpha[:, a:b]), hash=False))
 
     def sums(Z: np.ndarray, exp: Expansion):
-        futs = [client.submit(_store_group_sums, engine.store.path, engine.kernel, cols, Z,
+        futs = [client.submit(_store_group_sums, engine.source, engine.kernel, cols, Z,
                               exp.weights, part, exp.offset, block, pure=False)
                 for cols, part in zip(groups, parts)]
         num = np.zeros_like(Z)
@@ -336,7 +336,7 @@ class Training:
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
 
         def moments():
-            futs = [engine.client.submit(_store_group_moments, engine.store.path, cols,
+            futs = [engine.client.submit(_store_group_moments, engine.source, cols,
                                          np.ascontiguousarray(alpha[:, cols[0][0]:cols[-1][1]]),
                                          pure=False) for cols in engine.column_groups]
             M = np.zeros((alpha.shape[0], engine.store.n_features))

@@ -50,7 +50,7 @@ import numpy as np
 from dkha import config
 from dkha.data.store import DataStore
 from dkha.engine.budget import memory_plan
-from dkha.engine.cluster import share_storage_options, total_threads
+from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.mkrow import mk_row
 from dkha.engine.passes import ClusterPasses
 from dkha.engine.replicas import ProjectedBlock
@@ -94,9 +94,9 @@ def choose_projections(requested: str, client, cache_rows: bool = False,
         return "coordinator", "several models share one stream"
     if cache_rows:
         return "coordinator", "the row cache serves kernel rows to the coordinator"
-    address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
-    if address.startswith("inproc://"):
+    if shares_process(client):
         return "coordinator", "the workers share the coordinator's process"
+    address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
     n = len(client.scheduler_info().get("workers", {}))
     return "workers", (f"{n} worker process{'es' if n != 1 else ''} at {address}: projections "
                        "travel instead of kernel rows")
@@ -224,7 +224,8 @@ class RowEngine:
             # fewer, larger tiles: a row block takes one piece from each tile it meets, so the
             # tasks per block grow with the tile count; about 4 tiles a thread keeps all busy
             self.tile_groups = _groups_of_chunks(store, max(1, int(np.ceil(np.sqrt(8 * threads)))))
-            self.tile_cache = TileCache(client, store.path, self.exact_kernel, self.tile_groups)
+            self.tile_cache = TileCache(client, self.source, self.exact_kernel,
+                                        self.tile_groups)
             self.tile_cache.check_memory()
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
@@ -233,6 +234,15 @@ class RowEngine:
         self._mk_future = None
         self.stats = StreamStats()
         self.passes = ClusterPasses(client, self.stats.passes)
+
+    @property
+    def source(self):
+        """What the tasks read the training rows from: the store's rows held in this process
+        (:attr:`~dkha.data.store.DataStore.rows`) where the workers are this process (nothing
+        to copy, no chunk to read back), else the store's path."""
+        if self.store.rows is not None and shares_process(self.client):
+            return self.store.rows
+        return self.store.path
 
     @property
     def verbose(self) -> bool:
@@ -291,7 +301,7 @@ class RowEngine:
         if self.kernel.name in ("gaussian", "laplacian"):
             diagonal = np.ones(self.n_samples)
         else:
-            futures = [self.client.submit(diagonal_rows, self.store.path, self.kernel, g,
+            futures = [self.client.submit(diagonal_rows, self.source, self.kernel, g,
                                           pure=False) for g in self.column_groups]
             diagonal = np.concatenate(self.passes.results(futures, "the kernel's diagonal"))
         return diagonal - 2.0 * self.mk + self.mkm
@@ -311,7 +321,7 @@ class RowEngine:
     def submit_rows(self, index: np.ndarray, priority: int = 0):
         """Futures of ``K'[index, J]`` for each column group ``J`` (in column order)."""
         mk = self.mk_future()
-        path = self.store.path
+        path = self.source
         if self.cache_rows:
             return [self.tile_cache.submit_rows(np.asarray(index), mk, self.mkm, priority)]
         XP = self.client.submit(take_rows, path, self.all_ranges, index, priority=priority, pure=False)
@@ -372,7 +382,7 @@ class RowEngine:
         kernel = self.exact_kernel if exact else self.kernel
         # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j
         return self.passes.reduced_pass(
-            lambda k: self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
+            lambda k: self.client.submit(product_pair, self.source, kernel, mk, self.mkm,
                                          g[pairs[k][0]], g[pairs[k][1]], Vf,
                                          tile=self._tile(*pairs[k]), pure=False),
             [[(i, 0)] + ([(j, 1)] if i != j else []) for i, j in pairs], self.tile_bounds(),
@@ -393,7 +403,7 @@ class RowEngine:
         pairs = self.tile_pairs()
         tot = np.zeros(1 + len(Cs))
         for part in self.passes.ordered_results(
-                lambda k: self.client.submit(residual_pair, self.store.path, self.exact_kernel, mk,
+                lambda k: self.client.submit(residual_pair, self.source, self.exact_kernel, mk,
                                              self.mkm, g[pairs[k][0]], g[pairs[k][1]], Cf,
                                              tile=self._tile(*pairs[k]), pure=False),
                 len(pairs), "the residual pass of an evaluation", kind="residual",
@@ -406,7 +416,7 @@ class RowEngine:
         mk = self.mk_future()
         g = self.tile_groups
         pairs = self.tile_pairs()
-        futs = [self.client.submit(dense_pair, self.store.path, self.exact_kernel, mk, self.mkm,
+        futs = [self.client.submit(dense_pair, self.source, self.exact_kernel, mk, self.mkm,
                                    g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
         out = np.empty((self.n_samples, self.n_samples))
         with self.passes.progress("K' (dense)", len(futs)) as bar:
@@ -422,7 +432,7 @@ class RowEngine:
     def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         """The projections ``K'(Xnew, X) α`` of new samples (one task, on a worker)."""
         mk = self.mk_future()
-        future = self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
+        future = self.client.submit(project_rows, self.source, self.kernel, Xnew, mk, self.mkm,
                                     self.column_groups, alpha, pure=False)
         return self.passes.wait(future, f"the projection of {len(Xnew)} new samples")
 

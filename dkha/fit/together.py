@@ -320,7 +320,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
             return [_fit_dense(store, kernel, p0, stream, attrs[0], plan, metas[0],
                                None if checkpointers is None else checkpointers[0], opts)]
         p0.algorithm = KRYLOV      # the attrs keep "auto" and the path
-    with client_for(stream.client) as client, blas_threads_for(client):
+    with client_for(stream.client, samples=store.n_samples) as client, blas_threads_for(client):
         stages.close()
         engine = RowEngine(store, kernel, client, block_rows=stream.block_rows,
                            prefetch=stream.prefetch, projections=asked,
