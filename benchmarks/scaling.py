@@ -17,7 +17,11 @@ model's predicted speed-ups at 4, 16 and 64 workers, T(P) = C + W/P from the KHA
 record: C the coordinator thread's CPU seconds in the pass (its own work; on a machine where it
 shares two cores with the workers and the scheduler its wall-clock busy seconds, printed beside,
 are stretched by waiting for a core) and W the workers' task seconds within the pass; and the KHA
-pass's bytes against (2r + w)·l·8 (w = prefetch·block, the correction window).
+pass's bytes against (2r + w)·l·8 (w = prefetch·block, the correction window). Each row also
+prints this process's CPU seconds in the pass (the coordinator, with the in-process scheduler of
+a LocalCluster) and the speed-up the model T(P) = C + W/P predicts from the first worker count's
+C and W beside the measured one. KHA rows time the pass record (its steps; ``--kha-steps``
+steps, default a whole pass), not the start's product pass before it.
 
     python benchmarks/scaling.py --samples 20000 --workers 1 2
     python benchmarks/scaling.py --samples 20000 --scheduler-file sched.json   # a real cluster
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -86,9 +91,10 @@ def measure(engine, client, kind, run):
     engine.stats.passes.clear()
     before = (engine.stats.wait_seconds, engine.stats.bytes_received, engine.stats.bytes_sent)
     with get_task_stream(client) as ts:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         run()
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0      # this process: coordinator (+ an in-process scheduler)
     W = task_seconds(ts.data)
     tasks = len(ts.data)
     tiles = [p for p in engine.stats.passes if p.get("kind") != "kha"]   # KHA passes: in stats
@@ -96,13 +102,16 @@ def measure(engine, client, kind, run):
     nbytes = sum(p["bytes_received"] for p in tiles) + engine.stats.bytes_received - before[1]
     row = {"kind": kind, "workers": n_workers, "wall": wall, "busy": wall - wait, "tasks": tasks,
            "task_seconds": W, "bytes": nbytes, "sent": engine.stats.bytes_sent - before[2],
-           "idle_per_task": (n_workers * wall - W) / max(tasks, 1)}
+           "idle_per_task": (n_workers * wall - W) / max(tasks, 1), "cpu": cpu}
     kha = [p for p in engine.stats.passes if p.get("kind") == "kha"]
     if kha:     # the KHA pass's own record (the start's product pass C = A K' excluded)
         row["pass_bytes"] = sum(p["bytes_received"] for p in kha)
         row["pass_busy"] = sum(p["busy_seconds"] for p in kha)
         row["pass_cpu"] = sum(p["busy_cpu_seconds"] for p in kha)
         row["pass_task_seconds"] = sum(task_seconds(ts.data, p["began"], p["ended"]) for p in kha)
+        row["pass_wall"] = sum(p["ended"] - p["began"] for p in kha)
+    print(f"  measured: {kind}, {n_workers} workers: {wall:.2f} s wall"
+          + (f" ({row['pass_wall']:.2f} s in the pass)" if kha else ""), flush=True)
     return row
 
 
@@ -155,6 +164,12 @@ def main():
     ap.add_argument("--columns", type=int, default=30)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--prefetch", type=int, default=4)
+    ap.add_argument("--kha-steps", type=int, default=None,
+                    help="steps of the timed KHA-SMD pass (default: a whole pass, l steps); its "
+                         "speed-up is that of the pass record (the steps), printed as 'pass s'")
+    ap.add_argument("--projections", nargs="+", default=["coordinator", "workers"],
+                    choices=["coordinator", "workers"], help="the KHA passes to time")
+    ap.add_argument("--json", help="write the table's rows here (benchmarks/device_check.py)")
     ap.add_argument("--workdir", default="/tmp/dkha-bench")
     args = ap.parse_args()
     args.workdir = os.path.abspath(args.workdir)
@@ -187,9 +202,13 @@ def main():
             alphas = {}
             for e in engines.values():      # warm-up: first calls, the replicas' threads
                 kha_pass(e, l, r, n_steps=4 * args.block)
-            for p, e in engines.items():
+            for p in args.projections:
+                e = engines[p]
                 rows.append(measure(e, client, f"KHA-SMD pass, projections {p}",
-                                    lambda e=e, p=p: alphas.__setitem__(p, kha_pass(e, l, r))))
+                                    lambda e=e, p=p: alphas.__setitem__(
+                                        p, kha_pass(e, l, r, n_steps=args.kha_steps))))
+            if len(alphas) < 2:
+                continue
             same = np.array_equal(alphas["coordinator"], alphas["workers"])
             print(f"{nw} workers: KHA alpha, projections on workers vs coordinator: "
                   f"{'equal' if same else 'max diff %.1e' % np.abs(alphas['coordinator'] - alphas['workers']).max()}",
@@ -198,17 +217,30 @@ def main():
           f"{args.prefetch}, {os.cpu_count()} cores (shared machine: compare ratios)")
     print(f"{'kind':36s} {'N':>3s} {'wall s':>8s} {'coord busy':>10s} {'task s':>8s} "
           f"{'tasks':>6s} {'MB to coord':>11s} {'idle ms/task':>12s} {'busy':>5s} "
-          f"{'task s/1st':>10s} {'speed-up':>8s}  wall s of each run")
-    base, base_w = {}, {}
+          f"{'task s/1st':>10s} {'speed-up':>8s} {'coord CPU s':>11s} {'predicted':>9s}  "
+          f"wall s of each run")
+    base, base_w, first, table = {}, {}, {}, []
     for row in rows:
-        b = base.setdefault(row["kind"], row["wall"])
+        # KHA rows: the pass record (its steps), not the start's product pass before it
+        wall = row.get("pass_wall", row["wall"])
+        cpu = row.get("pass_cpu", row["cpu"])
+        work = row.get("pass_task_seconds", row["task_seconds"])
+        b = base.setdefault(row["kind"], wall)
         bw = base_w.setdefault(row["kind"], row["task_seconds"])
+        # the model T(P) = C + W/P from the first worker count's coordinator CPU C and task s W
+        C1, W1, N1 = first.setdefault(row["kind"], (cpu, work, row["workers"]))
+        predicted = (C1 + W1 / N1) / (C1 + W1 / row["workers"])
         busy = row["task_seconds"] / (row["workers"] * row["wall"])
-        print(f"{row['kind']:36s} {row['workers']:3d} {row['wall']:8.2f} {row['busy']:10.2f} "
+        table.append({"kind": row["kind"], "workers": row["workers"], "wall": wall, "cpu": cpu,
+                      "task_seconds": work, "speedup": b / wall, "predicted": predicted})
+        print(f"{row['kind']:36s} {row['workers']:3d} {wall:8.2f} {row['busy']:10.2f} "
               f"{row['task_seconds']:8.2f} {row['tasks']:6d} {row['bytes'] / 1e6:11.1f} "
               f"{1e3 * row['idle_per_task']:12.2f} {busy:5.0%} {row['task_seconds'] / bw:9.2f}× "
-              f"{b / row['wall']:7.2f}×  "
+              f"{b / wall:7.2f}× {cpu:11.2f} {predicted:8.2f}×  "
               + " ".join(f"{w:.2f}" for w in row.get("walls", ())))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1)
     w = args.prefetch * args.block
     bound = (2 * r + w) * l * 8
     print(f"\nKHA pass bytes to the coordinator, bound (2r + w)·l·8 = {bound / 1e6:.1f} MB "

@@ -16,7 +16,7 @@ from scipy.linalg import solve_triangular
 
 from dkha import schedule
 from dkha.errors import NumericalError, ParameterError
-from dkha.solvers import compiled
+from dkha.solvers import block_loops, compiled
 from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
 
 R = 8
@@ -346,9 +346,9 @@ def test_block_loops_match_twin(kc, mid_run, rng, smd, cond_limit, fresh):
     args_t = [x.copy() if isinstance(x, np.ndarray) else x for x in args_c]
     want = twin_block(*args_t)
     if smd:
-        got = compiled.smd_block(*args_c)
+        got = block_loops.smd_block(*args_c)
     else:
-        got = compiled.kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit)
+        got = block_loops.kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit)
     assert got == want
     if cond_limit == 1.5:
         assert got[1]                   # a fold was asked for

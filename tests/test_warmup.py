@@ -6,12 +6,13 @@ import pytest
 from numba.core.registry import CPUDispatcher
 
 from dkha import KernelHebbianPCA
-from dkha.solvers import compiled
+from dkha.solvers import block_loops, compiled
 from dkha.solvers.warmup import compile_ahead, tiny_fit
 
 
 def signatures() -> dict:
-    return {name: set(f.signatures) for name, f in vars(compiled).items()
+    return {f"{module.__name__}.{name}": set(f.signatures)
+            for module in (compiled, block_loops) for name, f in vars(module).items()
             if isinstance(f, CPUDispatcher)}
 
 

@@ -1,14 +1,16 @@
-"""The compiled in-block loops of the factored batch engine (coordinator-math.md §3).
+"""The compiled pieces of the factored batch engine's in-block loops (coordinator-math.md §3).
 
-This module owns dkha's compiled code. The engine (:mod:`dkha.solvers.factored`) keeps the stacked
+This module and :mod:`dkha.solvers.block_loops` (the loops, written from these pieces) own the
+batch engine's compiled code. The engine (:mod:`dkha.solvers.factored`) keeps the stacked
 state ``S = [A; B]`` (``m = 2r`` rows for KHA-SMD, ``m = r`` rows of ``A`` for the other gains) as
 ``S = T · S̃`` with a small lower-triangular ``m×m`` matrix ``T``, so that each step changes one
 column of ``S̃``. For a block of ``b`` rows ``P`` it computes, in NumPy/BLAS,
 ``Y₀ = S̃ K'_Pᵀ`` (one GEMM) and afterwards the deferred ``C̃ += U_Aᵀ K'_P`` (one more GEMM); what
 lies between, the ``b`` sequential steps of ``O(r² + b r)`` work each, is one call of
-:func:`kha_block` or :func:`smd_block` here. Measured (benchmarks/coordinator_speed.py): BLAS
-computes ``Y₀`` some 20× faster than a compiled naive loop, while NumPy's per-call overhead would
-dominate the small per-step products: hence this split.
+:func:`~dkha.solvers.block_loops.kha_block` or :func:`~dkha.solvers.block_loops.smd_block`.
+Measured (benchmarks/coordinator_speed.py): BLAS computes ``Y₀`` some 20× faster than a compiled
+naive loop, while NumPy's per-call overhead would dominate the small per-step products: hence
+this split.
 
 Notation of the step (coordinator-math.md §2, §3): ``y = A k'_p``, ``z = B k'_p``, gains ``d``,
 ``a = c_A = d ⊙ y``, ``c_B = d ⊙ (y + ξ z)``,
@@ -22,9 +24,10 @@ Every product with ``M`` or ``N_A`` is a prefix sum over rows (or columns), ``O(
 All arrays are float64 and C-contiguous (``index`` int64), as normalised by the caller; results are
 written into the arrays passed in. Every function has a plain NumPy twin in tests/test_factored.py.
 
-Numerical guards. Each step is checked before its results are kept (:func:`step_problem`,
-``O(m²)`` next to the step's ``O(m³)`` conditioning test): the projections ``y = A k'_p`` before
-and ``y⁺ = A' k'_p = M y + κ a`` after the step (``κ = K'[p, p]``), ``z = B k'_p``, the new
+Numerical guards. Each step is checked before its results are kept (``kha_step_problem``,
+``smd_step_problem``, ``keep_factored_step`` of :mod:`dkha.solvers.block_loops`; ``O(m²)`` next
+to the step's ``O(m³)`` conditioning test): the projections ``y = A k'_p`` before and
+``y⁺ = A' k'_p = M y + κ a`` after the step (``κ = K'[p, p]``), ``z = B k'_p``, the new
 log-gains and gains, the new ``T`` and column update. A step is bad when any of them is not
 finite, when ``|y_i| > RUNAWAY·√κ`` (then component ``i``'s feature-space norm ``‖w_i‖ ≥ |y_i|/√κ``
 exceeds ``RUNAWAY``; KHA converges to unit norms) or when a gain factor ``e^{ρ_i}`` exceeds
@@ -374,256 +377,7 @@ def all_finite(X):
 
 
 # ---------------------------------------------------------------------------------------------
-# The block loops
-
-
-@njit(cache=True, nogil=True)
-def kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit):
-    """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.
-
-    :func:`kha_block_logged` without the log of direct steps (see there for the parameters).
-    """
-    return kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit,
-                            np.zeros((0, 0)), np.full(1, np.inf))
-
-
-@njit(cache=True, nogil=True)
-def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit, direct_log,
-                     bound):
-    """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.
-
-    Parameters (all written in place where they change)
-    ----------
-    T : (r, r) lower triangular; S : (r, l) the ``S̃``, or (r, 0) where ``S̃`` is kept elsewhere
-        (its column updates are then only in ``U``, its direct steps in ``direct_log``);
-        C : (r, l) the ``C̃`` of ``C = T C̃``, or
-        (0, 0) when ``C`` is not kept. The caller adds ``U_A K'_P`` to ``C̃`` after the block; only
-        the rare direct step touches ``C̃`` here (and then carries the pending ``U[:j]`` along).
-    rows : (b, l) ``K'_P``; Y : (b, r) ``K'_P S̃ᵀ`` (row ``j`` the projection ``S̃ k'_{p_j}``) as of
-        step ``start``; U : (b, r) receives the column updates ``Δ_j = T⁻¹ c`` (0 for a direct
-        step); Kpp : (b, b) ``K'_P[:, P]``;
-    index : (b,) ``P``; eta : (b, r) the gains of each step;
-    fresh : whether ``T`` is the identity; cond_limit : fold before ``cond(T)`` exceeds this.
-
-    Returns ``(stop, fold, fresh, guard, component)``: steps ``start..stop-1`` were taken, and
-    ``fresh`` says whether ``T`` is still the identity. When ``fold`` is true the caller must fold
-    ``T`` (``Y[stop:]`` has been brought up to date in the current basis) and call again from
-    ``stop`` with ``fresh=True``. A ``guard`` other than ``GUARD_OK`` says step ``stop`` is bad
-    (see the module docstring) and was not kept; the state is then unusable. A step whose own ``M`` is too ill-conditioned to be factored (checked with
-    ``T = I``) is taken directly on ``S̃`` and ``C̃`` instead (``O(r l)`` by prefix sums; rare).
-
-    ``direct_log`` : (b, 1 + 2r) or (0, 0). When it has rows, row ``j`` records step ``j``: column
-    0 is 1 for a direct step (then columns ``1:1+r`` hold ``a = d ⊙ y`` and ``1+r:1+2r`` hold
-    ``y``, which define its ``M``), 0 otherwise. ``bound`` : (1,) an upper bound on
-    ``cond(T)`` kept from call to call (``inf``: unknown; reset to 1 where ``T`` is fresh): the
-    exact ``O(r³)`` test of each step runs only where the bound could pass ``cond_limit``, which
-    decides exactly as testing every step would. Worker-side replicas of ``S̃`` and ``C̃``
-    (coordinator-math.md §4) replay direct steps from it. A ``C`` of shape ``(r, 0)`` keeps the
-    pending ``C̃`` updates ``U`` in step with direct steps while ``C̃`` itself lives elsewhere.
-    """
-    r = T.shape[0]
-    b = index.shape[0]
-    has_c = C.shape[0] > 0
-    has_s = S.shape[1] > 0      # (r, 0): S̃ is kept elsewhere (FactoredState's deferred S̃)
-    logged = direct_log.shape[0] > 0
-    yt = np.empty(r)
-    y = np.empty(r)
-    a = np.empty(r)
-    delta = np.empty(r)
-    Tn = np.empty((r, r))
-    if fresh:
-        bound[0] = 1.0
-    for j in range(start, b):
-        corrected_projection(Y, U, Kpp, j, start, yt)
-        lower_matvec(T, yt, y)
-        for i in range(r):
-            a[i] = eta[j, i] * y[i]
-            if not np.isfinite(eta[j, i]):
-                return j, False, fresh, GUARD_GAIN, i
-        kappa = Kpp[j, j]
-        guard, comp = projection_problem(y, a, kappa, True)
-        if guard == GUARD_OK:
-            guard, comp = projection_problem(y, a, kappa, False)
-        if guard != GUARD_OK:
-            return j, False, fresh, guard, comp
-        apply_m(T, a, y, Tn)
-        p = index[j]
-        if logged:
-            direct_log[j, 0] = 0.0
-        exceeded, new_bound = cond_exceeds(Tn, bound, m_cond_bound(a, y), cond_limit)
-        if exceeded:
-            if not fresh:
-                finish_projections(Y, U, Kpp, start, j)
-                return j, True, fresh, GUARD_OK, -1
-            # T = I and M itself is ill-conditioned: take the step directly
-            if logged:
-                direct_log[j, 0] = 1.0
-                for i in range(r):
-                    direct_log[j, 1 + i] = a[i]
-                    direct_log[j, 1 + r + i] = y[i]
-            apply_m(S, a, y, S)
-            if has_s:
-                for i in range(r):
-                    S[i, p] += a[i]
-            if has_c:
-                apply_m(C, a, y, C)
-                for i in range(r):
-                    for q in range(C.shape[1]):
-                        C[i, q] += a[i] * rows[j, q]
-                pending = U[:j].T
-                apply_m(pending, a, y, pending)
-            rest = Y[j + 1:].T
-            apply_m(rest, a, y, rest)
-            for jj in range(j + 1, b):
-                for i in range(r):
-                    Y[jj, i] += a[i] * Kpp[jj, j]
-            U[j] = 0.0
-            if not all_finite(S):
-                return j, False, fresh, GUARD_A, -1
-            continue
-        solve_lower(Tn, a, delta)
-        for i in range(r):
-            if not np.isfinite(delta[i]):
-                return j, False, fresh, GUARD_A, i
-        if lower_nonfinite(Tn):
-            return j, False, fresh, GUARD_A, -1
-        copy_square(Tn, T)
-        bound[0] = new_bound
-        for i in range(r):
-            U[j, i] = delta[i]
-        if has_s:
-            for i in range(r):
-                S[i, p] += delta[i]
-        fresh = False
-    return b, False, fresh, GUARD_OK, -1
-
-
-@njit(cache=True, nogil=True)
-def smd_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
-              cond_limit):
-    """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
-
-    :func:`smd_block_logged` without the log of direct steps (see there).
-    """
-    return smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start,
-                            fresh, cond_limit, np.zeros((0, 0)), np.full(1, np.inf))
-
-
-@njit(cache=True, nogil=True)
-def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
-                     cond_limit, direct_log, bound):
-    """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
-
-    As :func:`kha_block`, with ``S = [A; B]`` (``2r`` rows, ``T`` ``2r×2r``), ``C`` (r, l) the
-    ``C̃`` of ``C = T_AA C̃``, ``rho`` (r) the log-gains (eq. 16), and ``gaa``, ``gab`` (r, r) the
-    Grams ``A K' Aᵀ`` and ``A K' Bᵀ`` kept by their recurrences. Per step: eq. 16 (ρ), then
-    eqs. 21, 15 (``T ← G T``, ``S̃[:, p] += T⁻¹ c``), and eq. 18 deferred to the caller's
-    ``C̃ += U_A K'_P`` (``U_A = U[:, :r]``).
-
-    ``direct_log`` : (b, 1 + 4r) or (0, 0), as in :func:`kha_block_logged`, a direct step's row
-    holding ``1, a, c_B, y, z`` (which define its ``G``). Returns as :func:`kha_block_logged`.
-    """
-    m = T.shape[0]
-    r = m // 2
-    b = index.shape[0]
-    has_s = S.shape[1] > 0      # (2r, 0): S̃ is kept elsewhere (FactoredState's deferred S̃)
-    logged = direct_log.shape[0] > 0
-    yt = np.empty(m)
-    yz = np.empty(m)
-    rho_new = np.empty(r)
-    a = np.empty(r)
-    cb = np.empty(r)
-    c = np.empty(m)
-    delta = np.empty(m)
-    Tn = np.empty((m, m))
-    if fresh:
-        bound[0] = 1.0
-    for j in range(start, b):
-        corrected_projection(Y, U, Kpp, j, start, yt)
-        lower_matvec(T, yt, yz)
-        y = yz[:r]
-        z = yz[r:]
-        smd_log_gain(rho, y, z, gab, mu, rho_new)
-        for i in range(r):
-            d = np.exp(rho_new[i]) * eta[j, i]
-            a[i] = d * y[i]
-            cb[i] = d * (y[i] + xi * z[i])
-            c[i] = a[i]
-            c[r + i] = cb[i]
-        kappa = Kpp[j, j]
-        guard, comp = projection_problem(y, a, kappa, True)
-        if guard != GUARD_OK:
-            return j, False, fresh, guard, comp
-        for i in range(r):
-            if not np.isfinite(z[i]):
-                return j, False, fresh, GUARD_B, i
-            if not (np.isfinite(rho_new[i]) and np.isfinite(eta[j, i])
-                    and np.isfinite(np.exp(rho_new[i]) * eta[j, i])):
-                return j, False, fresh, GUARD_GAIN, i
-            if rho_new[i] > LOG_RUNAWAY:
-                return j, False, fresh, GUARD_GAIN_RUNAWAY, i
-        guard, comp = projection_problem(y, a, kappa, False)
-        if guard != GUARD_OK:
-            return j, False, fresh, guard, comp
-        apply_g(T, a, cb, y, z, xi, Tn)
-        p = index[j]
-        direct = False
-        if logged:
-            direct_log[j, 0] = 0.0
-        exceeded, new_bound = cond_exceeds(Tn, bound, g_cond_bound(a, cb, y, z, xi), cond_limit)
-        if exceeded:
-            if not fresh:
-                finish_projections(Y, U, Kpp, start, j)
-                return j, True, fresh, GUARD_OK, -1
-            direct = True
-            if logged:
-                direct_log[j, 0] = 1.0
-                for i in range(r):
-                    direct_log[j, 1 + i] = a[i]
-                    direct_log[j, 1 + r + i] = cb[i]
-                    direct_log[j, 1 + 2 * r + i] = y[i]
-                    direct_log[j, 1 + 3 * r + i] = z[i]
-        for i in range(r):
-            rho[i] = rho_new[i]
-        smd_gram_update(gaa, gab, a, cb, y, z, Kpp[j, j], xi)
-        if not (all_finite(gaa) and all_finite(gab)):
-            return j, False, fresh, GUARD_GRAM, -1
-        if direct:
-            # T = I and G itself is ill-conditioned: take the step directly
-            apply_g(S, a, cb, y, z, xi, S)
-            if has_s:
-                for i in range(m):
-                    S[i, p] += c[i]
-            apply_m(C, a, y, C)
-            for i in range(r):
-                for q in range(C.shape[1]):
-                    C[i, q] += a[i] * rows[j, q]
-            pending = U[:j, :r].T
-            apply_m(pending, a, y, pending)
-            rest = Y[j + 1:].T
-            apply_g(rest, a, cb, y, z, xi, rest)
-            for jj in range(j + 1, b):
-                for i in range(m):
-                    Y[jj, i] += c[i] * Kpp[jj, j]
-            U[j] = 0.0
-            if not all_finite(S):
-                return j, False, fresh, GUARD_A, -1
-            continue
-        solve_lower(Tn, c, delta)
-        for i in range(m):
-            if not np.isfinite(delta[i]):
-                return j, False, fresh, GUARD_A if i < r else GUARD_B, i % r
-        if lower_nonfinite(Tn):
-            return j, False, fresh, GUARD_A, -1
-        copy_square(Tn, T)
-        bound[0] = new_bound
-        for i in range(m):
-            U[j, i] = delta[i]
-        if has_s:
-            for i in range(m):
-                S[i, p] += delta[i]
-        fresh = False
-    return b, False, fresh, GUARD_OK, -1
+# Worker-side replicas of S̃ and C̃ (coordinator-math.md §4)
 
 
 @njit(cache=True, nogil=True)

@@ -6,7 +6,7 @@ changes one column of ``S̃``. ``C = A K'`` (kept for KHA/et and KHA-SMD) is hel
 ``C = T_AA · C̃``. Per block of centered rows ``K'_P`` (``b×l``) the work is
 
 1. ``Y₀ = S̃ K'_Pᵀ``                         one GEMM (NumPy/BLAS)
-2. the ``b`` steps, ``O(r² + b r)`` each     one compiled call (:mod:`dkha.solvers.compiled`)
+2. the ``b`` steps, ``O(r² + b r)`` each     one compiled call (:mod:`dkha.solvers.block_loops`)
 3. ``C̃ += U_A K'_P``                         one more GEMM, the deferred eq. 18 (row ``j`` of
                                              ``U_A`` the ``A`` part of step ``j``'s column update)
 
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dkha.solvers import compiled
+from dkha.solvers import block_loops, compiled
 
 DEFAULT_FOLD_CONDITION = 1e3
 _EMPTY = np.zeros((0, 0))
@@ -311,12 +311,12 @@ class FactoredState:
         start = 0
         while start < b:
             if self.smd:
-                stop, fold, self._fresh, guard, comp = compiled.smd_block_logged(
+                stop, fold, self._fresh, guard, comp = block_loops.smd_block_logged(
                     self.T, S_arg, C_arg, self.gram_aa, self.gram_ab, self.rho, rows, Y, U,
                     Kpp, index, eta, float(mu), float(xi), start, self._fresh, self.fold_condition,
                     direct_log, self._cond_bound())
             else:
-                stop, fold, self._fresh, guard, comp = compiled.kha_block_logged(
+                stop, fold, self._fresh, guard, comp = block_loops.kha_block_logged(
                     self.T, S_arg, C_arg, rows, Y, U, Kpp, index, eta, start,
                     self._fresh, self.fold_condition, direct_log, self._cond_bound())
             if guard != compiled.GUARD_OK:

@@ -124,6 +124,117 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 INDEPENDENT = 1e-10
 
 
+# The pieces of a step, inlined into :func:`online_block` (numba IR inlining, before type
+# inference: the compiled loop is the one written out in one function, bit for bit).
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def sample_coordinates(c, C0, Kbb, L, pos, j, m0, m):  # pragma: no cover - compiled
+    """``c = L⁻¹ κ`` of sample ``j`` (the block-start members from ``C0``, later ones by
+    substitution); returns ``‖c‖²``."""
+    for q in range(m0):
+        c[q] = C0[j, q]
+    for q in range(m0, m):
+        acc = Kbb[j, pos[q - m0]]
+        for i in range(q):
+            acc -= L[q, i] * c[i]
+        c[q] = acc / L[q, q]
+    norm2 = 0.0
+    for q in range(m):
+        norm2 += c[q] * c[q]
+    return norm2
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def join_member(B, L, cbar, c, a_init, m, eps2):  # pragma: no cover - compiled
+    """The sample joins as member ``m`` (``L``'s row ``m``, ``c[m] = √ε²``, a zero column of
+    ``B`` and of ``c̄``); the first member initialises ``B`` to ``√ε² a_init``, which it says."""
+    d = np.sqrt(eps2)
+    for i in range(m):
+        L[m, i] = c[i]
+    L[m, m] = d
+    c[m] = d
+    initialising = m == 0
+    if initialising:
+        for k in range(B.shape[0]):
+            B[k, 0] = d * a_init[k]
+    else:
+        for k in range(B.shape[0]):
+            B[k, m] = 0.0
+    cbar[m] = 0.0
+    return initialising
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def centred(c, cbar, u, m, count, center):  # pragma: no cover - compiled
+    """``u = c − c̄`` once the running mean ``c̄`` has taken ``c`` in (``center``), else
+    ``u = c``; returns the new count of samples in the mean."""
+    if center:
+        count += 1
+        for q in range(m):
+            cbar[q] += (c[q] - cbar[q]) / count
+        for q in range(m):
+            u[q] = c[q] - cbar[q]
+    else:
+        for q in range(m):
+            u[q] = c[q]
+    return count
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def project(B, u, y, s, m):  # pragma: no cover - compiled
+    """``y = B u`` over the first ``m`` members, and the prefix sums ``s`` zeroed."""
+    for k in range(B.shape[0]):
+        acc = 0.0
+        for q in range(m):
+            acc += B[k, q] * u[q]
+        y[k] = acc
+    for q in range(m):
+        s[q] = 0.0
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def okpca_update(B, y, u, s, eta, m):  # pragma: no cover - compiled
+    """okpca: ``B_k += η y_k (u − Σ_{i≤k} y_i B_i)``; the first component whose norm
+    ``‖w_k‖ = ‖B_k‖`` is non-finite or past ``RUNAWAY``, else -1."""
+    for k in range(B.shape[0]):
+        yk = y[k]
+        nrm = 0.0
+        for q in range(m):
+            s[q] += yk * B[k, q]
+            B[k, q] += eta * yk * (u[q] - s[q])
+            nrm += B[k, q] * B[k, q]
+        if not nrm <= RUNAWAY2:
+            return k
+    return -1
+
+
+@njit(inline="always", fastmath=_FASTMATH)
+def kha_update(B, y, u, s, eta, m, algorithm):  # pragma: no cover - compiled
+    """oo-kha / on-kha: ``B_k += η y_k (u − 2 Σ_{i<k} y_i B_i − y_k B_k)``, ON-KHA (``algorithm``
+    0) normalising each ``B_k``; the first component whose norm is bad (non-finite or past
+    ``RUNAWAY``; ON-KHA: non-finite or zero), else -1."""
+    for k in range(B.shape[0]):
+        yk = y[k]
+        nrm = 0.0
+        for q in range(m):
+            bq = B[k, q]
+            bn = bq + eta * yk * (u[q] - 2.0 * s[q] - yk * bq)
+            B[k, q] = bn
+            s[q] += yk * bq
+            nrm += bn * bn
+        if algorithm != 0 and not nrm <= RUNAWAY2:
+            return k
+        if algorithm == 0:
+            # ON-KHA normalises: its norm must be finite and non-zero
+            if not (np.isfinite(nrm) and nrm > 0.0):
+                return k
+            nrm = 1.0 / np.sqrt(nrm)
+            for q in range(m):
+                B[k, q] *= nrm
+    return -1
+
+
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, step, capacity,
                  B, L, cbar, a_init, C0, Kbb, kdiag, joined):  # pragma: no cover - compiled
@@ -152,47 +263,16 @@ def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, s
     y = np.zeros(r)
     n_joined = 0
     for j in range(b):
-        # coordinates c = L⁻¹ κ: the block-start members from C0, later ones by substitution
-        for q in range(m0):
-            c[q] = C0[j, q]
-        for q in range(m0, m):
-            acc = Kbb[j, pos[q - m0]]
-            for i in range(q):
-                acc -= L[q, i] * c[i]
-            c[q] = acc / L[q, q]
-        norm2 = 0.0
-        for q in range(m):
-            norm2 += c[q] * c[q]
-        eps2 = kdiag[j] - norm2
+        eps2 = kdiag[j] - sample_coordinates(c, C0, Kbb, L, pos, j, m0, m)
         initialising = False
         # below r members any numerically independent sample joins: r components need r members
         if (eps2 >= nu or (m < r and eps2 > INDEPENDENT * kdiag[j])) and m < capacity:
-            d = np.sqrt(eps2)
-            for i in range(m):
-                L[m, i] = c[i]
-            L[m, m] = d
-            c[m] = d
-            if m == 0:
-                initialising = True
-                for k in range(r):
-                    B[k, 0] = d * a_init[k]
-            else:
-                for k in range(r):
-                    B[k, m] = 0.0
-            cbar[m] = 0.0
+            initialising = join_member(B, L, cbar, c, a_init, m, eps2)
             pos[m - m0] = j
             joined[n_joined] = j
             n_joined += 1
             m += 1
-        if center:
-            count += 1
-            for q in range(m):
-                cbar[q] += (c[q] - cbar[q]) / count
-            for q in range(m):
-                u[q] = c[q] - cbar[q]
-        else:
-            for q in range(m):
-                u[q] = c[q]
+        count = centred(c, cbar, u, m, count, center)
         if initialising or m == 0:
             step += 1
             continue
@@ -200,44 +280,13 @@ def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, s
             eta = eta0 * rate_param ** step
         else:
             eta = eta0 / (1.0 + step / rate_param)
-        for k in range(r):
-            acc = 0.0
-            for q in range(m):
-                acc += B[k, q] * u[q]
-            y[k] = acc
-        for q in range(m):
-            s[q] = 0.0
+        project(B, u, y, s, m)
         if algorithm == 2:
-            # okpca: B_k += η y_k (u − Σ_{i≤k} y_i B_i)
-            for k in range(r):
-                yk = y[k]
-                nrm = 0.0
-                for q in range(m):
-                    s[q] += yk * B[k, q]
-                    B[k, q] += eta * yk * (u[q] - s[q])
-                    nrm += B[k, q] * B[k, q]
-                if not nrm <= RUNAWAY2:  # ‖w_k‖ = ‖B_k‖ non-finite or past RUNAWAY
-                    return m, count, step, n_joined, k
+            bad = okpca_update(B, y, u, s, eta, m)
         else:
-            # oo-kha / on-kha: B_k += η y_k (u − 2 Σ_{i<k} y_i B_i − y_k B_k)
-            for k in range(r):
-                yk = y[k]
-                nrm = 0.0
-                for q in range(m):
-                    bq = B[k, q]
-                    bn = bq + eta * yk * (u[q] - 2.0 * s[q] - yk * bq)
-                    B[k, q] = bn
-                    s[q] += yk * bq
-                    nrm += bn * bn
-                if algorithm != 0 and not nrm <= RUNAWAY2:
-                    return m, count, step, n_joined, k
-                if algorithm == 0:
-                    # ON-KHA normalises: its norm must be finite and non-zero
-                    if not (np.isfinite(nrm) and nrm > 0.0):
-                        return m, count, step, n_joined, k
-                    nrm = 1.0 / np.sqrt(nrm)
-                    for q in range(m):
-                        B[k, q] *= nrm
+            bad = kha_update(B, y, u, s, eta, m, algorithm)
+        if bad >= 0:
+            return m, count, step, n_joined, bad
         step += 1
     return m, count, step, n_joined, -1
 

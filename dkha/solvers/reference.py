@@ -10,7 +10,7 @@ readable documentation of the updates. With ``y = A k'_p``, ``L = lt(y yᵀ)`` a
   gain by at least ½.
 
 :func:`guard` is the per-step definition of a bad step (non-finite values, runaway growth) that
-the compiled loops (:mod:`dkha.solvers.compiled`) also apply.
+the compiled loops (:mod:`dkha.solvers.block_loops`) also apply.
 """
 
 from __future__ import annotations

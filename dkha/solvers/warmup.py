@@ -1,11 +1,12 @@
 """Compile ahead: the factored solver's loops compiled in a background thread while a fit starts.
 
-The batch solvers' per-step loops are numba functions (:mod:`dkha.solvers.compiled`, ``cache=True``:
-compiled once per environment, then loaded from numba's cache in a fraction of a second). In a
-fresh environment the first fit compiles them at its first block — ~20 s for KHA-SMD on 2 cores,
-the most of a first ``dkha demo``. :func:`compile_ahead` starts that compilation in a daemon
-thread on a tiny problem of the same types as soon as a fit knows its algorithm, so it runs while
-the fit starts its cluster, computes the centering row and its start; the first block then finds
+The batch solvers' per-step loops are numba functions (:mod:`dkha.solvers.block_loops` over
+:mod:`dkha.solvers.compiled`, ``cache=True``: compiled once per environment, then loaded from
+numba's cache in a fraction of a second). In a fresh environment the first fit compiles them at
+its first block — ~20 s for KHA-SMD on 2 cores, the most of a first ``dkha demo``.
+:func:`compile_ahead` starts that compilation in a daemon thread on a tiny problem of the same
+types as soon as a fit knows its algorithm, so it runs while the fit starts its cluster,
+computes the centering row and its start; the first block then finds
 the functions compiled (numba's dispatchers compile under one lock and check for an existing
 compilation inside it: nothing is compiled twice). ``dkha.compile-ahead: false`` turns it off.
 """
