@@ -157,6 +157,8 @@ def main():
                     help="for each N, start `dask scheduler` + N `dask worker --nthreads 1` "
                          "processes instead of a LocalCluster")
     ap.add_argument("--skip-kha", action="store_true", help="only the MK pass, K'V and krylov")
+    ap.add_argument("--skip-krylov", action="store_true", help="no krylov fit (its speed-up is its "
+                    "passes': the MK pass and K'V products)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of the MK pass, K'V and the krylov fit per worker count: the "
                          "median is reported, the range beside it (default 3)")
@@ -195,8 +197,9 @@ def main():
                                        args.repeat))
             rows.append(measure_median(eng, client, f"K'V ({args.columns} cols)",
                                        lambda: eng.matmat(V), args.repeat))
-            rows.append(measure_median(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
-                                       lambda: krylov_fit(eng, r), args.repeat))
+            if not args.skip_krylov:
+                rows.append(measure_median(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
+                                           lambda: krylov_fit(eng, r), args.repeat))
             if args.skip_kha:
                 continue
             alphas = {}

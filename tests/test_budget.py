@@ -86,3 +86,41 @@ def test_memory_budget_accepts_numbers_and_strings():
     with dask.config.set({"dkha.memory-budget": "lots"}), \
             pytest.raises(ValueError, match="dkha.memory-budget"):
         memory_plan(500_000)
+
+
+def test_nystrom_landmark_rows_count_against_the_budget(digits_store, client):
+    """While the landmark rows are held the stream runs fewer blocks ahead (the rows and the
+    blocks in flight within the budget), the rows equal those of the full prefetch, and the
+    engine's prefetch is restored after."""
+    from dkha.engine.rows import RowEngine
+    from dkha.fit.init import landmark_prefetch, landmark_rows
+    from dkha.kernels import make_kernel
+
+    l, m = digits_store.n_samples, 200
+    kernel = make_kernel("gaussian", sigma=4.0)
+    with dask.config.set({"dkha.memory-budget": 8 * l * (m + 6 * 16)}):   # rows + 6 blocks of 16
+        engine = RowEngine(digits_store, kernel, client, block_rows=16, prefetch=4)
+        engine.compute_mk(cache=False)
+        assert landmark_prefetch(engine, 0) == 4
+        assert landmark_prefetch(engine, 8 * l * m) == 4            # 6 blocks still fit
+        assert landmark_prefetch(engine, 8 * l * (m + 48)) == 1     # 3 fit: one ahead
+        seen = []
+        stream = engine.stream
+
+        def spy(blocks, solver=None):
+            seen.append(engine.prefetch)
+            return stream(blocks, solver)
+
+        engine.stream = spy
+        with dask.config.set({"dkha.memory-budget": 8 * l * (m + 3 * 16)}):
+            tight = RowEngine(digits_store, kernel, client, block_rows=16, prefetch=4)
+        tight.set_mk(engine.mk, engine.mkm)
+        tight_stream = tight.stream
+        tight.stream = lambda blocks, solver=None: (seen.append(tight.prefetch),
+                                                    tight_stream(blocks, solver))[1]
+        M, rows = landmark_rows(tight, m, seed=0)
+        assert seen == [1] and tight.prefetch == 4
+        M2, want = landmark_rows(engine, m, seed=0)
+        assert seen[-1] == 4
+        np.testing.assert_array_equal(M, M2)
+        np.testing.assert_array_equal(rows, want)

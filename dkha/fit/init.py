@@ -36,12 +36,31 @@ def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     b = engine.block_rows
     rows = np.empty((m, l))
     blocks = ((a, M[a:a + b]) for a in range(0, m, b))
-    with Progress(getattr(engine, "verbose", False), m, "Nyström landmark rows",
-                  unit="row") as bar:
-        for a, idx, block in engine.stream(blocks):
-            rows[a:a + len(idx)] = block
-            bar.update(len(idx))
+    kept = engine.prefetch
+    engine.prefetch = landmark_prefetch(engine, rows.nbytes)
+    try:
+        with Progress(getattr(engine, "verbose", False), m, "Nyström landmark rows",
+                      unit="row") as bar:
+            for a, idx, block in engine.stream(blocks):
+                rows[a:a + len(idx)] = block
+                bar.update(len(idx))
+    finally:
+        engine.prefetch = kept
     return M, rows
+
+
+def landmark_prefetch(engine, held: int) -> int:
+    """Blocks ahead while the landmark rows (``held`` bytes) are kept: the rows count against
+    the engine's memory budget (:mod:`dkha.engine.budget`: ``(prefetch + 2)`` blocks of
+    ``b × l`` in flight), so the stream runs fewer blocks ahead while they grow — at
+    l = 200 000 × 16 the 500 rows (0.8 GB) beside the full prefetch took the default fit to a
+    2.07 GiB peak. At least one ahead: the rows themselves are the start's cost."""
+    memory = getattr(engine, "memory", None)
+    if memory is None:
+        return engine.prefetch
+    block = 8 * engine.block_rows * max(1, engine.n_samples)
+    fit = (memory.budget - held) // block - 2
+    return int(max(1, min(engine.prefetch, fit)))
 
 
 def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float = 1e-10
