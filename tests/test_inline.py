@@ -57,7 +57,7 @@ def test_inline_client_runs_tasks_as_dask_would():
     """Futures inside lists are resolved, a task's error comes out of gather and result (not
     out of submit), and the one worker is described as the in-process cluster's."""
     c = InlineClient(threads=3)
-    a = c.submit(np.ones, 3)
+    a = c.submit(np.ones, 3, key="a", workers=["w"], allow_other_workers=False, pure=False)
     b = c.submit(accumulate, None, [a, None], [c.submit(lambda: (np.full(3, 2.0),)), 0])
     assert np.array_equal(c.gather([b])[0], np.full(3, 3.0))
     bad = c.submit(np.reshape, np.arange(3), (2, 2))
@@ -85,3 +85,15 @@ def test_store_rows_in_memory_read_as_the_chunks(digits_store):
     assert copy.rows is None and np.array_equal(copy.read(), X)
     with pytest.raises(InputError, match="shape"):
         held_in_memory(open_store(digits_store.path), X[:10])
+
+
+def test_projections_on_the_workers_inline_equal_the_cluster(digits):
+    """The replicas' tasks (pinned to a worker, rebuilt, dropped) run inline too: KHA-SMD with
+    its projections on the workers, inline and on the in-process cluster, to the last bit."""
+    X = np.array(digits[:200])
+    kw = dict(n_components=3, algorithm="kha-smd", sigma=4.0, passes=2, projections="workers")
+    inline = KernelHebbianPCA(**kw).fit(X)
+    with dask.config.set({"dkha.inline-samples": 0}):
+        cluster = KernelHebbianPCA(**kw).fit(X)
+    assert inline.timings_["projections"]["chosen"] == "workers"
+    assert np.array_equal(inline.alpha_, cluster.alpha_)

@@ -81,8 +81,11 @@ class InlineClient:
         return f"<InlineClient: this thread, as {self.threads} threads>"
 
     # -- tasks --
-    def submit(self, func, *args, key=None, workers=None, priority=0, pure=True,
-               **kwargs) -> InlineFuture:
+    def submit(self, func, *args, key=None, workers=None, resources=None, retries=None,
+               priority=0, fifo_timeout="100 ms", allow_other_workers=False, actor=False,
+               actors=False, pure=True, **kwargs) -> InlineFuture:
+        """``func(*args, **kwargs)`` now, in this thread (``distributed.Client.submit``'s own
+        keywords — placement, priority, retries — have nothing to choose here)."""
         try:
             value = func(*_resolved(args), **_resolved(kwargs))
         except Exception as exc:  # noqa: BLE001 - kept, raised by gather/result as Dask does
