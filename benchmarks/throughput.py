@@ -5,14 +5,17 @@ median distance), for each precision (float64, float32), interleaved so that a c
 hits the bound and dkha alike:
 
 * the bound for one pass: the distance GEMM ``l×n·n×l`` plus ``exp`` of ``l²`` values, each at
-  its best on this machine (BLAS with all cores via threadpoolctl, ``exp`` in one NumPy thread
-  per core, in cache) — the issue's bound; and the same plus the GEMM that multiplies the tile
-  (``l×l·l×k``) for the passes that do (``+products``);
+  its best on this machine (the fastest of several blockings and of two ways of threading over
+  all cores, for NumPy's BLAS; ``exp`` in one NumPy thread per core, in cache) — the issue's
+  bound; and the same plus the GEMMs of the products the pass itself makes (``+products``: the
+  pass's own product columns ``k`` over its tiles, at the same best);
 * dkha on the in-process cluster (one thread per core, one BLAS thread each), one pass of:
-  ``MK`` (the exact MK row), ``K'V`` (one Krylov product, k = r + r/2 columns), ``KHA`` (one
-  KHA-SMD pass: the block stream of a 1-pass fit, centering cached; the coordinator multiplies
-  each block by S̃ (2r columns) and updates C̃ (r)), ``evaluation`` (one residual pass
-  ``‖K' − CᵀC‖``, r columns; always float64 tiles, so printed for float64 only);
+  ``MK`` (the exact MK row), ``K'V`` (one Krylov product, k = r + r/2 columns, both halves of
+  each tile ``I < J``), ``KHA`` (one KHA-SMD pass: the block stream of a 1-pass fit, centering
+  cached; the coordinator multiplies each block by ``S̃_B`` (r columns: the ``A`` rows of the
+  projections are columns of the kept ``C̃ = S̃_A K'``, as ``K'`` is symmetric) and updates
+  ``C̃`` (r)), ``evaluation`` (one residual pass ``‖K' − CᵀC‖``, ``C_Iᵀ C_J`` once a tile, r
+  columns; always float64 tiles, so printed for float64 only);
 * printed: seconds, kernel evaluations per second per core and dkha as % of the bound of the
   same precision (and of the bound with the pass's products), both for the evaluations the pass
   makes: l² for KHA, about l²/2 for MK, K'V and evaluation, which use K's symmetry. Each figure is
@@ -44,28 +47,77 @@ from dkha.kernels import make_kernel, median_distance  # noqa: E402
 from dkha.engine.rows import RowEngine  # noqa: E402
 
 
-def bound_parts(X: np.ndarray, dtype, ks: tuple[int, ...], rows: int, cores: int) -> dict:
+#: the blockings tried for the distance GEMM (rows × columns of each product; the fastest counts)
+GEMM_SHAPES = ((256, None), (64, None), (256, 2048), (2048, 2048), (1024, 1024))
+
+
+def _threads(cores: int, work, parts: int) -> float:
+    """Seconds of ``work(part)`` for ``part`` in ``range(parts)``, one thread per core (each with
+    one BLAS thread), or ``inf`` when ``parts`` is 0."""
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(cores) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(work, range(cores)))
+        return time.perf_counter() - t0
+
+
+def _best(timings: dict) -> tuple[float, str]:
+    how = min(timings, key=timings.get)
+    return timings[how], how
+
+
+def bound_parts(X: np.ndarray, dtype, ks: tuple[int, ...], cores: int, fraction: int = 8) -> dict:
     """Seconds for the parts of one pass's bound over all of ``X``, each at its best here:
-    ``gemm``, the distances ``X Xᵀ`` (blocks of ``rows`` rows, BLAS on all cores); ``gemmK``,
-    ``l×l·l×K`` for each ``K`` of ``ks`` (a 256-row panel times ``V``, repeated l/256 times);
-    ``exp``, exp of l² values (one NumPy thread per core on chunks of 32 768 values, in cache)."""
+
+    * ``gemm``: the distances ``X Xᵀ`` (``l×n·n×l``), the fastest of the blockings
+      :data:`GEMM_SHAPES` (output blocks in cache or not), on all cores either as one BLAS call
+      with ``cores`` threads or as one thread per core with one BLAS thread each; each timed on
+      the first ``l/fraction`` rows and scaled;
+    * ``gemmK`` for each ``K`` of ``ks``: the products of a pass with ``K`` columns, both shapes
+      a block's products take (``b×l·l×K``, a 256-row panel times ``V``; and ``K×b·b×l``, the
+      transposed update), the faster of the two way of threading, each half of ``K``;
+    * ``exp``: exp of l² values (one NumPy thread per core on chunks of 32 768 values, in cache).
+
+    ``how`` says which blocking and threading won."""
     l = len(X)
     Xd = np.ascontiguousarray(X, dtype=dtype)
+    part_rows = max(1, l // fraction)
     out: dict = {}
-    buf = np.empty((rows, l), dtype=dtype)
-    with threadpool_limits(limits=cores, user_api="blas"):
-        t0 = time.perf_counter()
-        for a in range(0, l, rows):
-            b = min(a + rows, l)
-            np.matmul(Xd[a:b], Xd.T, out=buf[:b - a])
-        out["gemm"] = time.perf_counter() - t0
-        panel = np.ascontiguousarray(buf[:256])
-        for k in ks:
-            V = np.ones((l, k), dtype=dtype)
+    timings = {}
+    for rows, cols in GEMM_SHAPES:
+        cols = cols or l
+
+        def blocks(first, step, rows=rows, cols=cols):
+            buf = np.empty((rows, cols), dtype=dtype)
+            for a in range(first * rows, part_rows, step * rows):
+                b = min(a + rows, part_rows)
+                for c in range(0, l, cols):
+                    d = min(c + cols, l)
+                    np.matmul(Xd[a:b], Xd[c:d].T, out=buf[:b - a, :d - c])
+
+        with threadpool_limits(limits=cores, user_api="blas"):
             t0 = time.perf_counter()
-            for _ in range(0, l, 256):
+            blocks(0, 1)
+            timings[f"{rows}×{cols} BLAS×{cores}"] = time.perf_counter() - t0
+        timings[f"{rows}×{cols} 1/thread"] = _threads(cores, lambda h: blocks(h, cores), cores)
+    gemm, how = _best(timings)
+    out["gemm"] = gemm * l / part_rows
+    b = 256
+    panel = np.ascontiguousarray(np.random.default_rng(0).random((b, l)), dtype=dtype)
+    blocks = -(-l // b)
+    for k in ks:
+        V = np.ones((l, k // 2), dtype=dtype)
+        U = np.ones((k - k // 2, b), dtype=dtype)
+
+        def products(first, step):
+            for _ in range(first, blocks, step):
                 _ = panel @ V
-            out[f"gemm{k}"] = time.perf_counter() - t0
+                _ = U @ panel
+
+        with threadpool_limits(limits=cores, user_api="blas"):
+            t0 = time.perf_counter()
+            products(0, 1)
+            blas = time.perf_counter() - t0
+        out[f"gemm{k}"] = min(blas, _threads(cores, lambda h: products(h, cores), cores))
     chunk = 1 << 15
     args = -np.random.default_rng(0).random(chunk).astype(dtype)   # exp arguments in [−1, 0]
     per_thread = -(-l * l // (chunk * cores))
@@ -79,6 +131,7 @@ def bound_parts(X: np.ndarray, dtype, ks: tuple[int, ...], rows: int, cores: int
         t0 = time.perf_counter()
         list(pool.map(exp_part, range(cores)))
         out["exp"] = time.perf_counter() - t0
+    out["how"] = how
     return out
 
 
@@ -119,7 +172,6 @@ def main():
     ap.add_argument("--samples", type=int, default=20000)
     ap.add_argument("--components", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=2, help="rounds; the fastest of each counts")
-    ap.add_argument("--rows", type=int, default=2048, help="rows per block of the bound's GEMMs")
     ap.add_argument("--precision", choices=("both", "float64", "float32"), default="both")
     ap.add_argument("--projections", choices=("coordinator", "workers"), default="coordinator")
     ap.add_argument("--workdir", default="/tmp/dkha-bench")
@@ -133,7 +185,9 @@ def main():
     kernel = make_kernel("gaussian", sigma=sigma)
     cores = os.cpu_count() or 1
     precisions = ("float64", "float32") if args.precision == "both" else (args.precision,)
-    columns = {"MK": 0, "K'V": r + r // 2, "KHA": 3 * r, "evaluation": r}
+    # the product columns each pass multiplies its tiles by, and the share of the tiles' l²
+    # values they multiply (K'V: both halves of a tile I < J; evaluation: C_Iᵀ C_J once)
+    columns = {"MK": 0, "K'V": r + r // 2, "KHA": 2 * r, "evaluation": r}
     ks = tuple(sorted({k for k in columns.values() if k}))
     best_bound: dict = {}
     best_dkha: dict = {}
@@ -148,12 +202,15 @@ def main():
         for rnd in range(max(1, args.repeat)):
             for p in precisions:        # bound and dkha interleaved: load changes hit both
                 dtype = np.dtype(p)
-                b = bound_parts(X, dtype, ks, args.rows, cores)
+                b = bound_parts(X, dtype, ks, cores)
                 d, symmetric = dkha_passes(store, kernel, client, r, p, args.projections)
                 print(f"  round {rnd + 1} {p}: bound parts "
-                      + ", ".join(f"{k} {v:.2f} s" for k, v in b.items()) + "; dkha "
+                      + ", ".join(f"{k} {v:.2f} s" for k, v in b.items() if k != "how")
+                      + f" (distances: {b['how']}); dkha "
                       + ", ".join(f"{k} {v:.2f} s" for k, v in d.items()), flush=True)
                 for k, v in b.items():
+                    if k == "how":
+                        continue
                     best_bound[p, k] = min(v, best_bound.get((p, k), np.inf))
                 for k, v in d.items():
                     best_dkha[p, k] = min(v, best_dkha.get((p, k), np.inf))
@@ -169,7 +226,8 @@ def main():
             if name == "evaluation" and p != "float64":
                 continue        # evaluation always uses float64 tiles (RowEngine.exact_kernel)
             bound = share * (best_bound[p, "gemm"] + best_bound[p, "exp"])
-            full = bound + share * (best_bound[p, f"gemm{k}"] if k else 0.0)
+            products = 1.0 if name in ("KHA", "K'V") else share
+            full = bound + products * (best_bound[p, f"gemm{k}"] if k else 0.0)
             t = best_dkha[p, name]
             print(f"{name:<12}{p:<10}{bound:>9.2f}{full:>10.2f}{t:>9.2f}{rate(bound):>17.3e}"
                   f"{rate(t):>16.3e}{100 * bound / t:>11.0f}%{100 * full / t:>12.0f}%")

@@ -187,8 +187,18 @@ class Kernel:
             K -= np.asarray(mk_cols)[None, :]
             K -= (np.asarray(mk_rows) - mkm)[:, None]
             return K.astype(dtype, copy=False)
-        return tiles.kernel_tile(self.tile_spec(), self._inputs(X), self._inputs(Y), mk_rows,
+        if not isinstance(Y, tiles.Columns):
+            Y = self._inputs(Y)
+        return tiles.kernel_tile(self.tile_spec(), self._inputs(X), Y, mk_rows,
                                  mk_cols, mkm, out_dtype=dtype)
+
+    def prepared_columns(self, Y: np.ndarray):
+        """``Y`` as :meth:`centered_block` takes it for many row blocks against the same columns
+        (:func:`dkha.tiles.prepare_columns`: its norms, precision and shift computed once);
+        ``Y`` itself for the precomputed and callable kernels."""
+        if self.name in ("precomputed", "callable"):
+            return Y
+        return tiles.prepare_columns(self.tile_spec(), self._inputs(Y))
 
     def products(self, X: np.ndarray, Y: np.ndarray, V: np.ndarray | None = None,
                  W: np.ndarray | None = None, mk_rows: np.ndarray | None = None,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, types
@@ -246,23 +247,46 @@ class TileSpec:
         return self.code in (GAUSSIAN, LAPLACIAN)
 
 
-def _operands(spec: TileSpec, X: np.ndarray, Y: np.ndarray):
-    """``(Xs, Ys, xx, yy)``: the blocks in the tile's precision (shifted by ``Y``'s mean for a
-    distance kernel in float32: distances unchanged, cancellation reduced) and float64 norms."""
-    X = np.asarray(X, dtype=np.float64)
+@dataclass(frozen=True)
+class Columns:
+    """The column block ``Y`` of tiles ``K[X, Y]`` as the tile functions take it, prepared once
+    (:func:`prepare_columns`) for every tile against it: in the tile's precision (shifted by its
+    mean for a distance kernel in float32), its float64 squared norms, the float64 rows."""
+
+    Ys: np.ndarray
+    yy: np.ndarray
+    Y64: np.ndarray
+    shift: np.ndarray | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.Ys, self.yy, self.Y64) if a is not None) - (
+            self.Y64.nbytes if self.Ys is self.Y64 else 0)
+
+
+def prepare_columns(spec: TileSpec, Y: np.ndarray) -> Columns:
+    """``Y`` prepared for :func:`kernel_tile` and :func:`tile_product` (see :class:`Columns`):
+    a worker that computes many row blocks against the same columns prepares them once."""
     Y = np.asarray(Y, dtype=np.float64)
-    if spec.distance:
-        if spec.dtype == np.float32 and len(Y):
-            shift = Y.mean(axis=0)
-            X = X - shift
-            Y = Y - shift
-        xx = np.einsum("ij,ij->i", X, X)
-        yy = np.einsum("ij,ij->i", Y, Y)
-    else:
-        xx = yy = np.zeros(0)
-    if spec.dtype == np.float32:
-        return X.astype(np.float32), Y.astype(np.float32), xx, yy, X, Y
-    return X, Y, xx, yy, X, Y
+    shift = None
+    if spec.distance and spec.dtype == np.float32 and len(Y):
+        shift = Y.mean(axis=0)
+        Y = Y - shift
+    yy = np.einsum("ij,ij->i", Y, Y) if spec.distance else np.zeros(0)
+    return Columns(Y.astype(np.float32) if spec.dtype == np.float32 else Y, yy, Y, shift)
+
+
+def _operands(spec: TileSpec, X: np.ndarray, Y):
+    """``(Xs, Ys, xx, yy)``: the blocks in the tile's precision (shifted by ``Y``'s mean for a
+    distance kernel in float32: distances unchanged, cancellation reduced) and float64 norms
+    (``Y`` raw or already :func:`prepared <prepare_columns>`), and the float64 rows of both."""
+    cols = Y if isinstance(Y, Columns) else prepare_columns(spec, Y)
+    X = np.asarray(X, dtype=np.float64)
+    if cols.shift is not None:
+        X = X - cols.shift
+    xx = np.einsum("ij,ij->i", X, X) if spec.distance else np.zeros(0)
+    Xs = X.astype(np.float32) if spec.dtype == np.float32 else X
+    return Xs, cols.Ys, xx, cols.yy, X, cols.Y64
 
 
 def _refine(spec: TileSpec, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:

@@ -121,7 +121,7 @@ def _dense_evaluation(store_path, ds):
     from dkha.data.store import open_store
 
     X = open_store(store_path).read()
-    sigma = ds.attrs["sigma"]
+    sigma = ds.attrs["kernel_parameters"]["sigma"]
     d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
     K = np.exp(-d2 / (2 * sigma**2))
     l = len(K)

@@ -123,7 +123,8 @@ def test_saved_run_dir(runs, oracle, digits_store, seed, algorithm):
     assert ds["pass"].values.tolist() == [0, 1, 2, 3]
     a = ds.attrs
     assert a["algorithm"] == algorithm
-    assert a["kernel"] == "gaussian" and a["sigma"] == SIGMA
+    assert a["kernel"] == "gaussian" and a["kernel_parameters"] == {"sigma": SIGMA}
+    assert "sigma" not in a          # saved once, in kernel_parameters
     assert a["seed"] == seed
     assert a["store"] == os.path.abspath(digits_store.path)
     assert (a["n_samples"], a["n_features"]) == (300, 64)
@@ -156,12 +157,15 @@ def test_history_is_indexed_by_pass_step_and_wall_time(runs, tmp_path):
     for name in ("pass", "step", "error", "error_min", "excess", "wall_time"):
         old[name].attrs = {}
     assert "pass" in old.data_vars
+    old.attrs.update(old.attrs["kernel_parameters"])     # and the kernel's parameters twice
     result.save(old, str(tmp_path / "old"))
     again = result.load(tmp_path / "old")
     assert {"pass", "step", "wall_time"} <= set(again.coords)
     assert again["wall_time"].attrs["units"] == "s"
     assert result.history_of(again) == model.history_
-    assert dkha.load(str(tmp_path / "old")).history_ == model.history_
+    loaded = dkha.load(str(tmp_path / "old"))
+    assert loaded.history_ == model.history_
+    assert loaded.sigma == SIGMA and loaded.kernel_.param_dict == {"sigma": SIGMA}
 
 def test_run_dir_holding_a_different_run(digits_store, client, seed, tmp_path):
     run_dir = str(tmp_path / "run")

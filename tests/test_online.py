@@ -340,7 +340,8 @@ def test_fit_streams_the_store_in_blocks_and_saves(online_digits, tmp_path):
     assert np.all((ds["ac_index"].values > 0) & (ds["ac_index"].values <= 1))
     assert ds.attrs["algorithm"] == "okpca" and ds.attrs["tau"] == 1000.0
     assert ds.attrs["gain_decay"] is None and ds.attrs["centered"] is False
-    assert ds.attrs["kernel"] == "gaussian" and ds.attrs["sigma"] == SIGMA
+    assert ds.attrs["kernel"] == "gaussian" and ds.attrs["kernel_parameters"] == {"sigma": SIGMA}
+    assert "sigma" not in ds.attrs   # saved once, in kernel_parameters
     assert ds.attrs["n_samples"] == 90 and ds.attrs["n_features"] == 64
     assert ds.attrs["seed"] == 4 and ds.attrs["nu"] == 1e-3
     assert ds.attrs["store"].endswith("d.zarr") and "dkha_version" in ds.attrs
@@ -408,9 +409,55 @@ def test_gamma_is_renamed_gain_decay(online_digits, tmp_path):
     ds = xr.open_zarr(str(tmp_path / "run" / "components.zarr"))
     attrs = dict(ds.attrs)
     attrs["gamma"] = attrs.pop("gain_decay")
+    attrs.update(attrs["kernel_parameters"])      # kept at the top level too back then
     ds.attrs = attrs
     ds.to_zarr(str(tmp_path / "old" / "components.zarr"), mode="w")
-    assert load(str(tmp_path / "old")).gain_decay == 0.99
+    old = load(str(tmp_path / "old"))
+    assert old.gain_decay == 0.99 and old.sigma == SIGMA
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_a_checkpoint_written_before_the_renames_resumes(online_digits, tmp_path, monkeypatch):
+    """A checkpoint of a run saved with the attr ``gamma`` (the gain decay before its rename)
+    and the kernel's parameters at the top level too resumes as the same run, bit for bit; a
+    different gain decay is still refused, naming it."""
+    import json
+    import os
+
+    from dkha.data.checkpoint import Checkpointer
+
+    kw = dict(sigma=SIGMA, nu=0.2, eta0=0.1, gain_decay=0.99, steps=240, block_rows=16, seed=1)
+    full = OnlineKernelPCA(4, **kw).fit(online_digits, run_dir=str(tmp_path / "full"))
+    run = str(tmp_path / "run")
+    save = Checkpointer.save
+
+    def save_then_stop(self, step, arrays, meta):
+        save(self, step, arrays, meta)
+        raise Stopped
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_stop)
+    with pytest.raises(Stopped):
+        OnlineKernelPCA(4, **kw).fit(online_digits, run_dir=run, checkpoint_every=64)
+    monkeypatch.setattr(Checkpointer, "save", save)
+    ck = Checkpointer(run).latest()
+    assert 0 < ck.step < 240
+    meta_path = os.path.join(ck.path, "meta.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    attrs = meta["attrs"]
+    attrs["gamma"] = attrs.pop("gain_decay")
+    attrs.update(attrs["kernel_parameters"])
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(ParameterError, match="gain_decay: 0.99 in the checkpoint, 0.5 now"):
+        OnlineKernelPCA(4, **dict(kw, gain_decay=0.5)).fit(online_digits, run_dir=run,
+                                                           resume=True)
+    resumed = OnlineKernelPCA(4, **kw).fit(online_digits, run_dir=run, resume=True)
+    np.testing.assert_array_equal(resumed.alpha_, full.alpha_)
+    np.testing.assert_array_equal(resumed.dictionary_, full.dictionary_)
 
 
 def test_eigenvalue_samples_sets_the_sample_the_eigenvalues_are_measured_on(online_digits,

@@ -100,7 +100,7 @@ def test_component_pictures_are_preimages(photo_run, client):
     assert pics.dims == ("component", "patch_row", "patch_col") and pics.shape == (3, PATCH, PATCH)
     X = open_store(d / "patches.zarr").read()
     A = ds["alpha"].values
-    sigma = ds.attrs["sigma"]
+    sigma = ds.attrs["kernel_parameters"]["sigma"]
     spread = ds["projection"].values.std(axis=0)
     for i in range(3):
         beta = np.zeros(3)
@@ -153,7 +153,7 @@ def test_maps_of_a_sampled_store_cover_every_patch_position(sampled_run):
     assert maps.dims == ("component", "image", "row", "col")
     assert list(maps["image"].values) == list(shapes)
     alpha, mk, mkm, sigma = (ds["alpha"].values, ds["mk"].values, ds.attrs["mkm"],
-                             ds.attrs["sigma"])
+                             ds.attrs["kernel_parameters"]["sigma"])
     for name, shape in shapes.items():
         img = np.asarray(skimage.io.imread(d / name), dtype=np.float64) / 255
         grid = ((shape[0] - PATCH) // STEP + 1, (shape[1] - PATCH) // STEP + 1)
@@ -224,10 +224,10 @@ def test_report_axes_and_settings_read_as_a_person_expects():
     integers, seconds with their unit."""
     from dkha.pipeline.report import convergence_figure, settings_rows
 
-    def run(algorithm, history):
+    def run(algorithm, history, **old):
         return result.build_dataset(np.ones((2, 4)), np.ones(2), history, {
             "algorithm": algorithm, "kernel": "gaussian", "kernel_parameters": {"sigma": 2.0},
-            "sigma": 2.0, "n_components": 2, "n_samples": 4, "n_features": 3})
+            "n_components": 2, "n_samples": 4, "n_features": 3, **old})
 
     def h(p, step, excess, wall):
         return {"pass": p, "step": step, "error": 1.0, "error_min": 1.0, "excess": excess,
@@ -244,3 +244,8 @@ def test_report_axes_and_settings_read_as_a_person_expects():
     assert rows["steps done"] == "100 000" and rows["passes done"] == "2"
     assert rows["wall time of fitting (s)"] == "3.5" and rows["time: fit (s)"] == "3.5"
     assert dict(settings_rows(krylov, None))["K'V products"] == "32"
+    # the kernel's parameters from kernel_parameters (runs saved before: at the top level too)
+    assert rows["σ (kernel width)"] == "2"
+    older = run("kha-smd", [h(0, 0, 1e-2, 0.5)], sigma=2.0)
+    assert [r for r in settings_rows(older, None) if r[0].startswith("σ")] == [
+        ("σ (kernel width)", "2")]

@@ -142,6 +142,36 @@ def test_panel_buffers_are_reused_without_changing_a_bit(blocks, monkeypatch):
     assert all(tiles._scratch_arrays.buffers[k] is v for k, v in buffers.items())
 
 
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_prepared_columns_give_the_same_bits(blocks, precision, tmp_path):
+    """Column blocks prepared once (:func:`dkha.tiles.prepare_columns`, kept per worker process
+    by :func:`dkha.engine.tasks.column_operands` for a stream's blocks) give the same bits as
+    preparing them for each tile, for every kernel; the worker keeps and reuses them, and
+    :func:`~dkha.engine.tasks.clear_cache` drops them."""
+    from dkha.engine import tasks
+
+    X, Y, mr, mc, mkm = blocks
+    for name, p in KERNELS.items():
+        k = make_kernel(name, **p).computed_with(precision, "cpu")
+        want = k.centered_block(X, Y, mr, mc, mkm, dtype=precision)
+        got = k.centered_block(X, k.prepared_columns(Y), mr, mc, mkm, dtype=precision)
+        assert got.dtype == np.dtype(precision) and np.array_equal(got, want), name
+        # the oracle: the plain NumPy twin, to the precision's tolerance
+        twin = twin_centered(X, Y, name, mr, mc, mkm, **p)
+        tol = 1e-10 if precision == "float64" else 2e-4
+        assert np.abs(got - twin).max() < tol * scale_of(twin), name
+    path = str(tmp_path / "cols.zarr")
+    ingest_array(Y, path, chunk_rows=100)
+    cols = ((0, 100), (100, 200), (200, 230))
+    k = make_kernel("gaussian", sigma=3.0).computed_with(precision, "cpu")
+    first = tasks.column_operands(path, k, cols)
+    assert tasks.column_operands(path, k, cols) is first
+    assert np.array_equal(k.centered_block(X, first, mr, mc, mkm, dtype=precision),
+                          k.centered_block(X, Y, mr, mc, mkm, dtype=precision))
+    tasks.clear_cache()
+    assert tasks.column_operands(path, k, cols) is not first
+
+
 def test_exp_is_exact_to_two_ulps():
     """The vectorisable exp of the sweep against NumPy's, over the whole range it is used on."""
     x = -np.concatenate([np.linspace(0, 750, 200_001), np.geomspace(1e-12, 1, 1001)])

@@ -32,6 +32,7 @@ import numpy as np
 
 from dkha.data import result
 from dkha.data.atomic import replace_directory
+from dkha.data.run_attrs import identity_map, saved_value
 from dkha.errors import (
     DkhaWarning,
     InputError,
@@ -219,8 +220,8 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
 
     ``checkpointer`` is ``None`` without a run directory; ``checkpoint`` the one to resume from
     (``resume``), whose saved ``attrs`` (the run's identifying keys: ``resume_identity``,
-    default ``identity`` and the data's shape; ``identity`` is what tells runs apart,
-    :func:`dkha.estimators.params.identity_attrs`) and ``exact``
+    default ``identity`` and the data's shape; ``identity`` is what tells runs apart, with
+    the former names of renamed attrs, :func:`dkha.estimators.params.identity_attrs`) and ``exact``
     settings (those a bit-identical continuation also needs, e.g. the block size) must equal the
     current ones, else the resume is refused listing the differences. Without ``resume`` a
     directory holding a different run, or checkpoints of an unfinished one, is refused unless
@@ -240,8 +241,8 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
         if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
             raise RunDirectoryError(f"cannot resume: {run_dir} is not a directory")
         ck = checkpointer.require_latest()
-        keys = tuple(resume_identity if resume_identity is not None else
-                     tuple(identity) + ("n_samples", "n_features"))
+        keys = resume_identity if resume_identity is not None else \
+            {**identity_map(identity), "n_samples": None, "n_features": None}
         diffs = differences(ck.meta.get("attrs", {}), attrs, keys)
         diffs += differences(ck.meta.get("exact", {}), exact, tuple(exact))
         if diffs:
@@ -259,10 +260,11 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
 
 
 def differences(saved: dict, current: dict, keys) -> list[str]:
-    """``key: saved → current`` for each identifying attr that differs."""
+    """``key: saved → current`` for each identifying attr that differs (``keys``: names, or
+    ``{name: former name}`` for attrs an older checkpoint holds under another name)."""
     out = []
-    for k in keys:
-        a, b = saved.get(k), current.get(k)
+    for k, former in identity_map(keys).items():
+        a, b = saved_value(saved, k, former), current.get(k)
         if json.dumps(a, default=_json_default, sort_keys=True) != json.dumps(b, default=_json_default, sort_keys=True):
             out.append(f"{k}: {a!r} in the checkpoint, {b!r} now")
     return out

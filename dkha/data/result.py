@@ -34,6 +34,7 @@ import numpy as np
 import xarray as xr
 
 from dkha.data.atomic import write_zarr_atomically
+from dkha.data.run_attrs import identity_map, saved_value
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 from dkha.progress import phase
 
@@ -159,7 +160,7 @@ def jsonable(d: dict) -> dict:
 def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
     """Refuse a run directory that is a file, or that holds a different run (unless overwrite):
     one whose attrs differ in a key of ``identity`` (the estimators' parameter table says
-    which: :func:`dkha.estimators.params.identity_attrs`)."""
+    which, with their former names: :func:`dkha.estimators.params.identity_attrs`)."""
     if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
         raise RunDirectoryError(f"{run_dir} exists and is not a directory")
     comp = os.path.join(run_dir, COMPONENTS)
@@ -172,9 +173,10 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
             f"{run_dir} holds a components.zarr dkha cannot read; pass --overwrite to replace it"
         ) from None
     new = jsonable(attrs)
-    diffs = [k for k in identity if old.get(k) != new.get(k)]
+    saved = {k: saved_value(old, k, former) for k, former in identity_map(identity).items()}
+    diffs = [k for k in saved if saved[k] != new.get(k)]
     if diffs:
-        detail = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:4])
+        detail = ", ".join(f"{k}: {saved[k]!r} there, {new.get(k)!r} now" for k in diffs[:4])
         raise RunDirectoryError(
             f"{run_dir} already holds a different run ({detail}); pass --overwrite to replace it"
         )

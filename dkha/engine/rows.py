@@ -211,8 +211,9 @@ class RowEngine:
                                   block_rows=block_rows, prefetch=prefetch)
         self.block_rows, self.prefetch = self.memory.block_rows, self.memory.prefetch
         ng = config.get("column-groups", column_groups)
-        if ng is None:
-            ng = total_threads(client)
+        grouped = ng is not None
+        if not grouped:
+            ng = threads
         self.column_groups = _groups_of_chunks(store, int(ng))
         self.all_ranges = tuple(r for g in self.column_groups for r in g)
         # square tiles for the MK row and evaluation: at most dkha.tile-rows rows a side, and
@@ -229,6 +230,13 @@ class RowEngine:
             self.tile_cache.check_memory()
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
+        # the row stream's groups: where no column-groups are set and the blocks in flight
+        # keep every thread busy anyway (prefetch × groups ≥ threads), a block's rows come
+        # whole from fewer tasks, so the coordinator does not join b·l numbers from pieces
+        # (a copy of every block: 0.9 s of a 7 s pass at l = 20 000 on 2 cores)
+        self.row_groups = self.column_groups
+        if not grouped:
+            self.row_groups = _groups_of_chunks(store, -(-threads // self.prefetch))
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
@@ -327,7 +335,7 @@ class RowEngine:
         XP = self.client.submit(take_rows, path, self.all_ranges, index, priority=priority, pure=False)
         return [self.client.submit(centered_rows, path, self.kernel, XP, mk, self.mkm, index, cols,
                                    priority=priority, pure=False)
-                for cols in self.column_groups]
+                for cols in self.row_groups]
 
     def rows(self, index: np.ndarray) -> np.ndarray:
         """``K'[index, :]`` (blocking)."""

@@ -180,15 +180,14 @@ class KernelHebbianPCA(DkhaTransformer):
 
     def run_attrs(self, store: DataStore, kernel, p: ModelSettings) -> dict:
         """The attrs saved with the components (also used to compare runs)."""
-        attrs = saved_attrs(BATCH, dict(vars(p), kernel=kernel.name, seed=int(self.seed)))
+        attrs = saved_attrs(BATCH, dict(vars(p), seed=int(self.seed)), kernel)
         attrs.update({
-            "kernel_parameters": kernel.param_dict, "n_steps": p.n_steps,
+            "n_steps": p.n_steps,
             "passes": p.n_steps / store.n_samples,
             "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
             "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
             "dkha_version": __version__,
             "centering": "exact" if p.center_sample is None else "sample"})
-        attrs.update({k: v for k, v in kernel.param_dict.items()})
         if getattr(self, "_path_reason", None):     # algorithm="auto" resolved to the iterations
             attrs.update(path=p.algorithm, path_reason=self._path_reason)
         return attrs
@@ -221,9 +220,7 @@ class KernelHebbianPCA(DkhaTransformer):
         self.attrs_ = fit.attrs
         self._final = {"solver": fit.solver, "top_eigenvalues": res.top_eigenvalues,
                        "fit_seconds": res.wall_time, "meta": fit.meta}
-        if run_dir is not None:
-            self.save(run_dir)
-            fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
+        self._keep_complete_run(run_dir, fit.checkpointer)
 
     @validated_fit
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
@@ -360,13 +357,10 @@ def _from_dataset(cls, ds) -> KernelHebbianPCA:
     """:meth:`KernelHebbianPCA.from_dataset`: the estimator's parameters from the run's attrs,
     its fitted attributes from the run's variables."""
     a = ds.attrs
-    kp = dict(a.get("kernel_parameters", {}))
     l = int(a["n_samples"])
     n_steps = int(a["n_steps"])
     kw = dict({"init": "random"}, **from_attrs(BATCH, a))  # older runs: no init attr
-    model = cls(**kw, sigma=kp.get("sigma"), degree=kp.get("degree"),
-                offset=kp.get("offset"), gamma=kp.get("gamma"),
-                passes=n_steps // l if n_steps % l == 0 else None,
+    model = cls(**kw, passes=n_steps // l if n_steps % l == 0 else None,
                 steps=None if n_steps % l == 0 else n_steps)
     model.alpha_ = ds["alpha"].values.copy()
     model.eigenvalues_ = ds["eigenvalue"].values.copy()

@@ -174,15 +174,14 @@ class OnlineKernelPCA(DkhaTransformer):
     def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
                n_steps: int) -> dict:
         """The attrs saved with the components: the table's saved rows, resolved, and the run's."""
-        attrs = saved_attrs(ONLINE, dict(p, kernel=kernel.name, seed=int(self.seed)))
+        attrs = saved_attrs(ONLINE, dict(p, seed=int(self.seed)), kernel)
         attrs.update({
-            "kernel_parameters": kernel.param_dict, "feature_norm": p["feature_norm"],
+            "feature_norm": p["feature_norm"],
             "gain": p["gain"],
             "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
             "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1), "store": store_path,
             "n_samples": int(n_samples), "n_features": int(n_features), "init": "random",
             "dkha_version": __version__})
-        attrs.update(kernel.param_dict)
         return attrs
 
     # -- fitting --
@@ -256,9 +255,7 @@ class OnlineKernelPCA(DkhaTransformer):
         _check_dictionary(self._read_solver())
         self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs
-        if run_dir is not None:
-            self.save(run_dir)
-            fit.checkpointer.clear()  # the run is complete: its checkpoints are spent
+        self._keep_complete_run(run_dir, fit.checkpointer)
         return self
 
     @validated_fit

@@ -45,11 +45,7 @@ def estimator_of(cls, ds: xr.Dataset):
     run, its solver restored from the saved state."""
     a = ds.attrs
     kp = dict(a.get("kernel_parameters", {}))
-    kw = from_attrs(ONLINE, a)
-    if "gain_decay" not in a:   # saved before the rename: attr gamma
-        kw["gain_decay"] = old_gain_decay(a)
-    model = cls(**kw, sigma=kp.get("sigma"), degree=kp.get("degree"),
-                offset=kp.get("offset"), kernel_gamma=kp.get("gamma"))
+    model = cls(**from_attrs(ONLINE, a))
     # the scales the run was fitted with (the unit of eta0, read off its data then)
     p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
     kernel = make_kernel(a["kernel"], **kp)
@@ -76,10 +72,3 @@ def estimator_of(cls, ds: xr.Dataset):
     model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
     return model
 
-
-def old_gain_decay(attrs: dict):
-    """The gain decay of a run saved before ``gain_decay`` had its name: its attr ``gamma``,
-    unless a sigmoid kernel's slope (stored at the top level too) overwrote it."""
-    if "gamma" in attrs.get("kernel_parameters", {}):
-        return None
-    return attrs.get("gamma")

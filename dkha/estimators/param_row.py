@@ -93,13 +93,17 @@ class Param:
     short : the command line's help.
     none : ``None`` is accepted although the default is not (its meaning in the help).
     saved : the attr of the saved run (``components.zarr``) holding its resolved value: ``True``
-        its name, a string another name (kept for runs saved before), ``False`` not saved (kernel
-        parameters are saved together as ``kernel_parameters``, the length as ``n_steps``).
+        its name, a string another name (kept for runs saved before), ``False`` not saved (the
+        kernel's parameters are saved together, see ``kernel_param``; the length as ``n_steps``).
+    kernel_param : the kernel's parameter this row sets (a key of
+        :attr:`~dkha.kernels.Kernel.param_dict`): saved, as resolved (e.g. the median-distance
+        ``sigma``), in the run's one ``kernel_parameters`` attr, and read back from it.
     identity : part of a run's identity: a run directory or checkpoint holding another value is
         another run (resuming it is refused, writing over it needs ``overwrite``).
     old : the parameter's former name, still accepted with a ``FutureWarning`` as the
         estimator's keyword, the command-line option (hidden from ``--help``) and the pipeline
-        key, where no other row of the estimator takes that name.
+        key, where no other row of the estimator takes that name; for a row saved under its
+        name, also the attr of runs and checkpoints saved before (read, and compared, as it).
     """
 
     name: str
@@ -116,6 +120,7 @@ class Param:
     short: str | None = None
     none: bool = False
     saved: bool | str = False
+    kernel_param: str | None = None
     identity: bool = False
     old: str | None = None
 
@@ -127,6 +132,11 @@ class Param:
     def attr(self) -> str | None:
         """The saved run's attr of this parameter (``None``: not saved on its own)."""
         return None if self.saved is False else self.name if self.saved is True else self.saved
+
+    @property
+    def former_attr(self) -> str | None:
+        """The attr of runs saved before the parameter was renamed (``None``: never renamed)."""
+        return self.old if self.saved is True else None
 
     @property
     def option(self) -> str | None:

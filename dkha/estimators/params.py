@@ -26,6 +26,7 @@ from numbers import Integral, Real
 
 from dkha import algorithms
 from dkha.algorithms import ESTIMATOR_FAMILIES
+from dkha.data.run_attrs import saved_value
 from dkha.errors import ParameterError
 from dkha.estimators.param_row import (  # noqa: F401 (the table's vocabulary, importable here)
     BATCH,
@@ -112,13 +113,14 @@ PARAMETERS: tuple[Param, ...] = (
           "samples (3× it for a gaussian kernel on image patches, ``dkha.patch-sigma-factor``; "
           "recorded in ``kernel_`` and the saved attrs).",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
-          short="gaussian/laplacian width (default: median distance; 3× on image patches)"),
+          short="gaussian/laplacian width (default: median distance; 3× on image patches)",
+          kernel_param="sigma"),
     Param("degree", None, "Degree of the polynomial kernel (default 1: the dot product).",
           cli={"type": int, "group": "kernel"}, doc_type="int, optional",
-          short="polynomial degree (default 1: dot product)"),
+          short="polynomial degree (default 1: dot product)", kernel_param="degree"),
     Param("offset", None, "Offset of the polynomial and sigmoid kernels.",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
-          short="polynomial / sigmoid offset"),
+          short="polynomial / sigmoid offset", kernel_param="offset"),
     Param("coef0", None, "scikit-learn's name of ``offset`` (give one of them).",
           models=(BATCH,), flag=None, doc_type="float, optional"),
     Param("gamma", None,
@@ -128,12 +130,13 @@ PARAMETERS: tuple[Param, ...] = (
           "``rbf``, ``poly`` and ``sigmoid``; 1 for dkha's ``polynomial``. The value used is "
           "``gamma_``.", models=(BATCH,), key="kernel_gamma",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
-          short="kernel coefficient gamma (rbf, poly, sigmoid)"),
+          short="kernel coefficient gamma (rbf, poly, sigmoid)", kernel_param="gamma"),
     Param("kernel_params", None, "Keyword arguments of a callable kernel.", dict,
           models=(BATCH,), flag=None, pipeline=False, doc_type="dict, optional"),
     Param("kernel_gamma", None,
           "Slope of the sigmoid kernel.",
-          models=(ONLINE,), cli={"type": float, "group": "kernel"}, doc_type="float, optional"),
+          models=(ONLINE,), cli={"type": float, "group": "kernel"}, doc_type="float, optional",
+          kernel_param="gamma"),
     Param("eta0", None,
           "Base gain, dimensionless: the largest step ``d_i κ̄`` of GHA in feature space before "
           "the decay ``l/(t + l)``, ``κ̄`` the weighted mean squared feature-space norm of the "
@@ -376,25 +379,39 @@ def parameters(model: str) -> tuple[Param, ...]:
 RUN_IDENTITY = ("kernel_parameters", "n_steps", "store")
 
 
-def identity_attrs(*models: str) -> tuple[str, ...]:
+def identity_attrs(*models: str) -> dict[str, str | None]:
     """The attrs that identify a saved run of ``models`` (both estimators by default), from the
-    table's ``identity`` rows and :data:`RUN_IDENTITY`."""
-    rows = [p for p in PARAMETERS if p.identity and set(p.models) & set(models or BOTH)]
-    return tuple(dict.fromkeys([p.attr for p in rows] + list(RUN_IDENTITY)))
+    table's ``identity`` rows and :data:`RUN_IDENTITY`, each with the name older runs saved it
+    under (``None``: the same), so that they compare as the same attr."""
+    out: dict[str, str | None] = {}
+    for p in PARAMETERS:
+        if p.identity and set(p.models) & set(models or BOTH):
+            out[p.attr] = out.get(p.attr) or p.former_attr
+    return {**out, **dict.fromkeys(k for k in RUN_IDENTITY if k not in out)}
 
 
-def saved_attrs(model: str, values) -> dict:
-    """``{attr: value}`` of every saved row of ``model``; ``values``: the resolved settings (an
-    object with the rows' names as attributes, or a dict)."""
+def saved_attrs(model: str, values, kernel) -> dict:
+    """``{attr: value}`` of every saved row of ``model``, ``values`` the resolved settings (an
+    object with the rows' names as attributes, or a dict), and the resolved ``kernel``: its
+    name (the row ``kernel``) and its parameters (the ``kernel_param`` rows, e.g. the
+    median-distance ``sigma``; a callable's ``kernel_params``) once, as ``kernel_parameters``."""
     get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
-    return {p.attr: get(p.name) for p in parameters(model) if p.attr is not None}
+    attrs = {p.attr: kernel.name if p.name == "kernel" else get(p.name)
+             for p in parameters(model) if p.attr is not None}
+    attrs["kernel_parameters"] = kernel.param_dict
+    return attrs
 
 
 def from_attrs(model: str, attrs: dict) -> dict:
-    """The estimator's keywords of the saved rows of ``model`` back from a run's ``attrs`` (what
-    :func:`saved_attrs` wrote; attrs an older run lacks are left to the defaults)."""
-    return {p.name: attrs[p.attr] for p in parameters(model)
-            if p.attr is not None and p.attr in attrs}
+    """The estimator's keywords of ``model`` back from a saved run's ``attrs`` (what
+    :func:`saved_attrs` wrote): the saved rows (under their former names in runs saved before a
+    rename; attrs an older run lacks are left to the defaults) and the kernel's parameters."""
+    kernel = attrs.get("kernel_parameters", {})
+    out = {p.name: saved_value(attrs, p.attr, p.former_attr) for p in parameters(model)
+           if p.attr is not None and (p.attr in attrs or p.former_attr in attrs)}
+    out.update({p.name: kernel.get(p.kernel_param) for p in parameters(model)
+                if p.kernel_param is not None})
+    return out
 
 
 def shared_settings(model: str = BATCH) -> tuple[str, ...]:

@@ -150,8 +150,9 @@ class FitOptions:
     checkpoint_steps: int = 0
     skip_diverged: bool = False
     extras: Callable | None = field(default=None, repr=False)
-    #: the attrs that tell runs apart (:func:`dkha.estimators.params.identity_attrs`)
-    identity: tuple = ()
+    #: the attrs that tell runs apart, with their former names
+    #: (:func:`dkha.estimators.params.identity_attrs`)
+    identity: dict = field(default_factory=dict)
 
 
 def check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, resume: bool,
@@ -260,8 +261,8 @@ def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSe
     exact = {"block_rows": block_rows_for(store.n_samples, stream.block_rows),
              "projections": asked, "evaluate_every": int(stream.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
-    resume_identity = tuple(k for k in opts.identity if k != "n_steps") + ("n_samples",
-                                                                           "n_features")
+    resume_identity = {**{k: f for k, f in opts.identity.items() if k != "n_steps"},
+                       "n_samples": None, "n_features": None}
     run_dirs = opts.run_dirs
     if run_dirs is not None:
         check_run_dirs(run_dirs, store, attrs, resume=opts.resume, overwrite=opts.overwrite,

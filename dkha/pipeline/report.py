@@ -267,7 +267,7 @@ def map_section(maps, note: str, out_dir: str, n_show: int) -> str:
 
 def settings_rows(ds, timings: dict | None) -> list[tuple[str, str]]:
     """(label, value) rows: the run's settings, its last evaluation and its timings, with units."""
-    a = ds.attrs
+    a = {**ds.attrs, **ds.attrs.get("kernel_parameters", {})}     # sigma, degree, offset
     rows = [(label, _number(a[k])) for k, label in SETTINGS if a.get(k) is not None]
     if ds.sizes.get("evaluation", 0):
         last = ds.isel(evaluation=-1)

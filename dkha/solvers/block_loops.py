@@ -66,6 +66,18 @@ def add_to_later(Y, Kpp, c, j, b):
 
 
 @njit(inline="always")
+def fold_or_direct(Tn, bound, step_bound, cond_limit, fresh, Y, U, Kpp, start, j):
+    """Whether ``T ← Tn`` would pass ``cond_limit`` (:func:`cond_exceeds`): then with ``T`` not
+    fresh the block must fold first (``Y[j:]`` brought up to date), with ``T = I`` the step is
+    taken directly. Returns ``(fold, direct, new bound)``."""
+    exceeded, new_bound = cond_exceeds(Tn, bound, step_bound, cond_limit)
+    if exceeded and not fresh:
+        finish_projections(Y, U, Kpp, start, j)
+        return True, False, new_bound
+    return False, exceeded, new_bound
+
+
+@njit(inline="always")
 def keep_factored_step(T, Tn, c, delta, U, S, j, p, has_s, r, bound, new_bound):
     """Keep a factored step: ``T ← Tn``, ``Δ_j = Tn⁻¹ c`` into ``U[j]`` (and ``S̃[:, p]`` where
     kept here), the ``cond(T)`` bound. Returns ``(guard, component)``: a non-finite ``Δ_j``
@@ -233,11 +245,11 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
         p = index[j]
         if logged:
             direct_log[j, 0] = 0.0
-        exceeded, new_bound = cond_exceeds(Tn, bound, m_cond_bound(a, y), cond_limit)
-        if exceeded:
-            if not fresh:
-                finish_projections(Y, U, Kpp, start, j)
-                return j, True, fresh, GUARD_OK, -1
+        fold, direct, new_bound = fold_or_direct(Tn, bound, m_cond_bound(a, y), cond_limit,
+                                                 fresh, Y, U, Kpp, start, j)
+        if fold:
+            return j, True, fresh, GUARD_OK, -1
+        if direct:
             # T = I and M itself is ill-conditioned: take the step directly
             if logged:
                 direct_log[j, 0] = 1.0
@@ -304,21 +316,18 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
             return j, False, fresh, guard, comp
         apply_g(T, a, cb, y, z, xi, Tn)
         p = index[j]
-        direct = False
         if logged:
             direct_log[j, 0] = 0.0
-        exceeded, new_bound = cond_exceeds(Tn, bound, g_cond_bound(a, cb, y, z, xi), cond_limit)
-        if exceeded:
-            if not fresh:
-                finish_projections(Y, U, Kpp, start, j)
-                return j, True, fresh, GUARD_OK, -1
-            direct = True
-            if logged:
-                direct_log[j, 0] = 1.0
-                log_direct(direct_log, j, 0, a)
-                log_direct(direct_log, j, 1, cb)
-                log_direct(direct_log, j, 2, y)
-                log_direct(direct_log, j, 3, z)
+        fold, direct, new_bound = fold_or_direct(Tn, bound, g_cond_bound(a, cb, y, z, xi),
+                                                 cond_limit, fresh, Y, U, Kpp, start, j)
+        if fold:
+            return j, True, fresh, GUARD_OK, -1
+        if direct and logged:
+            direct_log[j, 0] = 1.0
+            log_direct(direct_log, j, 0, a)
+            log_direct(direct_log, j, 1, cb)
+            log_direct(direct_log, j, 2, y)
+            log_direct(direct_log, j, 3, z)
         for i in range(r):
             rho[i] = rho_new[i]
         smd_gram_update(gaa, gab, a, cb, y, z, Kpp[j, j], xi)

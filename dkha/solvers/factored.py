@@ -5,7 +5,9 @@ The stacked state ``S = [A; B]`` (``2r×l`` for KHA-SMD, just ``A`` otherwise) i
 changes one column of ``S̃``. ``C = A K'`` (kept for KHA/et and KHA-SMD) is held as
 ``C = T_AA · C̃``. Per block of centered rows ``K'_P`` (``b×l``) the work is
 
-1. ``Y₀ = S̃ K'_Pᵀ``                         one GEMM (NumPy/BLAS)
+1. ``Y₀ = S̃ K'_Pᵀ``                         one GEMM (NumPy/BLAS); where ``C̃`` is kept, its
+                                             ``A`` rows are ``C̃[:, P]`` (``K'`` is symmetric):
+                                             SMD multiplies ``S̃_B`` alone, KHA/et nothing
 2. the ``b`` steps, ``O(r² + b r)`` each     one compiled call (:mod:`dkha.solvers.block_loops`)
 3. ``C̃ += U_A K'_P``                         one more GEMM, the deferred eq. 18 (row ``j`` of
                                              ``U_A`` the ``A`` part of step ``j``'s column update)
@@ -263,6 +265,26 @@ class FactoredState:
 
     # -- the block ----------------------------------------------------------------------------
 
+    def _block_projections(self, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``Y₀ᵀ = K'_P S̃ᵀ`` (``b×m``, float64) of a block of rows ``K'_P``.
+
+        Where ``C̃ = S̃_A K'`` is kept (KHA/et, SMD) its ``A`` rows need no product: ``K'`` is
+        symmetric, so ``K'_P S̃_Aᵀ = C̃[:, P]ᵀ`` (``y = A k'_p = C e_p``), and only SMD's ``B`` rows
+        take the block's GEMM (``r`` columns, not ``2r``; KHA/et none). The GEMM runs in the
+        rows' precision (float32 rows: float32 operands, Y₀ and the state float64)."""
+        r, m = self.r, self.T.shape[0]
+        lo = r if self.C_tilde is not None else 0
+        Y = np.empty((len(index), m))
+        if lo:
+            np.take(self.C_tilde, index, axis=1, out=Y[:, :lo].T)
+        if lo < m:
+            S = self.S_tilde[lo:]
+            if rows.dtype == np.float32:
+                Y[:, lo:] = rows @ S.T.astype(np.float32)
+            else:
+                np.matmul(rows, S.T, out=Y[:, lo:])
+        return Y
+
     def apply_block(self, index: np.ndarray, rows: np.ndarray | None, eta: np.ndarray, *,
                     mu: float = 0.0, xi: float = 0.0, projections: np.ndarray | None = None,
                     kpp: np.ndarray | None = None, ops: list | None = None) -> None:
@@ -299,10 +321,7 @@ class FactoredState:
             single = getattr(rows, "dtype", None) == np.float32     # --precision float32
             rows = np.ascontiguousarray(rows, dtype=np.float32 if single else np.float64)
             Kpp = np.take(rows, index, axis=1).astype(np.float64)    # K'_P[:, P], b×b
-            if single:      # the block's GEMM in the rows' precision; Y₀ and the state float64
-                Y = (rows @ self.S_tilde.T.astype(np.float32)).astype(np.float64)
-            else:
-                Y = rows @ self.S_tilde.T             # Y₀ᵀ = K'_P S̃ᵀ (b×m), the block's GEMM
+            Y = self._block_projections(index, rows)
             C_arg = self.C_tilde if keeps_c else _EMPTY
             direct_log = _EMPTY
             S_arg = self.S_tilde
