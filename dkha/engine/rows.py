@@ -106,6 +106,15 @@ __all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "array_e
            "center_block", "clear_cache", "load_rows", "project_rows"]
 
 
+def task_source(store: DataStore, client):
+    """What the tasks read a store's rows from: its rows held in this process
+    (:attr:`~dkha.data.store.DataStore.rows`) where the workers are this process (nothing to
+    copy, no chunk to read back), else its path."""
+    if store.rows is not None and shares_process(client):
+        return store.rows
+    return store.path
+
+
 def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
                       ) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Consecutive chunk ranges split into about ``n_groups`` groups (each at least one chunk,
@@ -244,13 +253,8 @@ class RowEngine:
         self.passes = ClusterPasses(client, self.stats.passes)
 
     @property
-    def source(self):
-        """What the tasks read the training rows from: the store's rows held in this process
-        (:attr:`~dkha.data.store.DataStore.rows`) where the workers are this process (nothing
-        to copy, no chunk to read back), else the store's path."""
-        if self.store.rows is not None and shares_process(self.client):
-            return self.store.rows
-        return self.store.path
+    def source(self):   # what the tasks read the training rows from (task_source)
+        return task_source(self.store, self.client)
 
     @property
     def verbose(self) -> bool:
