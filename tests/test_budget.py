@@ -124,3 +124,21 @@ def test_nystrom_landmark_rows_count_against_the_budget(digits_store, client):
         assert seen[-1] == 4
         np.testing.assert_array_equal(M, M2)
         np.testing.assert_array_equal(rows, want)
+
+
+def test_default_landmarks_fill_at_most_half_the_budget():
+    """The default Nyström start holds its m × l landmark rows whole: at most half the budget
+    (640 rows at l = 200 000 took the fit's peak to 2.3 GiB), never fewer than 2 r."""
+    from dkha.estimators.batch import start_of
+    from dkha.solvers.batch import default_landmarks
+
+    assert default_landmarks(1797, 16) == 640                  # no budget: 40 r
+    assert default_landmarks(1797, 16, budget=2**30) == 640    # small l: not limited
+    assert default_landmarks(200_000, 16, budget=2**30) == 2**30 // (16 * 200_000) == 335
+    assert default_landmarks(1_000_000, 20, budget=2**30) == 67
+    assert default_landmarks(10_000_000, 20, budget=2**30) == 40    # 2 r
+    with dask.config.set({"dkha.memory-budget": "1GiB"}):
+        assert start_of(None, "kha-smd", 200_000, 16) == ("nystrom", 335)
+        assert start_of(None, "kha-smd", 1797, 16) == ("nystrom", 640)
+    with dask.config.set({"dkha.memory-budget": "4GiB"}):
+        assert start_of(None, "kha-smd", 200_000, 16) == ("nystrom", 640)

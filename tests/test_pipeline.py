@@ -160,7 +160,9 @@ def test_a_second_run_of_the_same_id_is_locked_out(tmp_path):
 
 
 def test_killed_mid_fit_then_rerun_resumes(tmp_path):
-    (tmp_path / "p.toml").write_text(TINY.format(passes=12))
+    # enough passes that the kill, half a second after the first checkpoint, falls mid-fit: a
+    # pass of these 250 digits takes about 15 ms (their tasks run inline), so 12 were done by then
+    (tmp_path / "p.toml").write_text(TINY.format(passes=150))
     ref = _run(["p.toml", "--run-id", "reference"], cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr
     proc = subprocess.Popen([sys.executable, "-m", "dkha.cli", "run", "p.toml", "--run-id", "killed"],

@@ -26,7 +26,7 @@ def _small(kind):
 
 
 @pytest.mark.parametrize("kind", ["batch", "online"])
-def test_check_estimator_passes_every_check(kind, client):
+def test_check_estimator_passes_every_check(kind):
     """scikit-learn's own estimator checks, small settings: every check passes (the array-API
     check is skipped by scikit-learn itself unless SCIPY_ARRAY_API is set)."""
     results = check_estimator(_small(kind), on_fail=None)
@@ -52,7 +52,7 @@ def test_clone_params_and_exports():
         OnlineKernelPCA(2).fit(sparse.random(20, 4, density=0.5, format="csr", random_state=0))
 
 
-def test_krylov_equals_scikit_learn_kernel_pca(digits, client):
+def test_krylov_equals_scikit_learn_kernel_pca(digits):
     """The exact solver against scikit-learn's KernelPCA (dense K), up to each component's sign;
     fit_transform (the fit's own projections) equals transform."""
     from sklearn.decomposition import KernelPCA
@@ -66,7 +66,7 @@ def test_krylov_equals_scikit_learn_kernel_pca(digits, client):
     np.testing.assert_allclose(model.transform(X), Y, atol=1e-10)
 
 
-def test_pipeline_gridsearch_on_digits(client):
+def test_pipeline_gridsearch_on_digits():
     from sklearn.datasets import load_digits
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import GridSearchCV
@@ -87,7 +87,7 @@ def test_pipeline_gridsearch_on_digits(client):
 
 
 @pytest.mark.parametrize("kind", ["batch", "online"])
-def test_pickle_round_trip_and_pandas_output(kind, digits, client):
+def test_pickle_round_trip_and_pandas_output(kind, digits):
     model = (KernelHebbianPCA(3, algorithm="kha-et", passes=2, sigma=SIGMA) if kind == "batch"
              else OnlineKernelPCA(3, sigma=SIGMA, nu=0.05)).fit(digits)
     Y = model.transform(digits[:20])
@@ -99,7 +99,7 @@ def test_pickle_round_trip_and_pandas_output(kind, digits, client):
     np.testing.assert_allclose(frame.to_numpy(), Y, atol=1e-12)
 
 
-def test_inverse_transform_reconstructs_training_samples(digits, client):
+def test_inverse_transform_reconstructs_training_samples(digits):
     """Pre-images of the projections of training digits (many components): much closer to the
     digits than the mean digit is."""
     model = KernelHebbianPCA(30, algorithm="krylov", sigma=SIGMA).fit(digits)
@@ -126,7 +126,7 @@ def test_online_fit_is_a_loop_over_partial_fit(digits):
     np.testing.assert_allclose(streamed.alpha_, fitted.alpha_, rtol=1e-9, atol=1e-12)
 
 
-def test_load_returns_fitted_estimators(digits_store, digits, tmp_path, client):
+def test_load_returns_fitted_estimators(digits_store, digits, tmp_path):
     batch = KernelHebbianPCA(3, algorithm="kha-et", passes=2, sigma=SIGMA).fit(
         digits_store.path, run_dir=str(tmp_path / "batch"))
     loaded = dkha.load(tmp_path / "batch")
@@ -155,7 +155,7 @@ class _TaskCounter(dask.callbacks.Callback):
         self.tasks += 1
 
 
-def test_dask_transform_is_lazy_and_equals_eager(digits, client):
+def test_dask_transform_is_lazy_and_equals_eager(digits):
     """200 000 rows: transform builds a graph (no task runs), and its result equals the eager
     transform of the same rows to 1e-12."""
     model = KernelHebbianPCA(3, algorithm="kha-et", passes=2, sigma=SIGMA).fit(digits)
@@ -175,7 +175,7 @@ def test_dask_transform_is_lazy_and_equals_eager(digits, client):
     np.testing.assert_allclose(Y.compute(scheduler="threads"), eager, rtol=0, atol=1e-12)
 
 
-def test_xarray_and_store_inputs_keep_their_kind(digits, digits_store, client):
+def test_xarray_and_store_inputs_keep_their_kind(digits, digits_store):
     sample = np.arange(len(digits)) * 10
     arr = xr.DataArray(da.from_array(digits, chunks=(64, 64)), dims=("sample", "feature"),
                        coords={"sample": sample, "label": ("sample", np.arange(len(digits)) % 10)})
@@ -209,7 +209,7 @@ def test_xarray_and_store_inputs_keep_their_kind(digits, digits_store, client):
 # ported in tests/test_sklearn_kernel_pca_port.py ------------------------------------------------
 
 
-def test_fit_keeps_a_copy_of_the_training_array(client):
+def test_fit_keeps_a_copy_of_the_training_array():
     """copy_X (scikit-learn's default): changing X after fit does not change transform."""
     X = np.random.default_rng(0).random((10, 10))
     model = KernelHebbianPCA(3, algorithm="krylov", kernel="rbf").fit(X)
@@ -223,7 +223,7 @@ def test_fit_keeps_a_copy_of_the_training_array(client):
 
 
 @pytest.mark.parametrize("algorithm", ["krylov", "kha-smd"])
-def test_rank_deficient_kernel_gives_null_components(algorithm, client):
+def test_rank_deficient_kernel_gives_null_components(algorithm):
     """A linear kernel on 2 features asked for 6 components: scikit-learn's eigenvalues and
     projections, the 4 null components with eigenvalue 0 and projections 0 (no 1/√1e-14
     blow-up), a warning naming the remedy; remove_zero_eig drops them."""
@@ -244,7 +244,7 @@ def test_rank_deficient_kernel_gives_null_components(algorithm, client):
     assert dropped.transform(X[:5]).shape == (5, 2)
 
 
-def test_signs_do_not_depend_on_the_seed(digits, client):
+def test_signs_do_not_depend_on_the_seed(digits):
     """The sign convention (scikit-learn's svd_flip on the eigenvectors): three seeds, one
     output, equal to scikit-learn's own (signs included)."""
     from sklearn.decomposition import KernelPCA
@@ -258,7 +258,7 @@ def test_signs_do_not_depend_on_the_seed(digits, client):
     np.testing.assert_allclose(outs[0], ref, atol=1e-6)
 
 
-def test_output_width_follows_the_fit_not_the_parameter(client):
+def test_output_width_follows_the_fit_not_the_parameter():
     """set_params(n_components=k) after fit: the feature names and pandas output keep the
     fitted width until the next fit."""
     X = np.random.default_rng(1).random((30, 4))

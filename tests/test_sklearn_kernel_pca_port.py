@@ -70,12 +70,6 @@ def global_random_seed():
     return 42
 
 
-@pytest.fixture(autouse=True)
-def _one_cluster(client):
-    """The fits use the module's Dask client (a user's own cluster), not one cluster per fit."""
-    yield
-
-
 def test_kernel_pca(KernelPCA, global_random_seed):
     """Nominal test for all solvers and all known kernels + a custom one
 

@@ -277,7 +277,7 @@ def engine_sums(engine, alpha: np.ndarray, *, block: int | None = None) -> Calla
         parts.append(client.scatter(np.ascontiguousarray(alpha[:, a:b]), hash=False))
 
     def sums(Z: np.ndarray, exp: Expansion):
-        futs = [client.submit(_store_group_sums, engine.store.path, engine.kernel, cols, Z,
+        futs = [client.submit(_store_group_sums, engine.source, engine.kernel, cols, Z,
                               exp.weights, part, exp.offset, block, pure=False)
                 for cols, part in zip(groups, parts)]
         num = np.zeros_like(Z)
@@ -336,7 +336,7 @@ class Training:
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
 
         def moments():
-            futs = [engine.client.submit(_store_group_moments, engine.store.path, cols,
+            futs = [engine.client.submit(_store_group_moments, engine.source, cols,
                                          np.ascontiguousarray(alpha[:, cols[0][0]:cols[-1][1]]),
                                          pure=False) for cols in engine.column_groups]
             M = np.zeros((alpha.shape[0], engine.store.n_features))
@@ -433,12 +433,8 @@ def fixed_point(sums: Callable, expansion_: Expansion, start: np.ndarray, *,
     converged = np.zeros(n, dtype=bool)
     undefined = np.zeros(n, dtype=bool)
     agreement = np.full(n, np.nan)
-    active = np.arange(n)
-    done = 0
-    for it in range(iterations):
-        if not len(active):
-            break
-        done = it + 1
+    rounds = _ActiveRounds(n)
+    for active in rounds.run(iterations):
         Za = Z[active]
         num, den, mag = sums(Za, expansion_.take(active))
         agreement[active] = den
@@ -451,10 +447,27 @@ def fixed_point(sums: Callable, expansion_: Expansion, start: np.ndarray, *,
         conv = ok & (step <= tol * scale)
         converged[active[conv]] = True
         undefined[active[~ok]] = True
-        active = active[ok & ~conv]
-        log.debug("fixed point iteration %d: %d active", done, len(active))
-    return PreimageResult(Z=Z, converged=converged, undefined=undefined, iterations=done,
+        rounds.active = active[ok & ~conv]
+        log.debug("fixed point iteration %d: %d active", rounds.done, len(rounds.active))
+    return PreimageResult(Z=Z, converged=converged, undefined=undefined, iterations=rounds.done,
                           agreement=agreement)
+
+
+class _ActiveRounds:
+    """The rounds of an iteration over the rows still active: ``run`` yields the active rows'
+    indices each round (the loop body sets ``active`` to those that go on) until none is left
+    or ``iterations`` rounds are done; ``done`` counts the rounds run."""
+
+    def __init__(self, n: int):
+        self.active = np.arange(n)
+        self.done = 0
+
+    def run(self, iterations: int):
+        for it in range(iterations):
+            if not len(self.active):
+                return
+            self.done = it + 1
+            yield self.active
 
 
 def _check_iteration(iterations, tol) -> tuple[int, float]:
@@ -486,12 +499,8 @@ def gradient(sums: Callable, expansion_: Expansion, start: np.ndarray, sigma: fl
     G = (num - f[:, None] * Z) / s2
     s = np.full(n, s2 if step is None else float(step))
     converged = np.zeros(n, dtype=bool)
-    active = np.arange(n)
-    done = 0
-    for it in range(iterations):
-        if not len(active):
-            break
-        done = it + 1
+    rounds = _ActiveRounds(n)
+    for active in rounds.run(iterations):
         Za, Ga = Z[active], G[active]
         D = Za * Ga if nonnegative else Ga
         C = Za + s[active, None] * D
@@ -512,10 +521,10 @@ def gradient(sums: Callable, expansion_: Expansion, start: np.ndarray, sigma: fl
             s[active[~ok]] /= 4.0
         conv = (ok & (move <= tol * scale)) | (s[active] <= tol * tol * s2)
         converged[active[conv]] = True
-        active = active[~conv]
-        log.debug("gradient iteration %d: %d active", done, len(active))
+        rounds.active = active[~conv]
+        log.debug("gradient iteration %d: %d active", rounds.done, len(rounds.active))
     return PreimageResult(Z=Z, converged=converged, undefined=np.zeros(n, dtype=bool),
-                          iterations=done, agreement=f)
+                          iterations=rounds.done, agreement=f)
 
 
 def conformal(training: Training, expansion_: Expansion, *, eta: float = 0.0) -> PreimageResult:

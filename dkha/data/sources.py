@@ -74,16 +74,20 @@ def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows
 
     A bounded FIFO of ``prefetch`` read futures on one background thread, refilled before
     blocking on the oldest. ``stats`` (if given) collects ``blocks``, ``rows_read``,
-    ``largest_read`` and ``wait_seconds``.
+    ``largest_read`` and ``wait_seconds``. An in-memory :class:`ArraySource` has nothing to
+    read ahead: each block is taken from it when its turn comes, in this thread (a thread
+    handing blocks over cost a small fit more than the reads).
     """
     plan = iter(schedule.blocks(seed, source.n_samples, stop_step, block_rows, start_step))
     pending: collections.deque = collections.deque()
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dkha-online-read")
+    executor = (None if isinstance(source, ArraySource) else
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="dkha-online-read"))
 
     def refill():
         nxt = next(plan, None)
         if nxt is not None:
-            pending.append((nxt, executor.submit(read_block, source, nxt[2])))
+            pending.append((nxt, None if executor is None else
+                            executor.submit(read_block, source, nxt[2])))
 
     try:
         for _ in range(max(1, prefetch)):
@@ -92,7 +96,7 @@ def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows
             (k, first, idx), fut = pending.popleft()
             refill()
             t0 = time.perf_counter()
-            rows = fut.result()
+            rows = read_block(source, idx) if fut is None else fut.result()
             if stats is not None:
                 stats["wait_seconds"] = stats.get("wait_seconds", 0.0) + time.perf_counter() - t0
                 stats["blocks"] = stats.get("blocks", 0) + 1
@@ -100,6 +104,7 @@ def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows
                 stats["largest_read"] = max(stats.get("largest_read", 0), len(idx))
             yield k, first, idx, rows
     finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import fsspec
@@ -59,6 +59,12 @@ class DataStore:
     has_labels : bool
     attrs : dict
         The group's attributes (provenance).
+    rows : ndarray or None
+        ``X`` itself, held in this process: only for the temporary store an estimator writes
+        from an in-memory array for one fit (:func:`held_in_memory`). Reads come from it (the
+        same float64 values as the chunks), tasks run in this process take it instead of the
+        path, and nothing is cached in the store for later fits (it is removed with the model).
+        Not pickled: a copy elsewhere reads the chunks.
     """
 
     path: str
@@ -67,6 +73,10 @@ class DataStore:
     chunk_rows: int
     has_labels: bool
     attrs: dict
+    rows: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, rows=None)
 
     @property
     def n_chunks(self) -> int:
@@ -82,11 +92,15 @@ class DataStore:
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` of ``X`` as float64."""
         stop = self.n_samples if stop is None else stop
+        if self.rows is not None:
+            return self.rows[start:stop].copy()
         return read_slice(self.array(), start, stop, self.path)
 
     def read_rows(self, index: np.ndarray) -> np.ndarray:
         """Rows ``index`` (any order) as float64."""
         index = np.asarray(index, dtype=np.int64)
+        if self.rows is not None:
+            return self.rows[index]
         arr = self.array()
         out = np.empty((len(index), self.n_features))
         chunk_of = index // self.chunk_rows
@@ -103,6 +117,11 @@ class DataStore:
 
     def iter_chunks(self) -> Iterator[tuple[int, int, np.ndarray]]:
         """``(start, stop, X[start:stop])`` chunk by chunk."""
+        if self.rows is not None:
+            for i in range(self.n_chunks):
+                a, b = self.chunk_bounds(i)
+                yield a, b, self.rows[a:b]
+            return
         arr = self.array()
         for i in range(self.n_chunks):
             a, b = self.chunk_bounds(i)
@@ -137,6 +156,18 @@ class DataStore:
         n = min(n, self.n_samples)
         idx = np.sort(rng.choice(self.n_samples, size=n, replace=False))
         return self.read_rows(idx)
+
+
+def held_in_memory(store: DataStore, X: np.ndarray) -> DataStore:
+    """``store`` (just written from ``X``) with ``X`` held as its :attr:`~DataStore.rows`:
+    read-only, float64, the shape the store has."""
+    rows = np.asarray(X, dtype=np.float64)
+    if rows.shape != (store.n_samples, store.n_features):
+        raise InputError(f"rows of shape {rows.shape} for a store of shape "
+                         f"{(store.n_samples, store.n_features)}")
+    rows = rows.view()
+    rows.setflags(write=False)
+    return replace(store, rows=rows)
 
 
 def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataStore:

@@ -133,7 +133,8 @@ class StoreWriter:
                 arr[a:b] = values_of(a, b)
         if coords:
             self.X.attrs["coordinates"] = " ".join(coords)
-        self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
+        # one metadata write (attrs.update writes the group's metadata once per key)
+        self.group.update_attributes({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
         if self.tmp is None:
             consolidate(self.out)
         else:

@@ -7,7 +7,10 @@ here by :func:`client_for`: a ``distributed.Client`` (used as is), a scheduler a
 ``None``. Order: an explicit scheduler address → a scheduler file → ``DASK_SCHEDULER_ADDRESS`` →
 the active ``distributed.Client`` of this process (the one a user made, as dask-ml uses it) →
 a local cluster. The local default is an in-process cluster (threads, no serialisation) sized to
-the machine. Either way the fit runs the same code path as on a real cluster.
+the machine, or, for work on at most ``dkha.inline-samples`` samples (the caller says how many),
+no cluster at all: an :class:`~dkha.engine.inline.InlineClient` runs each task in this thread as
+it is submitted (a small fit's time went on the cluster's round trips). Either way the fit runs
+the same code path as on a real cluster.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Iterator
 
 from distributed import Client, LocalCluster, default_client
 from distributed.diagnostics.plugin import WorkerPlugin
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from dkha import config
 from dkha.data.storage import apply_storage_settings, storage_settings, url_protocol
+from dkha.engine.inline import InlineClient
 from dkha.errors import ParameterError
 
 log = logging.getLogger(__name__)
@@ -80,10 +84,15 @@ def describe_target(client=None) -> str:
 
 
 @contextlib.contextmanager
-def client_for(client=None) -> Iterator[Client]:
+def client_for(client=None, samples: int | None = None) -> Iterator[Client | InlineClient]:
     """A ``distributed.Client`` for ``client`` (see the module docstring), closed (with its
-    cluster) on exit. An existing ``Client`` is used as is and left open.
+    cluster) on exit. An existing ``Client`` (or :class:`InlineClient`) is used as is and left
+    open. ``samples``: the samples of the work about to run; at most ``dkha.inline-samples`` of
+    them, where no cluster is named or active, run inline (:class:`InlineClient`).
     """
+    if isinstance(client, InlineClient):
+        yield client
+        return
     w = where_of(client)
     if isinstance(w, Client):
         yield w
@@ -125,6 +134,9 @@ def client_for(client=None) -> Iterator[Client]:
         if active is not None:
             yield active
             return
+        if samples is not None and samples <= int(config.get("inline-samples")):
+            yield InlineClient()
+            return
     ncores = os.cpu_count() or 1
     # the level this process gives distributed's loggers (the CLI raises it to ERROR), at least
     # WARNING, goes into the worker processes too
@@ -153,6 +165,15 @@ def _active_client():
     return c if c.status == "running" else None
 
 
+def shares_process(client) -> bool:
+    """Whether the workers of ``client`` are this process (the in-process cluster, or tasks run
+    inline): their tasks see this process's memory and settings, nothing is copied."""
+    if isinstance(client, InlineClient):
+        return True
+    address = getattr(getattr(client, "scheduler", None), "address", "") or ""
+    return str(address).startswith("inproc://")
+
+
 def total_threads(client) -> int:
     info = client.scheduler_info()
     return max(1, sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()))
@@ -166,12 +187,23 @@ def blas_threads_for(client) -> Iterator[None]:
     that oversubscribe the cores (measured: a pass at l = 20 000 took 18.0 s with OpenBLAS's
     default threads, 11.4 s with one). Remote and process clusters are left alone.
     """
-    address = getattr(getattr(client, "scheduler", None), "address", "") or ""
-    if not str(address).startswith("inproc://"):
+    if not shares_process(client):
         yield
         return
-    with threadpool_limits(limits=1, user_api="blas"):
+    with blas_limit(1):
         yield
+
+
+_CONTROLLER: list = []
+
+
+def blas_limit(threads: int):
+    """``threadpoolctl``'s limit of the BLAS threads to ``threads`` (a context manager), from
+    one controller made on first use: making one lists the process's loaded libraries, 10 ms
+    that every small fit paid twice."""
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=int(threads), user_api="blas")
 
 
 class StorageSettings(WorkerPlugin):
@@ -196,8 +228,7 @@ def share_storage_options(client, path: str) -> None:
     settings = storage_settings(path) if protocol else {}
     if not settings:
         return
-    address = getattr(getattr(client, "scheduler", None), "address", "") or ""
-    if str(address).startswith("inproc://"):
+    if shares_process(client):
         return      # the workers are this process: they use its settings already
     plugin = StorageSettings(protocol, settings)
     client.register_plugin(plugin, name=plugin.name)

@@ -38,7 +38,8 @@ def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
     store = engine.store
     centering = describe_centering(engine.kernel, store.n_samples, center_sample, seed)
     key = None
-    if bool(config.get("mk-cache", cache)) and engine.kernel.cacheable:
+    # (a store held in memory is an array fit's own, removed with the model: nothing to keep)
+    if bool(config.get("mk-cache", cache)) and engine.kernel.cacheable and store.rows is None:
         key = centering_key(store, centering)
         cached = read_centering(store, key)
         if cached is not None:
@@ -58,7 +59,7 @@ def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
 def exact_mk_row(engine) -> np.ndarray:
     """The exact MK row: one pass over chunk pairs (tiles ``I ≤ J``), the band sums added on
     the workers (from the cached tiles where the engine keeps them)."""
-    path, groups, client = engine.store.path, engine.tile_groups, engine.client
+    path, groups, client = engine.source, engine.tile_groups, engine.client
     pairs = engine.tile_pairs()
 
     def submit(k):
@@ -86,7 +87,7 @@ def sampled_mk_row(engine, n: int, seed: int) -> np.ndarray:
     groups = engine.tile_groups
     tasks = [(band, part) for band in range(len(groups)) for part in parts]
     mk = passes.reduced_pass(
-        lambda k: engine.client.submit(mk_sample_tile, store.path, engine.kernel,
+        lambda k: engine.client.submit(mk_sample_tile, engine.source, engine.kernel,
                                        groups[tasks[k][0]], tasks[k][1], pure=False),
         [[(band, None)] for band, _ in tasks], engine.tile_bounds(), None,
         "the sampled MK row", kind="mk",

@@ -128,6 +128,8 @@ class ClusterPasses:
         if it failed, raised as :meth:`gather` raises it)."""
         while True:
             check_stop(what)
+            if future.done():       # finished already (or run inline): nothing to wait for
+                break
             try:
                 wait_for(future, timeout=_STOP_POLL_SECONDS)
                 break

@@ -142,7 +142,7 @@ class WorkerReplicas:
                 self.updates.append(self._pinned(
                     g, replica_replay, self._key(g), self._cols[g], sv, S[:, lo:hi], cv,
                     None if C is None else C[:, lo:hi], messages, self.keep_from,
-                    eng.store.path, eng.kernel, mk, eng.mkm, self._ranges,
+                    eng.source, eng.kernel, mk, eng.mkm, self._ranges,
                     priority=_UPDATE_PRIORITY))
             self.sent = self.version
             return
@@ -155,7 +155,7 @@ class WorkerReplicas:
             C = np.array(st.C_tilde[:, lo:hi]) if st.keeps_c and S_A is None else None
             self.updates.append(self._pinned(
                 g, replica_build, self._key(g), self._cols[g], self.version,
-                np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.store.path, eng.kernel, mk, eng.mkm,
+                np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.source, eng.kernel, mk, eng.mkm,
                 self._ranges, priority=_UPDATE_PRIORITY))
         self.sent = self.version
         if S_A is None:
@@ -284,7 +284,7 @@ class WorkerReplicas:
         eng = self.engine
         mk = eng.mk_future()
         keep = bool(self.state.keeps_c)
-        partials = [self._pinned(g, replica_project, self._key(g), eng.store.path, eng.kernel,
+        partials = [self._pinned(g, replica_project, self._key(g), eng.source, eng.kernel,
                                  mk, eng.mkm, self._ranges, cols, index, window_index,
                                  version, seq, keep, self.updates[g], priority=-seq)
                     for g, cols in enumerate(self._cols)]

@@ -50,7 +50,7 @@ import numpy as np
 from dkha import config
 from dkha.data.store import DataStore
 from dkha.engine.budget import memory_plan
-from dkha.engine.cluster import share_storage_options, total_threads
+from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.mkrow import mk_row
 from dkha.engine.passes import ClusterPasses
 from dkha.engine.replicas import ProjectedBlock
@@ -94,9 +94,9 @@ def choose_projections(requested: str, client, cache_rows: bool = False,
         return "coordinator", "several models share one stream"
     if cache_rows:
         return "coordinator", "the row cache serves kernel rows to the coordinator"
-    address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
-    if address.startswith("inproc://"):
+    if shares_process(client):
         return "coordinator", "the workers share the coordinator's process"
+    address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
     n = len(client.scheduler_info().get("workers", {}))
     return "workers", (f"{n} worker process{'es' if n != 1 else ''} at {address}: projections "
                        "travel instead of kernel rows")
@@ -104,6 +104,15 @@ def choose_projections(requested: str, client, cache_rows: bool = False,
 
 __all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "array_engine",
            "center_block", "clear_cache", "load_rows", "project_rows"]
+
+
+def task_source(store: DataStore, client):
+    """What the tasks read a store's rows from: its rows held in this process
+    (:attr:`~dkha.data.store.DataStore.rows`) where the workers are this process (nothing to
+    copy, no chunk to read back), else its path."""
+    if store.rows is not None and shares_process(client):
+        return store.rows
+    return store.path
 
 
 def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = None
@@ -225,7 +234,8 @@ class RowEngine:
             # fewer, larger tiles: a row block takes one piece from each tile it meets, so the
             # tasks per block grow with the tile count; about 4 tiles a thread keeps all busy
             self.tile_groups = _groups_of_chunks(store, max(1, int(np.ceil(np.sqrt(8 * threads)))))
-            self.tile_cache = TileCache(client, store.path, self.exact_kernel, self.tile_groups)
+            self.tile_cache = TileCache(client, self.source, self.exact_kernel,
+                                        self.tile_groups)
             self.tile_cache.check_memory()
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
@@ -241,6 +251,10 @@ class RowEngine:
         self._mk_future = None
         self.stats = StreamStats()
         self.passes = ClusterPasses(client, self.stats.passes)
+
+    @property
+    def source(self):   # what the tasks read the training rows from (task_source)
+        return task_source(self.store, self.client)
 
     @property
     def verbose(self) -> bool:
@@ -299,7 +313,7 @@ class RowEngine:
         if self.kernel.name in ("gaussian", "laplacian"):
             diagonal = np.ones(self.n_samples)
         else:
-            futures = [self.client.submit(diagonal_rows, self.store.path, self.kernel, g,
+            futures = [self.client.submit(diagonal_rows, self.source, self.kernel, g,
                                           pure=False) for g in self.column_groups]
             diagonal = np.concatenate(self.passes.results(futures, "the kernel's diagonal"))
         return diagonal - 2.0 * self.mk + self.mkm
@@ -319,7 +333,7 @@ class RowEngine:
     def submit_rows(self, index: np.ndarray, priority: int = 0):
         """Futures of ``K'[index, J]`` for each column group ``J`` (in column order)."""
         mk = self.mk_future()
-        path = self.store.path
+        path = self.source
         if self.cache_rows:
             return [self.tile_cache.submit_rows(np.asarray(index), mk, self.mkm, priority)]
         XP = self.client.submit(take_rows, path, self.all_ranges, index, priority=priority, pure=False)
@@ -380,7 +394,7 @@ class RowEngine:
         kernel = self.exact_kernel if exact else self.kernel
         # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j
         return self.passes.reduced_pass(
-            lambda k: self.client.submit(product_pair, self.store.path, kernel, mk, self.mkm,
+            lambda k: self.client.submit(product_pair, self.source, kernel, mk, self.mkm,
                                          g[pairs[k][0]], g[pairs[k][1]], Vf,
                                          tile=self._tile(*pairs[k]), pure=False),
             [[(i, 0)] + ([(j, 1)] if i != j else []) for i, j in pairs], self.tile_bounds(),
@@ -401,7 +415,7 @@ class RowEngine:
         pairs = self.tile_pairs()
         tot = np.zeros(1 + len(Cs))
         for part in self.passes.ordered_results(
-                lambda k: self.client.submit(residual_pair, self.store.path, self.exact_kernel, mk,
+                lambda k: self.client.submit(residual_pair, self.source, self.exact_kernel, mk,
                                              self.mkm, g[pairs[k][0]], g[pairs[k][1]], Cf,
                                              tile=self._tile(*pairs[k]), pure=False),
                 len(pairs), "the residual pass of an evaluation", kind="residual",
@@ -414,7 +428,7 @@ class RowEngine:
         mk = self.mk_future()
         g = self.tile_groups
         pairs = self.tile_pairs()
-        futs = [self.client.submit(dense_pair, self.store.path, self.exact_kernel, mk, self.mkm,
+        futs = [self.client.submit(dense_pair, self.source, self.exact_kernel, mk, self.mkm,
                                    g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
         out = np.empty((self.n_samples, self.n_samples))
         with self.passes.progress("K' (dense)", len(futs)) as bar:
@@ -430,7 +444,7 @@ class RowEngine:
     def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         """The projections ``K'(Xnew, X) α`` of new samples (one task, on a worker)."""
         mk = self.mk_future()
-        future = self.client.submit(project_rows, self.store.path, self.kernel, Xnew, mk, self.mkm,
+        future = self.client.submit(project_rows, self.source, self.kernel, Xnew, mk, self.mkm,
                                     self.column_groups, alpha, pure=False)
         return self.passes.wait(future, f"the projection of {len(Xnew)} new samples")
 

@@ -44,6 +44,7 @@ from dkha.fit.together import (
     fit_batch,
     resolve_kernel,
 )
+from dkha.fit.init import default_landmarks_for
 from dkha.fit.spectrum import finalise_components
 from dkha.kernels import precomputed_rows
 from dkha.runs.run import kernel_of
@@ -52,7 +53,6 @@ from dkha.solvers.batch import (
     ALGORITHMS,
     DEFAULT_XI,
     default_eta0,
-    default_landmarks,
     default_mu,
 )
 from dkha.version import __version__
@@ -426,7 +426,7 @@ def start_of(init, algorithm: str, n_samples: int, r: int) -> tuple[str, int | N
     if init is None and is_exact(algorithm):
         return "random", None
     if init is None:
-        m = default_landmarks(n_samples, r)
+        m = default_landmarks_for(n_samples, r)
         return ("nystrom", m) if m else ("random", None)
     init = str(init)
     if init == "random":

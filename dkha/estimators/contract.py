@@ -28,7 +28,7 @@ from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from dkha.data.ingest import ingest_array, ingest_dask
 from dkha.data.result import sample_coords
-from dkha.data.store import DataStore, open_store
+from dkha.data.store import DataStore, held_in_memory, open_store
 from dkha.errors import InputError
 from dkha.estimators.params import InvalidParameter, validate  # noqa: F401 (its home before)
 
@@ -112,7 +112,8 @@ def lazy_values(X):
 def resolve_store(X) -> tuple[DataStore, str | None, np.ndarray | None]:
     """A validated store for ``X``: a path or :class:`DataStore` as it is; a dask array or an
     xarray DataArray (or Dataset ``X``) written blockwise into a temporary store
-    (:func:`~dkha.data.ingest.ingest_dask`); any other array copied into one.
+    (:func:`~dkha.data.ingest.ingest_dask`); any other array copied into one, which also holds
+    the array (:func:`~dkha.data.store.held_in_memory`: the fit reads its rows from memory).
 
     Returns the store, the temporary directory to remove later, and the in-memory training
     array (array inputs only; models keep it to transform without reading the store).
@@ -126,7 +127,7 @@ def resolve_store(X) -> tuple[DataStore, str | None, np.ndarray | None]:
         if kind in ("dask", "xarray"):
             return ingest_dask(lazy_values(X), out), tmp, None
         arr = np.asarray(X, dtype=np.float64)
-        return ingest_array(arr, out), tmp, arr
+        return held_in_memory(ingest_array(arr, out), arr), tmp, arr
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

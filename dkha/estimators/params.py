@@ -249,7 +249,7 @@ PARAMETERS: tuple[Param, ...] = (
     Param("init", None,
           "Initial coefficients. ``None``: the Nyström solution from "
           ":func:`~dkha.solvers.batch.default_landmarks` landmarks (``40 r``, at least 400, at "
-          "most ``l − 1``; random for ``algorithm='krylov'``), scaled to unit feature-space norm "
+          "most ``l − 1`` and as many rows of ``l`` as fill half of ``dkha.memory-budget``; random for ``algorithm='krylov'``), scaled to unit feature-space norm "
           "(one pass for ``C = A K'``, which also serves the pass-0 evaluation) and refined with "
           "a gain from the start's eigenvalue deficit. ``'random'``: the paper's "
           "``A1 ~ N(0, 1/(r l))``; ``'random:M'``: the same start on ``M`` seeded random "

@@ -38,7 +38,7 @@ def projection_array(C: np.ndarray, store: DataStore | None) -> xr.DataArray:
     """``projection (sample, component)`` from ``C = A K'`` (component × sample), with the
     store's provenance coordinates."""
     coords = {"component": np.arange(C.shape[0])}
-    if store is not None:
+    if store is not None and store.rows is None:    # (written from an array: no provenance)
         coords.update(sample_coords(store.path))
     return xr.DataArray(np.ascontiguousarray(np.asarray(C, dtype=np.float64).T),
                         dims=("sample", "component"), coords=coords, name="projection")

@@ -19,12 +19,19 @@ import logging
 
 import numpy as np
 
+from dkha.engine.budget import configured_budget
 from dkha.errors import ParameterError
 from dkha.fit.spectrum import clip_eigenvalues
 from dkha.progress import Progress
 from dkha.schedule import Stream, random_stream
+from dkha.solvers.batch import default_landmarks
 
 log = logging.getLogger(__name__)
+
+
+def default_landmarks_for(n_samples: int, n_components: int) -> int | None:
+    """:func:`~dkha.solvers.batch.default_landmarks` within ``dkha.memory-budget``."""
+    return default_landmarks(n_samples, n_components, budget=configured_budget())
 
 
 def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

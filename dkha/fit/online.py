@@ -13,12 +13,12 @@ from typing import Callable
 
 import dask.config
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from dkha import config, schedule
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.sources import stream_blocks
 from dkha.data.store import DataStore
+from dkha.engine.cluster import blas_limit
 from dkha.errors import ParameterError
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.fit.control import BlockDriver
@@ -36,8 +36,7 @@ def coordinator_threads():
     The per-block products are small (``b × m``); on a shared or busy machine several BLAS
     threads made them ten times slower here, not faster.
     """
-    return threadpool_limits(limits=int(dask.config.get("dkha.online-blas-threads", default=1)),
-                             user_api="blas")
+    return blas_limit(int(dask.config.get("dkha.online-blas-threads", default=1)))
 
 
 def run_online(solver, source, driver: BlockDriver, *, seed: int, n_steps: int, every: int,

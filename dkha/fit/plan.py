@@ -33,7 +33,7 @@ import numpy as np
 from distributed import Client
 
 from dkha import config
-from dkha.engine.cluster import total_threads
+from dkha.engine.cluster import blas_limit, total_threads
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +76,12 @@ class Plan:
 def probe_rate(kernel, sample: np.ndarray, repeat: int = 2) -> float:
     """Kernel entries per second on one thread of this machine for ``kernel`` on rows like
     ``sample`` (``≥ 2`` rows): the best of ``repeat`` timings of one probe tile."""
-    from threadpoolctl import threadpool_limits
-
     sample = np.ascontiguousarray(sample, dtype=np.float64)
     rng = np.random.default_rng(0)
     X = sample[rng.integers(0, len(sample), PROBE_ROWS)]
     Y = sample[rng.integers(0, len(sample), PROBE_COLUMNS)]
     best = np.inf
-    with threadpool_limits(limits=1, user_api="blas"):
+    with blas_limit(1):
         kernel.block(X[:8], Y[:8])       # compiled on first use: not part of the timing
         for _ in range(repeat):
             t0 = time.perf_counter()

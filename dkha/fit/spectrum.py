@@ -29,6 +29,8 @@ def _cache_key(engine, cache: bool | None):
     store = getattr(engine, "store", None)
     if not bool(config.get("spectrum-cache", cache)) or centering is None or store is None:
         return None
+    if store.rows is not None:      # an array fit's own store, removed with the model
+        return None
     return spectrum_key(store, centering)
 
 
