@@ -200,6 +200,18 @@ def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm
                                  dtype=kernel.precision)
 
 
+@dataclass
+class _Held:
+    """Prepared columns of rows held in memory, with the array they came from."""
+
+    columns: object
+    source: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.columns.nbytes
+
+
 _COLUMNS: collections.OrderedDict = collections.OrderedDict()
 _COLUMNS_LOCK = threading.Lock()
 #: column blocks kept prepared per process (a stream uses one per column group of its worker),
@@ -213,10 +225,11 @@ def column_operands(path: str | np.ndarray, kernel: Kernel, cols: tuple):
     stream: every block's tile is against the same columns, and joining their chunks, their
     norms and (float32) their shift and cast cost ``O(|J| n)`` a block — 0.5 s of a pass at
     l = 20 000. The same numbers as preparing them each time."""
-    if isinstance(path, np.ndarray):
-        return kernel.prepared_columns(group_rows(path, cols))
     try:
-        key = (path, cols, _store_token(path), kernel)
+        if isinstance(path, np.ndarray):    # rows held in this process: the array itself
+            key = (id(path), path.__array_interface__["data"][0], path.shape, cols, kernel)
+        else:
+            key = (path, cols, _store_token(path), kernel)
         hash(key)
     except TypeError:       # a kernel with unhashable parameters: prepared each time
         return kernel.prepared_columns(group_rows(path, cols))
@@ -224,13 +237,14 @@ def column_operands(path: str | np.ndarray, kernel: Kernel, cols: tuple):
         got = _COLUMNS.get(key)
         if got is not None:
             _COLUMNS.move_to_end(key)
-            return got
+            return got.columns if isinstance(got, _Held) else got
     got = kernel.prepared_columns(group_rows(path, cols))
     limit = configured_budget() // 4
     if getattr(got, "nbytes", limit + 1) > limit:
         return got
     with _COLUMNS_LOCK:
-        _COLUMNS[key] = got
+        # an array source is kept referenced with its columns: its id is not reused meanwhile
+        _COLUMNS[key] = got if not isinstance(path, np.ndarray) else _Held(got, path)
         while len(_COLUMNS) > COLUMNS_KEPT or sum(c.nbytes for c in _COLUMNS.values()) > limit:
             _COLUMNS.popitem(last=False)
     return got
