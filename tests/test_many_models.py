@@ -19,6 +19,7 @@ from dkha.fit import control
 from dkha.cli.main import main
 from dkha.errors import Interrupted, NumericalError, ParameterError
 from dkha.estimators.batch import run_names
+from dkha.fit.track import result_entry
 from dkha.solvers.batch import BatchKHA
 
 R, SIGMA, PASSES, BLOCK = 5, 4.0, 3, 37
@@ -48,8 +49,11 @@ def test_together_equals_apart_bit_for_bit(apart, together):
         assert [h["step"] for h in m.history_] == [h["step"] for h in alone.history_]
         np.testing.assert_allclose([h["excess"] for h in m.history_],
                                    [h["excess"] for h in alone.history_], rtol=1e-9, atol=1e-13)
-    # the models really differ (a shared stream did not make them one)
-    assert not np.allclose(together[0].alpha_, together[2].alpha_)
+    # the models really differ (a shared stream did not make them one): their passes' errors.
+    # (Their results may not: the start is exact at l = 300, and a fit whose passes end worse
+    # keeps its best state, here the start.)
+    errors = [[h["error"] for h in m.history_[1:]] for m in together]
+    assert not np.allclose(errors[0], errors[2]) and not np.allclose(errors[1], errors[2])
 
 
 def test_shared_evaluations_match_dense(together, digits, dense_centered):
@@ -61,10 +65,10 @@ def test_shared_evaluations_match_dense(together, digits, dense_centered):
     for m in together:
         C = m.alpha_ @ Kc
         e = np.linalg.norm(Kc - C.T @ C)
-        last = m.history_[-1]
+        last = result_entry(m.history_, m.attrs_.get("kept_state"))     # the result's errors
         np.testing.assert_allclose(last["error"], e, rtol=1e-10)
         np.testing.assert_allclose(last["error_min"], e_min, rtol=1e-10)
-        np.testing.assert_allclose(last["excess"], e / e_min - 1, rtol=1e-8)
+        np.testing.assert_allclose(last["excess"], e / e_min - 1, rtol=1e-8, atol=1e-13)
         # eq. 13 estimates from the shared final projections
         np.testing.assert_allclose(m.eigenvalues_, np.linalg.norm(C, axis=1)
                                    / np.linalg.norm(m.alpha_, axis=1), rtol=1e-10)
@@ -160,7 +164,10 @@ def test_cli_fit_lists_and_tune(digits_store, client, seed, tmp_path, capsys):
     gains = ["--algorithm", "kha-smd", "--eta0", str(chosen["eta0"]), "--mu", str(chosen["mu"])]
     assert main(["fit", digits_store.path, "-o", chosen["run_dir"], *gains, "--passes", "3",
                  "--evaluate-every", "0", "--resume", *common]) == 0
-    alone = make(client, seed, "kha-smd", eta0=chosen["eta0"], mu=chosen["mu"]).fit(digits_store)
+    # (evaluated as the tuned run was, at the end only: a fit keeps its best evaluated state, and
+    # a fit evaluated at its start too would keep that exact start here)
+    alone = make(client, seed, "kha-smd", eta0=chosen["eta0"], mu=chosen["mu"],
+                 evaluate_every=0).fit(digits_store)
     continued = xr.open_zarr(os.path.join(chosen["run_dir"], "components.zarr")).load()
     np.testing.assert_array_equal(continued["alpha"].values, alone.alpha_)
     np.testing.assert_allclose(continued["excess"].values[-1], alone.history_[-1]["excess"],

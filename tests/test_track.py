@@ -89,6 +89,27 @@ def test_a_worse_end_keeps_the_best_state(digits_store, client, Kc, tracked_eval
         captured[0], rel=1e-9)                               # ... and the start was kept
 
 
+def test_a_worse_end_keeps_the_best_state_under_exact_evaluation(digits_store, client, Kc):
+    """The same with the exact evaluation (eq. 22): the state of the lowest error is the result,
+    its errors are the summary's, and the history still shows every pass as measured."""
+    from dkha.fit.track import result_entry
+
+    with dask.config.set({"dkha.evaluation": "exact"}):
+        model = KernelHebbianPCA(R, algorithm="kha", eta0=1.0, sigma=SIGMA, passes=2,
+                                 init="nystrom:200", client=client).fit(digits_store.path)
+    errors = [h["error"] for h in model.history_]
+    assert "measure" not in model.history_[0] and len(errors) == 3
+    assert min(errors[1:]) > errors[0]                       # the passes made it worse ...
+    C = model.alpha_ @ Kc
+    error = np.linalg.norm(Kc - C.T @ C)                     # the dense oracle of eq. 22
+    assert error == pytest.approx(errors[0], rel=1e-9)       # ... and the start is the result
+    kept = model.attrs_["kept_state"]
+    assert kept["pass"] == 0 and kept["error_last"] == errors[-1]
+    final = result_entry(model.history_, kept)
+    assert final["error"] == kept["error"] == errors[0] and final["step"] == 2 * len(Kc)
+    assert final["excess"] == model.history_[0]["excess"]
+
+
 def test_tracked_resume_is_bit_identical(digits_store, client, tmp_path, monkeypatch,
                                          tracked_evaluation):
     from dkha.data.checkpoint import Checkpointer

@@ -15,10 +15,11 @@ from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
 from dkha.estimators.params import cli_values
 from dkha.estimators.tune import tune
+from dkha.fit.track import result_entry
 
 
 def _fit_summary(model, run_dir: str) -> dict:
-    last = model.history_[-1] if model.history_ else {}
+    last = result_entry(model.history_, model.attrs_.get("kept_state"))
     return {"run_dir": run_dir, "algorithm": model.attrs_["algorithm"],
             "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
             "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
@@ -112,8 +113,11 @@ def cmd_fit(args) -> int:
                   "RUN_DIR --exact, or fit with --tol)"
                   + (f"; kept the better state of pass {kept['pass']}" if kept else ""))
         elif last:
+            kept = model.attrs_.get("kept_state")
             print(f"{after}: " + errors_text(summary["error"], summary["error_min"],
-                                             summary["excess"], summary["excess_precision"]))
+                                             summary["excess"], summary["excess_precision"])
+                  + (f" (the state of pass {kept['pass']}, better than the last pass's excess "
+                     f"{last['excess']:.3e})" if kept else ""))
         _print_backoffs(model.backoffs_)
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
     return 0

@@ -221,6 +221,10 @@ def cmd_demo(args) -> int:
     print("pass   excess error E/E_min − 1")
     for h in model.history_:
         print(f"{h['pass']:4d}   {h['excess']:.3e}")
+    kept = model.attrs_.get("kept_state")
+    if kept:
+        print(f"kept the state of pass {kept['pass']} (excess {kept['excess']:.3e}): "
+              "better than the last pass's")
     print(f"saved {run_dir}/components.zarr (open it with xarray.open_zarr)")
     return 0
 

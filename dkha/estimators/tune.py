@@ -22,6 +22,7 @@ import numpy as np
 from dkha import algorithms as registry
 from dkha.errors import NumericalError, ParameterError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together
+from dkha.fit.track import result_entry
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ def _row(m: KernelHebbianPCA) -> dict:
     if m.backoffs_:     # the gain it ended with (halved by each backoff)
         row["eta0_final"] = m.backoffs_[-1]["gain_after"]
     if m.failure_ is None and m.history_:
-        row.update(excess=m.history_[-1]["excess"], error=m.history_[-1]["error"])
+        final = result_entry(m.history_, m.attrs_.get("kept_state"))
+        row.update(excess=final["excess"], error=final["error"])
     else:
         row.update(excess=None, diverged=m.failure_ or "not evaluated")
     return row

@@ -22,7 +22,7 @@ from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import announce_cost, evaluate_many, projections, projections_many
 from dkha.fit.spectrum import top_eigenvalues
 from dkha.fit.track import MEASURE as TRACKED
-from dkha.fit.track import state_of, tracked
+from dkha.fit.track import better, best_entry, state_of, tracked, worse_end
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, feature_norm, initial_coefficients
 from dkha.solvers.factored import FactoredState
 
@@ -91,8 +91,9 @@ class _Model:
     history: list = field(default_factory=list)
     active: bool = True          # still taking steps (false once converged or diverged)
     failure: str | None = None
-    #: tracked evaluations: the best entry so far ``{"captured", "step", "pass"}`` with its
-    #: ``A`` and ``C`` (the state kept if the end is worse), and the last span (its change)
+    #: the best evaluation so far (:func:`~dkha.fit.track.best_entry`: ``captured`` of a tracked
+    #: one, ``error`` of an exact one; ``step``, ``pass``) with its ``A`` and ``C`` (the state kept
+    #: if the end is worse), and the last span (a tracked entry's change)
     best: dict | None = None
     best_arrays: tuple | None = None
     previous: tuple | None = None
@@ -210,9 +211,10 @@ class _SharedStream:
             s.state = state_from_arrays(type(s.state), arrays, ck.meta["state_scalars"])
             m.history = list(ck.meta["history"])
             s.backoffs = list(ck.meta.get("backoffs", []))
-            if ck.meta.get("best") is not None:      # tracked evaluations: the best so far
+            if ck.meta.get("best") is not None:      # the best evaluation so far
                 m.best = dict(ck.meta["best"])
                 m.best_arrays = (ck.arrays["best.A"], ck.arrays["best.C"])
+            if "previous.A" in ck.arrays:            # the span of the last tracked entry
                 m.previous = (ck.arrays["previous.A"], ck.arrays.get("previous.Li"))
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         self.fit_seconds = float(first.meta["fit_seconds"])
@@ -256,19 +258,21 @@ class _SharedStream:
         announce_cost(engine, passes=(Cs is None) + 1, krylov=self.eig_top is None)
         if self.eig_top is None:
             self.eig_top = top_eigenvalues(engine, self.r, seed=self.seed)
-        if shared_start:     # every model still holds the one start: one evaluation serves all
-            evs = evaluate_many(engine, [which[0].solver.A], self.eig_top, Cs=Cs,
-                                announce=False) * len(which)
-        else:
-            evs = evaluate_many(engine, [m.solver.A for m in which], self.eig_top, Cs=Cs,
-                                announce=False)
+        # every model still holding the one start: one evaluation serves all
+        As = [m.solver.A for m in (which[:1] if shared_start else which)]
+        if Cs is None:      # C = A K' kept with the best state (the result if the end is worse)
+            Cs = projections_many(engine, As)
+        evs = evaluate_many(engine, As, self.eig_top, Cs=Cs, announce=False)
+        if shared_start:
+            evs, Cs = evs * len(which), list(Cs[:1]) * len(which)
         seconds = self.fit_seconds if self.driver is None else self.driver.seconds
-        for m, ev in zip(which, evs):
+        for m, ev, C in zip(which, evs, Cs):
             t = m.solver.state.t
             pass_index = -(-t // self.l)
             m.history.append({"pass": pass_index, "step": t, "error": ev.error,
                               "error_min": ev.error_min, "excess": ev.excess,
                               "wall_time": seconds})
+            self._keep_if_best(m, C)
             log.info("%s pass %d step %d: excess error %.3e", m.solver.algorithm, pass_index, t,
                      ev.excess)
             if m.tol is not None and ev.excess <= m.tol and m.active:
@@ -300,14 +304,21 @@ class _SharedStream:
                               "wall_time": seconds, "measure": TRACKED, **got})
             log.info("%s pass %d step %d: captured Σθ² %.10g, span change %.2e",
                      m.solver.algorithm, pass_index, t, got["captured"], got["change"])
-            if m.best is None or got["captured"] > m.best["captured"]:
-                m.best = {"captured": got["captured"], "step": t, "pass": pass_index}
-                m.best_arrays = (np.array(A, copy=True), np.array(C, copy=True))
+            self._keep_if_best(m, C)
         if self.driver is not None:
             shown = [m.history[-1]["change"] for m in self.models if m.history]
             shown = [v for v in shown if v == v]
             if shown:
                 self.driver.show(change=f"{max(shown):.1e}")
+
+    @staticmethod
+    def _keep_if_best(m: _Model, C: np.ndarray) -> None:
+        """Keep the state of ``m``'s last history entry (its ``A`` and ``C``) where it is the
+        best so far (:func:`~dkha.fit.track.better`)."""
+        entry = m.history[-1]
+        if better(entry, m.best):
+            m.best = best_entry(entry)
+            m.best_arrays = (np.array(m.solver.A, copy=True), np.array(C, copy=True))
 
     def stopped(self, exc: Interrupted) -> Interrupted:
         """The error to raise for a stop asked outside the driver's check between blocks
@@ -426,15 +437,14 @@ class _SharedStream:
             A, C = m.solver.A, next(Cs)
             kept = None
             last = m.history[-1] if m.history else {}
-            if (m.best is not None and last.get("measure") == TRACKED
-                    and m.best["step"] != last["step"]
-                    and last["captured"] < m.best["captured"]):
+            if worse_end(last, m.best):
                 # the end is worse than an earlier evaluation: that state is the result
                 A, C = m.best_arrays
-                kept = dict(m.best, captured_last=last["captured"])
-                log.info("%s: the state of pass %d captures more than the last (%.10g > "
-                         "%.10g): it is the result", m.solver.algorithm, m.best["pass"],
-                         m.best["captured"], last["captured"])
+                figure = "captured" if last.get("measure") == TRACKED else "error"
+                kept = dict(m.best, **{f"{figure}_last": last[figure]})
+                log.info("%s: the state of pass %d is better than the last (%s %.10g, last "
+                         "%.10g): it is the result", m.solver.algorithm, m.best["pass"], figure,
+                         m.best[figure], last[figure])
             results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
                                        history=m.history, top_eigenvalues=self.eig_top,
                                        wall_time=seconds, stream_stats=stats, projection=C,
@@ -516,9 +526,10 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
     if top_eigenvalues is not None:
         out["top_eigenvalues"] = np.asarray(top_eigenvalues)
     best = None
-    if tracked is not None and tracked.best is not None:     # tracked evaluations' best state
+    if tracked is not None and tracked.best is not None:     # the best evaluation's state
         best = tracked.best
         out["best.A"], out["best.C"] = tracked.best_arrays
+    if tracked is not None and tracked.previous is not None:     # a tracked entry's span
         out["previous.A"] = tracked.previous[0]
         if tracked.previous[1] is not None:
             out["previous.Li"] = tracked.previous[1]

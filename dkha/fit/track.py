@@ -64,3 +64,47 @@ def tracked(A: np.ndarray, C: np.ndarray, previous: tuple[np.ndarray, np.ndarray
 def state_of(A: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """What :func:`tracked` needs of this entry to measure the next one's ``change``."""
     return np.array(A, copy=True), _orthonormaliser(A @ C.T)
+
+
+#: an exact evaluation is better than the best so far only when its error is lower by more than
+#: this relative margin: evaluations of one state in different blockings (one model apart, or
+#: several together) differ in their last digits, and must never pick different states
+EXACT_MARGIN = 1e-9
+
+
+def better(entry: dict, best: dict | None) -> bool:
+    """Whether the history ``entry`` beats ``best`` (the best entry so far, or None): a tracked
+    entry captures more (:func:`tracked`); an exact one (eq. 22) has a lower error by more than
+    :data:`EXACT_MARGIN`. Entries of other measures never do."""
+    if entry.get("measure") == MEASURE:
+        return best is None or entry["captured"] > best["captured"]
+    if "measure" in entry or not np.isfinite(entry.get("error", np.nan)):
+        return False
+    return best is None or entry["error"] < best["error"] * (1.0 - EXACT_MARGIN)
+
+
+def worse_end(last: dict, best: dict | None) -> bool:
+    """Whether the fit's ``last`` entry is worse than an earlier ``best`` one, so that ``best``'s
+    state is the result: the fit never ends worse than its best evaluation."""
+    if best is None or not last or best["step"] == last["step"]:
+        return False
+    if last.get("measure") == MEASURE:
+        return "captured" in best and last["captured"] < best["captured"]
+    return ("measure" not in last and "error" in best
+            and last["error"] > best["error"] * (1.0 + EXACT_MARGIN))
+
+
+def best_entry(entry: dict) -> dict:
+    """What a checkpoint and the run keep of a best entry (its measure's figures, step, pass)."""
+    keys = ("captured",) if entry.get("measure") == MEASURE else ("error", "error_min", "excess")
+    return {"step": entry["step"], "pass": entry["pass"], **{k: entry[k] for k in keys}}
+
+
+def result_entry(history: list, kept: dict | None) -> dict:
+    """The history entry that describes a fit's result: the last one, with the errors of the
+    kept state where an earlier, better state is the result (exact evaluations; a tracked
+    entry's figures stay the last pass's, the kept state's are in ``kept``)."""
+    last = dict(history[-1]) if history else {}
+    if kept and "error" in kept and last and "measure" not in last:
+        last.update({k: kept[k] for k in ("error", "error_min", "excess")})
+    return last

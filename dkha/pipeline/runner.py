@@ -48,6 +48,7 @@ from dkha.data.patches import read_grey_image
 from dkha.data.store import open_store
 from dkha.errors import DkhaError, InputError, ParameterError
 from dkha.estimators.factory import estimator_for, fit_run
+from dkha.fit.track import result_entry
 from dkha.estimators.params import pipeline_keys
 from dkha.pipeline.report import write_report
 
@@ -375,7 +376,7 @@ class Runner:
             if "ac_index" in ds and ds.sizes.get("evaluation", 0):
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
-        last = model.history_[-1] if model.history_ else {}
+        last = result_entry(model.history_, model.attrs_.get("kept_state"))
         return {"run_dir": run, "excess": last.get("excess"), "pass": last.get("pass"),
                 "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_)}
 
