@@ -479,3 +479,18 @@ def tile_residuals(spec: TileSpec, X, Y, Cs: tuple, C_rows: slice, C_cols: slice
             flat = R.ravel()
             out[1 + k] += float(np.dot(flat, flat))
     return out
+
+
+def compile_sweeps() -> None:
+    """Compile :func:`fused_sweep` for the types the engine's tiles pass it (both precisions;
+    whole tiles and panels of a product), on tiny blocks: what the first kernel tile of a fit
+    would otherwise compile (``cache=True``: once per environment; see
+    :func:`dkha.solvers.warmup.compile_all`)."""
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((6, 3)), rng.standard_normal((5, 3))
+    mk6, mk5 = np.zeros(6), np.zeros(5)
+    for precision in ("float64", "float32"):
+        spec = TileSpec(GAUSSIAN, 0.5, 0.0, 0.0, precision, "cpu")
+        kernel_tile(spec, X, Y, mk6, mk5, 0.0)
+        tile_product(spec, X, Y, V=np.ones((5, 2)), W=np.ones((6, 2)), mk_rows=mk6,
+                     mk_cols=mk5, sums=True)

@@ -2,10 +2,15 @@
 pyproject.toml — a fresh virtual environment (what `.ci/run` makes) has nothing else."""
 import ast
 import importlib.metadata as md
+import os
 import pathlib
 import re
+import subprocess
 import sys
+import sysconfig
 import tomllib
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # modules of optional extras that need not be installed where the tests run: module -> extra
@@ -76,3 +81,43 @@ def test_the_check_sees_an_undeclared_module():
     declared = core.union(*extras.values()) - {"matplotlib", "psutil"}
     missing = " ".join(_undeclared(declared, extras))
     assert "matplotlib (imported by dkha/" in missing and "psutil (imported by dkha/" in missing
+
+
+_CACHE_PROBE = """
+import numpy as np
+from dkha.solvers import block_loops, warmup
+from dkha import tiles
+warmup.tiny_fit("kha-smd")
+tiles.compile_sweeps()
+print(block_loops.__file__)
+for f in (block_loops.smd_block_logged, tiles.fused_sweep):
+    print(f.__name__, sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values()))
+"""
+
+
+def test_an_installed_wheel_ships_the_compiled_loops(tmp_path):
+    """``pip install .`` (what CI and the README run) compiles the numba loops while it builds the
+    wheel (build_backend/dkha_build.py): the wheel lists the cache files, and the installed dkha
+    loads its loops from them (numba's cache hits, no miss, i.e. nothing compiled)."""
+    installed = list(md.distributions(name="dkha", path=[sysconfig.get_paths()["purelib"]]))
+    if not installed:
+        pytest.skip("dkha is not installed in this environment")
+    dist = installed[0]     # the installed one, not the checkout's dkha.egg-info
+    direct = dist.read_text("direct_url.json") or ""
+    if '"editable": true' in direct.replace(" ", "").replace('":true', '": true'):
+        pytest.skip("an editable install compiles on first use, into the source tree's cache")
+    shipped = [str(f) for f in dist.files or []]
+    for name in ("block_loops.smd_block_logged", "block_loops.kha_block_logged",
+                 "tiles.fused_sweep"):
+        assert any(re.search(rf"__pycache__/{re.escape(name)}-\d+\.py\d+\.nbi$", f)
+                   for f in shipped), f"{name} is not in the wheel's numba cache"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("NUMBA_") and k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", _CACHE_PROBE], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.split("\n")
+    assert not lines[0].startswith(str(ROOT)), "the probe imported the checkout, not the install"
+    for line in lines[1:3]:
+        name, hits, misses = line.split()
+        assert int(hits) >= 1 and int(misses) == 0, line

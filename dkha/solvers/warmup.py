@@ -9,6 +9,9 @@ types as soon as a fit knows its algorithm, so it runs while the fit starts its 
 computes the centering row and its start; the first block then finds
 the functions compiled (numba's dispatchers compile under one lock and check for an existing
 compilation inside it: nothing is compiled twice). ``dkha.compile-ahead: false`` turns it off.
+
+Ahead of install: :func:`compile_all` runs while ``pip install .`` builds the wheel, whose
+numba cache then holds the compiled loops (see there).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ _started: set = set()
 _lock = threading.Lock()
 
 
-def tiny_fit(algorithm: str) -> BatchKHA:
+def tiny_fit(algorithm: str, dtype=np.float64) -> BatchKHA:
     """One pass of ``algorithm`` on 24 samples in blocks of 8: every compiled loop a batch fit's
-    coordinator calls, with the types a fit passes them."""
+    coordinator calls, with the types a fit passes them (kernel rows of ``dtype``: float32 for
+    ``precision="float32"``)."""
     rng = np.random.default_rng(0)
     l, r = 24, 2
     X = rng.standard_normal((l, 3))
@@ -43,10 +47,23 @@ def tiny_fit(algorithm: str) -> BatchKHA:
     solver.begin_pass()
     for a in range(0, l, 8):
         index = np.arange(a, a + 8)
-        solver.apply_block(index, np.ascontiguousarray(K[index]))
+        solver.apply_block(index, np.ascontiguousarray(K[index], dtype=dtype))
     solver.state.fold()
     solver.A  # noqa: B018 - reading A, as a fit's evaluation and saving do
     return solver
+
+
+def compile_all() -> list[str]:
+    """Compile every batch algorithm's loops (:func:`tiny_fit`) into numba's cache: what
+    ``pip install .`` runs while it builds dkha's wheel (``build_backend/dkha_build.py``), so that
+    the cache ships in the wheel and a first fit loads its loops instead of compiling them. The
+    cache holds the machine code of the CPU it was built on (numba's cache key: CPU name and
+    features, numba's version, the source's content hash): a wheel built elsewhere compiles at
+    the first fit, as before. Returns the algorithms compiled."""
+    for algorithm in ALGORITHMS:
+        for dtype in (np.float64, np.float32):
+            tiny_fit(algorithm, dtype)
+    return list(ALGORITHMS)
 
 
 def _compile(algorithm: str) -> None:
