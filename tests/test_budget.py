@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import dask.config
 import numpy as np
 import pytest
@@ -142,3 +144,21 @@ def test_default_landmarks_fill_at_most_half_the_budget():
         assert start_of(None, "kha-smd", 1797, 16) == ("nystrom", 640)
     with dask.config.set({"dkha.memory-budget": "4GiB"}):
         assert start_of(None, "kha-smd", 200_000, 16) == ("nystrom", 640)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_kernel_blocks_come_from_the_heap_here_and_in_the_workers_dkha_starts():
+    """``dkha.heap-blocks``: glibc takes the settings in this process (mallopt accepts them), and
+    the worker processes dkha starts get the same settings in their environment."""
+    import os
+
+    from dkha.engine.cluster import HEAP_BLOCKS, Where, client_for, heap_blocks
+
+    assert heap_blocks()
+    with dask.config.set({"dkha.heap-blocks": False}):
+        assert not heap_blocks()
+    with client_for(Where(workers=2)) as client:
+        envs = client.run(lambda: {k: os.environ.get(k) for k in HEAP_BLOCKS})
+    assert len(envs) == 2
+    for env in envs.values():
+        assert env == {k: str(v) for k, v in HEAP_BLOCKS.items()}

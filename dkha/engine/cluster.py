@@ -16,8 +16,10 @@ the same code path as on a real cluster.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -144,7 +146,7 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
     if workers:
         n = int(workers)
         cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n), processes=True,
-                               dashboard_address=":0", silence_logs=silence)
+                               dashboard_address=":0", silence_logs=silence, env=_worker_env())
     else:
         cluster = LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
                                dashboard_address=":0", silence_logs=silence)
@@ -179,14 +181,51 @@ def total_threads(client) -> int:
     return max(1, sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()))
 
 
+#: glibc's settings for the kernel blocks (``mallopt``; the same as its ``MALLOC_*_`` variables):
+#: blocks up to 512 MiB come from the heap, and up to 256 MiB freed stays there for the next block
+HEAP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": 512 << 20, "MALLOC_TRIM_THRESHOLD_": 256 << 20,
+               "MALLOC_TOP_PAD_": 64 << 20}
+_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
+
+
+def heap_blocks() -> bool:
+    """Serve this process's kernel blocks from glibc's heap (``dkha.heap-blocks``, on by default;
+    Linux with glibc only; whether it was set).
+
+    A block of ``b × l`` rows (41 MB at ``b = 256``, ``l = 20 000``) is above glibc's largest
+    dynamic mmap threshold (32 MiB), so each new block was a fresh mapping whose every page
+    faulted on first write, and was unmapped when freed. Kept in the heap, a freed block's pages
+    serve the next one: a KHA-SMD pass at l = 20 000 on 2 cores took 3.21–3.25 s instead of
+    3.50–3.71 s in float64 and 2.30–2.39 s instead of 2.47–2.80 s in float32
+    (``benchmarks/throughput.py``, runs interleaved). The heap returns free memory above 256 MiB
+    (``MALLOC_TRIM_THRESHOLD_``): the default fit of 200 000 × 16 peaked at 1.57 GiB
+    (``benchmarks/memory_budget.py``; with 1 GiB kept, 1.96 GiB)."""
+    if not config.get("heap-blocks") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return all(libc.mallopt(_MALLOPT[k], v) == 1 for k, v in HEAP_BLOCKS.items())
+    except (OSError, AttributeError):      # not glibc
+        return False
+
+
+def _worker_env() -> dict:
+    """The environment of the worker processes dkha starts (:func:`heap_blocks` there too)."""
+    if not config.get("heap-blocks") or not sys.platform.startswith("linux"):
+        return {}
+    return {k: str(v) for k, v in HEAP_BLOCKS.items()}
+
+
 @contextlib.contextmanager
 def blas_threads_for(client) -> Iterator[None]:
-    """One BLAS thread per Dask thread when the workers share this process.
+    """One BLAS thread per Dask thread when the workers share this process; this process's
+    kernel blocks from the heap (:func:`heap_blocks`).
 
     The in-process cluster already runs one task per core; OpenBLAS's own threads on top of
     that oversubscribe the cores (measured: a pass at l = 20 000 took 18.0 s with OpenBLAS's
     default threads, 11.4 s with one). Remote and process clusters are left alone.
     """
+    heap_blocks()
     if not shares_process(client):
         yield
         return
