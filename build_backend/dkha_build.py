@@ -44,7 +44,9 @@ def compile_into_tree() -> bool:
     if os.environ.get("DKHA_BUILD_COMPILE", "1") == "0":
         return False
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
-    env["PYTHONPATH"] = str(ROOT)
+    # the checkout first; then what pip's isolated build environment put on the path (its
+    # numba and numpy are found through it)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     if proc.returncode:
