@@ -200,7 +200,7 @@ def heap_blocks() -> bool:
     (``benchmarks/throughput.py``, runs interleaved). The heap returns free memory above 256 MiB
     (``MALLOC_TRIM_THRESHOLD_``): the default fit of 200 000 × 16 peaked at 1.57 GiB
     (``benchmarks/memory_budget.py``; with 1 GiB kept, 1.96 GiB)."""
-    if not config.get("heap-blocks") or not sys.platform.startswith("linux"):
+    if not _heap_blocks_wanted():
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -209,11 +209,13 @@ def heap_blocks() -> bool:
         return False
 
 
+def _heap_blocks_wanted() -> bool:
+    return bool(config.get("heap-blocks")) and sys.platform.startswith("linux")
+
+
 def _worker_env() -> dict:
     """The environment of the worker processes dkha starts (:func:`heap_blocks` there too)."""
-    if not config.get("heap-blocks") or not sys.platform.startswith("linux"):
-        return {}
-    return {k: str(v) for k, v in HEAP_BLOCKS.items()}
+    return {k: str(v) for k, v in HEAP_BLOCKS.items()} if _heap_blocks_wanted() else {}
 
 
 @contextlib.contextmanager

@@ -264,15 +264,15 @@ class _SharedStream:
             Cs = projections_many(engine, As)
         evs = evaluate_many(engine, As, self.eig_top, Cs=Cs, announce=False)
         if shared_start:
-            evs, Cs = evs * len(which), list(Cs[:1]) * len(which)
+            As, evs, Cs = As * len(which), evs * len(which), list(Cs[:1]) * len(which)
         seconds = self.fit_seconds if self.driver is None else self.driver.seconds
-        for m, ev, C in zip(which, evs, Cs):
+        for m, A, ev, C in zip(which, As, evs, Cs):
             t = m.solver.state.t
             pass_index = -(-t // self.l)
             m.history.append({"pass": pass_index, "step": t, "error": ev.error,
                               "error_min": ev.error_min, "excess": ev.excess,
                               "wall_time": seconds})
-            self._keep_if_best(m, C)
+            self._keep_if_best(m, A, C)
             log.info("%s pass %d step %d: excess error %.3e", m.solver.algorithm, pass_index, t,
                      ev.excess)
             if m.tol is not None and ev.excess <= m.tol and m.active:
@@ -304,7 +304,7 @@ class _SharedStream:
                               "wall_time": seconds, "measure": TRACKED, **got})
             log.info("%s pass %d step %d: captured Σθ² %.10g, span change %.2e",
                      m.solver.algorithm, pass_index, t, got["captured"], got["change"])
-            self._keep_if_best(m, C)
+            self._keep_if_best(m, A, C)
         if self.driver is not None:
             shown = [m.history[-1]["change"] for m in self.models if m.history]
             shown = [v for v in shown if v == v]
@@ -312,13 +312,13 @@ class _SharedStream:
                 self.driver.show(change=f"{max(shown):.1e}")
 
     @staticmethod
-    def _keep_if_best(m: _Model, C: np.ndarray) -> None:
-        """Keep the state of ``m``'s last history entry (its ``A`` and ``C``) where it is the
-        best so far (:func:`~dkha.fit.track.better`)."""
+    def _keep_if_best(m: _Model, A: np.ndarray, C: np.ndarray) -> None:
+        """Keep the state ``A``, ``C`` of ``m``'s last history entry where it is the best so far
+        (:func:`~dkha.fit.track.better`)."""
         entry = m.history[-1]
         if better(entry, m.best):
             m.best = best_entry(entry)
-            m.best_arrays = (np.array(m.solver.A, copy=True), np.array(C, copy=True))
+            m.best_arrays = (np.array(A, copy=True), np.array(C, copy=True))
 
     def stopped(self, exc: Interrupted) -> Interrupted:
         """The error to raise for a stop asked outside the driver's check between blocks

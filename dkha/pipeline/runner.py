@@ -48,8 +48,8 @@ from dkha.data.patches import read_grey_image
 from dkha.data.store import open_store
 from dkha.errors import DkhaError, InputError, ParameterError
 from dkha.estimators.factory import estimator_for, fit_run
-from dkha.fit.track import result_entry
 from dkha.estimators.params import pipeline_keys
+from dkha.fit.track import result_entry
 from dkha.pipeline.report import write_report
 
 log = logging.getLogger(__name__)
