@@ -190,11 +190,13 @@ def mk_sample_tile(path: str, kernel: Kernel, rows_i: tuple, XS: np.ndarray) -> 
     return kernel.products(group_rows(path, rows_i), XS, sums=True)[2]
 
 
-def centered_rows(path: str, kernel: Kernel, XP: np.ndarray, mk: np.ndarray, mkm: float,
-                  index: np.ndarray, cols: tuple) -> np.ndarray:
-    """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``): one GEMM and one
-    fused sweep (:mod:`dkha.tiles`), in the kernel's precision (float32 rows: half the bytes, and
-    the coordinator's block GEMMs in float32, its state in float64)."""
+def block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: Kernel, mk: np.ndarray,
+               mkm: float, index: np.ndarray, cols: tuple) -> np.ndarray:
+    """``K'[index, J]`` for the column group ``J`` (chunk ranges ``cols``): ``X[index]`` taken
+    from the chunk ranges ``ranges`` (:func:`take_rows`), one GEMM and one fused sweep
+    (:mod:`dkha.tiles`), in the kernel's precision (float32 rows: half the bytes, and the
+    coordinator's block GEMMs in float32, its state in float64)."""
+    XP = take_rows(path, ranges, index)
     a, b = cols[0][0], cols[-1][1]
     return kernel.centered_block(XP, column_operands(path, kernel, cols), mk[index], mk[a:b], mkm,
                                  dtype=kernel.precision)
@@ -503,8 +505,7 @@ def replica_replay(key: tuple, cols: tuple, s_version: int, S: np.ndarray, c_ver
         for v, seq, index, ops in (m for m in messages if m[0] > c_version):
             K = None
             if _needs_kernel(rep, seq, ops):
-                K = centered_rows(path, kernel, take_rows(path, ranges, index), mk, mkm, index,
-                                  cols)
+                K = block_rows(path, ranges, kernel, mk, mkm, index, cols)
             _apply(rep, v, index, ops, K, keep_from)
         return rep.version
 
@@ -519,7 +520,7 @@ def replica_project(key: tuple, path: str, kernel: Kernel, mk: np.ndarray, mkm: 
 
     With ``keep``, ``K'[P, J]`` stays with the replica for the ``C̃`` update of block ``seq``.
     """
-    K = centered_rows(path, kernel, take_rows(path, ranges, index), mk, mkm, index, cols)
+    K = block_rows(path, ranges, kernel, mk, mkm, index, cols)
     lo, hi = cols[0][0], cols[-1][1]
     window_index = np.asarray(window_index)
     in_group = window_index[(window_index >= lo) & (window_index < hi)]
