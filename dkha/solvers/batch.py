@@ -201,6 +201,8 @@ class BlockStart:
         (``FactoredState._defer``) and ``C̃`` only on the replicas, so a rollback leaves both as
         they are."""
         saved = self.saved if self.state is st else {}
+        if hasattr(st, "sync_c"):       # the factored state's C̃ may be taking a block's update
+            st.sync_c()
         skip = set(getattr(st, "TRANSIENT", ()))
         if keep_replicated:
             skip.update(("S_tilde", "C_tilde"))
@@ -398,13 +400,17 @@ class BatchKHA:
         replicas, and the block's message is recorded with them. At the end of each pass
         (``t`` a multiple of ``l``) the replicas are checked and ``C̃`` is brought home.
         """
+        prepared = None
+        if isinstance(self.state, FactoredState) and isinstance(rows, np.ndarray):
+            # the block's GEMM with S̃ first: C̃ may still be taking the last block's update
+            prepared = self.state.prepare_block(index, rows)
         if self.on_divergence == "stop":
-            self._apply_block(index, rows)
+            self._apply_block(index, rows, prepared)
             return
         self._block_start.save(self.state, keep_replicated=self.replicas is not None)
         while True:
             try:
-                self._apply_block(index, rows)
+                self._apply_block(index, rows, prepared)
                 return
             except NumericalError as exc:
                 self.back_off(exc)
@@ -434,13 +440,14 @@ class BatchKHA:
                 "halved the gain: eta0 %.3g → %.3g", self.algorithm, event["step"], event["pass"],
                 st.t, event["gain_before"], event["gain_after"])
 
-    def _apply_block(self, index: np.ndarray, rows) -> None:
+    def _apply_block(self, index: np.ndarray, rows, prepared: tuple | None = None) -> None:
         st = self.state
         if isinstance(st, FactoredState):
             eta = self.block_gains(st.t, len(index)) * st.gain_factor
             try:
                 if isinstance(rows, np.ndarray):
-                    st.apply_block(index, rows, eta, mu=self.meta_gain, xi=self.xi)
+                    st.apply_block(index, rows, eta, mu=self.meta_gain, xi=self.xi,
+                                   prepared=prepared)
                 else:
                     if self.replicas is None:
                         raise ValueError("a block of projections needs the replicas of its "

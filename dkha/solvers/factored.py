@@ -44,6 +44,7 @@ from dkha.solvers import block_loops, compiled
 DEFAULT_FOLD_CONDITION = 1e3
 _EMPTY = np.zeros((0, 0))
 _S_WORK: list = []      # the one thread that applies deferred messages to S̃ (made on first use)
+_C_WORK: list = []      # the one thread that applies eq. 18's block update to C̃ (made on first use)
 # the compiled loops' guard codes, named as :func:`dkha.solvers.reference.guard` names them
 GUARD_NAMES = {compiled.GUARD_A: "A", compiled.GUARD_B: "B", compiled.GUARD_GAIN: "gain",
                compiled.GUARD_A_RUNAWAY: "A runaway",
@@ -71,7 +72,80 @@ def lower_times_inplace(T: np.ndarray, X: np.ndarray) -> None:
     compiled.lower_times(np.ascontiguousarray(T, dtype=np.float64), X)
 
 
-class FactoredState:
+class QueuedFactors:
+    """``S̃`` and ``C̃`` of :class:`FactoredState` with work queued on them off the coordinator's
+    thread; a read of either waits for its own queue (``vars()`` holds the arrays as they are)."""
+
+    # S̃ itself. Blocks applied from projections (the replicas hold S̃ for the products) leave
+    # their message to one background thread that applies it to S̃ as a replica does
+    # (apply_message: the same bits), off the coordinator's path to the next block; every read
+    # of S̃ waits for what is queued (sync). vars() still holds the array under this name.
+    @property
+    def S_tilde(self) -> np.ndarray:
+        self._sync_s()
+        return self.__dict__["S_tilde"]
+
+    @S_tilde.setter
+    def S_tilde(self, value: np.ndarray) -> None:
+        self._sync_s()
+        self.__dict__["S_tilde"] = value
+
+    # C̃ likewise: eq. 18's update of a block, C̃ += U_A K'_P (a GEMM as large as the block's
+    # projections), runs on one background thread while the coordinator multiplies the next
+    # block by S̃_B (_block_projections reads C̃ only after that GEMM); every read of C̃ waits
+    # for it (sync_c), so what C̃ holds when read is the same bits as before.
+    @property
+    def C_tilde(self) -> np.ndarray | None:
+        self.sync_c()
+        return self.__dict__["C_tilde"]
+
+    @C_tilde.setter
+    def C_tilde(self, value: np.ndarray | None) -> None:
+        self.sync_c()
+        self.__dict__["C_tilde"] = value
+
+    def sync(self) -> None:
+        """Wait until the work queued for ``S̃`` and ``C̃`` is done (see ``S_tilde``, ``C_tilde``)."""
+        self._sync_s()
+        self.sync_c()
+
+    def _sync_s(self) -> None:
+        pending = self.__dict__.pop("_pending", None)
+        if pending is not None and not pending.result():
+            raise FloatingPointError("non-finite values in S̃ after a fold or direct step")
+
+    def sync_c(self) -> None:
+        """Wait until the block update queued for ``C̃`` is applied (see ``C_tilde``)."""
+        pending = self.__dict__.pop("_c_pending", None)
+        if pending is not None:
+            pending.result()
+
+    def _defer_c(self, U_A: np.ndarray, rows: np.ndarray) -> None:
+        """Queue ``C̃ += U_Aᵀ K'_P`` (``rows``: ``K'_P``, in its precision) on the C̃ thread."""
+        if not _C_WORK:
+            _C_WORK.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-c-tilde"))
+        self.sync_c()           # one update in flight: the one of the block just taken
+        self.__dict__["_c_pending"] = _C_WORK[0].submit(_add_block_to_c, self.__dict__["C_tilde"],
+                                                        U_A, rows)
+
+    @property
+    def _has_c(self) -> bool:
+        """Whether ``C̃`` is kept (without waiting for its queued update)."""
+        return self.__dict__.get("C_tilde") is not None
+
+    def _defer(self, index: np.ndarray, ops: list) -> None:
+        """Queue one block's message for ``S̃`` (FIFO on one thread: in order)."""
+        if not _S_WORK:
+            _S_WORK.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-s-tilde"))
+        self.__dict__["_pending"] = _S_WORK[0].submit(_apply_to_s, self.__dict__["S_tilde"],
+                                                      index, ops, self.__dict__.get("_pending"))
+
+    def __getstate__(self) -> dict:
+        self.sync()
+        return dict(self.__dict__)
+
+
+class FactoredState(QueuedFactors):
     """The coordinator's state in the factored form ``S = T · S̃``.
 
     Attributes read by callers: ``A``, ``B`` (SMD), ``C`` (KHA/et, SMD) as read-only snapshots of
@@ -84,38 +158,7 @@ class FactoredState:
     gain_factor = 1.0   # multiplies every gain; halved by each backoff (BatchKHA.back_off)
     # attributes that are not state (snapshots of true values, the S̃ work queued): never
     # checkpointed, saved for a rollback or restored
-    TRANSIENT = frozenset({"_cache", "_pending"})
-
-    # S̃ itself. Blocks applied from projections (the replicas hold S̃ for the products) leave
-    # their message to one background thread that applies it to S̃ as a replica does
-    # (apply_message: the same bits), off the coordinator's path to the next block; every read
-    # of S̃ waits for what is queued (sync). vars() still holds the array under this name.
-    @property
-    def S_tilde(self) -> np.ndarray:
-        self.sync()
-        return self.__dict__["S_tilde"]
-
-    @S_tilde.setter
-    def S_tilde(self, value: np.ndarray) -> None:
-        self.sync()
-        self.__dict__["S_tilde"] = value
-
-    def sync(self) -> None:
-        """Wait until the messages queued for ``S̃`` are applied (see ``S_tilde``)."""
-        pending = self.__dict__.pop("_pending", None)
-        if pending is not None and not pending.result():
-            raise FloatingPointError("non-finite values in S̃ after a fold or direct step")
-
-    def _defer(self, index: np.ndarray, ops: list) -> None:
-        """Queue one block's message for ``S̃`` (FIFO on one thread: in order)."""
-        if not _S_WORK:
-            _S_WORK.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-s-tilde"))
-        self.__dict__["_pending"] = _S_WORK[0].submit(_apply_to_s, self.__dict__["S_tilde"],
-                                                      index, ops, self.__dict__.get("_pending"))
-
-    def __getstate__(self) -> dict:
-        self.sync()
-        return dict(self.__dict__)
+    TRANSIENT = frozenset({"_cache", "_pending", "_c_pending"})
 
     def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None, smd: bool = False,
                  rho0: float = 0.0, t: int = 0, fold_condition: float = DEFAULT_FOLD_CONDITION):
@@ -188,7 +231,7 @@ class FactoredState:
     @property
     def keeps_c(self) -> bool:
         """Whether ``C = A K'`` is maintained (KHA/et, KHA-SMD)."""
-        return self.C_tilde is not None
+        return self._has_c
 
     def set_c_tilde(self, C_tilde: np.ndarray) -> None:
         """Replace the local ``C̃`` by the current one (brought home from the replicas)."""
@@ -272,11 +315,16 @@ class FactoredState:
         symmetric, so ``K'_P S̃_Aᵀ = C̃[:, P]ᵀ`` (``y = A k'_p = C e_p``), and only SMD's ``B`` rows
         take the block's GEMM (``r`` columns, not ``2r``; KHA/et none). The GEMM runs in the
         rows' precision (float32 rows: float32 operands, Y₀ and the state float64)."""
+        Y = self._s_projections(index, rows)
+        self._c_projections(index, Y)
+        return Y
+
+    def _s_projections(self, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """:meth:`_block_projections` but its ``A`` rows where ``C̃`` is kept: the block's GEMM,
+        which does not wait for ``C̃``."""
         r, m = self.r, self.T.shape[0]
-        lo = r if self.C_tilde is not None else 0
+        lo = r if self._has_c else 0
         Y = np.empty((len(index), m))
-        if lo:
-            np.take(self.C_tilde, index, axis=1, out=Y[:, :lo].T)
         if lo < m:
             S = self.S_tilde[lo:]
             if rows.dtype == np.float32:
@@ -285,9 +333,27 @@ class FactoredState:
                 np.matmul(rows, S.T, out=Y[:, lo:])
         return Y
 
+    def _c_projections(self, index: np.ndarray, Y: np.ndarray) -> None:
+        """The ``A`` rows of :meth:`_block_projections` from ``C̃`` into ``Y`` (where kept)."""
+        if self._has_c:
+            np.take(self.C_tilde, index, axis=1, out=Y[:, :self.r].T)
+
+    def prepare_block(self, index: np.ndarray, rows: np.ndarray) -> tuple:
+        """What :meth:`apply_block` computes of a block of rows before its first step and that
+        its steps do not change: the rows contiguous, ``K'_P[:, P]`` and the block's GEMM with
+        ``S̃`` (not ``C̃``, which may still be taking the previous block's update). Valid for
+        this block from the current ``S̃`` and after a rollback to it; pass it as
+        ``apply_block(..., prepared=)``."""
+        index = np.ascontiguousarray(index, dtype=np.int64)
+        single = getattr(rows, "dtype", None) == np.float32     # --precision float32
+        rows = np.ascontiguousarray(rows, dtype=np.float32 if single else np.float64)
+        Kpp = np.take(rows, index, axis=1).astype(np.float64)    # K'_P[:, P], b×b
+        return index, rows, Kpp, self._s_projections(index, rows)
+
     def apply_block(self, index: np.ndarray, rows: np.ndarray | None, eta: np.ndarray, *,
                     mu: float = 0.0, xi: float = 0.0, projections: np.ndarray | None = None,
-                    kpp: np.ndarray | None = None, ops: list | None = None) -> None:
+                    kpp: np.ndarray | None = None, ops: list | None = None,
+                    prepared: tuple | None = None) -> None:
         """Take one step per entry of ``index`` (``rows[j] = K'[index[j], :]``, gains ``eta[j]``).
 
         Does not advance ``t``; the caller owns the step count and the gains. Raises
@@ -297,6 +363,9 @@ class FactoredState:
         and ``kpp`` (``K'[P, P]``), ``rows`` is not needed; the block's effect on ``S̃`` and ``C̃``
         is appended to ``ops`` as the operations of one message (see the module docstring), and
         ``C̃`` is left to the replicas (``c_stale`` becomes true).
+
+        ``prepared``: :meth:`prepare_block` of ``index`` and ``rows``, computed before (then
+        ``rows`` is not read again). Eq. 18's ``C̃ += U_A K'_P`` is queued (``C_tilde``).
         """
         index = np.ascontiguousarray(index, dtype=np.int64)
         eta = np.ascontiguousarray(eta, dtype=np.float64)
@@ -304,7 +373,7 @@ class FactoredState:
         if b == 0:
             return
         r = self.r
-        keeps_c = self.C_tilde is not None
+        keeps_c = self._has_c
         if projections is not None:
             if ops is None or kpp is None:
                 raise ValueError("a block of projections needs kpp and an ops list")
@@ -318,10 +387,10 @@ class FactoredState:
             if self.c_stale:
                 raise RuntimeError("C̃ is held by worker replicas; bring it home "
                                    "(set_c_tilde) before applying kernel rows")
-            single = getattr(rows, "dtype", None) == np.float32     # --precision float32
-            rows = np.ascontiguousarray(rows, dtype=np.float32 if single else np.float64)
-            Kpp = np.take(rows, index, axis=1).astype(np.float64)    # K'_P[:, P], b×b
-            Y = self._block_projections(index, rows)
+            index, rows, Kpp, Y = prepared if prepared is not None else \
+                self.prepare_block(index, rows)
+            Y = Y.copy() if prepared is not None else Y    # the steps update it: keep the prepared
+            self._c_projections(index, Y)
             C_arg = self.C_tilde if keeps_c else _EMPTY
             direct_log = _EMPTY
             S_arg = self.S_tilde
@@ -357,9 +426,14 @@ class FactoredState:
                 ops.append(("c", np.array(U[:, :r])))
                 self.c_stale = True
             else:
-                self.C_tilde += U[:, :r].T.astype(rows.dtype) @ rows
+                self._defer_c(U[:, :r], rows)
         if projections is not None:
             self._defer(index.copy(), list(ops))      # S̃ follows, off this thread
+
+
+def _add_block_to_c(C: np.ndarray, U_A: np.ndarray, rows: np.ndarray) -> None:
+    """Eq. 18 for a block, deferred: ``C̃ += U_Aᵀ K'_P`` (the GEMM in the rows' precision)."""
+    C += U_A.T.astype(rows.dtype) @ rows
 
 
 # --- messages: replicas of S̃ and C̃, projections from earlier versions (§4) --------------------
