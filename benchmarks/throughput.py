@@ -13,8 +13,8 @@ hits the bound and dkha alike:
   ``MK`` (the exact MK row), ``K'V`` (one Krylov product, k = r + r/2 columns, both halves of
   each tile ``I < J``), ``KHA`` (one KHA-SMD pass: the block stream of a 1-pass fit, centering
   cached; the coordinator multiplies each block by ``S̃_B`` (r columns: the ``A`` rows of the
-  projections are columns of the kept ``C̃ = S̃_A K'``, as ``K'`` is symmetric) and updates
-  ``C̃`` (r)), ``evaluation`` (one residual pass ``‖K' − CᵀC‖``, ``C_Iᵀ C_J`` once a tile, r
+  projections are columns of the kept ``C̃ = S̃_A K'``, as ``K'`` is symmetric) and a thread of
+  its own updates ``C̃`` (r) meanwhile), ``evaluation`` (one residual pass ``‖K' − CᵀC‖``, ``C_Iᵀ C_J`` once a tile, r
   columns; always float64 tiles, so printed for float64 only);
 * printed: seconds, kernel evaluations per second per core and dkha as % of the bound of the
   same precision (and of the bound with the pass's products), both for the evaluations the pass

@@ -2,7 +2,8 @@
 
 The large arrays of a fit are not the data or the model (``l × n`` and a few ``r × l``) but the
 kernel it streams: blocks of ``b × l`` centered rows, ``prefetch`` of them computed ahead and one
-more being applied (with its copy joined from the column groups), and the square tiles of the
+more being applied (with its copy joined from the column groups, or the block before it while
+that block's ``C̃`` update finishes beside it), and the square tiles of the
 MK row and product passes (``t × t`` with a temporary as large, one per worker thread). With
 fixed sizes (256 rows, 4 ahead) the blocks alone took 2 GB at ``l = 200 000``; here they are chosen
 so that
