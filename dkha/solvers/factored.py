@@ -43,8 +43,7 @@ from dkha.solvers import block_loops, compiled
 
 DEFAULT_FOLD_CONDITION = 1e3
 _EMPTY = np.zeros((0, 0))
-_S_WORK: list = []      # the one thread that applies deferred messages to S̃ (made on first use)
-_C_WORK: list = []      # the one thread that applies eq. 18's block update to C̃ (made on first use)
+_QUEUE: list = []       # the one thread that applies the work queued on S̃ and C̃ (made on first use)
 # the compiled loops' guard codes, named as :func:`dkha.solvers.reference.guard` names them
 GUARD_NAMES = {compiled.GUARD_A: "A", compiled.GUARD_B: "B", compiled.GUARD_GAIN: "gain",
                compiled.GUARD_A_RUNAWAY: "A runaway",
@@ -91,9 +90,9 @@ class QueuedFactors:
         self.__dict__["S_tilde"] = value
 
     # C̃ likewise: eq. 18's update of a block, C̃ += U_A K'_P (a GEMM as large as the block's
-    # projections), runs on one background thread while the coordinator multiplies the next
-    # block by S̃_B (_block_projections reads C̃ only after that GEMM); every read of C̃ waits
-    # for it (sync_c), so what C̃ holds when read is the same bits as before.
+    # projections), runs on that thread while the coordinator multiplies the next block by S̃_B
+    # (prepare_block; C̃'s columns are read after that GEMM); every read of C̃ waits for it
+    # (sync_c), so what C̃ holds when read is the same bits as an update in line.
     @property
     def C_tilde(self) -> np.ndarray | None:
         self.sync_c()
@@ -120,25 +119,20 @@ class QueuedFactors:
         if pending is not None:
             pending.result()
 
-    def _defer_c(self, U_A: np.ndarray, rows: np.ndarray) -> None:
-        """Queue ``C̃ += U_Aᵀ K'_P`` (``rows``: ``K'_P``, in its precision) on the C̃ thread."""
-        if not _C_WORK:
-            _C_WORK.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-c-tilde"))
-        self.sync_c()           # one update in flight: the one of the block just taken
-        self.__dict__["_c_pending"] = _C_WORK[0].submit(_add_block_to_c, self.__dict__["C_tilde"],
-                                                        U_A, rows)
-
     @property
-    def _has_c(self) -> bool:
-        """Whether ``C̃`` is kept (without waiting for its queued update)."""
+    def keeps_c(self) -> bool:
+        """Whether ``C = A K'`` is maintained (KHA/et, KHA-SMD; without waiting for ``C̃``)."""
         return self.__dict__.get("C_tilde") is not None
+
+    def _defer_c(self, U_A: np.ndarray, rows: np.ndarray) -> None:
+        """Queue ``C̃ += U_Aᵀ K'_P`` (``rows``: ``K'_P``, in its precision)."""
+        self.__dict__["_c_pending"] = _queue().submit(_add_block_to_c, self.__dict__["C_tilde"],
+                                                      U_A, rows)
 
     def _defer(self, index: np.ndarray, ops: list) -> None:
         """Queue one block's message for ``S̃`` (FIFO on one thread: in order)."""
-        if not _S_WORK:
-            _S_WORK.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-s-tilde"))
-        self.__dict__["_pending"] = _S_WORK[0].submit(_apply_to_s, self.__dict__["S_tilde"],
-                                                      index, ops, self.__dict__.get("_pending"))
+        self.__dict__["_pending"] = _queue().submit(_apply_to_s, self.__dict__["S_tilde"],
+                                                    index, ops, self.__dict__.get("_pending"))
 
     def __getstate__(self) -> dict:
         self.sync()
@@ -228,11 +222,6 @@ class FactoredState(QueuedFactors):
                                "closes")
         return self._value("C")
 
-    @property
-    def keeps_c(self) -> bool:
-        """Whether ``C = A K'`` is maintained (KHA/et, KHA-SMD)."""
-        return self._has_c
-
     def set_c_tilde(self, C_tilde: np.ndarray) -> None:
         """Replace the local ``C̃`` by the current one (brought home from the replicas)."""
         C_tilde = np.array(C_tilde, dtype=np.float64, order="C")
@@ -308,22 +297,15 @@ class FactoredState(QueuedFactors):
 
     # -- the block ----------------------------------------------------------------------------
 
-    def _block_projections(self, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """``Y₀ᵀ = K'_P S̃ᵀ`` (``b×m``, float64) of a block of rows ``K'_P``.
-
-        Where ``C̃ = S̃_A K'`` is kept (KHA/et, SMD) its ``A`` rows need no product: ``K'`` is
-        symmetric, so ``K'_P S̃_Aᵀ = C̃[:, P]ᵀ`` (``y = A k'_p = C e_p``), and only SMD's ``B`` rows
-        take the block's GEMM (``r`` columns, not ``2r``; KHA/et none). The GEMM runs in the
-        rows' precision (float32 rows: float32 operands, Y₀ and the state float64)."""
-        Y = self._s_projections(index, rows)
-        self._c_projections(index, Y)
-        return Y
-
     def _s_projections(self, index: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """:meth:`_block_projections` but its ``A`` rows where ``C̃`` is kept: the block's GEMM,
-        which does not wait for ``C̃``."""
+        """``Y₀ᵀ = K'_P S̃ᵀ`` (``b×m``, float64) of a block of rows ``K'_P``, but its ``A`` rows
+        where ``C̃ = S̃_A K'`` is kept (KHA/et, SMD): those need no product, as ``K'`` is
+        symmetric, so ``K'_P S̃_Aᵀ = C̃[:, P]ᵀ`` (``y = A k'_p = C e_p``; :meth:`_c_projections`),
+        and only SMD's ``B`` rows take the block's GEMM (``r`` columns, not ``2r``; KHA/et none).
+        The GEMM runs in the rows' precision (float32 rows: float32 operands, Y₀ and the state
+        float64)."""
         r, m = self.r, self.T.shape[0]
-        lo = r if self._has_c else 0
+        lo = r if self.keeps_c else 0
         Y = np.empty((len(index), m))
         if lo < m:
             S = self.S_tilde[lo:]
@@ -334,8 +316,8 @@ class FactoredState(QueuedFactors):
         return Y
 
     def _c_projections(self, index: np.ndarray, Y: np.ndarray) -> None:
-        """The ``A`` rows of :meth:`_block_projections` from ``C̃`` into ``Y`` (where kept)."""
-        if self._has_c:
+        """The ``A`` rows of ``Y₀ᵀ`` from ``C̃`` into ``Y`` (where kept; :meth:`_s_projections`)."""
+        if self.keeps_c:
             np.take(self.C_tilde, index, axis=1, out=Y[:, :self.r].T)
 
     def prepare_block(self, index: np.ndarray, rows: np.ndarray) -> tuple:
@@ -373,7 +355,7 @@ class FactoredState(QueuedFactors):
         if b == 0:
             return
         r = self.r
-        keeps_c = self._has_c
+        keeps_c = self.keeps_c
         if projections is not None:
             if ops is None or kpp is None:
                 raise ValueError("a block of projections needs kpp and an ops list")
@@ -387,9 +369,8 @@ class FactoredState(QueuedFactors):
             if self.c_stale:
                 raise RuntimeError("C̃ is held by worker replicas; bring it home "
                                    "(set_c_tilde) before applying kernel rows")
-            index, rows, Kpp, Y = prepared if prepared is not None else \
-                self.prepare_block(index, rows)
-            Y = Y.copy() if prepared is not None else Y    # the steps update it: keep the prepared
+            index, rows, Kpp, Y = prepared or self.prepare_block(index, rows)
+            Y = Y.copy()        # the steps update it: a block applied again starts from the prepared
             self._c_projections(index, Y)
             C_arg = self.C_tilde if keeps_c else _EMPTY
             direct_log = _EMPTY
@@ -429,6 +410,13 @@ class FactoredState(QueuedFactors):
                 self._defer_c(U[:, :r], rows)
         if projections is not None:
             self._defer(index.copy(), list(ops))      # S̃ follows, off this thread
+
+
+def _queue() -> ThreadPoolExecutor:
+    """The one thread of the work queued on ``S̃`` and ``C̃`` (FIFO: in order)."""
+    if not _QUEUE:
+        _QUEUE.append(ThreadPoolExecutor(1, thread_name_prefix="dkha-factors"))
+    return _QUEUE[0]
 
 
 def _add_block_to_c(C: np.ndarray, U_A: np.ndarray, rows: np.ndarray) -> None:
