@@ -606,3 +606,43 @@ def test_denoise_command(photo, photo_run, tmp_path, capsys):
         run_command(["denoise", run_dir, tif, "-o", str(tmp_path / "x.png"),
                      "--preimage", "fixed-point", "--eta", "1"])
     assert not os.path.exists(tmp_path / "x.png")
+
+
+def test_array_of_patches_declared_with_patch_is_a_patch_store(photo, photo_run, client,
+                                                               tmp_path):
+    """`dkha ingest array X.npy --patch 11` records the geometry: the fit gets what a fit on the
+    same patches ingested from the image gets (σ = 3× the median distance, component pictures),
+    and maps and denoising take the run, equal to the image store's run's."""
+    from dkha.cli import main
+    from dkha.data.store import open_store
+    from dkha.runs.maps import response_maps
+
+    _, noisy = photo
+    _, tif, _ = photo_run
+    npy = str(tmp_path / "patches.npy")
+    np.save(npy, extract_patches(noisy, 11, 2))
+    assert main(["ingest", "array", npy, "-o", str(tmp_path / "arr.zarr"), "--patch", "11"]) == 0
+    arr = open_store(str(tmp_path / "arr.zarr"))
+    assert (arr.attrs["patch"], arr.attrs["step"]) == (11, 2)
+    img = ingest_images([tif], tmp_path / "img.zarr", patch=11, step=2)
+    np.testing.assert_array_equal(arr.read(), img.read())
+    runs = {}
+    for name, st in (("arr", arr), ("img", img)):
+        runs[name] = str(tmp_path / f"{name}_run")
+        KernelHebbianPCA(3, seed=0, client=client).fit(st.path, run_dir=runs[name])
+    a, b = result.load(runs["arr"]), result.load(runs["img"])
+    assert a.attrs["kernel_parameters"] == b.attrs["kernel_parameters"]
+    from dkha.kernels import median_distance
+
+    assert a.attrs["kernel_parameters"]["sigma"] == pytest.approx(
+        3.0 * median_distance(arr.sample(2000, 0)), rel=1e-12)
+    assert a["component_image"].shape == (3, 11, 11)
+    np.testing.assert_allclose(a["component_image"].values, b["component_image"].values,
+                               atol=1e-8)
+    np.testing.assert_allclose(response_maps(a, [noisy], client=client).values,
+                               response_maps(b, [noisy], client=client).values, atol=1e-10)
+    np.testing.assert_allclose(denoise.denoise_image(a, noisy, client=client).image,
+                               denoise.denoise_image(b, noisy, client=client).image, atol=1e-8)
+    with pytest.raises(InputError, match="not 10×10 patches"):
+        ingest_array(npy, tmp_path / "bad.zarr", patch=10)
+    assert not os.path.exists(tmp_path / "bad.zarr")

@@ -119,7 +119,8 @@ def patch_geometry(run_ds: xr.Dataset) -> tuple[int, int]:
     if patch is None or step is None:
         raise InputError(
             f"the run's training store {store.path} was not ingested from images (no patch/step "
-            "attrs); denoising needs a run fitted on patches (`dkha ingest images`)"
+            "attrs); denoising needs a run fitted on patches (`dkha ingest images`, or `dkha ingest "
+            "array --patch P`)"
         )
     return int(patch), int(step)
 

@@ -51,7 +51,7 @@ from dkha.runs.variance import explained_variance
 def cmd_ingest(args) -> int:
     if args.kind == "array":
         st = ingest_array(args.src, args.out, labels=args.labels, chunk_rows=args.chunk_rows,
-                          overwrite=args.overwrite)
+                          overwrite=args.overwrite, patch=args.patch, step=args.step)
     else:
         st = ingest_images(args.images, args.out, patch=args.patch, step=args.step,
                            chunk_rows=args.chunk_rows, max_samples=args.max_samples,

@@ -124,6 +124,13 @@ def _ingest_parsers(sub) -> None:
     a.add_argument("src", help="the .npy array, one sample a row")
     a.add_argument("-o", "--out", required=True, metavar="STORE", help="the data store to create")
     a.add_argument("--labels", help=".npy of one label per sample (default: no labels)")
+    a.add_argument("--patch", type=positive_int, metavar="P",
+                   help="the rows are P×P image patches flattened row by row (P² features): "
+                        "recorded so that fits get the patch defaults (σ = 3× the median "
+                        "distance), component pictures, dkha maps and dkha denoise")
+    a.add_argument("--step", type=positive_int, metavar="S",
+                   help="with --patch: pixels between the patch positions on which dkha maps "
+                        "and dkha denoise cut whole images (default 2)")
     a.add_argument("--chunk-rows", type=positive_int, metavar="N", help=chunk_rows)
     a.add_argument("--overwrite", action="store_true", help="replace an existing store")
     add_storage_options(a)

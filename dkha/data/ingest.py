@@ -35,11 +35,18 @@ def _check_matrix(data, name: str) -> None:
 
 def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
                  labels: str | os.PathLike | np.ndarray | None = None,
-                 chunk_rows: int | None = None, overwrite: bool = False) -> DataStore:
+                 chunk_rows: int | None = None, overwrite: bool = False,
+                 patch: int | None = None, step: int | None = None) -> DataStore:
     """Copy a 2-d array (``.npy`` file or in-memory array) into a data store.
 
     ``.npy`` files are memory-mapped and copied chunk by chunk. Non-finite values are refused
     (the row range is named) and nothing is written.
+
+    ``patch``: the rows are ``patch×patch`` image patches, flattened row by row (as
+    :func:`ingest_images` cuts them); recorded with ``step`` (default 2, the grid on which
+    ``dkha maps`` and ``dkha denoise`` cut whole images) like an image store's geometry, so a
+    fit on it gets what patches get: σ = 3× the median distance, component pictures, response
+    maps and denoising. Refused unless every row has ``patch²`` values.
     """
     name = "<array>"
     if isinstance(src, np.ndarray):
@@ -48,6 +55,7 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
         name = os.fspath(src)
         data = _load_npy(name, mmap=True)
     _check_matrix(data, name)
+    geometry = _patch_geometry(patch, step, data.shape[1], name)
     lab = None
     if labels is not None:
         lab = labels if isinstance(labels, np.ndarray) else _load_npy(labels)
@@ -67,10 +75,25 @@ def ingest_array(src: str | os.PathLike | np.ndarray, out: str | os.PathLike, *,
                                  f"{rows[0]} ({bad.sum()} rows in {a}..{a + len(block) - 1})")
             writer.append(block, None if lab is None else lab[a:a + step])
         return writer.commit({"source": {"kind": "array", "path": name, "shape": list(data.shape),
-                                         "dtype": str(data.dtype)}})
+                                         "dtype": str(data.dtype)}, **geometry})
     except BaseException:
         writer.abort()
         raise
+
+
+def _patch_geometry(patch: int | None, step: int | None, n_features: int, name: str) -> dict:
+    """The store attrs declaring rows of ``patch×patch`` patches (none without ``patch``)."""
+    if patch is None:
+        if step is not None:
+            raise ParameterError("step is the grid of patches: it needs patch")
+        return {}
+    step = 2 if step is None else step
+    if patch < 1 or step < 1:
+        raise ParameterError(f"patch and step must be positive, got patch={patch}, step={step}")
+    if patch * patch != n_features:
+        raise InputError(f"{name}: rows of {n_features} values are not {patch}×{patch} patches "
+                         f"({patch * patch} values)")
+    return {"patch": int(patch), "step": int(step)}
 
 
 def ingest_dask(X, out: str | os.PathLike, *, chunk_rows: int | None = None,

@@ -300,7 +300,8 @@ class Runner:
         elif kind == "array":
             st = ingest_array(self._path(d["path"]), out, overwrite=True,
                               labels=self._path(d["labels"]) if "labels" in d else None,
-                              chunk_rows=d.get("chunk_rows"))
+                              chunk_rows=d.get("chunk_rows"), patch=d.get("patch"),
+                              step=d.get("step"))
         elif kind == "digits":
             from sklearn.datasets import load_digits
 

@@ -41,7 +41,7 @@ def patch_geometry(run: Run) -> tuple[int, int]:
     if patch is None or step is None:
         raise InputError(f"the run's training store {run.store_path} was not ingested from "
                          "images (no patch/step attrs); response maps need a run fitted on "
-                         "patches (`dkha ingest images`)")
+                         "patches (`dkha ingest images`, or `dkha ingest array --patch P`)")
     if int(patch) ** 2 != run.n_features:
         raise InputError(f"the run has {run.n_features} features, not {patch}×{patch} patches")
     return int(patch), int(step)
