@@ -26,7 +26,7 @@ from distributed import wait as wait_for
 from dkha import config
 from dkha.engine.cluster import total_threads
 from dkha.engine.stop import check_stop
-from dkha.engine.tasks import ReplicaLostError, accumulate, identity
+from dkha.engine.tasks import ReplicaLostError, accumulate, identity, release
 from dkha.errors import BlockFailedError, ClusterLostError
 from dkha.progress import Progress
 
@@ -180,7 +180,8 @@ class ClusterPasses:
         """The futures of ``submit(0) … submit(n − 1)`` in order, at most
         :attr:`tasks_in_flight` submitted at once, each yielded for the caller to wait on (and to
         add its waiting to the record). The record of the pass gets its wall and busy seconds and
-        joins ``stats.passes``; the tasks still in flight when it ends early are cancelled."""
+        joins ``stats.passes``; the tasks still in flight when it ends early are released
+        (:func:`~dkha.engine.tasks.release`)."""
         window = self.tasks_in_flight
         log.info("%s: %d tasks, at most %d at a time", what, n, window)
         pending: collections.deque = collections.deque()
@@ -193,8 +194,7 @@ class ClusterPasses:
                     nxt += 1
                 yield pending.popleft()
         finally:
-            for f in pending:
-                f.cancel()
+            release(pending)
             record["wall_seconds"] = time.perf_counter() - start
             record["busy_seconds"] = max(0.0, record["wall_seconds"] - record["wait_seconds"])
             self.records.append(record)
@@ -204,7 +204,7 @@ class ClusterPasses:
         """The results of ``submit(0) … submit(n − 1)`` (each returns a future), in that order,
         with at most :attr:`tasks_in_flight` submitted at once and the stop request checked
         between tasks: a pass's memory is bounded by the tasks in flight, and a stop ends it
-        within a task's time (the tasks in flight are cancelled). ``progress``: the label of its
+        within a task's time (the tasks in flight are released). ``progress``: the label of its
         progress bar (``what`` when not given); ``kind``: the pass's kind in its record
         (``mk``, ``product``, ``residual``)."""
         record = self._pass_record(what, kind, n)
@@ -282,8 +282,7 @@ class ClusterPasses:
             while finals:
                 take(*finals.popleft())
         finally:
-            for f in [*partial.values(), *(f for _, f in finals)]:
-                f.cancel()
+            release([*partial.values(), *(f for _, f in finals)])
             record["wall_seconds"] = time.perf_counter() - start     # the last bands included
             record["busy_seconds"] = max(0.0, record["wall_seconds"] - record["wait_seconds"])
         return out

@@ -19,6 +19,7 @@ from dkha.engine.tasks import (
     ReplicaLostError,
     combine_projections,
     drop_replicas,
+    release,
     replica_build,
     replica_columns,
     replica_replay,
@@ -46,9 +47,9 @@ class _PendingBlock:
     offsets: dict           # block seq -> first column of its rows in the window
     combined: object = None  # future of (Σ_J partials, K'[P, W ∪ P]) on a worker (> 1 group)
 
-    def cancel(self) -> None:
-        for f in self.partials + ([self.combined] if self.combined is not None else []):
-            f.cancel()
+    def release(self) -> None:
+        """Let go of its tasks (:func:`~dkha.engine.tasks.release`)."""
+        release(self.partials + ([self.combined] if self.combined is not None else []))
 
 
 @dataclass

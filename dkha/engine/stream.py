@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dkha.engine.replicas import WorkerReplicas
-from dkha.engine.tasks import ReplicaLostError
+from dkha.engine.tasks import ReplicaLostError, release
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,7 @@ def stream_rows(engine, blocks):
             yield tag, idx, block
     finally:
         for _, _, futs in queue:
-            for f in futs:
-                f.cancel()
+            release(futs)
 
 
 def stream_projections(engine, blocks, solver):
@@ -113,7 +112,7 @@ def stream_projections(engine, blocks, solver):
             yield tag, idx, block
     finally:
         for entry in queue:
-            entry[3].cancel()
+            entry[3].release()
         _close_replicas(replicas, solver)
 
 
@@ -121,7 +120,7 @@ def _resubmit(replicas: WorkerReplicas, queue) -> None:
     """Submit every block in flight again after the replicas were rebuilt."""
     ahead = []
     for entry in queue:
-        entry[3].cancel()
+        entry[3].release()
         entry[3] = replicas.resubmit(entry[3], list(ahead))
         ahead.append((entry[1], entry[2]))
 

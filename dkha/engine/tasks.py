@@ -122,6 +122,18 @@ def clear_cache() -> None:
 # --- worker tasks: module-level pure functions of blocks and scalars ----------------------------
 
 
+def release(futures) -> None:
+    """Let go of tasks that are no longer wanted (a pass or a block stream ended early, e.g. on a
+    stop): each future released, as dropping it would, so the scheduler forgets what nothing
+    else needs. Not ``cancel``: the scheduler cancels a cancelled task's dependents with it, and
+    cancelling one of those dependents afterwards (a band's partial sum whose earlier partials
+    the client let go, a block's combined projections) trips its ``assert ts.who_wants`` in
+    ``stimulus_cancel``: "Exception while handling op register-client", "Task exception was
+    never retrieved" and futures "cancelled for reason: lost dependencies" in the log."""
+    for f in futures:
+        f.release()
+
+
 def identity(x):
     return x
 

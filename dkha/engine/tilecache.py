@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dkha.engine.tasks import assemble_rows, kernel_tile, tile_take
+from dkha.engine.tasks import assemble_rows, kernel_tile, release, tile_take
 from dkha.errors import ParameterError
 from dkha.kernels import Kernel
 
@@ -69,7 +69,7 @@ class TileCache:
     def release(self) -> None:
         """Drop the cached tiles from the workers."""
         if self._tiles is not None:
-            self.client.cancel(list(self._tiles.values()))
+            release(list(self._tiles.values()))
             self._tiles = None
 
     def submit_rows(self, index: np.ndarray, mk, mkm: float, priority: int):
