@@ -8,7 +8,7 @@ on. ``transient`` progress (one pass of many, e.g. a Krylov product) leaves no b
 logs only while it lasts longer than :data:`LOG_EVERY`; transient progress without a total
 (stages of one task) logs the name of each stage as it begins.
 
-:func:`phase` logs the start of a phase of the work (an evaluation, saving the run) on the same
+:func:`announce` shows one line among the work's first (the fit's plan), :func:`phase` logs the start of a phase of the work (an evaluation, saving the run) on the same
 logger, and :func:`heartbeat` (the ``dkha`` command, outside a terminal) keeps a line coming at
 least every :data:`LOG_EVERY` seconds while one task runs for longer: the innermost progress's
 state, or the phase going on.
@@ -45,6 +45,19 @@ def _logged(message: str, *, event: bool = True) -> None:
 def phase(desc: str) -> None:
     """Say that a phase of the work begins (one log line, INFO on ``dkha.progress``)."""
     _logged(desc)
+
+
+def announce(line: str, verbose: bool) -> None:
+    """One line among the work's first (e.g. the fit's plan): with ``verbose`` on standard error
+    above the bars in a terminal, else as a progress log line; without, an INFO log line."""
+    if verbose and _terminal():
+        from tqdm.auto import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+    elif verbose:
+        _logged(line)
+    else:
+        logging.getLogger("dkha").info("%s", line)
 
 
 def _beat(every: float) -> None:

@@ -1,7 +1,9 @@
-"""Memory bounded by default: block rows, prefetch and tile side from dkha.memory-budget."""
+"""The plan from the hardware: memory bounded by default (block rows and prefetch from
+dkha.memory-budget), tiles and tasks from the workers' threads and memory."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 import dask.config
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from dkha import KernelHebbianPCA
-from dkha.engine.budget import MIN_BLOCK_ROWS, block_rows_for, memory_plan
+from dkha.engine.budget import MIN_BLOCK_ROWS, Hardware, block_rows_for, memory_plan
 
 MiB = 2**20
 
@@ -38,7 +40,8 @@ def test_block_rows_and_prefetch_shrink_as_l_grows():
     for l, p in zip(sizes, plans):
         held = (p.prefetch + 2) * p.block_rows * l * 8
         assert held <= 512 * MiB or (p.block_rows == MIN_BLOCK_ROWS and p.prefetch == 1)
-        assert 2 * 2 * p.tile_rows ** 2 * 8 <= 512 * MiB
+        # each of the 2 threads holds a tile's rows, their copies and a panel (64 rows)
+        assert 2 * p.tile_rows * 8 * (4 * 1 + 64) <= 512 * MiB
     # the largest block that fits: one more row would not
     p = plans[3]
     assert (p.prefetch + 2) * (p.block_rows + 1) * 200_000 * 8 > 512 * MiB
@@ -60,7 +63,67 @@ def test_workers_memory_limits_lower_the_budget_but_not_the_blocks():
     assert tight.budget == 200 * MiB and "workers" in tight.reason
     # the blocks group the steps: they follow the configured budget (a resume elsewhere matches)
     assert tight.block_rows == roomy.block_rows
-    assert tight.prefetch < roomy.prefetch and tight.tile_rows < roomy.tile_rows
+    assert tight.prefetch < roomy.prefetch
+    assert (roomy.worker_budget, tight.worker_budget) == (2**30, 200 * MiB)
+
+
+GiB = 2**30
+L = 1_000_000
+
+
+def bands_by_the_rule(l, threads, memory, n_features=121, cap=16384):
+    """The issue's rule, computed here: a quarter of the workers' memory (at least 1 GiB) for the
+    tiles; at least 16 tiles a thread, the diagonal ones counted as halves (n²/2 ≥ 16·threads);
+    a side of at most 16 384 rows and of what the budget gives a thread (its rows, their copies,
+    a panel of 64 rows: 8·(4n + 64) bytes a row)."""
+    budget = max(GiB, memory // 4) if memory else GiB
+    least = math.ceil(math.sqrt(32 * threads))
+    side = min(cap, budget // (threads * 8 * (4 * n_features + 64)))
+    return max(least, math.ceil(l / side))
+
+
+@pytest.mark.parametrize("workers,threads,memory", [
+    (1, 16, 128 * GiB), (16, 16, 128 * GiB), (1, 2, 24 * GiB), (1, 64, None), (4, 64, 16 * GiB)])
+def test_the_tiles_at_a_million_samples_follow_the_workers(workers, threads, memory):
+    hardware = Hardware.described(workers, threads, memory)
+    p = memory_plan(L, hardware=hardware, n_features=121)
+    n = bands_by_the_rule(L, threads, memory)
+    assert p.bands == n and p.tiles == p.tasks == n * (n + 1) // 2
+    assert p.tile_rows == math.ceil(L / n) and (n - 1) * p.tile_rows < L
+    assert p.worker_budget == (max(GiB, memory // 4) if memory else GiB)
+    assert (p.block_rows, p.prefetch, p.budget) == (memory_plan(L).block_rows, 4, GiB)
+    assert hardware.threads == threads
+
+
+def test_the_plan_at_a_million_samples_in_one_line():
+    p = memory_plan(L, hardware=Hardware.described(1, 16, 128 * GiB), n_features=121)
+    assert p.tiles == 1953 and p.tile_rows == 16130 and p.worker_budget == 32 * GiB
+    line = p.describe()
+    # the blocks (the steps' grouping) stay those of the floor: (4 + 2)·b·l·8 ≤ 1 GiB
+    assert GiB // (6 * 8 * L) == 22
+    assert line.startswith("plan: 16 CPU threads in 1 worker (128 GiB), 1 953 tiles of 16 130 "
+                           "rows in 1 953 tasks, blocks of 22 rows, 4 ahead"), line
+    assert "tiles within 32 GiB (a quarter of the workers' memory)" in line
+    many = memory_plan(L, hardware=Hardware.described(16, 16, 128 * GiB), n_features=121)
+    assert "16 CPU threads in 16 workers (128 GiB)" in many.describe()
+    d = p.as_dict()
+    assert (d["tiles"], d["tasks"], d["hardware"]["threads"], d["device"]) == (1953, 1953, 16,
+                                                                               "cpu")
+    # threads, not memory, set the tiles of a smaller pass: 276 tiles of 2 174 rows for 16
+    # threads at 50 000 (91 of 4 096 left the last wave idle), 21 for one
+    assert memory_plan(50_000, hardware=Hardware.described(16, 16, 128 * GiB),
+                       n_features=121).tiles == 276
+    assert memory_plan(50_000, hardware=Hardware.described(1, 1, 8 * GiB),
+                       n_features=121).tiles == 21
+
+
+def test_a_budget_set_by_the_user_wins_over_the_workers():
+    host = Hardware.described(1, 16, 128 * GiB)
+    with dask.config.set({"dkha.memory-budget": "256MiB"}):
+        p = memory_plan(L, hardware=host, n_features=121)
+    assert p.worker_budget == p.budget == 256 * MiB and p.worker_reason == "dkha.memory-budget"
+    side = 256 * MiB // (16 * 8 * (4 * 121 + 64))
+    assert p.bands == math.ceil(L / side)
 
 
 def test_fit_records_the_plan_and_matches_the_same_blocks_given(digits_store, client, seed):
@@ -73,6 +136,9 @@ def test_fit_records_the_plan_and_matches_the_same_blocks_given(digits_store, cl
         budgeted = KernelHebbianPCA(4, **kw).fit(digits_store.path)
     plan = budgeted.timings_["memory"]
     assert (plan["block_rows"], plan["prefetch"]) == (40, 4)
+    assert budgeted.timings_["plan"].startswith(f"plan: {plan['hardware']['threads']} CPU thread")
+    mk = [p for p in budgeted.timings_["passes"] if p["kind"] == "mk"]
+    assert [p["tasks"] for p in mk] == [plan["tasks"]] and plan["tasks"] == plan["tiles"] > 1
     given = KernelHebbianPCA(4, block_rows=40, **kw).fit(digits_store.path)
     np.testing.assert_array_equal(budgeted.alpha_, given.alpha_)
     default = KernelHebbianPCA(4, **kw).fit(digits_store.path)

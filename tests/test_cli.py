@@ -127,7 +127,8 @@ def test_a_piped_fit_logs_each_phase_with_the_time(digits_store, tmp_path):
     lines = progress_lines(p.stderr)
     seconds = [s for s, _ in lines]
     assert seconds == sorted(seconds)
-    phases = ["loading", "checking the data", "connecting to Dask", "centering (MK row): 0/",
+    phases = ["loading", "checking the data", "connecting to Dask", "plan: ",
+              "centering (MK row): 0/",
               "Nyström landmark rows: 0/", "E_min: the top 3 eigenvalues", "evaluation:",
               "kha-smd: 0/300 steps", "saving the run in"]
     messages = [m for _, m in lines]

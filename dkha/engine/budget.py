@@ -1,27 +1,38 @@
-"""How much kernel a fit holds at once: block rows, prefetch and tile side from a memory budget.
+"""The row engine's plan from the hardware: block rows and prefetch of the batch stream, tile side
+and tasks of the blockwise passes, from what the cluster's workers report.
 
-The large arrays of a fit are not the data or the model (``l × n`` and a few ``r × l``) but the
-kernel it streams: blocks of ``b × l`` centered rows, ``prefetch`` of them computed ahead and one
-more being applied (with its copy joined from the column groups, or the block before it while
-that block's ``C̃`` update finishes beside it), and the square tiles of the
-MK row and product passes (``t × t`` with a temporary as large, one per worker thread). With
-fixed sizes (256 rows, 4 ahead) the blocks alone took 2 GB at ``l = 200 000``; here they are chosen
-so that
+Two memories bound a fit. The coordinator holds the blocks of centered kernel rows it streams
+(``b × l``, ``prefetch`` computed ahead and one more being applied, with its copy joined from the
+column groups, or the block before it while that block's ``C̃`` update finishes beside it); the
+workers hold the tiles of the MK row and product passes while they compute them. So:
 
-* ``(prefetch + 2) · b · l · 8 ≤ budget`` — ``b`` at most ``dkha.block-rows`` (256) and at least
-  :data:`MIN_BLOCK_ROWS`, ``prefetch`` at most ``dkha.prefetch`` (4), lowered only when ``b`` is at
-  its least;
-* ``2 · threads · t² · 8 ≤ budget`` — ``t`` at most ``dkha.tile-rows`` (4096), at least 256;
+* the **stream's budget** is ``dkha.memory-budget`` where set, else :data:`FLOOR_BYTES` (1 GiB),
+  lowered to a quarter of the workers' memory limits where they report less, and
+  ``(prefetch + 2) · b · l · 8 ≤ budget`` — ``b`` at most ``dkha.block-rows`` (256) and at least
+  :data:`MIN_BLOCK_ROWS`, ``prefetch`` at most ``dkha.prefetch`` (4), lowered only when ``b`` is
+  at its least. The block rows decide the steps' grouping, so they follow the configured budget
+  alone (never the cluster): a run resumes with the same blocks, bit for bit, on any cluster;
+* the **workers' budget** is ``dkha.memory-budget`` where set (lowered as above), else a quarter
+  of the memory limits the workers report, at least :data:`FLOOR_BYTES` (the floor for small
+  machines and for clusters that report none).
 
-with ``budget`` = ``dkha.memory-budget`` (1 GiB), or a quarter of the workers' memory limits where
-the cluster reports smaller ones (prefetch and tiles only: the block rows decide the steps'
-grouping, so they follow the configured budget alone and a run resumes with the same blocks on
-any cluster). A block size or prefetch given as an argument is used as given.
+The tiles ``I ≤ J`` of the blockwise passes are chosen for the threads: the pass's last wave is
+what leaves threads idle (at l = 50 000, 91 tiles of 4 096 rows for 16 workers kept them busy
+55 % of the pass), so there are enough tiles for :data:`TILES_PER_THREAD` per thread, counting
+the ``n`` diagonal tiles (computed once, half the work) as halves: ``n² / 2 ≥ 16 · threads``
+bands. No more than that where the tiles can be larger: the side is at most ``dkha.tile-rows``
+(16 384: a task of about 2.7·10⁸ kernel entries, one to three seconds of one thread, so a stop or
+a slow worker costs seconds), and at most what the workers' budget gives each thread: a fused
+tile task holds its two row ranges and their prepared copies (``4 · t · n · 8`` bytes) and one
+panel of the tile (``≥ 64`` rows, :mod:`dkha.tiles`), never the tile itself. Each tile is one
+task (``tiles_per_task``: the GPU worker's bands of tiles take several).
+
+A block size or prefetch given as an argument is used as given.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from dask.utils import parse_bytes
 
@@ -31,26 +42,150 @@ from dkha.errors import ParameterError
 #: the fewest rows of a block the budget may choose (a block is one task per column group; below
 #: this the tasks' overhead outweighs their kernels)
 MIN_BLOCK_ROWS = 16
-MIN_TILE_ROWS = 256
+#: the fewest rows a side of a tile of the blockwise passes (below, a task's scheduling costs
+#: more than its kernels)
+MIN_TILE_ROWS = 64
+#: the budget where ``dkha.memory-budget`` is not set and the workers report no more
+FLOOR_BYTES = 2**30
+#: tiles per worker thread in a blockwise pass (diagonal tiles counted as halves): the idle time
+#: of the last wave is about half a tile per thread, 3 % of the pass
+TILES_PER_THREAD = 16
+#: the least rows a panel of a fused tile holds (:func:`dkha.tiles._panel_rows`)
+PANEL_ROWS = 64
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One Dask worker as the scheduler reports it."""
+
+    threads: int
+    memory: int | None        # bytes (its memory limit), None where it reports none
+    kind: str = "cpu"         # "gpu" for a worker declaring a GPU resource
+
+
+def _size(n: float) -> str:
+    gib = n / 2**30
+    return f"{gib:.0f} GiB" if gib >= 10 else f"{gib:.3g} GiB" if gib >= 1 else f"{n / 2**20:.0f} MiB"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the cluster's workers have: their threads, memory limits and kind."""
+
+    workers: tuple[WorkerSpec, ...] = ()
+
+    @classmethod
+    def of(cls, client) -> Hardware:
+        """The workers ``client.scheduler_info()`` reports (none where it cannot be asked)."""
+        if client is None:
+            return cls()
+        try:
+            workers = client.scheduler_info().get("workers", {}).values()
+        except Exception:  # noqa: BLE001 - no scheduler information: nothing reported
+            return cls()
+        specs = []
+        for w in workers:
+            gpus = float((w.get("resources") or {}).get("GPU", 0) or 0)
+            memory = int(w.get("memory_limit") or 0) or None
+            specs.append(WorkerSpec(max(1, int(w.get("nthreads", 1) or 1)), memory,
+                                    "gpu" if gpus > 0 else "cpu"))
+        return cls(tuple(specs))
+
+    @classmethod
+    def described(cls, workers: int, threads: int, memory: int | None) -> Hardware:
+        """``workers`` CPU workers sharing ``threads`` threads and ``memory`` bytes evenly."""
+        each = None if memory is None else memory // workers
+        return cls(tuple(WorkerSpec(max(1, threads // workers), each) for _ in range(workers)))
+
+    @property
+    def threads(self) -> int:
+        return max(1, sum(w.threads for w in self.workers))
+
+    @property
+    def memory(self) -> int | None:
+        """The workers' memory limits summed (None unless every worker reports one)."""
+        if not self.workers or any(w.memory is None for w in self.workers):
+            return None
+        return sum(w.memory for w in self.workers)
+
+    def describe(self) -> str:
+        n = len(self.workers)
+        if not n:
+            return f"{self.threads} thread (no workers reported)"
+        memory = self.memory
+        held = f"({_size(memory)})" if memory else "(memory not reported)"
+        cpus = [w for w in self.workers if w.kind == "cpu"]
+        gpus = n - len(cpus)
+        parts = []
+        if gpus:
+            parts.append(f"{gpus} GPU worker{'s' if gpus != 1 else ''}")
+        if cpus:
+            threads = sum(w.threads for w in cpus)
+            parts.append(f"{threads} CPU thread{'s' if threads != 1 else ''} in {len(cpus)} "
+                         f"worker{'s' if len(cpus) != 1 else ''}")
+        return f"{', '.join(parts)} {held}"
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What a row engine holds at once (recorded in a run's ``timings.json`` as ``memory``)."""
+    """What a row engine holds and runs at once, from the hardware (module docstring): printed
+    among a fit's first lines (:meth:`describe`) and recorded in its ``timings.json`` as
+    ``memory`` (:meth:`as_dict`)."""
 
-    budget: int          # bytes: the configured budget, or less where the workers have less
+    budget: int          # bytes: the stream's budget (blocks in flight)
     block_rows: int
     prefetch: int
     tile_rows: int
-    reason: str          # what decided the sizes
+    reason: str          # what decided the stream's budget
+    worker_budget: int = FLOOR_BYTES    # bytes: what the tiles may hold on the workers
+    worker_reason: str = ""
+    bands: int = 1                      # row ranges of the tiles: bands (bands + 1) / 2 tiles I ≤ J
+    tiles_per_task: int = 1
+    device: str = "cpu"                 # where the workers compute the tiles
+    hardware: Hardware = field(default_factory=Hardware)
+
+    @property
+    def tiles(self) -> int:
+        """Tiles ``I ≤ J`` of a blockwise pass."""
+        return self.bands * (self.bands + 1) // 2
+
+    @property
+    def tasks(self) -> int:
+        """Tasks of a blockwise pass (besides the band sums' additions)."""
+        return -(-self.tiles // max(1, self.tiles_per_task))
+
+    def with_tiles(self, groups) -> MemoryPlan:
+        """The plan with the tile groups (of row ranges) the engine made, e.g. the row cache's."""
+        side = max(g[-1][1] - g[0][0] for g in groups)
+        return replace(self, bands=len(groups), tile_rows=int(side))
+
+    def describe(self) -> str:
+        """One line: ``plan: 16 CPU threads in 1 worker (128 GiB), 1 953 tiles of 16 384 rows in
+        1 953 tasks, blocks of 256 rows, 4 ahead (1 GiB), tiles within 32 GiB (…)``."""
+        return (f"plan: {self.hardware.describe()}, {_count(self.tiles)} tiles of "
+                f"{_count(self.tile_rows)} rows in {_count(self.tasks)} tasks, blocks of "
+                f"{self.block_rows} rows, {self.prefetch} ahead ({_size(self.budget)}: "
+                f"{self.reason}), tiles within {_size(self.worker_budget)} "
+                f"({self.worker_reason})")
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["hardware"] = {"threads": self.hardware.threads, "memory": self.hardware.memory,
+                         "workers": [asdict(w) for w in self.hardware.workers]}
+        d["tiles"], d["tasks"] = self.tiles, self.tasks
+        return d
 
 
-def configured_budget() -> int:
-    """``dkha.memory-budget`` in bytes (a number or a string such as ``"1GiB"``)."""
+def user_budget() -> int | None:
+    """``dkha.memory-budget`` in bytes (a number or a string such as ``"1GiB"``); None where it
+    is not set."""
     value = config.get("memory-budget")
+    if value is None:
+        return None
     try:
         budget = int(parse_bytes(value) if isinstance(value, str) else value)
     except (TypeError, ValueError):
@@ -60,23 +195,22 @@ def configured_budget() -> int:
     return budget
 
 
+def configured_budget() -> int:
+    """The budget of what the coordinator holds: ``dkha.memory-budget``, or :data:`FLOOR_BYTES`
+    where it is not set."""
+    budget = user_budget()
+    return FLOOR_BYTES if budget is None else budget
+
+
 def workers_budget(client) -> int | None:
-    """A quarter of the memory limits the cluster's workers report (None where none does)."""
-    if client is None:
-        return None
-    try:
-        workers = client.scheduler_info().get("workers", {}).values()
-    except Exception:  # noqa: BLE001 - no scheduler information: the configured budget alone
-        return None
-    limits = [int(w.get("memory_limit") or 0) for w in workers]
-    if not limits or not all(limits):
-        return None
-    return sum(limits) // 4
+    """A quarter of the memory limits the cluster's workers report (None where any reports none)."""
+    memory = Hardware.of(client).memory
+    return None if memory is None else memory // 4
 
 
 def block_rows_for(n_samples: int, block_rows: int | None = None) -> int:
     """Rows per block of the batch stream: ``block_rows`` when given, else the most (up to
-    ``dkha.block-rows``) whose blocks in flight fit ``dkha.memory-budget`` (module docstring)."""
+    ``dkha.block-rows``) whose blocks in flight fit the configured budget (module docstring)."""
     if block_rows is not None:
         return int(block_rows)
     cap = int(config.get("block-rows"))
@@ -85,15 +219,41 @@ def block_rows_for(n_samples: int, block_rows: int | None = None) -> int:
     return int(max(min(cap, MIN_BLOCK_ROWS), min(cap, fit)))
 
 
-def memory_plan(n_samples: int, client=None, *, threads: int = 1, block_rows: int | None = None,
-                prefetch: int | None = None) -> MemoryPlan:
-    """Block rows, prefetch and tile side for a row engine over ``n_samples`` samples."""
+def tile_bands(n_samples: int, threads: int, n_features: int, budget: int) -> int:
+    """Bands of rows for the tiles ``I ≤ J`` of the blockwise passes (module docstring): at least
+    enough for :data:`TILES_PER_THREAD` tiles a thread (``n² / 2``, the diagonal's halves), a side
+    at most ``dkha.tile-rows`` and what ``budget`` gives each thread, at least
+    :data:`MIN_TILE_ROWS` rows a side."""
+    l, threads = max(1, n_samples), max(1, threads)
+    n = 1
+    while n * n < 2 * TILES_PER_THREAD * threads:
+        n += 1
+    per_row = 8 * (4 * max(1, n_features) + PANEL_ROWS)
+    side = min(int(config.get("tile-rows")), budget // (threads * per_row))
+    n = max(n, -(-l // max(1, side)))
+    return max(1, min(n, l // MIN_TILE_ROWS))
+
+
+def memory_plan(n_samples: int, client=None, *, threads: int | None = None,
+                n_features: int = 1, block_rows: int | None = None,
+                prefetch: int | None = None, hardware: Hardware | None = None) -> MemoryPlan:
+    """The plan for a row engine over ``n_samples`` samples of ``n_features`` on the workers of
+    ``client`` (or the described ``hardware``; ``threads``: where given, instead of theirs)."""
+    hardware = Hardware.of(client) if hardware is None else hardware
+    threads = hardware.threads if threads is None else max(1, int(threads))
+    asked = user_budget()
+    quarter = None if hardware.memory is None else hardware.memory // 4
     budget = configured_budget()
-    reported = workers_budget(client)
-    reason = f"dkha.memory-budget {budget / 2**20:.0f} MiB"
-    if reported is not None and reported < budget:
-        budget = reported
-        reason = f"a quarter of the workers' memory limits, {budget / 2**20:.0f} MiB"
+    reason = "dkha.memory-budget" if asked is not None else "dkha.memory-budget's floor"
+    if quarter is not None and quarter < budget:
+        budget, reason = quarter, "a quarter of the workers' memory"
+    if asked is not None:
+        worker_budget, worker_reason = budget, reason
+    elif quarter is not None and quarter > FLOOR_BYTES:
+        worker_budget, worker_reason = quarter, "a quarter of the workers' memory"
+    else:
+        worker_budget, worker_reason = FLOOR_BYTES, ("the floor: the workers report no memory"
+                                                     if quarter is None else "the floor")
     b = block_rows_for(n_samples, block_rows)
     block_bytes = 8 * b * max(1, n_samples)
     if prefetch is not None:
@@ -101,8 +261,8 @@ def memory_plan(n_samples: int, client=None, *, threads: int = 1, block_rows: in
     else:
         ahead = max(1, int(config.get("prefetch")))
         ahead = max(1, min(ahead, budget // block_bytes - 2))
-    cap = int(config.get("tile-rows"))
-    t = int((budget / (2 * 8 * max(1, threads))) ** 0.5)
-    tile_rows = max(min(cap, MIN_TILE_ROWS), min(cap, t))
-    return MemoryPlan(budget=int(budget), block_rows=b, prefetch=ahead, tile_rows=tile_rows,
-                      reason=reason)
+    bands = tile_bands(n_samples, threads, n_features, worker_budget)
+    return MemoryPlan(budget=int(budget), block_rows=b, prefetch=ahead,
+                      tile_rows=-(-max(1, n_samples) // bands), reason=reason,
+                      worker_budget=int(worker_budget), worker_reason=worker_reason,
+                      bands=bands, hardware=hardware)

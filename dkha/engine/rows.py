@@ -126,23 +126,12 @@ def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = No
     return tuple(tuple(chunks[i:i + per]) for i in range(0, len(chunks), per))
 
 
-#: the fewest rows a side of a tile of the blockwise passes (below, a task's scheduling costs
-#: more than its kernels)
-MIN_TILE_ROWS = 64
-
-
-def _tile_ranges(l: int, threads: int, max_rows: int) -> tuple[tuple[tuple[int, int]], ...]:
-    """Equal row ranges (one a group) for the square tiles ``I ≤ J`` of the blockwise passes:
-    at most ``max_rows`` a side, and enough tiles for about four per thread (``n(n+1)/2 ≥
-    4·threads``: the diagonal tiles cost half, so fewer leave threads idle at a pass's end), but
-    no side under :data:`MIN_TILE_ROWS`. Ranges need not follow the store's chunks (a worker
-    reads and caches any row range), so a store of few large chunks still spreads over every
-    worker."""
-    n = -(-l // max_rows)
-    while n * (n + 1) // 2 < 4 * threads:
-        n += 1
-    n = max(1, min(n, l // MIN_TILE_ROWS))
-    cuts = [round(k * l / n) for k in range(n + 1)]
+def _tile_ranges(l: int, bands: int) -> tuple[tuple[tuple[int, int]], ...]:
+    """``bands`` equal row ranges (one a group) for the square tiles ``I ≤ J`` of the blockwise
+    passes (how many: :func:`dkha.engine.budget.tile_bands`). Ranges need not follow the
+    store's chunks (a worker reads and caches any row range), so a store of few large chunks
+    still spreads over every worker."""
+    cuts = [round(k * l / bands) for k in range(bands + 1)]
     return tuple(((a, b),) for a, b in zip(cuts[:-1], cuts[1:]) if b > a)
 
 
@@ -157,7 +146,8 @@ class RowEngine:
     client : distributed.Client
     block_rows, prefetch, column_groups : int, optional
         Default: block rows and prefetch from ``dkha.memory-budget`` (at most ``dkha.block-rows``,
-        ``dkha.prefetch``; :func:`dkha.engine.budget.memory_plan`, the plan in :attr:`memory`),
+        ``dkha.prefetch``), the tiles from the workers' threads and memory
+        (:func:`dkha.engine.budget.memory_plan`, the plan in :attr:`memory`),
         ``dkha.column-groups``.
     projections : {"auto", "coordinator", "workers"}, optional
         Where a batch solver's block projections are computed (module docstring); default
@@ -214,9 +204,8 @@ class RowEngine:
         self.exact_kernel = self.kernel.computed_with(precision="float64")
         self.client = client
         threads = total_threads(client)
-        # block rows, prefetch and tile side from dkha.memory-budget (dkha.engine.budget)
-        self.memory = memory_plan(store.n_samples, client, threads=threads,
-                                  block_rows=block_rows, prefetch=prefetch)
+        self.memory = memory_plan(store.n_samples, client, threads=threads, prefetch=prefetch,
+                                  n_features=store.n_features, block_rows=block_rows)
         self.block_rows, self.prefetch = self.memory.block_rows, self.memory.prefetch
         ng = config.get("column-groups", column_groups)
         grouped = ng is not None
@@ -224,9 +213,8 @@ class RowEngine:
             ng = threads
         self.column_groups = _groups_of_chunks(store, int(ng))
         self.all_ranges = tuple(r for g in self.column_groups for r in g)
-        # square tiles for the MK row and evaluation: at most dkha.tile-rows rows a side, and
-        # enough of them to keep every thread busy
-        self.tile_groups = _tile_ranges(store.n_samples, threads, self.memory.tile_rows)
+        # square tiles for the MK row and evaluation (dkha.engine.budget)
+        self.tile_groups = _tile_ranges(store.n_samples, self.memory.bands)
         self.cache_rows = bool(config.get("row-cache", cache_rows))
         self.tile_cache: TileCache | None = None
         if self.cache_rows:
@@ -236,6 +224,7 @@ class RowEngine:
             self.tile_cache = TileCache(client, self.source, self.exact_kernel,
                                         self.tile_groups)
             self.tile_cache.check_memory()
+            self.memory = self.memory.with_tiles(self.tile_groups)
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
         # the row stream's groups: where no column-groups are set and the blocks in flight

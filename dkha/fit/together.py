@@ -39,7 +39,7 @@ from dkha.fit.dense import dense_fit
 from dkha.fit.krylov import run_krylov
 from dkha.fit.plan import auto_krylov_tol, plan_fit
 from dkha.kernels import make_kernel, median_distance
-from dkha.progress import Progress
+from dkha.progress import Progress, announce
 from dkha.solvers.batch import (
     BatchKHA,
     eigenvalue_estimate,
@@ -330,6 +330,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
                            cache_rows=stream.cache_rows, precision=stream.precision,
                            device=stream.device, models=len(settings))
         engine.verbose = verbose
+        announce(engine.memory.describe(), verbose)
         for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
             if meta is not None and isinstance(meta.get("exact"), dict):
                 meta["exact"]["projections"] = engine.projections
@@ -342,7 +343,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
                                    "reason": engine.projections_reason},
-                   "memory": engine.memory.as_dict()}
+                   "memory": engine.memory.as_dict(), "plan": engine.memory.describe()}
         if plan is not None:    # the default's Krylov path: exact evaluation only when asked
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=auto_krylov_tol(p0.tol),
