@@ -152,6 +152,11 @@ class Kernel:
             return X / np.where(norms > 0, norms, 1.0)[:, None]
         return X
 
+    def tile_inputs(self, X: np.ndarray) -> np.ndarray:
+        """The rows as :meth:`tile_spec`'s tiles take them (see :meth:`_inputs`): what a worker
+        keeps resident for whole passes (:mod:`dkha.engine.device`)."""
+        return self._inputs(X)
+
     def needs_sigma(self) -> bool:
         return self.name in ("gaussian", "laplacian") and self["sigma"] is None
 

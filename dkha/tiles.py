@@ -128,6 +128,15 @@ def array_module(device: str):
     return cupy
 
 
+def array_module_of(a):
+    """The array module of ``a``: CuPy for a CuPy array, else NumPy."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
 def to_host(xp, a):
     """``a`` as a NumPy array (copies from the GPU for CuPy)."""
     return a if xp is np else xp.asnumpy(a)
@@ -374,6 +383,33 @@ def _device_tile(xp, spec, ops, refine, mr, mc, mkm):
         X64 = Y64 = np.zeros((0, 0))
     return _array_tile(xp, spec, *(xp.asarray(a) for a in (Xs, Ys, xx, yy, X64, Y64, refine,
                                                            mr, mc)), mkm)
+
+
+def array_tile(xp, spec, Xs, Ys, xx, yy, X64, Y64, mr, mc, mkm: float, *, out=None):
+    """The tile ``K'[X, Y]`` (uncentered where ``mr`` is None) with the operands already on
+    ``xp``'s device (a worker's resident rows, :mod:`dkha.engine.device`): on CuPy the gaussian
+    by one GEMM into ``out`` (a contiguous ``|X| × |Y|`` array of the tile's type, or None) and
+    :func:`_gpu_gaussian` in place; otherwise :func:`_array_tile` (NumPy in the tests)."""
+    fused = _gpu_gaussian(xp) if spec.code == GAUSSIAN else None
+    if fused is not None:
+        G = xp.matmul(Xs, Ys.T, out=out)
+        ri, cj = (0.0, 0.0) if mr is None else ((mr - mkm)[:, None], mc[None, :])
+        fused(G, xx[:, None], yy[None, :], ri, cj, float(spec.p1), G)
+        return G
+    if mr is None:
+        mr, mc, mkm = xp.zeros(len(Xs)), xp.zeros(len(Ys)), 0.0
+    refine = xp.zeros(2)
+    if spec.code == LAPLACIAN:
+        scale = (float(xx.max()) if len(xx) else 0.0) + (float(yy.max()) if len(yy) else 0.0)
+        refine = xp.asarray([0.0, REFINE_FLOAT32] if spec.dtype == np.float32
+                            else [REFINE_FLOAT64 * scale, 0.0])
+    if X64 is None:
+        X64 = Y64 = xp.zeros((0, 0))
+    T = _array_tile(xp, spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm)
+    if out is None:
+        return T
+    out[...] = T
+    return out
 
 
 def kernel_tile(spec: TileSpec, X, Y, mk_rows=None, mk_cols=None, mkm: float = 0.0,

@@ -232,6 +232,30 @@ def test_precision_and_device_are_checked():
 # --- the GPU code path on CPU ----------------------------------------------------------------
 
 
+def _fake_cuda(calls: dict):
+    """``cupy.cuda`` as the band passes use it: streams (entered, synchronised: counted), the
+    device's memory and name."""
+    class Stream:
+        def __init__(self, non_blocking=False):
+            calls["streams"] = calls.get("streams", 0) + 1
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def synchronize(self):
+            calls["synchronize"] = calls.get("synchronize", 0) + 1
+
+    runtime = types.SimpleNamespace(
+        memGetInfo=lambda: (8 * 2**30, 16 * 2**30),
+        getDeviceProperties=lambda i: {"name": b"stand-in GPU"})
+    return types.SimpleNamespace(Stream=Stream, runtime=runtime,
+                                 Device=lambda: types.SimpleNamespace(id=0),
+                                 get_current_stream=lambda: Stream())
+
+
 @pytest.fixture
 def fake_cupy(monkeypatch):
     """A ``cupy`` module with NumPy behind it that counts the arrays moved to the 'device'."""
@@ -246,9 +270,11 @@ def fake_cupy(monkeypatch):
         calls["asnumpy"] += 1
         return np.asarray(a)
 
-    for name in ("exp", "sqrt", "tanh", "maximum", "nonzero", "float64", "float32"):
+    for name in ("exp", "sqrt", "tanh", "maximum", "nonzero", "float64", "float32", "zeros",
+                 "empty", "matmul", "vdot"):
         setattr(mod, name, getattr(np, name))
     mod.asarray, mod.asnumpy, mod.calls = asarray, asnumpy, calls
+    mod.cuda = _fake_cuda(calls)
     monkeypatch.setitem(sys.modules, "cupy", mod)
     return mod
 
@@ -299,6 +325,12 @@ def test_auto_device_follows_the_workers_gpu_resource(fake_cupy, tmp_path, digit
         np.testing.assert_allclose(gpu.compute_mk(cache=False)[0], want_mk, rtol=1e-12)
         np.testing.assert_allclose(gpu.matmat(V), want, rtol=0, atol=1e-10 * np.abs(want).max())
         assert fake_cupy.calls["asarray"] > before
+        # the GPU worker's passes: one task per band, each on a stream of its own thread
+        plan = gpu.bands
+        assert plan is not None and plan.device["name"] == "stand-in GPU"
+        assert gpu.stats.passes[-1]["tasks"] == len(plan.bands)
+        assert fake_cupy.calls["synchronize"] >= len(plan.bands)
+        assert 1 <= fake_cupy.calls["streams"] <= 2 + 2 * len(plan.bands)
 
 
 def test_float32_engine_products_and_krylov(tmp_path, digits, client, dense_centered):

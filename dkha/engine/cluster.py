@@ -148,14 +148,44 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
         cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n), processes=True,
                                dashboard_address=":0", silence_logs=silence, env=_worker_env())
     else:
+        # on a GPU host the one worker declares its GPU (dask-cuda's convention, one worker a
+        # GPU): device="auto" then computes its tiles there without being told
+        gpus = {"GPU": 1} if local_gpus() else {}
         cluster = LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
-                               dashboard_address=":0", silence_logs=silence)
+                               dashboard_address=":0", silence_logs=silence, resources=gpus)
     c = Client(cluster)
     try:
         yield c
     finally:
         c.close()
         cluster.close()
+
+
+def local_gpus() -> int:
+    """The GPUs this process can use: CuPy's device count (0 without CuPy, a driver or a GPU)."""
+    try:
+        import cupy
+    except Exception:  # noqa: BLE001 - no CuPy (or a broken one): no GPU to declare
+        return 0
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - CuPy without a driver or a device
+        return 0
+
+
+def gpu_workers(client) -> list[str]:
+    """The workers that declare a ``GPU`` resource (``dask worker --resources GPU=1``, the
+    in-process cluster on a GPU host), in address order."""
+    workers = client.scheduler_info().get("workers", {})
+    return sorted(a for a, w in workers.items()
+                  if float((w.get("resources") or {}).get("GPU", 0)) > 0)
+
+
+def computes_on_gpu(client, device: str | None = None) -> bool:
+    """Whether kernel tiles on ``client``'s workers run on a GPU for ``device``
+    (``dkha.device`` where None): ``cuda``, or ``auto`` with workers that declare one."""
+    device = str(config.get("device", device))
+    return device == "cuda" or (device == "auto" and bool(gpu_workers(client)))
 
 
 def _active_client():
@@ -219,7 +249,7 @@ def _worker_env() -> dict:
 
 
 @contextlib.contextmanager
-def blas_threads_for(client) -> Iterator[None]:
+def blas_threads_for(client, gpu: bool = False) -> Iterator[None]:
     """One BLAS thread per Dask thread when the workers share this process; this process's
     kernel blocks from the heap (:func:`heap_blocks`).
 
@@ -228,7 +258,7 @@ def blas_threads_for(client) -> Iterator[None]:
     default threads, 11.4 s with one). Remote and process clusters are left alone.
     """
     heap_blocks()
-    if not shares_process(client):
+    if gpu or not shares_process(client):   # tiles on a GPU: the cores are the coordinator's
         yield
         return
     with blas_limit(1):

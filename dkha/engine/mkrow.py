@@ -11,6 +11,7 @@ import numpy as np
 
 from dkha import config
 from dkha.data.centering import centering_key, read_centering, write_centering
+from dkha.engine.bandpass import band_pass
 from dkha.engine.tasks import mk_sample_tile, mk_tile, tile_sums
 from dkha.errors import ParameterError
 from dkha.schedule import Stream, random_stream
@@ -59,6 +60,9 @@ def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
 def exact_mk_row(engine) -> np.ndarray:
     """The exact MK row: one pass over chunk pairs (tiles ``I ≤ J``), the band sums added on
     the workers (from the cached tiles where the engine keeps them)."""
+    if engine.bands is not None:        # on GPU workers: one task per band of tiles
+        return band_pass(engine, "sums", engine.kernel, what="the MK row (centering) pass",
+                         progress="centering (MK row)") / engine.n_samples
     path, groups, client = engine.source, engine.tile_groups, engine.client
     pairs = engine.tile_pairs()
 

@@ -43,12 +43,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from dkha import config
 from dkha.data.store import DataStore
+from dkha.engine.bandpass import BandPlan, band_matmat, band_residuals, plan_for
 from dkha.engine.budget import memory_plan
 from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.mkrow import mk_row
@@ -237,8 +238,16 @@ class RowEngine:
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
+        self._bands: BandPlan | bool | None = None
         self.stats = StreamStats()
         self.passes = ClusterPasses(client, self.stats.passes)
+
+    @property
+    def bands(self) -> BandPlan | None:
+        """The plan of the band passes on GPU workers (:mod:`dkha.engine.bandpass`), or None."""
+        if self._bands is None:
+            self._bands = plan_for(self) or False
+        return self._bands or None
 
     @property
     def source(self):   # what the tasks read the training rows from (task_source)
@@ -375,10 +384,12 @@ class RowEngine:
         if V.ndim == 1:
             return self.matmat(V[:, None], exact=exact)[:, 0]
         mk = self.mk_future()
+        kernel = self.exact_kernel if exact else self.kernel
+        if self.bands is not None:
+            return band_matmat(self, V, kernel)
         Vf = self.passes.put(V, everywhere=True)
         g = self.tile_groups
         pairs = self.tile_pairs()
-        kernel = self.exact_kernel if exact else self.kernel
         # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j
         return self.passes.reduced_pass(
             lambda k: self.client.submit(product_pair, self.source, kernel, mk, self.mkm,
@@ -397,6 +408,8 @@ class RowEngine:
         """``‖K'‖²_F`` and ``‖K' − CᵀC‖²_F`` for each ``C`` of ``Cs``, all in one blockwise pass."""
         Cs = tuple(np.ascontiguousarray(C, dtype=np.float64) for C in Cs)
         mk = self.mk_future()
+        if self.bands is not None:
+            return band_residuals(self, Cs)
         Cf = self.passes.put(Cs, everywhere=True)
         g = self.tile_groups
         pairs = self.tile_pairs()
@@ -412,21 +425,7 @@ class RowEngine:
 
     def dense(self) -> np.ndarray:
         """``K'`` whole: only for small stores (dense E_min, tests)."""
-        mk = self.mk_future()
-        g = self.tile_groups
-        pairs = self.tile_pairs()
-        futs = [self.client.submit(dense_pair, self.source, self.exact_kernel, mk, self.mkm,
-                                   g[i], g[j], tile=self._tile(i, j), pure=False) for i, j in pairs]
-        out = np.empty((self.n_samples, self.n_samples))
-        with self.passes.progress("K' (dense)", len(futs)) as bar:
-            for (i, j), fut in zip(pairs, futs):
-                K = self.passes.wait(fut, f"the dense tile ({i}, {j}) of K'")
-                a, b = self._bounds(g[i])
-                c, d = self._bounds(g[j])
-                out[a:b, c:d] = K
-                out[c:d, a:b] = K.T
-                bar.update()
-        return out
+        return dense_matrix(self)
 
     def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         """The projections ``K'(Xnew, X) α`` of new samples (one task, on a worker)."""
@@ -434,6 +433,26 @@ class RowEngine:
         future = self.client.submit(project_rows, self.source, self.kernel, Xnew, mk, self.mkm,
                                     self.column_groups, alpha, pure=False)
         return self.passes.wait(future, f"the projection of {len(Xnew)} new samples")
+
+
+def dense_matrix(engine: RowEngine) -> np.ndarray:
+    """``K'`` whole from the tiles ``I ≤ J`` (:meth:`RowEngine.dense`)."""
+    mk = engine.mk_future()
+    g = engine.tile_groups
+    pairs = engine.tile_pairs()
+    futs = [engine.client.submit(dense_pair, engine.source, engine.exact_kernel, mk, engine.mkm,
+                                 g[i], g[j], tile=engine._tile(i, j), pure=False)
+            for i, j in pairs]
+    out = np.empty((engine.n_samples, engine.n_samples))
+    with engine.passes.progress("K' (dense)", len(futs)) as bar:
+        for (i, j), fut in zip(pairs, futs):
+            K = engine.passes.wait(fut, f"the dense tile ({i}, {j}) of K'")
+            a, b = engine._bounds(g[i])
+            c, d = engine._bounds(g[j])
+            out[a:b, c:d] = K
+            out[c:d, a:b] = K.T
+            bar.update()
+    return out
 
 
 def array_engine(X: np.ndarray, kernel: Kernel, client) -> RowEngine:

@@ -110,6 +110,26 @@ def load_rows(path: str | np.ndarray, start: int, stop: int) -> np.ndarray:
     return arr
 
 
+def store_key(path: str | np.ndarray) -> tuple:
+    """What identifies a task source in a per-process cache: a store's path and the identity of
+    its ``X`` (:func:`load_rows`), or rows held in memory by the array's identity (the caller
+    keeps the array referenced, so its id is not reused)."""
+    if isinstance(path, np.ndarray):
+        return (id(path), path.__array_interface__["data"][0], path.shape)
+    return (path, _store_token(path))
+
+
+def load_all_rows(path: str | np.ndarray, n_samples: int) -> np.ndarray:
+    """Every row of a store's ``X`` (or the rows held in memory) in one read, not cached here:
+    a worker that keeps the whole of ``X`` resident (:mod:`dkha.engine.device`) reads it once."""
+    if isinstance(path, np.ndarray):
+        return path[:n_samples]
+    import zarr
+
+    return np.ascontiguousarray(read_slice(zarr.open_group(path, mode="r")["X"], 0, n_samples,
+                                           path))
+
+
 def clear_cache() -> None:
     global _CACHE_BYTES
     with _CACHE_LOCK:

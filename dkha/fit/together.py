@@ -29,7 +29,13 @@ from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
 from dkha.engine.budget import block_rows_for
-from dkha.engine.cluster import blas_limit, blas_threads_for, client_for, names_a_cluster
+from dkha.engine.cluster import (
+    blas_limit,
+    blas_threads_for,
+    client_for,
+    computes_on_gpu,
+    names_a_cluster,
+)
 from dkha.engine.rows import RowEngine
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.batch import BatchResult, run_batches
@@ -323,7 +329,8 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
             return [_fit_dense(store, kernel, p0, stream, attrs[0], plan, metas[0],
                                None if checkpointers is None else checkpointers[0], opts)]
         p0.algorithm = KRYLOV      # the attrs keep "auto" and the path
-    with client_for(stream.client, samples=store.n_samples) as client, blas_threads_for(client):
+    with (client_for(stream.client, samples=store.n_samples) as client,
+          blas_threads_for(client, gpu=computes_on_gpu(client, stream.device))):
         stages.close()
         engine = RowEngine(store, kernel, client, block_rows=stream.block_rows,
                            prefetch=stream.prefetch, projections=asked,
