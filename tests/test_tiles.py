@@ -271,7 +271,7 @@ def fake_cupy(monkeypatch):
         return np.asarray(a)
 
     for name in ("exp", "sqrt", "tanh", "maximum", "nonzero", "float64", "float32", "zeros",
-                 "empty", "matmul", "vdot"):
+                 "empty", "matmul", "vdot", "ones", "ascontiguousarray"):
         setattr(mod, name, getattr(np, name))
     mod.asarray, mod.asnumpy, mod.calls = asarray, asnumpy, calls
     mod.cuda = _fake_cuda(calls)

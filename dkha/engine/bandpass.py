@@ -161,8 +161,11 @@ def band_pass(engine, kind: str, kernel, *, V: np.ndarray | None = None, Cs: tup
     bands = plan.bands
     mk = None if kind == "sums" else engine.mk_future()
     mkm = 0.0 if kind == "sums" else engine.mkm
-    Vf = None if V is None else passes.put(V)
-    Cf = [passes.put(C) for C in Cs]
+    W = plan.workers
+    # the pass's operands sent once to the workers that take them (not inside each task)
+    Vf = None if V is None else client.scatter(V, workers=list(W), broadcast=len(W) > 1,
+                                                hash=False)
+    Cf = [client.scatter(C, workers=list(W), broadcast=len(W) > 1, hash=False) for C in Cs]
     if kind == "sums":
         shape = (l,)
     elif kind == "product":
@@ -170,7 +173,6 @@ def band_pass(engine, kind: str, kernel, *, V: np.ndarray | None = None, Cs: tup
     else:
         shape = (1 + len(Cs),)
     starts = [0 if kind == "residuals" else a for a, _ in bands]
-    W = plan.workers
     record = {"what": what, "kind": kind, "tasks": len(bands), "wall_seconds": 0.0,
               "wait_seconds": 0.0, "bytes_received": 0, "bands": len(bands),
               "side": plan.side, "reduce_tasks": 0}

@@ -210,17 +210,22 @@ def band_task(path, kernel: Kernel, n_samples: int, start: int, stop: int, side:
             Cd = [_on_device(xp, C, np.float64) for C in Cs]
             out = xp.zeros(1 + len(Cs))
         buf = xp.empty(min(side, stop - start) * min(side, l - start), dtype=spec.dtype)
+        ones = (xp.ones(side) if kind == "sums" and spec.dtype == np.float64 else None)
         rows = slice(start, stop)
         for c in range(start, l, side):
             cols = slice(c, min(c + side, l))
             T = _tile(xp, spec, res, rows, cols, mk_d, mkm, buf)
             here, there = slice(0, stop - start), slice(c - start, cols.stop - start)
             diagonal = c == start
-            if kind == "product":
+            if kind == "product":       # T kept C-contiguous: (V_Iᵀ T)ᵀ for Tᵀ V_I
                 out[here] += T @ Vd[cols]
                 if not diagonal:
-                    out[there] += T.T @ Vd[rows]
-            elif kind == "sums":
+                    out[there] += (Vd[rows].T @ T).T
+            elif ones is not None:          # float64 sums: products with ones (cuBLAS GEMV)
+                out[there] += ones[:T.shape[0]] @ T
+                if not diagonal:
+                    out[here] += T @ ones[:T.shape[1]]
+            elif kind == "sums":            # float32 tiles: summed in float64
                 out[there] += T.sum(axis=0, dtype=xp.float64)
                 if not diagonal:
                     out[here] += T.sum(axis=1, dtype=xp.float64)

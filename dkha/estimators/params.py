@@ -303,13 +303,16 @@ PARAMETERS: tuple[Param, ...] = (
           short="kernel tiles' precision (dkha.precision, default float64); the coordinator's "
                 "state and the evaluation stay float64"),
     Param("device", None,
-          "Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with "
-          "CuPy (``pip install 'dkha[gpu]'``), ``auto`` on the workers that declare a ``GPU`` "
-          "resource (``dask worker --resources GPU=1``), the CPU elsewhere.",
+          "Where the workers compute kernel tiles (``dkha.device``, default auto): ``auto`` on "
+          "the GPU of the workers that declare a ``GPU`` resource (``dask worker --resources "
+          "GPU=1``; the in-process cluster declares its host's GPU where CuPy sees one), the "
+          "CPU elsewhere; ``cuda`` on every worker's GPU (CuPy: ``pip install 'dkha[gpu]'``); "
+          "``cpu``. On GPU workers the passes are one task per band of tiles with the rows "
+          "resident on the device (:mod:`dkha.engine.bandpass`).",
           Options(DEVICES), models=(BATCH,), cli={"choices": True},
-          short="where workers compute kernel tiles (dkha.device, default cpu): cpu, cuda (CuPy, "
-                "dkha[gpu]), "
-                "auto (cuda on workers with a GPU resource)"),
+          short="where workers compute kernel tiles (dkha.device, default auto: the GPU of "
+                "workers with a GPU resource, which the local cluster declares): auto, cpu, "
+                "cuda (CuPy, dkha[gpu])"),
     Param("center_sample", None,
           "Estimate the centering row (the MK row) from a seeded sample of this many columns "
           "instead of computing it exactly (an ``O(l² n)`` pass): explicitly approximate, "
