@@ -133,7 +133,7 @@ def plan_for(engine) -> BandPlan | None:
         return None
     plan = band_plan(engine.kernel, engine.client, engine.n_samples, engine.store.n_features)
     if plan is not None:
-        log.info("%s", plan.describe())
+        log.debug("%s", plan.describe())
     return plan
 
 

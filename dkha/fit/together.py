@@ -337,7 +337,9 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
                            cache_rows=stream.cache_rows, precision=stream.precision,
                            device=stream.device, models=len(settings))
         engine.verbose = verbose
-        announce(engine.memory.describe(), verbose)
+        bands = engine.bands            # GPU workers: the passes' plan is the device's
+        plan_line = bands.describe() if bands is not None else engine.memory.describe()
+        announce(plan_line, verbose)
         for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
             if meta is not None and isinstance(meta.get("exact"), dict):
                 meta["exact"]["projections"] = engine.projections
@@ -350,7 +352,9 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
                                    "reason": engine.projections_reason},
-                   "memory": engine.memory.as_dict(), "plan": engine.memory.describe()}
+                   "memory": engine.memory.as_dict(), "plan": plan_line}
+        if bands is not None:
+            timings["bands"] = bands.as_dict()
         if plan is not None:    # the default's Krylov path: exact evaluation only when asked
             results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                                   tol=auto_krylov_tol(p0.tol),
