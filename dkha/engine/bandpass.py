@@ -29,6 +29,7 @@ import numpy as np
 from dkha import config
 from dkha.engine.cluster import gpu_workers
 from dkha.engine.device import band_task, combine, device_info, to_host
+from dkha.engine.tasks import release
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +217,8 @@ def band_pass(engine, kind: str, kernel, *, V: np.ndarray | None = None, Cs: tup
                 record["wait_seconds"] += time.perf_counter() - t1
                 record["bytes_received"] += got.nbytes
                 out += got
-    except BaseException:
-        for f in submitted + finals:
-            f.cancel()
+    except BaseException:       # released, not cancelled: no scheduler tracebacks on a stop
+        release(submitted + finals)
         raise
     finally:
         record["wall_seconds"] = time.perf_counter() - t0
