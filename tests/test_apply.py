@@ -325,6 +325,13 @@ def test_denoise_raises_snr(photo, photo_run, client):
     assert res.n_patches == len(denoise.patch_positions(44, 11, 2)) ** 2 == 18 ** 2
     assert res.converged == res.n_patches and res.undefined == 0
     assert res.snr_noisy == pytest.approx(denoise.snr(clean, noisy), abs=1e-4)
+    from skimage.metrics import peak_signal_noise_ratio
+
+    assert res.data_range == 1.0
+    assert res.psnr_noisy == pytest.approx(peak_signal_noise_ratio(clean, noisy, data_range=1),
+                                           rel=1e-12)
+    assert res.psnr_denoised == pytest.approx(
+        peak_signal_noise_ratio(clean, res.image, data_range=1), rel=1e-12)
     assert res.snr_denoised > res.snr_noisy + 3.0
     # the engine path (blocks of patches, sums on the workers) agrees with the in-memory one
     ds = result.load(run_dir)
@@ -602,6 +609,11 @@ def test_denoise_command(photo, photo_run, tmp_path, capsys):
                         "--preimage", "gradient", "--nonnegative"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["method"] == "gradient" and summary["snr_denoised"] > summary["snr_noisy"] + 3
+    assert run_command(["denoise", run_dir, tif, "-o", str(tmp_path / "t.png"), "--reference",
+                        ref, "--preimage", "gradient", "--nonnegative"]) == 0
+    text = capsys.readouterr().out
+    assert (f"denoised: SNR {summary['snr_denoised']:.2f} dB, PSNR {summary['psnr_denoised']:.2f} "
+            "dB") in text and "PSNR with the data range 1 as its peak" in text
     with pytest.raises(ParameterError, match="--eta applies to the conformal pre-image"):
         run_command(["denoise", run_dir, tif, "-o", str(tmp_path / "x.png"),
                      "--preimage", "fixed-point", "--eta", "1"])
@@ -613,7 +625,7 @@ def test_array_of_patches_declared_with_patch_is_a_patch_store(photo, photo_run,
     """`dkha ingest array X.npy --patch 11` records the geometry: the fit gets what a fit on the
     same patches ingested from the image gets (σ = 3× the median distance, component pictures),
     and maps and denoising take the run, equal to the image store's run's."""
-    from dkha.cli import main
+    from dkha.cli.main import main
     from dkha.data.store import open_store
     from dkha.runs.maps import response_maps
 
@@ -646,3 +658,27 @@ def test_array_of_patches_declared_with_patch_is_a_patch_store(photo, photo_run,
     with pytest.raises(InputError, match="not 10×10 patches"):
         ingest_array(npy, tmp_path / "bad.zarr", patch=10)
     assert not os.path.exists(tmp_path / "bad.zarr")
+
+
+def test_cluster_reuses_the_runs_projections_and_says_what_it_does(blobs_run, client, caplog):
+    """The run's saved projections are the embedding (no pass over the kernel: an unreachable
+    scheduler is never contacted), clustered as the projections computed anew are; without
+    them one pass on the cluster computes them. Each phase is logged."""
+    import logging
+
+    from dkha.fit.evaluate import projections
+
+    run_dir, _, y = blobs_run
+    ds = result.load(run_dir)
+    with caplog.at_level(logging.INFO, logger="dkha.progress"):
+        res = clustering.cluster_run(run_dir, 3, client="tcp://127.0.0.1:9")
+    assert "spectral embedding: the run's saved projections" in caplog.text
+    assert "k-means: 3 clusters of 150 samples, 10 starts" in caplog.text
+    from dkha.runs.run import Run
+
+    run = Run(ds)
+    C = projections(run.engine(client), run.alpha)
+    np.testing.assert_allclose(ds["projection"].values, C.T, rtol=1e-8, atol=1e-10)
+    again = clustering.cluster_run(ds.drop_vars("projection"), 3, client=client)
+    np.testing.assert_array_equal(res.clusters, again.clusters)
+    assert res.vi == pytest.approx(0.0, abs=1e-12)

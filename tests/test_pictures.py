@@ -249,3 +249,39 @@ def test_report_axes_and_settings_read_as_a_person_expects():
     older = run("kha-smd", [h(0, 0, 1e-2, 0.5)], sigma=2.0)
     assert [r for r in settings_rows(older, None) if r[0].startswith("σ")] == [
         ("σ (kernel width)", "2")]
+
+
+def test_runs_hold_and_report_only_what_was_measured():
+    """A default Krylov run evaluated by its residual holds no error/excess (absent, not NaN),
+    its report plots the residual against K'V products with no round-off claim and no KHA gains
+    in its settings; a tracked KHA run holds captured/change and no excess."""
+    from dkha.pipeline.report import convergence_figure, settings_rows
+
+    nan = float("nan")
+    attrs = {"algorithm": "auto", "path": "krylov", "path_reason": "the cost model",
+             "kernel": "gaussian", "kernel_parameters": {"sigma": 2.0}, "n_components": 2,
+             "n_samples": 4, "n_features": 3, "eta0": None, "mu": 0.3, "passes": 10.0,
+             "n_steps": 40}
+    krylov = result.build_dataset(np.ones((2, 4)), np.ones(2), [
+        {"pass": 6, "step": 0, "error": nan, "error_min": nan, "excess": nan, "wall_time": 1.5,
+         "measure": "residual", "residual": 3e-9}], attrs)
+    assert {"error", "error_min", "excess", "captured", "change"}.isdisjoint(krylov.variables)
+    assert krylov["residual"].values.tolist() == [3e-9]
+    ritz = result.build_dataset(np.ones((2, 4)), np.ones(2), [
+        {"pass": p, "step": 4 * p, "error": nan, "error_min": nan, "excess": nan,
+         "wall_time": 0.1 * p, "measure": "ritz", "captured": 10.0 + p,
+         "change": nan if p == 0 else 10.0 ** -p} for p in range(3)],
+        {**attrs, "algorithm": "kha-smd", "path": None, "eta0_applied": 1e-3})
+    assert {"error", "excess", "residual"}.isdisjoint(ritz.variables)
+    fig = convergence_figure({"exact": krylov, "smd": ritz})
+    assert [a.get_ylabel() for a in fig.axes] == [
+        "sine of the largest angle the span moved", "largest relative residual ‖K'v − θv‖/θ"]
+    assert fig.axes[0].lines[0].get_xdata().tolist() == [1, 2]
+    assert fig.axes[1].lines[0].get_ydata().tolist() == [3e-9]
+    assert not [t for a in fig.axes for t in a.texts if "round-off" in t.get_text()]
+    rows = dict(settings_rows(krylov, None))
+    assert rows["algorithm"] == "auto → krylov" and rows["K'V products"] == "6"
+    assert not {"μ (meta-gain)", "passes asked", "steps", "steps done", "passes done",
+                "excess error E/E_min − 1"} & set(rows)
+    kha = dict(settings_rows(ritz, None))
+    assert kha["μ (meta-gain)"] == "0.3" and kha["passes done"] == "2"

@@ -210,3 +210,32 @@ def test_a_failing_stage_fails_the_run_and_its_summary(tmp_path, monkeypatch):
     assert summary["error"] == "ModuleNotFoundError: No module named 'matplotlib'"
     assert summary["stages"]["data"]["done"] is True
     assert summary["stages"]["fit:smd"]["done"] is False
+
+
+def _refuse(name):
+    raise ValueError(f"bare {name} in strict JSON")
+
+
+def test_state_and_summary_are_strict_json_and_hold_no_unmeasured_figure(tmp_path, client):
+    """A tracked fit measures no excess: state.json and summary.json (RFC 8259, no bare NaN)
+    say null for it, the run holds no excess variable, and the stage is still done once."""
+    import dask
+
+    from dkha.pipeline.runner import run_file
+
+    (tmp_path / "p.toml").write_text(
+        '[pipeline]\nname = "strict"\n[data]\nkind = "digits"\nper_class = 8\n'
+        '[[fit]]\nname = "smd"\nalgorithm = "kha-smd"\ncomponents = 3\nsigma = 4.0\n'
+        'passes = 2\n[report]\ntitle = "strict"\n')
+    with dask.config.set({"dkha.evaluation": "tracked"}):
+        code, summary = run_file(str(tmp_path / "p.toml"), runs_dir=str(tmp_path / "runs"),
+                                 cluster={"client": client})
+    assert code == 0, summary
+    run_dir = summary["run_dir"]
+    for name in ("state.json", "summary.json"):
+        with open(os.path.join(run_dir, name)) as f:
+            data = json.loads(f.read(), parse_constant=_refuse)
+        assert "NaN" not in json.dumps(data)
+    ds = xr.open_zarr(os.path.join(run_dir, "fits", "smd", "components.zarr"))
+    assert "excess" not in ds and ds["change"].sizes["evaluation"] == 3
+    assert summary["figures"]["smd"].get("excess") is None

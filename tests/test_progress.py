@@ -12,6 +12,7 @@ import numpy as np
 from dkha import KernelHebbianPCA, progress
 from dkha.cli.output import excess_precision, excess_text
 from dkha.cli.main import main
+from tests.processes import progress_lines
 
 
 def test_progress_logs_start_periodic_and_end_lines_outside_a_terminal(caplog, monkeypatch):
@@ -68,3 +69,22 @@ def test_krylov_summary_counts_its_products(digits_store, client, capsys, tmp_pa
     out = capsys.readouterr().out
     excess = re.search(r"^excess = (.*)$", out, re.M).group(1)
     assert re.fullmatch(r"0 \(below its precision, ±\S+\)|\d\.\d{3}e-\d\d \(±\S+\)", excess), out
+    # dkha evaluate --exact and dkha cluster say what they do while they run (standard error,
+    # outside a terminal: progress lines)
+    from dkha.cli import progress_shown
+    from dkha.cli.main import run
+    from dkha.cli.parser import build_parser
+
+    def dkha(argv):         # the command as `dkha` runs it: its progress shown
+        args = build_parser().parse_args(argv)
+        with progress_shown(args):
+            return run(args)
+
+    assert dkha(["evaluate", str(tmp_path / "k"), "--exact", "--json",
+                 "--scheduler", client.scheduler.address]) == 0
+    err = [ln for _, ln in progress_lines(capsys.readouterr().err)]
+    assert "dkha evaluate: evaluation: E(A), E_min and the excess error (eq. 22)" in err, err
+    assert dkha(["cluster", str(tmp_path / "k"), "--k", "3", "-o", str(tmp_path / "c.zarr"),
+                 "--scheduler", client.scheduler.address]) == 0
+    err = [ln for _, ln in progress_lines(capsys.readouterr().err)]
+    assert "dkha cluster: k-means: 3 clusters of 300 samples, 10 starts" in err, err

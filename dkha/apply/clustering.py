@@ -4,7 +4,8 @@ Spectral clustering after Ng, Jordan & Weiss (2002), on the components of a dkha
 (Schraudolph et al. 2006 §5.3):
 
 1. ``Y = Cᵀ`` (``l × r``): the projections of the training samples on the ``r`` components,
-   ``C = A K'`` (one blockwise pass on the workers, :func:`dkha.fit.evaluate.projections`).
+   ``C = A K'``: the run's saved ``projection``, or where it has none one blockwise pass on the
+   workers (:func:`dkha.fit.evaluate.projections`).
    ``scale="eigenvectors"`` (the default) first divides each component's column by its norm, so
    that for exact kernel PCA ``Y`` holds the unit eigenvectors ``u_i`` of ``K'`` (NJW's matrix of
    stacked eigenvectors; the projections themselves are ``√λ_i u_i``); ``scale="projections"``
@@ -37,6 +38,7 @@ from dkha.data.atomic import write_zarr_atomically
 from dkha.engine.cluster import client_for
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 from dkha.fit.evaluate import projections
+from dkha.progress import phase
 from dkha.runs.run import as_run
 
 log = logging.getLogger(__name__)
@@ -154,27 +156,45 @@ def score(clusters: np.ndarray, labels, *, seed: int = 0) -> dict:
 
 
 def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int = 0,
-                n_init: int = 10, client=None) -> ClusteringResult:
+                n_init: int = 10, client=None, verbose: bool = False) -> ClusteringResult:
     """Spectral clustering of a batch run's training samples.
 
-    ``run`` is a run directory or its components dataset. The projections ``C = A K'`` are
-    computed blockwise on the cluster; the store's ``label`` (when present) scores the result.
+    ``run`` is a run directory or its components dataset. The projections ``C = A K'`` are the
+    run's own ``projection`` (saved by the fit), else computed blockwise on the cluster (a
+    progress bar or log lines with ``verbose``); the store's ``label`` (when present) scores the
+    result.
     """
     run = as_run(run)
     if run.is_dictionary:
         raise InputError("spectral clustering needs a batch run (alpha over the training samples); "
                          "this one is an online (dictionary) run")
-    alpha = run.alpha
-    with client_for(client) as c:
-        engine = run.engine(c)
-        C = projections(engine, alpha)
-        labels = engine.store.labels()
-    clusters = spectral_clustering(C.T, n_clusters, scale=scale, seed=seed, n_init=n_init)
+    Y = stored_projections(run)
+    if Y is None:
+        with client_for(client) as c:
+            engine = run.engine(c)
+            engine.verbose = verbose
+            Y = projections(engine, run.alpha).T
+    labels = run.training_store().labels()
+    phase(f"k-means: {n_clusters} clusters of {len(Y)} samples, {n_init} starts")
+    clusters = spectral_clustering(Y, n_clusters, scale=scale, seed=seed, n_init=n_init)
     res = ClusteringResult(clusters=clusters, n_clusters=int(n_clusters))
     if labels is not None:
         for k, v in score(clusters, labels, seed=seed).items():
             setattr(res, k, v)
     return res
+
+
+def stored_projections(run) -> np.ndarray | None:
+    """The training projections ``Cᵀ`` (``l × r``) a batch run saved with its components (its
+    ``projection``, :mod:`dkha.estimators.pictures`), or None where it holds none of that shape."""
+    if "projection" not in run.ds:
+        return None
+    proj = run.ds["projection"]
+    shape = (run.ds.sizes.get("sample"), run.n_components)
+    if proj.dims != ("sample", "component") or proj.shape != shape:
+        return None
+    phase("spectral embedding: the run's saved projections")
+    return np.asarray(proj.values, dtype=np.float64)
 
 
 def save_clusters(res: ClusteringResult, out: str, *, attrs: dict | None = None,

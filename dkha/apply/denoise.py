@@ -34,6 +34,7 @@ from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, ParameterError, RunDirectoryError
+from dkha.progress import Progress
 from dkha.runs.run import as_run, kernel_of
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,10 @@ class DenoiseResult:
         The input.
     snr_noisy, snr_denoised : float or None
         SNR in dB of the input and of the result against the reference (None without one).
+    psnr_noisy, psnr_denoised : float or None
+        PSNR in dB, the peak being ``data_range`` (the tables of the literature and the README).
+    data_range : float or None
+        The PSNR's peak: 1 for grey images in [0, 1], else the reference's range.
     n_patches, patch, step : int
     iterations : int
         The most pre-image iterations any block needed.
@@ -75,9 +80,13 @@ class DenoiseResult:
     undefined: int
     seconds: float
     method: str = "fixed-point"
+    psnr_noisy: float | None = None
+    psnr_denoised: float | None = None
+    data_range: float | None = None
 
     def summary(self) -> dict:
-        return {k: getattr(self, k) for k in ("snr_noisy", "snr_denoised", "n_patches", "patch",
+        return {k: getattr(self, k) for k in ("snr_noisy", "snr_denoised", "psnr_noisy",
+                                              "psnr_denoised", "data_range", "n_patches", "patch",
                                               "step", "iterations", "converged", "undefined",
                                               "seconds", "method")}
 
@@ -99,6 +108,19 @@ def snr(clean: np.ndarray, x: np.ndarray) -> float:
     if err == 0.0:
         return float("inf")
     return float(10.0 * np.log10(sig / err))
+
+
+def data_range(reference: np.ndarray) -> float:
+    """The peak of a PSNR against ``reference``: 1 for grey values in [0, 1], else the
+    reference's range (max − min)."""
+    lo, hi = float(np.min(reference)), float(np.max(reference))
+    return 1.0 if 0.0 <= lo and hi <= 1.0 else hi - lo
+
+
+def psnr(reference: np.ndarray, x: np.ndarray, peak: float = 1.0) -> float:
+    """``10 log10(peak² / mean((reference − x)²))`` dB (peak 1: images in [0, 1])."""
+    mse = float(np.mean(squared_error(reference, x)[1]))
+    return float("inf") if mse == 0.0 else float(10.0 * np.log10(peak ** 2 / mse))
 
 
 def patch_positions(length: int, patch: int, step: int) -> np.ndarray:
@@ -178,11 +200,7 @@ def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *
     total = np.zeros_like(image, dtype=np.float64)
     count = np.zeros_like(total)
     stats = {"n_patches": len(corners), "iterations": 0, "converged": 0, "undefined": 0}
-    bar = None
-    if verbose:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(corners), desc=desc, unit="patch")
+    bar = Progress(verbose, len(corners), desc, unit="patch")
     try:
         for a in range(0, len(corners), block):
             pos = corners[a:a + block]
@@ -194,11 +212,9 @@ def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *
             for (r, c), z in zip(pos, Zp):
                 total[r:r + patch, c:c + patch] += z
                 count[r:r + patch, c:c + patch] += 1.0
-            if bar is not None:
-                bar.update(len(pos))
+            bar.update(len(pos))
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     if stats["undefined"]:
         log.warning("%d of %d patches had an undefined fixed-point step (kept their last iterate)",
                     stats["undefined"], len(corners))
@@ -258,7 +274,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
     Examples
     --------
     >>> res = denoise_image("run", "noisy.png", reference="clean.png")  # doctest: +SKIP
-    >>> res.snr_noisy, res.snr_denoised                                   # doctest: +SKIP
+    >>> res.snr_noisy, res.snr_denoised, res.psnr_denoised                # doctest: +SKIP
     """
     t0 = time.perf_counter()
     ds = load_run(run)
@@ -273,11 +289,17 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
         client=client, method=method,
         orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta, step=step,
         nonnegative=nonnegative)
+    figures = {}
+    if clean is not None:
+        peak = data_range(clean)
+        figures = {"snr_noisy": snr(clean, noisy), "snr_denoised": snr(clean, out),
+                   "psnr_noisy": psnr(clean, noisy, peak), "psnr_denoised": psnr(clean, out, peak),
+                   "data_range": peak}
     return DenoiseResult(
-        image=out, noisy=noisy,
-        snr_noisy=None if clean is None else snr(clean, noisy),
-        snr_denoised=None if clean is None else snr(clean, out),
-        patch=patch, step=step_, seconds=time.perf_counter() - t0, **stats)
+        image=out, noisy=noisy, snr_noisy=figures.get("snr_noisy"),
+        snr_denoised=figures.get("snr_denoised"), patch=patch, step=step_,
+        seconds=time.perf_counter() - t0, **stats,
+        **{k: v for k, v in figures.items() if not k.startswith("snr")})
 
 
 def denoise_store(run, noisy: str, out: str, *, method: str | None = None,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.denoise import as_image, check_patch_run, load_run, preimage_patches, squared_error
+from dkha.apply.denoise import as_image, check_patch_run, load_run, preimage_patches, psnr
 from dkha.apply.preimage import check_options
 from dkha.errors import InputError, ParameterError
 from dkha.runs.run import kernel_of
@@ -63,12 +63,6 @@ class SuperresolveResult:
         return {k: getattr(self, k) for k in (
             "psnr_upscaled", "psnr", "factor", "patch", "step", "n_patches", "iterations",
             "converged", "undefined", "method", "upscaling", "seconds")}
-
-
-def psnr(reference: np.ndarray, x: np.ndarray) -> float:
-    """``10 log10(1 / mean((reference − x)²))`` dB (peak 1: images in [0, 1])."""
-    mse = float(np.mean(squared_error(reference, x)[1]))
-    return float("inf") if mse == 0.0 else float(-10.0 * np.log10(mse))
 
 
 def upscale(image: np.ndarray, factor: int, how: str = "replicate") -> np.ndarray:

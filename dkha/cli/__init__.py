@@ -15,7 +15,10 @@ from dkha.cli.parser import build_parser
 from dkha.progress import heartbeat, phase
 
 #: the commands that show progress without -v: bars in a terminal, lines in a pipe or log file
-PROGRESS_COMMANDS = ("fit", "tune", "run")
+#: the commands that show their progress (outside a terminal as log lines on standard error):
+#: every one that may run for more than a few seconds
+PROGRESS_COMMANDS = ("fit", "tune", "run", "evaluate", "transform", "maps", "report", "denoise",
+                     "superresolve", "cluster", "ingest")
 LOADING = "loading, then starting the Dask workers"
 
 

@@ -11,12 +11,12 @@ names to the functions that run them (each takes the parsed arguments and return
 from __future__ import annotations
 
 import argparse
-import json
 
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
 from dkha.apply.superresolve import superresolve
 from dkha.cli.where import cluster_kwargs
+from dkha.data import result
 from dkha.errors import ParameterError, RunDirectoryError
 
 
@@ -28,27 +28,27 @@ def preimage_kwargs(args) -> dict:
 
 def cmd_denoise(args: argparse.Namespace) -> int:
     import os
-    import sys
-
 
     if os.path.isdir(args.image):
         return _denoise_vectors(args)
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
     res = denoise_image(args.run_dir, args.image, reference=args.reference, block=args.block,
-                        verbose=sys.stderr.isatty() and not args.json, **preimage_kwargs(args),
+                        verbose=True, **preimage_kwargs(args),
                         **cluster_kwargs(args))
     save_image(res.image, args.out)
     summary = {"out": args.out, **res.summary()}
     if args.json:
-        print(json.dumps(summary))
+        print(result.dumps(summary))
     else:
         print(f"{res.n_patches} patches of {res.patch}×{res.patch} (step {res.step}): "
               f"{res.converged} {res.method} pre-images converged within {res.iterations} "
               "iterations")
         if res.snr_noisy is not None:
-            print(f"SNR noisy    {res.snr_noisy:.2f} dB\nSNR denoised {res.snr_denoised:.2f} dB "
-                  f"({res.snr_denoised - res.snr_noisy:+.2f} dB)")
+            print(f"noisy:    SNR {res.snr_noisy:.2f} dB, PSNR {res.psnr_noisy:.2f} dB\n"
+                  f"denoised: SNR {res.snr_denoised:.2f} dB, PSNR {res.psnr_denoised:.2f} dB "
+                  f"({res.snr_denoised - res.snr_noisy:+.2f} dB; PSNR with the data range "
+                  f"{res.data_range:g} as its peak)")
         print(f"saved {args.out}")
     return 0
 
@@ -66,7 +66,7 @@ def _denoise_vectors(args: argparse.Namespace) -> int:
         summary["mse_noisy"] = store_mse(args.reference, args.image)
         summary["mse_denoised"] = store_mse(args.reference, args.out)
     if args.json:
-        print(json.dumps(summary))
+        print(result.dumps(summary))
     else:
         print(f"{summary['n_samples']} samples × {summary['n_features']} features "
               f"({summary['chunks']} chunks): {summary['method']} pre-images")
@@ -80,8 +80,6 @@ def _denoise_vectors(args: argparse.Namespace) -> int:
 
 def cmd_superresolve(args: argparse.Namespace) -> int:
     import os
-    import sys
-
 
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
@@ -89,12 +87,12 @@ def cmd_superresolve(args: argparse.Namespace) -> int:
     kw["gradient_step"] = kw.pop("step")
     res = superresolve(args.run_dir, args.image, factor=args.factor, upscaling=args.upscaling,
                        reference=args.reference, step=args.window_step, block=args.block,
-                       verbose=sys.stderr.isatty() and not args.json, **kw,
+                       verbose=True, **kw,
                        **cluster_kwargs(args))
     save_image(res.image, args.out)
     summary = {"out": args.out, **res.summary()}
     if args.json:
-        print(json.dumps(summary))
+        print(result.dumps(summary))
     else:
         print(f"{res.upscaled.shape[0] // res.factor}×{res.upscaled.shape[1] // res.factor} → "
               f"{res.image.shape[0]}×{res.image.shape[1]} ({res.upscaling} ×{res.factor}): "
@@ -113,14 +111,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     import numpy as np
 
 
-    res = cluster_run(args.run_dir, args.k, scale=args.scale, seed=args.seed,
+    res = cluster_run(args.run_dir, args.k, scale=args.scale, seed=args.seed, verbose=True,
                       **cluster_kwargs(args))
     save_clusters(res, args.out, overwrite=args.overwrite,
                   attrs={"run_dir": os.path.abspath(args.run_dir), "scale": args.scale,
                          "seed": args.seed})
     summary = {"out": args.out, **res.summary()}
     if args.json:
-        print(json.dumps(summary))
+        print(result.dumps(summary))
     else:
         sizes = ", ".join(str(int(n)) for n in
                           sorted(np.bincount(res.clusters, minlength=args.k), reverse=True))

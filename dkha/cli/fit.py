@@ -3,13 +3,13 @@ the one parameter table (:mod:`dkha.estimators.params`)."""
 
 from __future__ import annotations
 
-import json
 import os
 
 from dkha import algorithms
 from dkha.cli.options import centering_line, centering_summary, raise_param
 from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text, number
 from dkha.cli.where import cluster_kwargs
+from dkha.data import result
 from dkha.errors import NumericalError, RunDirectoryError
 from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
@@ -89,7 +89,7 @@ def cmd_fit(args) -> int:
         return _online_summary(args, model)
     summary = _fit_summary(model, args.out)
     if args.json:
-        print(json.dumps(summary))
+        print(result.dumps(summary))
     else:
         print(f"{summary['algorithm']}: {summary['n_components']} components of "
               f"{summary['n_samples']} samples, {kernel_text(model.kernel_)}")
@@ -109,7 +109,7 @@ def cmd_fit(args) -> int:
         elif last.get("measure") == "ritz":
             kept = model.attrs_.get("kept_state")
             print(f"{after}: tracked Σθ² = {last['captured']:.10g}, the span moved "
-                  f"{last['change']:.1e} in the last pass (the exact excess: dkha evaluate "
+                  f"{last.get('change', float('nan')):.1e} in the last pass (the exact excess: dkha evaluate "
                   "RUN_DIR --exact, or fit with --tol)"
                   + (f"; kept the better state of pass {kept['pass']}" if kept else ""))
         elif last:
@@ -145,7 +145,7 @@ def _fit_many(args, settings: list[dict]) -> int:
         else:
             summaries.append({"run_dir": d, "algorithm": m.algorithm, "diverged": m.failure_})
     if args.json:
-        print(json.dumps(summaries))
+        print(result.dumps(summaries))
     else:
         seconds = next((s["fit_seconds"] for s in summaries if s.get("fit_seconds")), None)
         print(f"{len(models)} models in one pass over the kernel rows"
@@ -175,7 +175,7 @@ def cmd_tune(args) -> int:
     summary = tune(args.store, names, eta0=args.eta0, mu=args.mu, passes=args.passes,
                    tune_dir=args.out, overwrite=args.overwrite, **shared)
     if args.json:
-        print(json.dumps(summary, default=float))
+        print(result.dumps(summary))
         return 0
     print(f"{summary['settings']} settings, {args.passes} passes each, in one pass over the "
           f"kernel rows ({summary['seconds']:.1f} s); excess error E/E_min − 1 after "
@@ -221,7 +221,7 @@ def _online_summary(args, model) -> int:
     if model.backoffs_:
         summary["backoffs"] = len(model.backoffs_)
         summary["eta0_final"] = model.backoffs_[-1]["gain_after"]
-    print(json.dumps(summary) if args.json else
+    print(result.dumps(summary) if args.json else
           ", ".join(f"{k} = {number(v)}" for k, v in summary.items()))
     return 0
 

@@ -18,7 +18,6 @@ input or parameters, 3 for a diverged fit.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -75,6 +74,7 @@ def cmd_evaluate(args) -> int:
     r = ds.sizes["component"]
     with client_for(**cluster_kwargs(args)) as client:
         engine = run.engine(client, cache_rows=args.cache_rows)
+        engine.verbose = True       # each pass's progress (--exact: the Krylov solve too)
         known = None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig)
         if known is None and not (args.exact or args.recompute):
             known = cached_top_eigenvalues(engine, r)
@@ -87,7 +87,7 @@ def cmd_evaluate(args) -> int:
     if args.json:
         if ev.error_min != ev.error_min:    # not computed: null, not NaN (invalid JSON)
             out.update(error_min=None, excess=None)
-        print(json.dumps(out))
+        print(result.dumps(out))
     else:
         if ev.error_min != ev.error_min:
             print(f"E(A)   = {ev.error:.10g}\nE_min  = not computed: the exact top eigenvalues of "
@@ -146,7 +146,7 @@ def _evaluate_online(args, ds) -> int:
         with client_for(**cluster_kwargs(args)) as client:
             out.update(_variance(args, ds, client))
     if args.json:
-        print(json.dumps(out))
+        print(result.dumps(out))
     else:
         print(f"AC index = {out['ac_index']:.6f} over {r} components "
               f"({out['members']} dictionary members)")
@@ -189,7 +189,7 @@ def cmd_run(args) -> int:
     finally:
         pipeline_log.removeHandler(stages)
     if args.json:
-        print(json.dumps(summary, default=str))
+        print(result.dumps(summary))
     else:
         print(f"run {summary['run_id']} in {summary['run_dir']}: exit {code}")
         for name, figs in summary.get("figures", {}).items():

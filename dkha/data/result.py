@@ -15,8 +15,9 @@
   where entries say which measure they are, the attr ``history_measures`` (one per entry:
   ``"exact"``: eq. 22 against the exact ``E_min``; ``"residual"``: the largest relative residual
   ``‖K'v − θv‖/θ`` of a Krylov solve; ``"ritz"``: a KHA pass tracked without ``E_min``,
-  :mod:`dkha.fit.track`; ``error``/``excess`` NaN for both) and the variables ``residual``,
-  ``captured`` and ``change`` (NaN where an entry has none);
+  :mod:`dkha.fit.track`) and the variables ``residual``, ``captured`` and ``change``. Only the
+  figures some entry measured are written (a Krylov fit evaluated by its residual alone has no
+  ``error``, ``error_min``, ``excess``); NaN only where an entry is of another measure;
 * the backoffs over ``backoff`` (a step guard tripped; the fit rolled back to the start of the
   block and halved its gain): ``backoff_step``, ``backoff_pass`` (of the bad step),
   ``backoff_gain_before``, ``backoff_gain_after`` (the effective η0) — empty when none;
@@ -54,6 +55,10 @@ HISTORY_ATTRS = {
     "members": {"long_name": "dictionary members", "units": "1"},
     "explained_variance": {"long_name": "explained variance per component (eq. 23)",
                            "units": "1"},
+    "residual": {"long_name": "largest relative residual ‖K'v − θv‖/θ", "units": "1"},
+    "captured": {"long_name": "tracked Σθ² of the components' span", "units": "1"},
+    "change": {"long_name": "sine of the largest angle the span moved since the previous entry",
+               "units": "1"},
 }
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
 #: the figures of entries that are not exact evaluations (NaN where an entry has none):
@@ -63,15 +68,23 @@ TRACKED_FIELDS = ("residual", "captured", "change")
 
 
 def history_dataset(history: list[dict]) -> dict:
+    """The history variables over ``evaluation``: the coordinates, and each figure that some
+    entry measured (a figure no entry measured is absent, not NaN: a Krylov fit evaluated by
+    its residual has no ``error``; NaN only at the entries of another measure, which the
+    ``history_measures`` attr names)."""
     data = {}
-    for f in HISTORY_FIELDS:
+    fields = HISTORY_FIELDS + (TRACKED_FIELDS if any("measure" in h for h in history) else ())
+    for f in fields:
         dtype = np.int64 if f in ("pass", "step") else np.float64
-        data[f] = ("evaluation", np.array([h[f] for h in history], dtype=dtype))
-    if any("measure" in h for h in history):     # which measure each entry is: build_dataset
-        for f in TRACKED_FIELDS:
-            data[f] = ("evaluation", np.array([h.get(f, np.nan) for h in history],
-                                              dtype=np.float64))
+        values = np.array([_number(h.get(f)) for h in history], dtype=dtype)
+        if f in HISTORY_COORDS or not history or np.isfinite(values).any():
+            data[f] = ("evaluation", values)
     return data
+
+
+def _number(v):
+    """A history figure as a number: NaN for one not measured (None, as strict JSON holds it)."""
+    return np.nan if v is None else v
 
 
 def backoff_dataset(backoffs: list[dict]) -> dict:
@@ -153,8 +166,32 @@ def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict]
 
 
 def jsonable(d: dict) -> dict:
-    """``d`` as JSON would give it back (numpy scalars as numbers, tuples as lists)."""
-    return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+    """``d`` as strict JSON would give it back (numpy scalars as numbers, tuples as lists,
+    NaN and infinities as None: not measured)."""
+    return json.loads(dumps(d))
+
+
+def finite_or_none(o):
+    """``o`` with every non-finite float (NaN: not measured) replaced by None, recursively
+    through dicts, lists and tuples (tuples become lists); numpy scalars and arrays as Python
+    numbers and lists."""
+    if isinstance(o, dict):
+        return {k: finite_or_none(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [finite_or_none(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return finite_or_none(o.tolist())
+    if isinstance(o, np.generic):
+        o = o.item()
+    if isinstance(o, float) and not np.isfinite(o):
+        return None
+    return o
+
+
+def dumps(obj, **kwargs) -> str:
+    """``obj`` as strict JSON (RFC 8259: no bare NaN or Infinity; non-finite numbers, the
+    figures not measured, are null); what is not JSON is written as its ``str``."""
+    return json.dumps(finite_or_none(obj), allow_nan=False, default=str, **kwargs)
 
 
 def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
@@ -196,7 +233,7 @@ def save_timings(timings: dict, run_dir: str) -> str:
     path = os.path.join(run_dir, TIMINGS)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     with open(tmp, "w") as f:
-        json.dump(jsonable(timings), f, indent=1)
+        f.write(dumps(timings, indent=1))
     os.replace(tmp, path)
     return path
 

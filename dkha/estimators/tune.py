@@ -10,7 +10,6 @@ resumable run directory (continue it with ``dkha fit ... --resume --passes N``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -20,6 +19,7 @@ import dask
 import numpy as np
 
 from dkha import algorithms as registry
+from dkha.data import result
 from dkha.errors import NumericalError, ParameterError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together
 from dkha.fit.track import result_entry
@@ -139,7 +139,7 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
         os.makedirs(tune_dir, exist_ok=True)
         tmp = os.path.join(tune_dir, f".{SUMMARY}.tmp")
         with open(tmp, "w") as f:
-            json.dump(summary, f, indent=1, default=float)
+            f.write(result.dumps(summary, indent=1))
         os.replace(tmp, os.path.join(tune_dir, SUMMARY))
     if not best:
         raise NumericalError(f"every one of the {len(models)} settings diverged; try smaller "

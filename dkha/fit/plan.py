@@ -38,9 +38,10 @@ from dkha.engine.cluster import blas_limit, total_threads
 log = logging.getLogger(__name__)
 
 PATHS = ("dense", "krylov")
-#: products a Krylov solve from a Nyström start takes to the default residual (19 measured on
-#: 3 000 patches, r = 20)
-KRYLOV_PRODUCTS = 25
+#: products a Krylov solve from the default Nyström start takes to the default residual, r = 20
+#: patches 11×11 (benchmarks/cost_model.py: 11 at l = 5 000, 9 at 20 000; 6 at 150 000 in
+#: issue 35, where the former 25 made the estimate 4× the fit)
+KRYLOV_PRODUCTS = 10
 #: seconds the Krylov path spends outside its passes (starting the workers, a pass's own
 #: scheduling: 0.1–0.2 s measured at l = 3 000)
 KRYLOV_START_SECONDS, KRYLOV_PASS_SECONDS = 3.0, 0.15
@@ -118,7 +119,8 @@ def choose_path(l: int, r: int, *, rate: float, threads: int,
     if dense is None:
         reason = (f"the {l}×{l} kernel matrix ({matrix_bytes / 2**30:.2f} GiB) exceeds "
                   f"dkha.dense-bytes ({limit / 2**30:.2f} GiB): blockwise Krylov, about "
-                  f"{KRYLOV_PRODUCTS} passes of {per_pass:.1f} s on {threads} threads")
+                  f"{KRYLOV_PRODUCTS} passes of {per_pass:.2g} s on {threads} threads "
+                  f"(estimated: {krylov:.2g} s)")
     else:
         reason = (f"the cost model gives {krylov:.1f} s for blockwise Krylov against {dense:.1f} s "
                   "for the dense matrix")

@@ -1,9 +1,10 @@
 """Reports of runs: a self-contained HTML page and the PNG files it shows.
 
 * the run's settings and timings as a table (units in the headers, integers as integers);
-* convergence against each algorithm's own axis: the excess error E/E_min − 1 per pass for the
-  iterative batch algorithms, per ``K'V`` product for krylov, the AC index per step for the
-  online ones;
+* convergence against the axis of the algorithm that ran, in the figure it measured: the
+  excess error E/E_min − 1 (tracked fits: the span's movement) per pass for the iterative batch
+  algorithms, the excess (unevaluated: the residual) per ``K'V`` product for the exact ones,
+  the AC index per step for the online ones;
 * every component as a picture: the run's ``component_image`` (pre-images, patch data), or for
   square samples such as digits the input-space image ``Σ_j alpha[i, j] x_j`` (the linear shadow
   of the feature-space component), with a colour bar;
@@ -28,6 +29,7 @@ import os
 
 import numpy as np
 
+from dkha import algorithms as registry
 from dkha.data import result
 from dkha.data.store import open_store
 from dkha.runs.maps import response_maps
@@ -46,6 +48,8 @@ SETTINGS = (("algorithm", "algorithm"), ("kernel", "kernel"), ("sigma", "σ (ker
             ("mu", "μ (meta-gain)"), ("passes", "passes asked"), ("n_steps", "steps"),
             ("seed", "seed"), ("centering", "centering"), ("store", "data store"),
             ("dkha_version", "dkha version"))
+#: the settings of the iterative algorithms' gains and length, not shown for an exact run
+GAIN_SETTINGS = {"eta0", "eta0_applied", "mu", "passes", "n_steps"}
 
 
 def _matplotlib():
@@ -96,45 +100,69 @@ def _table(header: tuple[str, ...], rows: list[tuple]) -> str:
 
 # --- convergence ---------------------------------------------------------------------------
 
+#: what a convergence panel can show, the first a run measured: (variable, axis label)
+FIGURES = {"online": (("ac_index", "AC index"),),
+           "exact": (("excess", "excess error E/E_min − 1"),
+                     ("residual", "largest relative residual ‖K'v − θv‖/θ")),
+           "pass": (("excess", "excess error E/E_min − 1"),
+                    ("change", "sine of the largest angle the span moved"))}
+#: each panel's x axis and title
+AXES = {"pass": ("pass", "pass over the training samples", "iterative batch algorithms"),
+        "exact": ("pass", "K'V products (block Krylov)", "exact (krylov, dense)"),
+        "online": ("step", "step (samples presented)", "online algorithms")}
+
+
+def ran(ds) -> str:
+    """The algorithm a run ran: the default's path (dense, krylov), else its algorithm."""
+    return str(ds.attrs.get("path") or ds.attrs.get("algorithm"))
+
+
+def is_exact_run(ds) -> bool:
+    """Whether the run ran an exact solver (dense, krylov): no gains, no passes of updates."""
+    return ran(ds) == "dense" or registry.is_exact(ran(ds))
+
+
+def _measured(ds, name: str) -> bool:
+    return name in ds and bool(np.isfinite(ds[name].values).any())
+
+
 def convergence_figure(datasets: dict):
-    """Convergence of each run against its algorithm's axis: excess error per pass (iterative
-    batch algorithms), per ``K'V`` product (krylov), AC index per step (online)."""
+    """Convergence of each run against the axis of the algorithm that ran, in the figure it
+    measured: excess error (or, tracked, the span's movement) per pass for the iterative batch
+    algorithms; excess error (or, unevaluated, the residual) per ``K'V`` product for the exact
+    ones; AC index per step for the online ones. A panel per kind and figure."""
     plt = _matplotlib()
-    panels = {"pass": [], "krylov": [], "online": []}
+    panels: dict = {}
     for name, ds in datasets.items():
         if ds.sizes.get("evaluation", 0) == 0:
             continue
-        if Run(ds).is_dictionary:
-            if "ac_index" in ds and np.isfinite(ds["ac_index"].values).any():
-                panels["online"].append((name, ds))
-        else:
-            panels["krylov" if ds.attrs.get("algorithm") == "krylov" else "pass"].append((name, ds))
-    shown = [k for k, v in panels.items() if v] or ["pass"]
-    fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 3.8), squeeze=False)
-    for ax, kind in zip(axes[0], shown):
-        for name, ds in panels[kind]:
-            if kind == "online":
-                ax.plot(ds["step"].values, ds["ac_index"].values, marker=".", label=name)
-                continue
-            ex = ds["excess"].values
-            ok = ex > 0
-            ax.semilogy(ds["pass"].values[ok], ex[ok], marker="o" if kind == "krylov" else ".",
-                        label=name)
-        ax.set_xlabel({"pass": "pass over the training samples",
-                       "krylov": "K'V products (block Krylov)",
-                       "online": "step (samples presented)"}[kind])
-        ax.set_ylabel("AC index" if kind == "online" else "excess error E/E_min − 1")
-        ax.set_title({"pass": "iterative batch algorithms", "krylov": "exact (krylov)",
-                      "online": "online algorithms"}[kind])
-        if kind != "online" and not any((ds["excess"].values > 0).any() for _, ds in panels[kind]):
+        kind = "online" if Run(ds).is_dictionary else "exact" if is_exact_run(ds) else "pass"
+        figure = next((f for f in FIGURES[kind] if _measured(ds, f[0])), None)
+        if figure is not None:
+            panels.setdefault((kind, figure), []).append((name, ds))
+    panels = dict(sorted(panels.items(), key=lambda item: list(AXES).index(item[0][0])))
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 3.8),
+                             squeeze=False)
+    if not panels:
+        axes[0][0].text(0.5, 0.5, "no evaluations recorded", ha="center", va="center",
+                        transform=axes[0][0].transAxes)
+    for ax, ((kind, (var, label)), runs) in zip(axes[0], panels.items()):
+        x, xlabel, title = AXES[kind]
+        marker = "o" if kind == "exact" else "."
+        for name, ds in runs:
+            y = ds[var].values
+            ok = np.isfinite(y) & (y > 0 if var != "ac_index" else True)
+            (ax.plot if var == "ac_index" else ax.semilogy)(ds[x].values[ok], y[ok],
+                                                            marker=marker, label=name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        ax.set_title(title)
+        if var == "excess" and not any((ds[var].values > 0).any() for _, ds in runs):
             ax.text(0.5, 0.5, "excess error at round-off (≤ 0) at every evaluation",
                     ha="center", va="center", transform=ax.transAxes)
-        elif panels[kind]:
+        else:
             ax.legend()
             ax.grid(True, which="both", alpha=0.3)
-        else:
-            ax.text(0.5, 0.5, "no evaluations recorded", ha="center", va="center",
-                    transform=ax.transAxes)
     return fig
 
 
@@ -268,14 +296,22 @@ def map_section(maps, note: str, out_dir: str, n_show: int) -> str:
 def settings_rows(ds, timings: dict | None) -> list[tuple[str, str]]:
     """(label, value) rows: the run's settings, its last evaluation and its timings, with units."""
     a = {**ds.attrs, **ds.attrs.get("kernel_parameters", {})}     # sigma, degree, offset
-    rows = [(label, _number(a[k])) for k, label in SETTINGS if a.get(k) is not None]
+    path, exact = ran(ds), is_exact_run(ds)
+    if path != a.get("algorithm"):
+        a["algorithm"] = f"{a.get('algorithm')} → {path}"
+    rows = [(label, _number(a[k])) for k, label in SETTINGS
+            if a.get(k) is not None and not (exact and k in GAIN_SETTINGS)
+            and not (path == "dense" and k == "init")]
+    if "path_reason" in a:
+        rows.append(("why this path", str(a["path_reason"])))
     if ds.sizes.get("evaluation", 0):
         last = ds.isel(evaluation=-1)
-        krylov = a.get("algorithm") == "krylov"
-        for k, label in (("pass", "K'V products" if krylov else "passes done"),
-                         ("step", "steps done"), ("excess", "excess error E/E_min − 1"),
-                         ("error", "reconstruction error E(A)"), ("ac_index", "AC index"),
-                         ("wall_time", "wall time of fitting (s)")):
+        done = (("pass", "K'V products"),) if path == "krylov" else () if exact else (
+            ("pass", "passes done"), ("step", "steps done"))
+        for k, label in (*done, ("excess", "excess error E/E_min − 1"),
+                         ("error", "reconstruction error E(A)"),
+                         ("residual", "largest relative residual ‖K'v − θv‖/θ"),
+                         ("ac_index", "AC index"), ("wall_time", "wall time of fitting (s)")):
             if k in last.variables and np.isfinite(float(last[k])):
                 v = last[k].item()
                 rows.append((label, _number(int(v) if k in ("pass", "step") else float(v))))

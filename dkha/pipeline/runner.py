@@ -237,7 +237,7 @@ class Runner:
     def _write_state(self) -> None:
         tmp = self.state_path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(self.state, f, indent=1, default=str)
+            f.write(result.dumps(self.state, indent=1))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_path)
@@ -460,7 +460,7 @@ def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
                 summary["exit_code"] = code
                 summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
                 with open(os.path.join(run_dir, "summary.json"), "w") as f:
-                    json.dump(summary, f, indent=1, default=str)
+                    f.write(result.dumps(summary, indent=1))
     finally:
         pkg.removeHandler(handler)
         handler.close()

@@ -27,6 +27,7 @@ from dkha.data.ingest import grey_values
 from dkha.data.patches import extract_patches, patch_grid
 from dkha.engine.cluster import client_for
 from dkha.errors import InputError, RunDirectoryError
+from dkha.progress import phase
 from dkha.runs.run import Run, as_run
 from dkha.runs.transform import project_blocks, write_dataset
 
@@ -101,6 +102,8 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
     # the patches as a dask array, a task per block, projected on the workers
     parts = [da.from_array(extract_patches(img, patch, step), chunks=(int(block), -1))
              for img in pictures]
+    phase(f"response maps: projecting {sum(len(p) for p in parts)} patches of {len(pictures)} "
+          "images on the workers")
     with client_for(client):
         flat = project_blocks(run, da.concatenate(parts, axis=0)).compute()
     r = run.n_components

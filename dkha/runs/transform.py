@@ -20,6 +20,7 @@ from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, RunDirectoryError
+from dkha.progress import phase
 from dkha.runs.run import Run, as_run
 
 
@@ -113,6 +114,7 @@ def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite
 def write_dataset(res: xr.Dataset, out: str, *, client=None) -> xr.Dataset:
     """Write ``res`` (lazy parts computed on the cluster) aside and rename it into ``out``
     (:func:`~dkha.data.atomic.write_zarr_atomically`)."""
+    phase(f"projecting and writing {out} on the workers")
     with client_for(client):
         write_zarr_atomically(res, out)
     return xr.open_zarr(out)
