@@ -27,15 +27,16 @@ log = logging.getLogger(__name__)
 CENTERING_GROUP = "centering"
 
 
-def centering_key(store: DataStore, description: dict) -> tuple[str, dict]:
+def centering_key(store: DataStore, description: dict, checksum: str | None = None
+                  ) -> tuple[str, dict]:
     """The cache entry name and identity of a centering row of ``store``.
 
     ``description`` names the kernel, its parameters and the centering method (JSON values);
-    the identity adds the data's shape and :meth:`DataStore.content_checksum`, and the name is a
-    hash of the identity's canonical JSON.
+    the identity adds the data's shape and its content key (``checksum``, default
+    :meth:`DataStore.content_checksum`), and the name is a hash of the identity's canonical JSON.
     """
     identity = json.loads(json.dumps(
-        {"data": store.content_checksum(), "n_samples": store.n_samples,
+        {"data": checksum or store.content_checksum(), "n_samples": store.n_samples,
          "n_features": store.n_features, **description},
         sort_keys=True, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
     name = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]

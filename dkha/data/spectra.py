@@ -27,11 +27,13 @@ log = logging.getLogger(__name__)
 SPECTRUM_GROUP = "spectrum"
 
 
-def spectrum_key(store: DataStore, centering: dict) -> tuple[str, dict]:
+def spectrum_key(store: DataStore, centering: dict, checksum: str | None = None
+                 ) -> tuple[str, dict]:
     """The entry name and identity of the spectrum of ``K'`` for the kernel and centering
-    ``centering`` describes (:attr:`dkha.engine.rows.RowEngine.centering`, less ``cached``)."""
+    ``centering`` describes (:attr:`dkha.engine.rows.RowEngine.centering`, less ``cached``;
+    ``checksum``: the store's content key, :func:`~dkha.data.centering.centering_key`)."""
     description = {k: v for k, v in centering.items() if k != "cached"}
-    return centering_key(store, dict(description, what="spectrum"))
+    return centering_key(store, dict(description, what="spectrum"), checksum)
 
 
 def _checksum(values: np.ndarray) -> str:

@@ -28,6 +28,9 @@ from dkha.errors import InputError, StoreNotFoundError
 
 FORMAT = "dkha-store"
 FORMAT_VERSION = 1
+#: the attribute :class:`~dkha.data.writer.StoreWriter` records as it writes ``X``: whether
+#: every value is finite
+FINITE_ATTR = "x_finite"
 
 
 def chunk_codecs() -> list:
@@ -127,28 +130,48 @@ class DataStore:
             a, b = self.chunk_bounds(i)
             yield a, b, read_slice(arr, a, b, self.path)
 
-    def check_finite(self) -> None:
-        """Raise :class:`InputError` naming the first rows that hold NaN or inf."""
-        for a, b, X in self.iter_chunks():
-            bad = ~np.isfinite(X).all(axis=1)
-            if bad.any():
-                rows = np.flatnonzero(bad) + a
-                raise InputError(
-                    f"data store {self.path}: non-finite values (NaN or inf) in {bad.sum()} rows "
-                    f"of X, first at rows {rows[0]}..{rows[min(len(rows), 5) - 1]} "
-                    f"(chunk rows {a}..{b - 1}); clean the data or re-ingest it"
-                )
+    @property
+    def known_finite(self) -> bool:
+        """Whether the store records that every value of ``X`` is finite (written so by dkha)."""
+        return self.attrs.get(FINITE_ATTR) is True
 
-    def content_checksum(self) -> str:
-        """SHA-256 of ``X`` as stored: its metadata and the stored bytes of every chunk, file by
-        file in name order. Any change to the data changes it; copying the store does not."""
+    def check_finite(self, recorded: bool = True) -> None:
+        """Raise :class:`InputError` naming the first rows that hold NaN or inf (nothing read
+        where the store records finite values, :attr:`known_finite`, unless ``recorded`` is
+        False)."""
+        if recorded and self.known_finite:
+            return
+        for a, b, X in self.iter_chunks():
+            raise_non_finite(self.path, a, b, X)
+
+    def content_files(self) -> list[str]:
+        """The files of ``X`` (metadata and chunks) relative to the store, in name order."""
         fs, root = fsspec.core.url_to_fs(self.path)
         root = root.rstrip("/")
-        digest = hashlib.sha256()
-        for name in sorted(fs.find(f"{root}/X")):
-            digest.update(name[len(root):].encode())
-            digest.update(fs.cat_file(name))
-        return digest.hexdigest()
+        return [name[len(root):] for name in sorted(fs.find(f"{root}/X"))]
+
+    def chunks_checksummed(self) -> bool:
+        """Whether every chunk of ``X`` ends in its CRC32C (as dkha writes them)."""
+        codecs = getattr(self.array(), "compressors", ())
+        return bool(codecs) and isinstance(codecs[-1], Crc32cCodec)
+
+    def content_checksum(self) -> str:
+        """The content key of ``X`` (the key of the caches a store keeps): the SHA-256 of its
+        metadata and, for each chunk file in name order, its name and CRC32C — the last 4 bytes
+        of the stored chunk, so nothing of the values is read — or, where the chunks carry no
+        checksum, the SHA-256s of the whole files (:func:`file_digests`). Any change to the data
+        changes it; copying the store does not."""
+        names = self.content_files()
+        if not self.chunks_checksummed():
+            return combine_digests(file_digests(self.path, names))
+        fs, root = fsspec.core.url_to_fs(self.path)
+        root = root.rstrip("/")
+        meta = [n for n in names if n.rsplit("/", 1)[-1] == "zarr.json"]
+        chunks = [n for n in names if n not in meta]
+        tails = fs.cat_ranges([f"{root}{n}" for n in chunks], [-4] * len(chunks),
+                              [None] * len(chunks))
+        pairs = file_digests(self.path, meta) + [(n, t.hex()) for n, t in zip(chunks, tails)]
+        return combine_digests(pairs)
 
     def sample(self, n: int, seed: int) -> np.ndarray:
         """A seeded random sample of ``min(n, n_samples)`` rows (sorted index order)."""
@@ -156,6 +179,35 @@ class DataStore:
         n = min(n, self.n_samples)
         idx = np.sort(rng.choice(self.n_samples, size=n, replace=False))
         return self.read_rows(idx)
+
+
+def raise_non_finite(path: str, a: int, b: int, X: np.ndarray) -> None:
+    """Raise :class:`InputError` naming the first rows of ``X`` (rows ``a…b − 1`` of a store)
+    that hold NaN or inf."""
+    bad = ~np.isfinite(X).all(axis=1)
+    if bad.any():
+        rows = np.flatnonzero(bad) + a
+        raise InputError(
+            f"data store {path}: non-finite values (NaN or inf) in {bad.sum()} rows "
+            f"of X, first at rows {rows[0]}..{rows[min(len(rows), 5) - 1]} "
+            f"(chunk rows {a}..{b - 1}); clean the data or re-ingest it"
+        )
+
+
+def file_digests(path: str, names: list[str]) -> list[tuple[str, str]]:
+    """``(name, SHA-256 of its bytes)`` for the files ``names`` of the store at ``path``."""
+    fs, root = fsspec.core.url_to_fs(path)
+    root = root.rstrip("/")
+    return [(name, hashlib.sha256(fs.cat_file(f"{root}{name}")).hexdigest()) for name in names]
+
+
+def combine_digests(digests: list[tuple[str, str]]) -> str:
+    """One SHA-256 of the files' ``(name, digest)`` pairs, in the order given."""
+    digest = hashlib.sha256()
+    for name, file_digest in digests:
+        digest.update(name.encode())
+        digest.update(file_digest.encode())
+    return digest.hexdigest()
 
 
 def held_in_memory(store: DataStore, X: np.ndarray) -> DataStore:

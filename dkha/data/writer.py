@@ -13,7 +13,14 @@ import zarr
 from dkha import config
 from dkha.data.atomic import consolidate, replace_directory
 from dkha.data.storage import is_url, storage_settings, url_fs
-from dkha.data.store import FORMAT, FORMAT_VERSION, DataStore, chunk_codecs, open_store
+from dkha.data.store import (
+    FINITE_ATTR,
+    FORMAT,
+    FORMAT_VERSION,
+    DataStore,
+    chunk_codecs,
+    open_store,
+)
 from dkha.errors import InputError, ParameterError, RunDirectoryError
 
 log = logging.getLogger(__name__)
@@ -23,7 +30,8 @@ class StoreWriter:
     """Writes a data store aside and moves it into place on :meth:`commit`.
 
     Rows are appended in any number of pieces; the target appears only once complete, so a
-    reader never sees a half-written store.
+    reader never sees a half-written store. Whether every value is finite is recorded as the rows
+    go by (:data:`~dkha.data.store.FINITE_ATTR`), so a fit does not read all of ``X`` to check it.
     """
 
     def __init__(self, out: str | os.PathLike, n_features: int, *, chunk_rows: int | None = None,
@@ -50,6 +58,7 @@ class StoreWriter:
         self._buf: list[np.ndarray] = []
         self._lbuf: list[np.ndarray] = []
         self._buffered = 0
+        self._finite = True
 
     def _open_local(self, overwrite: bool) -> None:
         if os.path.lexists(self.out):
@@ -92,6 +101,7 @@ class StoreWriter:
             raise InputError(f"rows of {X.shape[1] if X.ndim == 2 else X.shape} features appended "
                              f"to a store of {self.X.shape[1]}")
         self._buf.append(X)
+        self._finite = self._finite and bool(np.isfinite(X).all())
         if self.label is not None:
             self._lbuf.append(np.asarray(labels))
         self._buffered += len(X)
@@ -134,7 +144,8 @@ class StoreWriter:
         if coords:
             self.X.attrs["coordinates"] = " ".join(coords)
         # one metadata write (attrs.update writes the group's metadata once per key)
-        self.group.update_attributes({"format": FORMAT, "format_version": FORMAT_VERSION, **attrs})
+        self.group.update_attributes({"format": FORMAT, "format_version": FORMAT_VERSION,
+                                      **attrs, FINITE_ATTR: self._finite})
         if self.tmp is None:
             consolidate(self.out)
         else:

@@ -12,7 +12,8 @@ import numpy as np
 from dkha import config
 from dkha.data.centering import centering_key, read_centering, write_centering
 from dkha.engine.bandpass import band_pass
-from dkha.engine.tasks import mk_sample_tile, mk_tile, tile_sums
+from dkha.engine.content import check_finite, content_key
+from dkha.engine.tasks import mk_sample_tile, mk_tile, take_rows, tile_sums
 from dkha.errors import ParameterError
 from dkha.schedule import Stream, random_stream
 
@@ -41,7 +42,7 @@ def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
     key = None
     # (a store held in memory is an array fit's own, removed with the model: nothing to keep)
     if bool(config.get("mk-cache", cache)) and engine.kernel.cacheable and store.rows is None:
-        key = centering_key(store, centering)
+        key = centering_key(store, centering, engine_content_key(engine))
         cached = read_centering(store, key)
         if cached is not None:
             return cached[0], cached[1], dict(centering, cached=True)
@@ -51,10 +52,22 @@ def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
     log.info("%s MK row in %.1f s", centering["centering"], time.perf_counter() - t0)
     if center_sample is None:
         engine.stats.mk_pass_seconds = time.perf_counter() - t0
+    if not np.isfinite(mk).all():   # X changed in place since ingest recorded it finite?
+        check_finite(store, engine.client, recorded=False)      # (names the rows)
     mkm = float(mk.mean())
     if key is not None:
         write_centering(store, key, mk, mkm)
     return mk, mkm, dict(centering, cached=False)
+
+
+def engine_content_key(engine) -> str:
+    """The content key of the engine's store (its cache keys' ``data``), once per engine: from
+    the chunks' CRC32Cs, else digested by its workers (:func:`dkha.engine.content.content_key`)."""
+    key = getattr(engine, "_content_key", None)
+    if key is None:
+        key = content_key(engine.store, engine.client)
+        engine._content_key = key
+    return key
 
 
 def exact_mk_row(engine) -> np.ndarray:
@@ -86,7 +99,9 @@ def sampled_mk_row(engine, n: int, seed: int) -> np.ndarray:
     sample = np.sort(random_stream(seed, Stream.CENTERING_SAMPLE).choice(store.n_samples, size=n,
                                                                          replace=False))
     piece = int(config.get("tile-rows"))
-    parts = [passes.put(store.read_rows(sample[a:a + piece]), everywhere=True)
+    # the sampled rows are read by a worker and copied to the others: none read here
+    parts = [passes.spread(engine.client.submit(take_rows, engine.source, engine.all_ranges,
+                                                sample[a:a + piece], pure=False))
              for a in range(0, n, piece)]
     groups = engine.tile_groups
     tasks = [(band, part) for band in range(len(groups)) for part in parts]

@@ -561,7 +561,8 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
             p0.eta0 = default_eta0("kha-smd", warm=bool(p0.landmarks))
         first._path_reason = ("checkpoints or a resume asked for: those of the KHA iterations, "
                               "so kha-smd")
-    kernel = resolve_kernel(store, first.kernel, first.seed, sigma=first.sigma,
+    kernel = resolve_kernel(store, first.kernel, first.seed, client=first.client,
+                            sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma,
                             coef0=first.coef0, kernel_params=first.kernel_params)
     attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, settings)]

@@ -34,6 +34,7 @@ from distributed import Client
 
 from dkha import config
 from dkha.engine.cluster import blas_limit, total_threads
+from dkha.engine.content import on_sample
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,10 @@ def probe_rate(kernel, sample: np.ndarray, repeat: int = 2) -> float:
             kernel.block(X, Y)
             best = min(best, time.perf_counter() - t0)
     return PROBE_ROWS * PROBE_COLUMNS / max(best, 1e-9)
+
+
+def _probe(sample: np.ndarray, kernel) -> float:
+    return probe_rate(kernel, sample)
 
 
 def dense_limit_bytes() -> float:
@@ -148,11 +153,13 @@ def cluster_threads(client) -> int:
 
 
 def plan_fit(store, kernel, settings, client, seed: int) -> Plan:
-    """The default fit's :class:`Plan` for ``store`` (a probe tile on a seeded sample of it);
-    ``settings``: the model's (``n_components``, ``landmarks``)."""
-    sample = store.sample(min(store.n_samples, 2 * PROBE_COLUMNS), seed)
+    """The default fit's :class:`Plan` for ``store`` (a probe tile on a seeded sample of it, on a
+    worker of ``client`` where its workers are other processes: their rate, and nothing of ``X``
+    read here); ``settings``: the model's (``n_components``, ``landmarks``)."""
+    rate = on_sample(store, client, min(store.n_samples, 2 * PROBE_COLUMNS), seed, _probe,
+                     kernel)
     plan = choose_path(store.n_samples, int(settings.n_components),
-                       rate=probe_rate(kernel, sample), threads=cluster_threads(client),
+                       rate=rate, threads=cluster_threads(client),
                        landmarks=settings.landmarks)
     log.info("default fit: %s (%s)", plan.path, plan.reason)
     return plan

@@ -13,6 +13,7 @@ from dask.utils import parse_bytes
 
 from dkha import config
 from dkha.data.spectra import read_spectrum, spectrum_key, write_spectrum
+from dkha.engine.mkrow import engine_content_key
 from dkha.progress import Progress, phase
 from dkha.solvers.eigen import KrylovInfo, top_eigenpairs
 
@@ -31,7 +32,7 @@ def _cache_key(engine, cache: bool | None):
         return None
     if store.rows is not None:      # an array fit's own store, removed with the model
         return None
-    return spectrum_key(store, centering)
+    return spectrum_key(store, centering, engine_content_key(engine))
 
 
 def cached_top_eigenvalues(engine, r: int) -> np.ndarray | None:

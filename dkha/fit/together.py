@@ -43,6 +43,7 @@ from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
 from dkha.fit.dense import dense_fit
 from dkha.fit.krylov import run_krylov
+from dkha.engine.content import check_finite, on_sample
 from dkha.fit.plan import auto_krylov_tol, plan_fit
 from dkha.kernels import make_kernel, median_distance
 from dkha.progress import Progress, announce
@@ -59,19 +60,21 @@ log = logging.getLogger(__name__)
 
 
 
-def resolve_kernel(store, kernel: str, seed: int, **params):
+def resolve_kernel(store, kernel: str, seed: int, client=None, **params):
     """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
-    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``), times
+    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``; read and
+    measured on a worker of ``client`` where its workers are other processes), times
     ``dkha.patch-sigma-factor`` (3) for a gaussian kernel on image patches: the width that keeps
     patch denoising level with linear patch PCA (benchmarks/denoise_photo.py, README)."""
     k = make_kernel(kernel, **params)
     if getattr(store, "n_features", None) is not None:
         k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
     if k.needs_sigma():
-        sample = store.sample(int(config.get("median-sample")), seed)
+        median = on_sample(store, client, int(config.get("median-sample")), seed,
+                           median_distance)
         patches = kernel == "gaussian" and "patch" in (getattr(store, "attrs", None) or {})
         factor = float(config.get("patch-sigma-factor")) if patches else 1.0
-        k = k.with_params(sigma=factor * median_distance(sample))
+        k = k.with_params(sigma=factor * median)
         log.info("sigma by the median-distance heuristic%s: %g",
                  f" × {factor:g} (image patches)" if patches else "", k["sigma"])
     return k
@@ -237,12 +240,14 @@ def _solver(p: ModelSettings, n_samples: int) -> BatchKHA:
                     rho0=p.rho0, on_divergence=p.on_divergence, feature_norm=None)
 
 
-def _check_data(store: DataStore, verbose: bool, *, connect: bool) -> Progress:
-    """Check that the data is finite, then show the next stage: connecting to Dask, or starting
-    its workers (the progress of the seconds before the first pass can show its own)."""
+def _check_data(store: DataStore, verbose: bool, *, client) -> Progress:
+    """Check that the data is finite (recorded at ingest, else read by the workers:
+    :mod:`dkha.engine.content`), then show the next stage: connecting to Dask, or starting its
+    workers (the progress of the seconds before the first pass can show its own)."""
     stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
                       transient=True)
-    store.check_finite()
+    check_finite(store, client)
+    connect = client is not None
     stages.describe("connecting to Dask" if connect else "starting the Dask workers")
     return stages
 
@@ -320,7 +325,7 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
     if config.get("compile-ahead"):     # the solver's loops compile while the fit starts
         for algorithm in sorted({p.algorithm for p in settings}):
             compile_ahead(algorithm)
-    stages = _check_data(store, verbose, connect=stream.client is not None)
+    stages = _check_data(store, verbose, client=stream.client)
     plan = _default_path(store, kernel, p0, stream)
     if plan is not None:
         attrs[0].update(plan.attrs())
