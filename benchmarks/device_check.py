@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,7 +62,7 @@ sys.path[:0] = [HERE]
 if not os.environ.get("DKHA_DEVICE_CHECK_INSTALLED"):
     sys.path.insert(0, REPO)     # this checkout's dkha unless the carried wheel is asked for
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 T0 = time.perf_counter()
 FIGURES: dict = {}
@@ -128,34 +129,6 @@ def sigma_of(X: np.ndarray, seed: int = 0) -> float:
     return float(np.median(np.linalg.norm(X[i] - X[j], axis=1)))
 
 
-def store_of(workdir: str, l: int):
-    """A data store of ``l`` 11×11 patches of scikit-image's photographs (every position: step 1
-    gives 10⁶ patches from four photographs)."""
-    from _data import patches
-
-    from dkha.data.ingest import ingest_array
-    from dkha.data.store import open_store
-
-    path = os.path.join(workdir, f"patches-{l}.zarr")
-    if os.path.exists(path):
-        try:
-            st = open_store(path)
-            if st.n_samples == l:
-                return st
-        except Exception:  # noqa: BLE001 - rewrite a broken store
-            pass
-    t = time.perf_counter()
-    X = patches(l, step=1 if l > 400_000 else 2)
-    st = ingest_array(X, path, chunk_rows=min(16384, max(1024, l // 64)), overwrite=True)
-    say(f"store of {l} patches written in {time.perf_counter() - t:.1f} s")
-    return st
-
-
-def patch_sample(store, m: int = 4000) -> np.ndarray:
-    from dkha.engine.tasks import load_rows
-    return np.asarray(load_rows(store.path, 0, min(m, store.n_samples)), dtype=np.float64)
-
-
 # --- gpu ---------------------------------------------------------------------------------------
 
 
@@ -167,7 +140,8 @@ class Dmon:
         self.path, self.proc, self.phases = path, None, []
         try:
             self.proc = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-d", "1", "-o", "T"],
-                                         stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+                                         stdout=open(path, "w"),  # noqa: SIM115 - dmon's log
+                                         stderr=subprocess.DEVNULL)
         except OSError:
             say("nvidia-smi not found: no utilisation figures")
 
@@ -178,7 +152,8 @@ class Dmon:
         """``(epoch seconds, sm %, mem %)`` of each line of dmon's log."""
         out, day = [], time.strftime("%Y-%m-%d")
         try:
-            lines = open(self.path).read().splitlines()
+            with open(self.path) as f:
+                lines = f.read().splitlines()
         except OSError:
             return out
         for line in lines:
@@ -231,7 +206,7 @@ def run_command(args: list[str], what: str, timeout: float, env=None) -> tuple[f
     """Run a command, print its output's last lines; ``(seconds, stderr)``."""
     say("$ " + " ".join(args))
     t = time.perf_counter()
-    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     s = time.perf_counter() - t
     for line in (p.stdout + p.stderr).strip().splitlines()[-25:]:
         say("  | " + line)
@@ -274,7 +249,7 @@ def run_summary(run: str) -> dict:
 @step("B. `dkha fit STORE -o RUN --components 20 --device DEVICE` (the default: exact)")
 def user_fit(store: str, run: str, device: str, dmon: Dmon, name: str, timeout: float):
     a = time.time()
-    s, err = run_command(["dkha", "fit", store, "-o", run, "--components", "20", "--device",
+    s, _ = run_command(["dkha", "fit", store, "-o", run, "--components", "20", "--device",
                           device, "--overwrite"], f"dkha fit ({name})", timeout)
     dmon.mark(name, a, time.time())
     got = run_summary(run)
@@ -413,6 +388,45 @@ def dkha_passes(xp, device: str, store_path: str, sigma: float, dmon: Dmon, r: i
     FIGURES["passes"] = {"plain_float32_s": plain32, **rows}
 
 
+@step("E. a quiet stop: SIGTERM to `dkha fit` mid-pass")
+def quiet_stop(store: str, run: str, device: str, after: float = 4.0):
+    """SIGTERM ``after`` seconds after the fit printed its plan (in its first pass): what it
+    prints besides its progress lines, and its exit code (75: resumable)."""
+    import signal
+    import threading
+
+    args = ["dkha", "fit", store, "-o", run, "--components", "20", "--device", device,
+            "--overwrite"]
+    say("$ " + " ".join(args) + f"   (SIGTERM {after:.0f} s after its plan line)")
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list = []
+    seen = threading.Event()
+
+    def read():
+        for line in p.stderr:
+            lines.append(line.rstrip("\n"))
+            if "plan:" in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen.wait(120)
+    time.sleep(after)
+    p.send_signal(signal.SIGTERM)
+    t = time.perf_counter()
+    out = p.stdout.read()
+    rc = p.wait(120)
+    reader.join(10)
+    progress = re.compile(r"^\d\d:\d\d:\d\d \(\+")
+    other = [ln for ln in lines + out.splitlines() if ln.strip() and not progress.match(ln)]
+    say(f"exit {rc} {time.perf_counter() - t:.1f} s after SIGTERM; lines other than progress "
+        f"({len(other)}):")
+    for ln in other[:30]:
+        say("  | " + ln)
+    tracebacks = sum("Traceback" in ln or "AssertionError" in ln for ln in other)
+    FIGURES["quiet_stop"] = {"exit": rc, "other_lines": len(other), "tracebacks": tracebacks}
+
+
 def load_all(store_path: str) -> np.ndarray:
     import zarr
     return zarr.open_group(store_path, mode="r")["X"][:]
@@ -451,6 +465,8 @@ def gpu_section(args, budget):
                        f"fit l={l_big} {device}", max(60, budget.left() - 60))
     if fit and budget.allows(40 * (l_big / 1e6) ** 2 + 5, "the independent check"):
         independent_check(xp, big, fit, dmon)
+    if big and "stop" not in args.skip and budget.allows(40, "the quiet stop"):
+        quiet_stop(big, os.path.join(args.workdir, "run-stop"), device)
     if big and budget.allows(60 * (l_big / 1e6) ** 2 + 10, "dkha's passes"):
         sigma = fit["sigma"] if fit else 3 * sigma_of(load_all(big)[:200_000])
         dkha_passes(xp, device, big, sigma, dmon)
@@ -476,6 +492,10 @@ def acceptance_gpu(l_big: int):
                 say(f"{prec}: K'V {p[prec]['kv_s']:.2f} s, MK {p[prec]['mk_s']:.2f} s (targets "
                     f"≤ 3 s); plain float32 loop {p['plain_float32_s']:.2f} s → dkha "
                     f"{p['plain_float32_s'] / p[prec]['kv_s']:.2f}× (target ≥ 2×)")
+    q = FIGURES.get("quiet_stop")
+    if q:
+        say(f"SIGTERM mid-fit: exit {q['exit']} (75: resumable), {q['tracebacks']} traceback "
+            f"lines, {q['other_lines']} lines besides progress (target: dkha's one line)")
     for name, d in FIGURES.get("dmon", {}).items():
         say(f"SM utilisation during {name}: mean {d['sm_mean']:.0f} % (target ≥ 70 % in dkha's "
             f"passes)")
@@ -493,7 +513,7 @@ def cpu_section(args, budget):
     say("--- CPU scaling: " + " ".join(cmd[1:]))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
-        p = subprocess.run(cmd, env=env, timeout=max(10, budget.left() - 5))
+        p = subprocess.run(cmd, env=env, timeout=max(10, budget.left() - 5), check=False)
         say(f"scaling.py exited {p.returncode}")
     except subprocess.TimeoutExpired:
         say("scaling.py ran out of the section's time; the rows measured are above")
@@ -526,7 +546,7 @@ def main(argv=None):
     ap.add_argument("--gpu-samples", type=int, nargs="+", default=[1_000_000])
     ap.add_argument("--equal-samples", type=int, default=20_000,
                     help="the first fit's samples (it compiles the probe tile), GPU and CPU")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["equality", "krylov", "bigfit"],
+    ap.add_argument("--skip", nargs="*", default=[], choices=["equality", "krylov", "bigfit", "stop"],
                     help="steps to leave out (krylov: the CPU section's krylov fits)")
     ap.add_argument("--cpu-samples", type=int, default=50_000)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
