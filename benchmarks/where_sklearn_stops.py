@@ -5,9 +5,12 @@ their patches on a grid of step 2, so every size mixes all six), n = 121, r = 20
 kernel with σ the median distance (dkha's heuristic, computed once here and given to every
 method), at each ``--sizes`` (default 5 000, 20 000, 50 000 and 113 270), in one run:
 
-* ``sklearn-exact``: scikit-learn ``KernelPCA(20, kernel="rbf")`` (its dense ``eigh``), fitted
-  in a child process on the array; skipped where its kernel matrix cannot fit in this machine's
-  memory (said so), stopped after ``--timeout`` seconds (said so);
+* ``sklearn-exact``: scikit-learn ``KernelPCA(20, kernel="rbf")`` (its default
+  ``eigen_solver="auto"``: the dense ``eigh`` here), ``sklearn-arpack`` and
+  ``sklearn-randomized`` the same with ``eigen_solver="arpack"`` / ``"randomized"``
+  (``random_state=0``), each fitted in a child process on the array; skipped where the kernel
+  matrix they all hold cannot fit in this machine's memory (said so), stopped after
+  ``--timeout`` seconds (said so);
 * ``sklearn-nystroem``: ``Nystroem(n_components=2000)`` + ``PCA(20)``;
 * ``dkha-estimator``: ``KernelHebbianPCA(20).fit(X)`` — dkha's default in process, as a
   scikit-learn user would call it;
@@ -50,18 +53,25 @@ sys.path.insert(0, ROOT)
 SIZES = (5000, 20000, 50000, 113270)
 PHOTOS = ("camera", "moon", "coins", "astronaut", "coffee", "chelsea")
 R = 20
-METHODS = ("sklearn-exact", "sklearn-nystroem", "dkha-estimator", "dkha-fit", "dkha-krylov")
+#: scikit-learn's KernelPCA by each of its eigensolvers (all on the dense l × l kernel matrix):
+#: its default (``auto``: dense ``eigh`` for 20 of l ≥ 200 samples) and the two a user who
+#: knows them picks for a few components of many samples
+SOLVERS = {"sklearn-exact": "auto", "sklearn-arpack": "arpack",
+           "sklearn-randomized": "randomized"}
+METHODS = (*SOLVERS, "sklearn-nystroem", "dkha-estimator", "dkha-fit", "dkha-krylov")
 
 CHILD = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
     import numpy as np
     method, xfile, store, sigma, out = json.loads(sys.argv[1])
+    SOLVERS = {solvers!r}
     X = np.load(xfile)
     t0 = time.perf_counter()
-    if method == "sklearn-exact":
+    if method in SOLVERS:
         from sklearn.decomposition import KernelPCA
-        m = KernelPCA({r}, kernel="rbf", gamma=1.0 / (2 * sigma * sigma)).fit(X)
+        m = KernelPCA({r}, kernel="rbf", gamma=1.0 / (2 * sigma * sigma),
+                      eigen_solver=SOLVERS[method], random_state=0).fit(X)
         Y = m.eigenvectors_ * np.sqrt(m.eigenvalues_)
     elif method == "sklearn-nystroem":
         from sklearn.decomposition import PCA
@@ -190,7 +200,7 @@ def main(argv=None) -> None:
     work = args.workdir or tempfile.mkdtemp(prefix="where-sklearn-stops-")
     os.makedirs(work, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    child = CHILD.format(root=ROOT, r=R)
+    child = CHILD.format(root=ROOT, r=R, solvers=SOLVERS)
     print(f"# where scikit-learn stops: r = {R}, 11×11 patches of {', '.join(PHOTOS)}; "
           f"load {load_average()}; memory {psutil.virtual_memory().total / 2**30:.1f} GiB; "
           f"work dir {work}", flush=True)
@@ -205,8 +215,8 @@ def main(argv=None) -> None:
         Ys, res = {}, {}
         for m in methods:
             out = os.path.join(work, f"Y-{m}-{l}.npy")
-            if m == "sklearn-exact":
-                need = 3 * 8.0 * l * l      # K, its centered copy, eigh's workspace
+            if m in SOLVERS:
+                need = 3 * 8.0 * l * l      # K, its centered copy, the eigensolver's workspace
                 if need > 0.8 * psutil.virtual_memory().available:
                     res[m] = {"note": f"skipped: the kernel matrix needs ~{need / 2**30:.0f} GiB, "
                                       f"{psutil.virtual_memory().available / 2**30:.0f} GiB free"}

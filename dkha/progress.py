@@ -102,6 +102,24 @@ def _terminal() -> bool:
         return False
 
 
+def plural(unit: str) -> str:
+    """``product`` → ``products``, ``patch`` → ``patches``."""
+    return unit + ("es" if unit.endswith(("s", "x", "ch", "sh")) else "s")
+
+
+#: totals from which a bar counts in k, M (1.50M/3.00M steps); below, whole numbers
+SCALED_FROM = 100_000
+
+
+def bar_format(total: int | None, unit: str) -> dict:
+    """tqdm's options for a count of ``unit``: whole numbers (``3 products``, not
+    ``3.00product``), scaled only for large totals; without a total, the count and the unit's
+    plural (tqdm's own format glues the unit to a fractional count)."""
+    if total is None:
+        return {"bar_format": f"{{desc}}: {{n_fmt}} {plural(unit)} [{{elapsed}}{{postfix}}]"}
+    return {"unit_scale": total >= SCALED_FROM}
+
+
 class Progress:
     """``update(n)`` as work is done; ``set_postfix(**values)``; ``close()`` (or ``with``)."""
 
@@ -118,8 +136,8 @@ class Progress:
         if _terminal():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True,
-                             leave=not transient, initial=initial)
+            self._bar = tqdm(total=total, desc=desc, unit=unit, initial=initial,
+                             leave=not transient, **bar_format(total, unit))
         else:
             self._log = True
             _active.append(self)
@@ -133,7 +151,7 @@ class Progress:
         seconds = _clock() - self._t0
         of = f"/{self.total}" if self.total else ""
         extra = "".join(f", {k} {v}" for k, v in self.postfix.items())
-        _logged(f"{self.desc}: {self.n}{of} {self.unit}s{'' if done else ' so far'} in "
+        _logged(f"{self.desc}: {self.n}{of} {plural(self.unit)}{'' if done else ' so far'} in "
                 f"{seconds:.0f} s{extra}", event=done or self.n == 0)
         self._last = _clock()
 

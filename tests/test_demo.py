@@ -19,5 +19,20 @@ def test_demo_prints_the_excess_of_every_pass(tmp_path):
     rows = [line.split() for line in lines[start:start + 4]]
     assert [int(r[0]) for r in rows] == [0, 1, 2, 3]
     excess = [float(r[1]) for r in rows]
-    assert all(e == e and abs(e) < 1e-2 for e in excess), excess     # numbers, not nan
+    assert all(e == e for e in excess), excess     # numbers, not nan
+    # real progress from the random start: every pass better, by far (3.4 → 0.03 in 3 passes)
+    assert all(b < a for a, b in zip(excess, excess[1:])) and excess[-1] < excess[0] / 10, excess
     assert os.path.isdir(os.path.join(out, "run", "components.zarr"))
+
+
+def test_demo_writes_nothing_into_the_working_directory(tmp_path):
+    """Without -o the demo writes into a new temporary directory, which it names."""
+    (tmp_path / "tmp").mkdir()
+    p = subprocess.run([sys.executable, "-m", "dkha.cli", "demo", "--passes", "1"],
+                       env=dict(subprocess_env(), TMPDIR=str(tmp_path / "tmp")), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(tmp_path)) == ["tmp"]
+    (made,) = os.listdir(tmp_path / "tmp")
+    assert made.startswith("dkha-demo-")
+    assert f"saved {tmp_path / 'tmp' / made}/run/components.zarr" in p.stdout

@@ -88,3 +88,16 @@ def test_krylov_summary_counts_its_products(digits_store, client, capsys, tmp_pa
                  "--scheduler", client.scheduler.address]) == 0
     err = [ln for _, ln in progress_lines(capsys.readouterr().err)]
     assert "dkha cluster: k-means: 3 clusters of 300 samples, 10 starts" in err, err
+
+
+def test_bars_count_whole_units_with_their_names(monkeypatch, capsys):
+    """In a terminal: ``3 products``, not tqdm's ``3.00product``; ``patches`` as the plural."""
+    monkeypatch.setattr(progress, "_terminal", lambda: True)
+    with progress.Progress(True, None, "Krylov", unit="product") as bar:
+        bar.update(3)
+    with progress.Progress(True, 40, "denoise", unit="patch") as bar:
+        bar.update(40)
+    err = capsys.readouterr().err
+    assert "Krylov: 3 products [" in err and "40/40" in err, err
+    assert not re.search(r"\d\.\d\d(product|patch|stage)(?!/s)", err), err
+    assert progress.plural("patch") == "patches" and progress.plural("tile") == "tiles"

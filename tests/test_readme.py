@@ -49,6 +49,17 @@ def test_python_blocks_are_found():
     assert blocks == ["x = 1\n", "y = 2\n"]
 
 
+def test_readme_plots_images_the_right_way_up():
+    """xarray draws a 2-d array with its first row at the bottom: every README plot of a map or
+    picture over (row, col) asks for row 0 at the top, as the image has it."""
+    with open(f"{REPO}/README.md", encoding="utf-8") as f:
+        code = "".join(python_blocks(f.read()))
+    plots = re.findall(r"^(?:maps|ds\.component_image|ds\.projection)\b.*\.plot\((.*?)\)", code,
+                       flags=re.M)
+    assert len(plots) >= 2, plots
+    assert all("yincrease=False" in args for args in plots), plots
+
+
 @pytest.mark.slow
 def test_every_readme_python_block_runs(tmp_path):
     with open(f"{REPO}/README.md", encoding="utf-8") as f:

@@ -103,10 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo_parser(sub) -> None:
-    p = _subcommand(sub, "demo", help="ingest scikit-learn's digits and fit KHA-SMD (no cluster "
-                    "needed)")
-    p.add_argument("-o", "--out", default="dkha-demo",
-                   help="directory for the store and run (default dkha-demo)")
+    p = _subcommand(sub, "demo", help="ingest scikit-learn's digits and fit KHA-SMD from a random "
+                    "start (no cluster needed)")
+    p.add_argument("-o", "--out", metavar="DIR",
+                   help="directory for the store and run (default: a new temporary directory, "
+                        "dkha-demo-* under the system's temp folder, printed)")
     p.add_argument("--passes", type=positive_int, default=20,
                    help="passes through the digits (default 20)")
     p.add_argument("--algorithm", default="kha-smd", choices=BATCH_ALGORITHMS,

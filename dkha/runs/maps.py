@@ -78,7 +78,7 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
     Examples
     --------
     >>> maps = response_maps("run", ["skimage:camera"])              # doctest: +SKIP
-    >>> maps.sel(image="camera", component=0).plot()                 # doctest: +SKIP
+    >>> maps.sel(image="camera", component=0).plot(yincrease=False)  # doctest: +SKIP
     """
     run = as_run(run)
     patch, step = patch_geometry(run)
