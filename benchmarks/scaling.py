@@ -24,6 +24,8 @@ C and W beside the measured one. KHA rows time the pass record (its steps; ``--k
 steps, default a whole pass), not the start's product pass before it.
 
     python benchmarks/scaling.py --samples 20000 --workers 1 2
+    python benchmarks/scaling.py --samples 50000 --workers 1 16 --repeat 1 --skip-krylov \
+        --projections workers --kha-steps 12800      # 16 cores: MK, K'V, KHA-SMD in ~2 min
     python benchmarks/scaling.py --samples 20000 --scheduler-file sched.json   # a real cluster
     python benchmarks/scaling.py --samples 12000 --workers 1 2 --by-hand --skip-kha  # the
         # 2-core acceptance: `dask scheduler` + 1 or 2 `dask worker --nthreads 1`, ratios printed
@@ -189,8 +191,8 @@ def main():
                                     prefetch=args.prefetch, projections=p)
                        for p in ("coordinator", "workers")}
             eng = engines["coordinator"]
-            exact_mk_row(eng)       # warm-up: imports, chunk reads
-            mk = exact_mk_row(eng)
+            print(f"{nw} workers: {eng.memory.describe()}", flush=True)
+            mk = exact_mk_row(eng)      # warm-up: imports, chunk reads; the row for the rest
             eng.set_mk(mk, float(mk.mean()))
             engines["workers"].set_mk(mk, float(mk.mean()))
             rows.append(measure_median(eng, client, "MK pass", lambda: exact_mk_row(eng),
@@ -203,8 +205,8 @@ def main():
             if args.skip_kha:
                 continue
             alphas = {}
-            for e in engines.values():      # warm-up: first calls, the replicas' threads
-                kha_pass(e, l, r, n_steps=4 * args.block)
+            for p in args.projections:      # warm-up: first calls, the replicas' threads
+                kha_pass(engines[p], l, r, n_steps=4 * args.block)
             for p in args.projections:
                 e = engines[p]
                 rows.append(measure(e, client, f"KHA-SMD pass, projections {p}",

@@ -24,7 +24,7 @@ import numpy as np
 from distributed import wait as wait_for
 
 from dkha import config
-from dkha.engine.cluster import total_threads
+from dkha.engine.cluster import shares_process, total_threads
 from dkha.engine.stop import check_stop
 from dkha.engine.tasks import ReplicaLostError, accumulate, identity, release
 from dkha.errors import BlockFailedError, ClusterLostError
@@ -99,7 +99,9 @@ class ClusterPasses:
     def put(self, array: np.ndarray, everywhere: bool = False):
         """A future holding ``array`` that the cluster can rebuild if the worker holding it dies.
 
-        (Scattered data cannot be recomputed; a task that returns the array can.)
+        (Scattered data cannot be recomputed; a task that returns the array can. A pass's input,
+        ``everywhere``, is scattered to every worker of other processes instead: a copy on
+        each survives the loss of any.)
 
         ``everywhere``: copied to every worker before it is used, for the input of a whole tile
         pass. Dask sends a task only to the workers that hold one of its inputs, so the tiles of
@@ -107,8 +109,17 @@ class ClusterPasses:
         (measured: the other of 2 workers idle for 0.8 s of a 0.9 s ``K'V`` pass); with a copy
         on every worker, each tile goes to the least busy one.
         """
+        if everywhere and not shares_process(self.client):
+            # a pass's input (V, the C of the residuals): sent to the workers once, as data, not
+            # inside a task's graph (12 MB in a graph: "Sending large graph", and the scheduler's
+            # time per pass); every worker gets a copy, so losing one leaves the others'
+            return self.client.scatter([array], broadcast=True, hash=False)[0]
         future = self.client.submit(identity, array, pure=False)
-        if everywhere and len(self.client.scheduler_info().get("workers", {})) > 1:
+        return self.spread(future) if everywhere else future
+
+    def spread(self, future):
+        """``future``'s result copied to every worker (:meth:`put`'s ``everywhere``)."""
+        if len(self.client.scheduler_info().get("workers", {})) > 1:
             try:
                 self.client.replicate([future])
             except Exception as exc:  # noqa: BLE001 - placement only: the pass runs without it
