@@ -18,9 +18,11 @@ workers hold the tiles of the MK row and product passes while they compute them.
 
 The tiles ``I ≤ J`` of the blockwise passes are chosen for the threads: the pass's last wave is
 what leaves threads idle (at l = 50 000, 91 tiles of 4 096 rows for 16 workers kept them busy
-55 % of the pass), so there are enough tiles for :data:`TILES_PER_THREAD` per thread, counting
+55 % of the pass), so there are enough tiles for ``dkha.tiles-per-thread`` (16) per thread, counting
 the ``n`` diagonal tiles (computed once, half the work) as halves: ``n² / 2 ≥ 16 · threads``
-bands. No more than that where the tiles can be larger: the side is at most ``dkha.tile-rows``
+bands (the idle time of the last wave is then about half a tile per thread, 3 % of the pass;
+each task also costs the coordinator and the scheduler a few milliseconds, so fewer per thread
+can be faster where the tiles are short). No more than that where the tiles can be larger: the side is at most ``dkha.tile-rows``
 (16 384: a task of about 2.7·10⁸ kernel entries, one to three seconds of one thread, so a stop or
 a slow worker costs seconds), and at most what the workers' budget gives each thread: a fused
 tile task holds its two row ranges and their prepared copies (``4 · t · n · 8`` bytes) and one
@@ -47,9 +49,6 @@ MIN_BLOCK_ROWS = 16
 MIN_TILE_ROWS = 64
 #: the budget where ``dkha.memory-budget`` is not set and the workers report no more
 FLOOR_BYTES = 2**30
-#: tiles per worker thread in a blockwise pass (diagonal tiles counted as halves): the idle time
-#: of the last wave is about half a tile per thread, 3 % of the pass
-TILES_PER_THREAD = 16
 #: the least rows a panel of a fused tile holds (:func:`dkha.tiles._panel_rows`)
 PANEL_ROWS = 64
 
@@ -221,12 +220,13 @@ def block_rows_for(n_samples: int, block_rows: int | None = None) -> int:
 
 def tile_bands(n_samples: int, threads: int, n_features: int, budget: int) -> int:
     """Bands of rows for the tiles ``I ≤ J`` of the blockwise passes (module docstring): at least
-    enough for :data:`TILES_PER_THREAD` tiles a thread (``n² / 2``, the diagonal's halves), a side
+    enough for ``dkha.tiles-per-thread`` tiles a thread (``n² / 2``, the diagonal's halves), a side
     at most ``dkha.tile-rows`` and what ``budget`` gives each thread, at least
     :data:`MIN_TILE_ROWS` rows a side."""
     l, threads = max(1, n_samples), max(1, threads)
+    per_thread = max(1, int(config.get("tiles-per-thread")))
     n = 1
-    while n * n < 2 * TILES_PER_THREAD * threads:
+    while n * n < 2 * per_thread * threads:
         n += 1
     per_row = 8 * (4 * max(1, n_features) + PANEL_ROWS)
     side = min(int(config.get("tile-rows")), budget // (threads * per_row))
