@@ -1,12 +1,15 @@
 """Start a dask-jobqueue cluster for dkha and write its scheduler file; keep it up until killed.
 
     python cluster/dkha-jobqueue.py --system slurm --jobs 8 --scheduler-file sched.json
+
+Needs dask-jobqueue: ``pip install 'dkha[cluster]'``.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import time
 
 
@@ -16,7 +19,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--scheduler-file", required=True)
     args = ap.parse_args()
-    import dask_jobqueue
+    try:
+        import dask_jobqueue
+    except ImportError:
+        sys.exit("dkha-jobqueue.py: needs dask-jobqueue, which dkha installs only with its "
+                 "'cluster' extra: pip install 'dkha[cluster]' (or pip install dask-jobqueue)")
     from distributed import Client
 
     cls = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster}[args.system]

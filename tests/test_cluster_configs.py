@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import dask.config
 import pytest
@@ -48,3 +49,15 @@ def test_daskcluster_manifest_is_a_dask_operator_resource():
     assert worker["args"][:2] == ["dask", "worker"] and scheduler["args"] == ["dask", "scheduler"]
     assert {p["containerPort"] for p in scheduler["ports"]} == {8786, 8787}
     assert doc["spec"]["scheduler"]["service"]["ports"][0]["port"] == 8786
+
+
+def test_jobqueue_script_without_dask_jobqueue_names_the_extra(tmp_path):
+    """Where dask-jobqueue is not installed, dkha-jobqueue.py says which extra brings it (one
+    line, exit status 1), not a traceback."""
+    block = ("import runpy, sys; sys.modules['dask_jobqueue'] = None; "
+             "sys.argv = ['dkha-jobqueue.py', '--scheduler-file', 's.json']; "
+             f"runpy.run_path({os.path.join(CLUSTER, 'dkha-jobqueue.py')!r}, run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "pip install 'dkha[cluster]'" in p.stderr

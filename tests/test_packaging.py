@@ -14,7 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # modules of optional extras that need not be installed where the tests run: module -> extra
-OPTIONAL = {"cupy": "gpu", "bm3d": "bench"}
+OPTIONAL = {"cupy": "gpu", "bm3d": "bench", "dask_jobqueue": "cluster"}
 
 
 def _norm(name: str) -> str:
@@ -38,7 +38,7 @@ def _imported_modules() -> dict[str, str]:
     found: dict[str, str] = {}
     local = {p.stem for d in ("tests", "benchmarks", "examples") for p in (ROOT / d).glob("*.py")}
     local |= {p.name for p in ROOT.iterdir() if p.is_dir()}
-    for folder in ("dkha", "tests", "benchmarks", "examples"):
+    for folder in ("dkha", "tests", "benchmarks", "examples", "cluster"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 names = []

@@ -202,7 +202,7 @@ def test_report_of_a_sampled_store_in_chromium(sampled_run):
     assert all(im["width"] > 50 and im["height"] > 50 for im in shown), shown
     panels = [im for im in shown if im["kind"] == "map"]
     assert sorted(im["alt"] for im in panels) == sorted(
-        f"{name}, component {c}" for name in shapes for c in (1, 2, 3))
+        f"{name}, component {c}" for name in shapes for c in (0, 1, 2))   # as ds.component
     assert all(im["coloured"] > 0.3 for im in panels), panels
     assert [im["kind"] for im in shown].count("components") == 1
     assert "All 3 components." in page and "wall time of fitting (s)" in page
@@ -216,7 +216,7 @@ def test_report_of_a_sampled_store_in_chromium(sampled_run):
     _dkha("report", "sampled", "--maps", "blank.zarr", cwd=d)
     blank = rendered_images(open(d / "sampled" / "report.html").read())
     low = sorted(im["alt"] for im in blank if im["kind"] == "map" and im["coloured"] < 0.3)
-    assert low == sorted(f"{name}, component 2" for name in shapes), blank
+    assert low == sorted(f"{name}, component 1" for name in shapes), blank
 
 
 def test_report_axes_and_settings_read_as_a_person_expects():

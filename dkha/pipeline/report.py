@@ -190,7 +190,7 @@ def component_section(ds, out_dir: str, n_show: int, store_path: str | None = No
     """HTML of the component pictures (empty when the run has none to show)."""
     r = ds.sizes["component"]
     n = min(n_show, r)
-    titles = [f"component {i + 1}" for i in range(n)]
+    titles = [f"component {int(c)}" for c in ds["component"].values[:n]]
     if "component_image" in ds:
         pics = ds["component_image"].values[:n]
         caption = ("Components as pictures: the pre-image of the mean plus two standard "
@@ -210,14 +210,17 @@ def component_section(ds, out_dir: str, n_show: int, store_path: str | None = No
         label = "weight"
     b64 = _png(_picture_grid(pics, titles, label), os.path.join(out_dir, "components.png"))
     return (f"<h2>{html.escape(caption)}</h2>" + _shown_note(n, r)
-            + _img(b64, f"components 1 to {n}", "components"))
+            + _img(b64, f"components {int(ds['component'][0])} to "
+                        f"{int(ds['component'][n - 1])}", "components"))
 
 
 def _shown_note(n: int, r: int) -> str:
+    numbered = (" Components are numbered as the run's <code>component</code> coordinate, "
+                "from 0, like the images and samples.")
     if n >= r:
-        return f"<p>All {r} components.</p>"
+        return f"<p>All {r} components.{numbered}</p>"
     return (f"<p>First {n} of {r} components; <code>dkha report RUN --components {r}</code> "
-            "shows them all.</p>")
+            f"shows them all.{numbered}</p>")
 
 
 def training_maps(ds):
@@ -279,10 +282,11 @@ def map_section(maps, note: str, out_dir: str, n_show: int) -> str:
             m = one.isel(component=c).dropna("row", how="all").dropna("col", how="all").values
             fig, ax = plt.subplots(figsize=(2.4, 2.0))
             shown = ax.imshow(m, cmap="viridis")
-            ax.set_title(f"component {c + 1}", fontsize=8)
+            number = int(maps["component"].values[c])
+            ax.set_title(f"component {number}", fontsize=8)
             ax.axis("off")
             fig.colorbar(shown, ax=ax, shrink=0.85)
-            alt = f"{name}, component {c + 1}"
+            alt = f"{name}, component {number}"
             cells.append("<td>" + _img(_png(fig), alt, "map") + "</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     header = ("<h2>Response maps: each component's projection over each image's patch grid</h2>"
