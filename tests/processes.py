@@ -132,3 +132,72 @@ def local_client(n_workers: int, threads_per_worker: int, *, processes: bool = F
     finally:
         client.close()
         cluster.close()
+
+
+class Ran:
+    """What an in-process ``dkha`` command did: ``returncode``, ``stdout``, ``stderr`` and the
+    ``warnings`` and log ``records`` (WARNING and above) a separate process would have printed."""
+
+    def __init__(self, returncode, stdout, stderr, warnings, records):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.warnings, self.records = warnings, records
+
+
+#: warnings a plain interpreter does not print (its default filters)
+_SILENT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+def dkha_in_process(*argv: str, config: dict | None = None) -> Ran:
+    """Run ``dkha ARGV`` in this process (what :func:`dkha.cli.main` does) with its output
+    captured, and put back what the command sets for a process of its own: the SIGTERM handler,
+    the levels of the loggers and of the root logger's handlers, the stop flag. ``config``: dask
+    settings."""
+    import importlib
+    import io
+    import logging
+    import signal
+    import warnings
+
+    import dask.config
+
+    from dkha.cli import progress_shown
+    from dkha.cli.parser import build_parser
+    from dkha.engine.stop import STOP
+
+    def main(argv):
+        # dkha.cli.main's body: once the submodule dkha.cli.main is imported, the package's
+        # attribute ``main`` names that module, not the function
+        args = build_parser().parse_args(argv)
+        with progress_shown(args):
+            return importlib.import_module("dkha.cli.main").run(args)
+
+    sigterm = signal.getsignal(signal.SIGTERM)
+    levels = {name: logging.getLogger(name).level for name in list(logging.root.manager.loggerDict)}
+    handlers = [(h, h.level) for h in logging.root.handlers]
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    keep = Keep(logging.WARNING)
+    logging.root.addHandler(keep)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                warnings.catch_warnings(record=True) as caught, dask.config.set(config or {}):
+            warnings.simplefilter("always")
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:       # argparse's errors
+                code = exc.code
+    finally:
+        logging.root.removeHandler(keep)
+        signal.signal(signal.SIGTERM, sigterm)
+        STOP.clear()
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        for h, level in handlers:
+            h.setLevel(level)
+    shown = [w for w in caught if not issubclass(w.category, _SILENT)]
+    return Ran(code, out.getvalue(), err.getvalue(), shown, records)

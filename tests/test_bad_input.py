@@ -1,5 +1,9 @@
 """Bad input: each case is one line on stderr, a non-zero exit, no traceback, nothing written over.
 
+The cases run the ``dkha`` command in this process (:func:`tests.processes.dkha_in_process`:
+its output, its warnings and its log records, which a process of its own would print, are all
+counted); the unreachable scheduler runs as a process of its own, as a user meets it.
+
 Run as a script to print the table of cases and what the user sees:
 
     python tests/test_bad_input.py
@@ -19,12 +23,10 @@ import pytest
 import zarr
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as a script
-from tests.processes import other_lines, subprocess_env  # noqa: E402
+from tests.processes import dkha_in_process, other_lines, subprocess_env  # noqa: E402
 
-
-
-def _env():
-    return subprocess_env(DASK_DKHA__CONNECT_TIMEOUT="2s")
+#: an unreachable scheduler is given up on after this long
+CONNECT = {"dkha.connect-timeout": "2s"}
 
 
 def make_fixtures(d: str) -> dict:
@@ -60,9 +62,9 @@ def make_fixtures(d: str) -> dict:
     g.create_array("X", shape=(4, 3), dtype="bool", dimension_names=["sample", "feature"])
     os.makedirs(os.path.join(d, "notzarr"))
     open(os.path.join(d, "afile"), "w").write("x")
-    subprocess.run([sys.executable, "-m", "dkha.cli", "fit", os.path.join(d, "good.zarr"), "-o",
-                    os.path.join(d, "run"), "--passes", "1", "--components", "2", "--quiet"],
-                   env=_env(), check=True, capture_output=True)
+    ran = dkha_in_process("fit", os.path.join(d, "good.zarr"), "-o", os.path.join(d, "run"),
+                          "--passes", "1", "--components", "2", "--quiet")
+    assert ran.returncode == 0, ran.stderr
     bad_toml = os.path.join(d, "bad.toml")
     open(bad_toml, "w").write('[data]\nkind = "digits"\n[[fit]]\nalgorithm = "kha"\npases = 3\n')
     open(os.path.join(d, "ok.toml"), "w").write('[data]\nkind = "digits"\n[[fit]]\nalgorithm = "kha"\n')
@@ -104,16 +106,31 @@ CASES = [
     ("evaluate a directory that is no run", ["evaluate", "{d}/notzarr"], "not a dkha run directory", None),
     ("transform writing over its input", ["transform", "{d}/run", "{d}/good.zarr", "-o", "{d}/good.zarr", "--overwrite"], "input of this transform", None),
     ("transform with other features", ["transform", "{d}/run", "{d}/dims3.zarr", "-o", "{d}/t2.zarr"], "2 dims", "t2.zarr"),
-    ("unreachable scheduler", ["fit", "{d}/good.zarr", "-o", "{d}/r17", "--scheduler", "tcp://127.0.0.1:1"], "cannot reach", "r17"),
     ("pipeline file with unknown keys", ["run", "{d}/bad.toml", "--runs-dir", "{d}/runs"], "unknown key pases", None),
     ("unsafe run id", ["run", "{d}/ok.toml", "--run-id", "../escape", "--runs-dir", "{d}/runs"], "unsafe run id", None),
 ]
 
 
-def run_case(args, d):
+#: the case run as a process of its own (what it shows is the process's exit and output)
+UNREACHABLE = ("unreachable scheduler", ["fit", "{d}/good.zarr", "-o", "{d}/r17", "--scheduler",
+                                         "tcp://127.0.0.1:1"], "cannot reach the Dask scheduler",
+               "r17")
+
+
+def run_case(args, d, *, process=False):
+    """``(exit code, stderr as the user sees it)`` of ``dkha ARGS``: in this process, its
+    warnings and logged WARNING/ERROR records appended to stderr as a process would print them;
+    or (``process``) as a process of its own."""
     argv = [a.format(d=d) for a in args]
-    return subprocess.run([sys.executable, "-m", "dkha.cli", *argv], env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    if process:
+        p = subprocess.run([sys.executable, "-m", "dkha.cli", *argv],
+                           env=subprocess_env(DASK_DKHA__CONNECT_TIMEOUT="2s"),
+                           capture_output=True, text=True, timeout=300)
+        return p.returncode, p.stderr
+    ran = dkha_in_process(*argv, config=CONNECT)
+    shown = [f"{w.category.__name__}: {w.message}" for w in ran.warnings]
+    shown += [f"{r.name} {r.levelname}: {r.getMessage()}" for r in ran.records]
+    return ran.returncode, ran.stderr + "".join(line + "\n" for line in shown)
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +138,18 @@ def fixtures(tmp_path_factory):
     return make_fixtures(str(tmp_path_factory.mktemp("bad")))
 
 
-@pytest.mark.parametrize("what,args,expect,not_written", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("what,args,expect,not_written", [*CASES, UNREACHABLE],
+                         ids=[c[0] for c in [*CASES, UNREACHABLE]])
 def test_bad_input_is_one_line(fixtures, what, args, expect, not_written):
     d = fixtures["d"]
     before = os.path.getmtime(os.path.join(d, "run", "components.zarr", "zarr.json"))
-    p = run_case(args, d)
-    assert p.returncode != 0
-    assert "Traceback" not in p.stderr
-    lines = other_lines(p.stderr)        # (a fit's progress lines come first in a pipe)
-    assert len(lines) == 1 and lines[0].startswith("dkha: error:"), p.stderr
+    code, stderr = run_case(args, d, process=what == UNREACHABLE[0])
+    assert code != 0
+    if what == UNREACHABLE[0]:
+        assert code == 2
+    assert "Traceback" not in stderr
+    lines = other_lines(stderr)        # (a fit's progress lines come first in a pipe)
+    assert len(lines) == 1 and lines[0].startswith("dkha: error:"), stderr
     assert expect in lines[0]
     if not_written:
         assert not os.path.exists(os.path.join(d, not_written))
@@ -141,8 +161,8 @@ if __name__ == "__main__":  # print the table for the closing note
     d = tempfile.mkdtemp()
     make_fixtures(d)
     print("| bad input | exit | what the user sees |\n|---|---|---|")
-    for what, args, _, _ in CASES:
-        p = run_case(args, d)
-        msg = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "(nothing)"
-        print(f"| {what} | {p.returncode} | `{msg.replace(d, '…').replace('|', '/')}` |")
+    for what, args, _, _ in [*CASES, UNREACHABLE]:
+        code, stderr = run_case(args, d, process=what == UNREACHABLE[0])
+        msg = stderr.strip().splitlines()[-1] if stderr.strip() else "(nothing)"
+        print(f"| {what} | {code} | `{msg.replace(d, '…').replace('|', '/')}` |")
     shutil.rmtree(d)

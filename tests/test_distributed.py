@@ -107,16 +107,6 @@ def test_local_process_cluster_gives_the_embedded_alpha(store, embedded_run, tmp
     assert _rel(got["alpha"].values, embedded_run["alpha"].values) < 1e-10
 
 
-def test_unreachable_scheduler_is_one_line(store, tmp_path):
-    env = _env()
-    env["DASK_DKHA__CONNECT_TIMEOUT"] = "2s"
-    proc = _dkha("fit", store, "-o", str(tmp_path / "x"), "--scheduler", "tcp://127.0.0.1:1",
-                 "--passes", "1", check=False, env=env)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    assert "cannot reach the Dask scheduler" in proc.stderr
-
-
 def _dense_evaluation(store_path, ds):
     from dkha.data.store import open_store
 
