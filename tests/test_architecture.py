@@ -38,25 +38,43 @@ def test_import_linter_contracts_are_kept():
     assert "Contracts: 7 kept, 0 broken." in proc.stdout
 
 
-@pytest.mark.parametrize("module,line,broken", [
-    ("solvers/batch.py", "import distributed", "Rule 1"),
-    ("engine/tasks.py", "import dkha.fit.evaluate", "Rule 2"),
-    ("data/store.py", "import dkha.engine.cluster", "Rule 3"),
-    ("fit/batch.py", "import dkha.runs.run", "Rule 4"),
-    ("apply/denoise.py", "import dkha.cli.options", "Rule 5"),
-    ("estimators/saved.py", "import dkha.engine.cluster", "Rule 7"),
-])
-def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, broken):
-    """Not vacuous: a copy of the package with one forbidden import added fails the lint."""
+#: one forbidden import per rule: (module, the line added, the contract it breaks, the import as
+#: import-linter reports it)
+FORBIDDEN = [
+    ("solvers/batch.py", "import distributed", "Rule 1", "dkha.solvers.batch -> distributed"),
+    ("engine/tasks.py", "import dkha.fit.evaluate", "Rule 2",
+     "dkha.engine.tasks -> dkha.fit.evaluate"),
+    ("data/store.py", "import dkha.engine.cluster", "Rule 3",
+     "dkha.data.store -> dkha.engine.cluster"),
+    ("fit/batch.py", "import dkha.runs.run", "Rule 4", "dkha.fit.batch -> dkha.runs.run"),
+    ("apply/denoise.py", "import dkha.cli.options", "Rule 5",
+     "dkha.apply.denoise -> dkha.cli.options"),
+    ("estimators/saved.py", "import dkha.engine.cluster", "Rule 7",
+     "dkha.estimators.saved -> dkha.engine.cluster"),
+]
+
+
+def test_each_forbidden_import_breaks_its_contract(tmp_path):
+    """Not vacuous: a copy of the package with one forbidden import per rule added fails the
+    lint, each rule's contract broken by its own import (one copy, one lint run)."""
     shutil.copytree(ROOT / "dkha", tmp_path / "dkha",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    path = tmp_path / "dkha" / module
-    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+    for module, line, _, _ in FORBIDDEN:
+        path = tmp_path / "dkha" / module
+        path.write_text(path.read_text() + f"\n{line}  # noqa\n")
     proc = _lint(tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Broken contracts" in proc.stdout, proc.stdout
-    assert broken in proc.stdout.split("Broken contracts")[1], proc.stdout
+    assert "Contracts: 0 kept, 7 broken." in proc.stdout, proc.stdout    # the floors too
+    report = proc.stdout.split("Broken contracts")[1]
+    # each contract's section: from its name to the next contract's name
+    names = {rule: next(ln for ln in report.splitlines() if ln.startswith(rule + ":"))
+             for _, _, rule, _ in FORBIDDEN}
+    for _, _, rule, edge in FORBIDDEN:
+        section = report.split(names[rule], 1)[1]
+        others = [section.index(n) for r, n in names.items() if r != rule and n in section]
+        section = section[:min(others, default=len(section))]
+        assert edge in section, (rule, edge, report)
 
 
 # --- the structure from the AST -----------------------------------------------------------------
