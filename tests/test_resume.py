@@ -1,7 +1,13 @@
-"""Exact resume: a fit killed at any point and resumed equals the uninterrupted run bit for bit."""
+"""Exact resume: a fit killed at any point and resumed equals the uninterrupted run bit for bit.
+
+SIGKILL and SIGTERM go to ``dkha fit`` processes (the exit code under a signal is the
+process's); the uninterrupted references, the resumes and the refusals run the same command in
+this process (:func:`tests.processes.dkha_in_process`), and a fit that dies right after a
+checkpoint (:func:`killed_after`) makes the run directories the refusals need."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +19,7 @@ import pytest
 import xarray as xr
 
 from dkha.data.ingest import ingest_array
-from tests.processes import subprocess_env
+from tests.processes import dkha_in_process, subprocess_env
 
 FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "8",
        "--seed", "2", "--evaluate-every", "2", "--checkpoint-every", "1", "--block", "32", "--quiet"]
@@ -29,12 +35,14 @@ TERM_FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--pa
 SETTINGS = {"kha-smd": FIT, "on-kha": ONLINE_FIT, "term": TERM_FIT}
 
 
-def _env():
-    return subprocess_env()
-
-
 def _cmd(*args):
     return [sys.executable, "-m", "dkha.cli", *args]
+
+
+def _fit(store, run, fit, *extra):
+    """``dkha fit STORE -o RUN FIT EXTRA`` in this process (the command's code, as a process
+    runs it: 600 digits fit inline); what it did (:class:`tests.processes.Ran`)."""
+    return dkha_in_process("fit", store, "-o", run, *fit, *extra)
 
 
 def _alpha(run):
@@ -54,22 +62,18 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def full_runs(store, tmp_path_factory):
-    """``get(algorithm)``: the uninterrupted run's ``(alpha, dataset, fitting window)``."""
+    """``get(settings)``: the uninterrupted run's ``(alpha, dataset)``."""
     done = {}
 
-    def get(algorithm):
-        if algorithm not in done:
+    def get(settings):
+        if settings not in done:
             run = str(tmp_path_factory.mktemp("r") / "full")
-            window = _fitting_window(_cmd("fit", store, "-o", run, *SETTINGS[algorithm]), run)
-            done[algorithm] = (*_alpha(run), window)
-        return done[algorithm]
+            ran = _fit(store, run, SETTINGS[settings])
+            assert ran.returncode == 0, ran.stderr
+            done[settings] = _alpha(run)
+        return done[settings]
 
     return get
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(full_runs):
-    return full_runs("kha-smd")[:2]
 
 
 def _checkpoint_steps(run):
@@ -77,93 +81,103 @@ def _checkpoint_steps(run):
     return sorted(n for n in os.listdir(d) if n.startswith("step-")) if os.path.isdir(d) else []
 
 
-def _start(store, run, fit, *, pipe=False, checkpoints=1, poll=0.02):
-    """Start ``dkha fit`` into ``run``; return its process once ``checkpoints`` are written."""
+def _newest_step(run) -> int:
+    steps = _checkpoint_steps(run)
+    return int(steps[-1].split("-")[1]) if steps else 0
+
+
+def _start(store, run, fit, *, pipe=False, step=1, poll=0.02):
+    """Start ``dkha fit`` into ``run`` as a process of its own; return the process once it has
+    written a checkpoint at ``step`` or later."""
     out = subprocess.PIPE if pipe else subprocess.DEVNULL
-    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *fit), env=_env(), stdout=out,
-                            stderr=out, text=True)
-    deadline = time.time() + 120
-    while len(_checkpoint_steps(run)) < checkpoints:
+    proc = subprocess.Popen(_cmd("fit", store, "-o", run, *fit), env=subprocess_env(),
+                            stdout=out, stderr=out, text=True)
+    deadline = time.time() + 300
+    while _newest_step(run) < step:
         assert proc.poll() is None, "the fit ended before its checkpoint"
         assert time.time() < deadline
         time.sleep(poll)
     return proc
 
 
-def _fitting_window(cmd, run) -> float:
-    """Run ``cmd`` to the end; the seconds from its first checkpoint to its saved result."""
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    first = None
-    while proc.poll() is None and not os.path.exists(os.path.join(run, "components.zarr")):
-        if first is None and _checkpoint_steps(run):
-            first = time.time()
-        time.sleep(0.02)
-    end = time.time()
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    assert first is not None, "no checkpoint was seen"
-    return end - first
+class Killed(Exception):
+    """The in-process stand-in for SIGKILL: raised right after a checkpoint is committed."""
 
 
-@pytest.mark.parametrize("algorithm", ["kha-smd", "on-kha"])
+@contextlib.contextmanager
+def killed_after(saves: int):
+    """Fits in this process die (:class:`Killed`) right after their ``saves``-th checkpoint."""
+    from dkha.data.checkpoint import Checkpointer
+
+    save, n = Checkpointer.save, [0]
+
+    def save_then_die(self, *args, **kw):
+        save(self, *args, **kw)
+        n[0] += 1
+        if n[0] == saves:
+            raise Killed
+
+    Checkpointer.save = save_then_die
+    try:
+        with pytest.raises(Killed):
+            yield
+    finally:
+        Checkpointer.save = save
+
+
+def _assert_same_run(ds, ds_ref, algorithm):
+    assert list(ds["step"].values) == list(ds_ref["step"].values)   # no gap, no duplicate
+    assert list(ds["pass"].values) == list(ds_ref["pass"].values)
+    if algorithm == "on-kha":
+        for name in ("dictionary", "member_step", "ac_index", "members"):
+            assert np.array_equal(ds[name].values, ds_ref[name].values), name
+        assert np.array_equal(ds["explained_variance"].values,
+                              ds_ref["explained_variance"].values, equal_nan=True)
+    else:
+        assert np.array_equal(ds["excess"].values, ds_ref["excess"].values)
+
+
+@pytest.mark.parametrize("algorithm,seed", [("kha-smd", 7), ("on-kha", 8)])
 def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(store, full_runs, algorithm,
-                                                                 tmp_path):
+                                                                 seed, tmp_path):
     fit = SETTINGS[algorithm]
-    alpha_ref, ds_ref, window = full_runs(algorithm)
-    rng = np.random.default_rng(7)
-    resumed = 0
-    for trial in range(4):
-        run = str(tmp_path / f"killed{trial}")
-        # a random moment of the run after its first checkpoint (before it, there is nothing
-        # to resume): mid-block, mid-evaluation or mid-way through writing a checkpoint
-        proc = _start(store, run, fit)
-        time.sleep(float(rng.uniform(0.0, window)))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if os.path.exists(os.path.join(run, "components.zarr")):
-            continue  # it had finished: nothing to resume
-        subprocess.run(_cmd("fit", store, "-o", run, *fit, "--resume"), check=True, env=_env(),
-                       timeout=300)
-        alpha, ds = _alpha(run)
-        assert np.array_equal(alpha, alpha_ref)
-        # the history has no gap and no duplicate
-        assert list(ds["step"].values) == list(ds_ref["step"].values)
-        assert list(ds["pass"].values) == list(ds_ref["pass"].values)
-        if algorithm == "on-kha":
-            assert np.array_equal(ds["dictionary"].values, ds_ref["dictionary"].values)
-            assert np.array_equal(ds["member_step"].values, ds_ref["member_step"].values)
-            assert np.array_equal(ds["ac_index"].values, ds_ref["ac_index"].values)
-            assert np.array_equal(ds["members"].values, ds_ref["members"].values)
-            assert np.array_equal(ds["explained_variance"].values,
-                                  ds_ref["explained_variance"].values, equal_nan=True)
-        else:
-            assert np.array_equal(ds["excess"].values, ds_ref["excess"].values)
-        assert not os.path.exists(os.path.join(run, "checkpoints")), "spent checkpoints removed"
-        resumed += 1
-        if resumed == 2:
-            break
-    print(f"{algorithm}: fitting window {window:.1f} s, {resumed} kills resumed")
-    assert resumed >= 1, "every kill came after the fit had finished"
+    alpha_ref, ds_ref = full_runs(algorithm)
+    run = str(tmp_path / "killed")
+    # a random moment after the checkpoint at the end of a random pass of the first 7 (the
+    # 8th and the final evaluation and saving take seconds: the fit is never over by then):
+    # mid-block, mid-evaluation, mid-way through writing a checkpoint or the result
+    rng = np.random.default_rng(seed)
+    after = int(rng.integers(1, 8))
+    proc = _start(store, run, fit, step=after * 600, poll=0.005)
+    time.sleep(float(rng.uniform(0.0, 0.05)))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(os.path.join(run, "components.zarr")), "the fit had finished"
+    ran = _fit(store, run, fit, "--resume")
+    assert ran.returncode == 0, ran.stderr
+    alpha, ds = _alpha(run)
+    assert np.array_equal(alpha, alpha_ref)
+    _assert_same_run(ds, ds_ref, algorithm)
+    assert not os.path.exists(os.path.join(run, "checkpoints")), "spent checkpoints removed"
 
 
 def test_sigterm_checkpoints_mid_pass_and_exits_75(store, full_runs, tmp_path):
-    alpha_ref, ds_ref, _ = full_runs("term")
+    alpha_ref, ds_ref = full_runs("term")
     mid_pass = 0
     for trial in range(4):
         run = str(tmp_path / f"term{trial}")
         # at pass 1's checkpoint: 29 passes of 150 blocks are left, no evaluation before the end
         proc = _start(store, run, TERM_FIT, pipe=True, poll=0.005)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=300)
         if proc.returncode == 0:
             continue  # it had finished before the signal came: nothing to resume
         assert proc.returncode == 75, err
         assert "resume" in err and "Traceback" not in err
         last = max(int(n.split("-")[1]) for n in _checkpoint_steps(run))
         assert last > 600, "SIGTERM's checkpoint is the one taken after it, not pass 1's"
-        subprocess.run(_cmd("fit", store, "-o", run, *TERM_FIT, "--resume"), check=True,
-                       env=_env(), timeout=300)
+        ran = _fit(store, run, TERM_FIT, "--resume")
+        assert ran.returncode == 0, ran.stderr
         alpha, ds = _alpha(run)
         assert np.array_equal(alpha, alpha_ref)
         assert list(ds["step"].values) == list(ds_ref["step"].values)
@@ -174,70 +188,68 @@ def test_sigterm_checkpoints_mid_pass_and_exits_75(store, full_runs, tmp_path):
     assert mid_pass, "SIGTERM's checkpoint is mid-pass, at a block boundary"
 
 
+def _one_line(ran) -> str:
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in ran.stderr, ran.stderr
+    return lines[0]
+
+
 def test_resume_refuses_other_settings_and_missing_runs(store, tmp_path):
     run = str(tmp_path / "other")
-    proc = _start(store, run, FIT)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with killed_after(1):
+        _fit(store, run, FIT)
     changed = [a if a != "2" else "3" for a in FIT]  # another seed
     changed[changed.index("--sigma") + 1] = "5"
-    p = subprocess.run(_cmd("fit", store, "-o", run, *changed, "--resume"), env=_env(),
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
-    assert "different settings" in p.stderr and "seed" in p.stderr and "sigma" in p.stderr
+    ran = _fit(store, run, changed, "--resume")
+    assert ran.returncode == 2
+    line = _one_line(ran)
+    assert "different settings" in line and "seed" in line and "sigma" in line
     # a fresh fit into it without --resume is refused too (nothing lost silently)
-    p = subprocess.run(_cmd("fit", store, "-o", run, *FIT), env=_env(), capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 2 and "--resume" in p.stderr
-    p = subprocess.run(_cmd("fit", store, "-o", str(tmp_path / "nothing"), *FIT, "--resume"),
-                       env=_env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "no run directory" in p.stderr
+    ran = _fit(store, run, FIT)
+    assert ran.returncode == 2 and "--resume" in _one_line(ran)
+    ran = _fit(store, str(tmp_path / "nothing"), FIT, "--resume")
+    assert ran.returncode == 2 and "no run directory" in _one_line(ran)
 
 
-def test_corrupted_newest_checkpoint_falls_back_and_still_matches(store, uninterrupted, tmp_path):
-    alpha_ref, _ = uninterrupted
+def test_corrupted_newest_checkpoint_falls_back_and_still_matches(store, full_runs, tmp_path):
+    alpha_ref, _ = full_runs("kha-smd")
     run = str(tmp_path / "corrupt")
-    proc = _start(store, run, FIT, checkpoints=2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with killed_after(2):
+        _fit(store, run, FIT)
     newest = os.path.join(run, "checkpoints", _checkpoint_steps(run)[-1], "state.npz")
     data = bytearray(open(newest, "rb").read())
     data[len(data) // 3] ^= 0xFF
     open(newest, "wb").write(bytes(data))
-    p = subprocess.run(_cmd("fit", store, "-o", run, *FIT, "--resume"), env=_env(),
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert "damaged" in p.stderr
+    ran = _fit(store, run, FIT, "--resume")
+    assert ran.returncode == 0, ran.stderr
+    assert any("damaged" in str(w.message) for w in ran.warnings), ran.warnings
     assert np.array_equal(_alpha(run)[0], alpha_ref)
 
 
 def test_online_sigterm_exits_75_and_resume_refuses_other_settings(store, full_runs, tmp_path):
-    alpha_ref, ds_ref, _ = full_runs("on-kha")
+    alpha_ref, ds_ref = full_runs("on-kha")
     run = str(tmp_path / "term")
     proc = _start(store, run, ONLINE_FIT, pipe=True)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err
     assert "resume" in err and "Traceback" not in err
     assert not os.path.exists(os.path.join(run, "components.zarr"))
     changed = list(ONLINE_FIT)
     changed[changed.index("--nu") + 1] = "0.1"
     changed[changed.index("--block") + 1] = "64"
-    p = subprocess.run(_cmd("fit", store, "-o", run, *changed, "--resume"), env=_env(),
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2, p.stderr
-    assert "different settings" in p.stderr and "nu: 0.05" in p.stderr
-    assert "block_rows: 32" in p.stderr and len(p.stderr.strip().splitlines()) == 1
-    p = subprocess.run(_cmd("fit", store, "-o", run, *ONLINE_FIT, "--resume"), env=_env(),
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    ran = _fit(store, run, changed, "--resume")
+    assert ran.returncode == 2, ran.stderr
+    line = _one_line(ran)
+    assert "different settings" in line and "nu: 0.05" in line and "block_rows: 32" in line
+    ran = _fit(store, run, ONLINE_FIT, "--resume")
+    assert ran.returncode == 0, ran.stderr
     alpha, ds = _alpha(run)
     assert np.array_equal(alpha, alpha_ref)
     assert np.array_equal(ds["dictionary"].values, ds_ref["dictionary"].values)
     assert list(ds["step"].values) == list(ds_ref["step"].values)
-    p = subprocess.run(_cmd("fit", store, "-o", str(tmp_path / "nothing"), *ONLINE_FIT,
-                            "--resume"), env=_env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "no run directory" in p.stderr
+    ran = _fit(store, str(tmp_path / "nothing"), ONLINE_FIT, "--resume")
+    assert ran.returncode == 2 and "no run directory" in _one_line(ran)
 
 
 def test_checkpoint_right_after_a_pass_resumes_with_that_pass_evaluated(digits_store, client,
