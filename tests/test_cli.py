@@ -25,31 +25,50 @@ from tests.processes import other_lines, progress_lines, subprocess_env
 
 ENGINE = ("dask", "distributed", "xarray", "sklearn", "numba", "zarr", "scipy")
 
+#: each command line in turn in one fresh interpreter; after each, the engine's packages loaded
 PROBE = """
 import json, sys
 from dkha.cli import main
-try:
-    main(json.loads(sys.argv[1]))
-except SystemExit:
-    pass
-sys.stderr.write("\\nLOADED " + json.dumps(sorted({m.split(".")[0] for m in sys.modules}
-                                                & set(json.loads(sys.argv[2])))))
+for argv in json.loads(sys.argv[1]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+    sys.stdout.write("\\nDONE\\n")
+    sys.stdout.flush()
+    sys.stderr.write("\\nLOADED " + json.dumps(sorted({m.split(".")[0] for m in sys.modules}
+                                                    & set(json.loads(sys.argv[2])))) + "\\n")
 """
+LIGHT = {"version": ["--version"], "help": ["--help"], "fit help": ["fit", "--help"],
+         "ingest images help": ["ingest", "images", "--help"], "tune help": ["tune", "--help"],
+         "denoise help": ["denoise", "--help"],
+         "unknown option": ["fit", "store.zarr", "-o", "run", "--sgima", "3"],
+         "missing option": ["fit", "store.zarr"]}
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["fit", "--help"],
-                                  ["ingest", "images", "--help"], ["tune", "--help"],
-                                  ["denoise", "--help"],
-                                  ["fit", "store.zarr", "-o", "run", "--sgima", "3"],
-                                  ["fit", "store.zarr"]],
-                         ids=["version", "help", "fit help", "ingest images help", "tune help",
-                              "denoise help", "unknown option", "missing option"])
-def test_answers_without_loading_the_engine(argv):
-    p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(ENGINE)],
-                       env=subprocess_env(), capture_output=True, text=True, timeout=120)
-    loaded = json.loads(p.stderr.rsplit("LOADED ", 1)[1])
-    assert loaded == [], (loaded, p.stderr)
-    assert p.stdout or "error:" in p.stderr
+@pytest.fixture(scope="module")
+def light_answers():
+    """``{name: (engine packages loaded after it, its stdout, its stderr)}`` of the command
+    lines of :data:`LIGHT`, run one after the other in one interpreter (an engine package that
+    one of them loads stays loaded: the first that loads one is the one reported)."""
+    p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(LIGHT.values())),
+                        json.dumps(ENGINE)], env=subprocess_env(), capture_output=True,
+                       text=True, timeout=120)
+    parts = p.stderr.split("\nLOADED ")
+    assert len(parts) == len(LIGHT) + 1, p.stderr
+    loaded = [json.loads(part.split("\n", 1)[0]) for part in parts[1:]]
+    # each command line's own output: after the previous one's marker, before its own
+    errs = [parts[0]] + [part.split("\n", 1)[1] for part in parts[1:-1]]
+    outs = p.stdout.split("\nDONE\n")
+    assert len(outs) == len(LIGHT) + 1, p.stdout
+    return {name: (loaded[i], outs[i], errs[i]) for i, name in enumerate(LIGHT)}
+
+
+@pytest.mark.parametrize("name", list(LIGHT))
+def test_answers_without_loading_the_engine(light_answers, name):
+    loaded, stdout, stderr = light_answers[name]
+    assert loaded == [], (loaded, stderr)
+    assert stdout or "error:" in stderr
 
 
 def _actions(parser: argparse.ArgumentParser, name: str = "dkha"):
