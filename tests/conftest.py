@@ -1,7 +1,8 @@
 """Shared fixtures: a seed, a small digits array, a data store made from it, a Dask client.
 
-The client is a fresh in-process cluster per test module (never one client for the whole run),
-closed with its cluster when the module's tests are done.
+The run has one in-process cluster (1 worker, 2 threads), started when a module first asks for
+a ``client``; each module gets a client of its own on it (the default client while the
+module's tests run), closed after them, and the workers' chunk cache is cleared then.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import pytest
 os.environ["DASK_DKHA__EVALUATION"] = "exact"
 dask.config.set({"dkha.evaluation": "exact"})
 
-from dkha.data.ingest import ingest_array  # noqa: E402
-from tests.processes import local_client
+from dkha.data.ingest import ingest_array
+from tests.processes import local_cluster
 
 DIGITS_PER_CLASS = 30
 DIGITS_CHUNK_ROWS = 64  # 300 digits -> 5 chunks, the last one short
@@ -74,11 +75,24 @@ def digits_store(tmp_path_factory, digits_with_labels):
     return ingest_array(np.array(X), path, labels=np.array(y), chunk_rows=DIGITS_CHUNK_ROWS)
 
 
+@pytest.fixture(scope="session")
+def in_process_cluster():
+    """The run's in-process ``LocalCluster`` (1 worker, 2 threads)."""
+    with local_cluster(1, 2) as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="module")
-def client():
-    """A fresh in-process ``distributed.Client`` (1 worker, 2 threads) per test module."""
-    with local_client(1, 2) as c:
+def client(in_process_cluster):
+    """A ``distributed.Client`` of :func:`in_process_cluster` per test module (the default client
+    while the module's tests run); after them the workers' chunk cache is cleared."""
+    from distributed import Client
+
+    from dkha.engine.tasks import clear_cache
+
+    with Client(in_process_cluster) as c:
         yield c
+        c.run(clear_cache)
 
 
 @pytest.fixture(scope="session")

@@ -115,24 +115,31 @@ def stop_processes(procs) -> None:
 
 
 @contextlib.contextmanager
-def local_client(n_workers: int, threads_per_worker: int, *, processes: bool = False):
-    """A fresh ``distributed.Client`` on its own ``LocalCluster``, closed (with it) on exit."""
+def local_cluster(n_workers: int, threads_per_worker: int, *, processes: bool = False):
+    """A fresh ``LocalCluster`` (no dashboard), closed on exit."""
     import warnings
 
-    from distributed import Client, LocalCluster
+    from distributed import LocalCluster
 
     with warnings.catch_warnings():
         # the scheduler's HTTP server still binds a port; another cluster may hold 8787
         warnings.filterwarnings("ignore", message="Port .* is already in use")
         cluster = LocalCluster(processes=processes, n_workers=n_workers,
                                threads_per_worker=threads_per_worker, dashboard_address=None)
-    client = Client(cluster)
     try:
-        yield client
+        yield cluster
     finally:
-        client.close()
         cluster.close()
 
+
+@contextlib.contextmanager
+def local_client(n_workers: int, threads_per_worker: int, *, processes: bool = False):
+    """A fresh ``distributed.Client`` on its own ``LocalCluster``, closed (with it) on exit."""
+    from distributed import Client
+
+    with local_cluster(n_workers, threads_per_worker, processes=processes) as cluster, \
+            Client(cluster) as client:
+        yield client
 
 class Ran:
     """What an in-process ``dkha`` command did: ``returncode``, ``stdout``, ``stderr`` and the

@@ -1,14 +1,16 @@
 """Exact resume: a fit killed at any point and resumed equals the uninterrupted run bit for bit.
 
-SIGKILL and SIGTERM go to ``dkha fit`` processes (the exit code under a signal is the
-process's); the uninterrupted references, the resumes and the refusals run the same command in
-this process (:func:`tests.processes.dkha_in_process`), and a fit that dies right after a
-checkpoint (:func:`killed_after`) makes the run directories the refusals need."""
+Every fit compared bit for bit runs as a ``dkha fit`` process: the uninterrupted references,
+the fits that SIGKILL and SIGTERM stop (the exit code under a signal is the process's) and
+their resumes. The refusals run the command in this process
+(:func:`tests.processes.dkha_in_process`), on a run directory that an in-process fit dying right
+after its first checkpoint (:func:`killed_after`) leaves."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -22,7 +24,8 @@ from dkha.data.ingest import ingest_array
 from tests.processes import dkha_in_process, subprocess_env
 
 FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "8",
-       "--seed", "2", "--evaluate-every", "2", "--checkpoint-every", "1", "--block", "32", "--quiet"]
+       "--seed", "2", "--evaluate-every", "2", "--checkpoint-every", "1", "--block", "32",
+       "--quiet"]
 # an online algorithm: checkpoints every 300 steps, i.e. mid-pass and between evaluations
 ONLINE_FIT = ["--algorithm", "on-kha", "--components", "4", "--sigma", "4", "--nu", "0.05",
               "--passes", "8", "--seed", "3", "--evaluate-every", "2", "--checkpoint-steps",
@@ -43,6 +46,14 @@ def _fit(store, run, fit, *extra):
     """``dkha fit STORE -o RUN FIT EXTRA`` in this process (the command's code, as a process
     runs it: 600 digits fit inline); what it did (:class:`tests.processes.Ran`)."""
     return dkha_in_process("fit", store, "-o", run, *fit, *extra)
+
+
+def _fit_process(store, run, fit, *extra):
+    """``dkha fit STORE -o RUN FIT EXTRA`` as a process of its own, to its end."""
+    p = subprocess.run(_cmd("fit", store, "-o", run, *fit, *extra), env=subprocess_env(),
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert p.returncode == 0, p.stderr
+    return p
 
 
 def _alpha(run):
@@ -68,8 +79,7 @@ def full_runs(store, tmp_path_factory):
     def get(settings):
         if settings not in done:
             run = str(tmp_path_factory.mktemp("r") / "full")
-            ran = _fit(store, run, SETTINGS[settings])
-            assert ran.returncode == 0, ran.stderr
+            _fit_process(store, run, SETTINGS[settings])
             done[settings] = _alpha(run)
         return done[settings]
 
@@ -153,8 +163,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_identical(store, full_run
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not os.path.exists(os.path.join(run, "components.zarr")), "the fit had finished"
-    ran = _fit(store, run, fit, "--resume")
-    assert ran.returncode == 0, ran.stderr
+    _fit_process(store, run, fit, "--resume")
     alpha, ds = _alpha(run)
     assert np.array_equal(alpha, alpha_ref)
     _assert_same_run(ds, ds_ref, algorithm)
@@ -169,15 +178,14 @@ def test_sigterm_checkpoints_mid_pass_and_exits_75(store, full_runs, tmp_path):
         # at pass 1's checkpoint: 29 passes of 150 blocks are left, no evaluation before the end
         proc = _start(store, run, TERM_FIT, pipe=True, poll=0.005)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
+        _out, err = proc.communicate(timeout=300)
         if proc.returncode == 0:
             continue  # it had finished before the signal came: nothing to resume
         assert proc.returncode == 75, err
         assert "resume" in err and "Traceback" not in err
         last = max(int(n.split("-")[1]) for n in _checkpoint_steps(run))
         assert last > 600, "SIGTERM's checkpoint is the one taken after it, not pass 1's"
-        ran = _fit(store, run, TERM_FIT, "--resume")
-        assert ran.returncode == 0, ran.stderr
+        _fit_process(store, run, TERM_FIT, "--resume")
         alpha, ds = _alpha(run)
         assert np.array_equal(alpha, alpha_ref)
         assert list(ds["step"].values) == list(ds_ref["step"].values)
@@ -214,15 +222,15 @@ def test_resume_refuses_other_settings_and_missing_runs(store, tmp_path):
 def test_corrupted_newest_checkpoint_falls_back_and_still_matches(store, full_runs, tmp_path):
     alpha_ref, _ = full_runs("kha-smd")
     run = str(tmp_path / "corrupt")
-    with killed_after(2):
-        _fit(store, run, FIT)
+    proc = _start(store, run, FIT, step=1200)      # two checkpoints
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     newest = os.path.join(run, "checkpoints", _checkpoint_steps(run)[-1], "state.npz")
-    data = bytearray(open(newest, "rb").read())
+    data = bytearray(pathlib.Path(newest).read_bytes())
     data[len(data) // 3] ^= 0xFF
-    open(newest, "wb").write(bytes(data))
-    ran = _fit(store, run, FIT, "--resume")
-    assert ran.returncode == 0, ran.stderr
-    assert any("damaged" in str(w.message) for w in ran.warnings), ran.warnings
+    pathlib.Path(newest).write_bytes(data)
+    p = _fit_process(store, run, FIT, "--resume")
+    assert "damaged" in p.stderr
     assert np.array_equal(_alpha(run)[0], alpha_ref)
 
 
@@ -231,7 +239,7 @@ def test_online_sigterm_exits_75_and_resume_refuses_other_settings(store, full_r
     run = str(tmp_path / "term")
     proc = _start(store, run, ONLINE_FIT, pipe=True)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
+    _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err
     assert "resume" in err and "Traceback" not in err
     assert not os.path.exists(os.path.join(run, "components.zarr"))
@@ -242,8 +250,7 @@ def test_online_sigterm_exits_75_and_resume_refuses_other_settings(store, full_r
     assert ran.returncode == 2, ran.stderr
     line = _one_line(ran)
     assert "different settings" in line and "nu: 0.05" in line and "block_rows: 32" in line
-    ran = _fit(store, run, ONLINE_FIT, "--resume")
-    assert ran.returncode == 0, ran.stderr
+    _fit_process(store, run, ONLINE_FIT, "--resume")
     alpha, ds = _alpha(run)
     assert np.array_equal(alpha, alpha_ref)
     assert np.array_equal(ds["dictionary"].values, ds_ref["dictionary"].values)
