@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import resource
-
 import threading
 import time
 
@@ -38,7 +37,7 @@ def patch_store(path: str, n_samples: int, *, chunk_rows: int = 2048, **kw):
             st = open_store(path)
             if st.n_samples == n_samples:
                 return st
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - a broken store is written again below
             pass
     return ingest_array(patches(n_samples, **kw), path, chunk_rows=chunk_rows, overwrite=True)
 

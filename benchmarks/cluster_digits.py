@@ -27,13 +27,13 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
-from dkha.engine.cluster import client_for
 from dkha import KernelHebbianPCA
 from dkha.apply.clustering import cluster_run, score, spectral_clustering
+from dkha.data.ingest import ingest_array
+from dkha.engine.cluster import client_for
+from dkha.engine.rows import RowEngine
 from dkha.fit.evaluate import evaluate
 from dkha.kernels import make_kernel
-from dkha.engine.rows import RowEngine
-from dkha.data.ingest import ingest_array
 
 
 def exact(store, sigma, r, client):

@@ -30,8 +30,8 @@ from threadpoolctl import threadpool_limits
 
 # this checkout's dkha, not an installed copy (python puts benchmarks/, not the root, on the path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dkha.solvers import compiled  # noqa: E402
-from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients  # noqa: E402
+from dkha.solvers import compiled
+from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
 
 
 def make_factor(l: int, rank: int, rng: np.random.Generator) -> np.ndarray:

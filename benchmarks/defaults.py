@@ -57,18 +57,18 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha, not an installed copy
 
-import dask.config  # noqa: E402
-import numpy as np  # noqa: E402
+import dask.config
+import numpy as np
 
-from dkha.data.ingest import ingest_array  # noqa: E402
-from dkha.data.patches import extract_patches, read_grey_image  # noqa: E402
-from dkha.data.store import open_store  # noqa: E402
-from dkha.engine.cluster import client_for  # noqa: E402
-from dkha.estimators.batch import KernelHebbianPCA, fit_together  # noqa: E402
-from dkha.estimators.tune import grid  # noqa: E402
-from dkha.engine.rows import RowEngine  # noqa: E402
-from dkha.fit.evaluate import evaluate_many  # noqa: E402
-from dkha.kernels import median_distance  # noqa: E402
+from dkha.data.ingest import ingest_array
+from dkha.data.patches import extract_patches, read_grey_image
+from dkha.data.store import open_store
+from dkha.engine.cluster import client_for
+from dkha.engine.rows import RowEngine
+from dkha.estimators.batch import KernelHebbianPCA, fit_together
+from dkha.estimators.tune import grid
+from dkha.fit.evaluate import evaluate_many
+from dkha.kernels import median_distance
 
 R = 16
 TARGET = 1e-3
@@ -100,8 +100,8 @@ def panel(small: bool) -> dict:
     from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 
     k = 4 if small else 1
-    digits = lambda: load_digits().data / 8.0 - 1.0        # noqa: E731
-    median = lambda X: median_distance(X[np.random.default_rng(0).choice(   # noqa: E731
+    digits = lambda: load_digits().data / 8.0 - 1.0
+    median = lambda X: median_distance(X[np.random.default_rng(0).choice(
         len(X), size=min(1000, len(X)), replace=False)])
     return {
         "patches8-5k": (lambda: patch_sample(5000 // k, 8, PHOTOS_A), {}, True),
@@ -209,8 +209,8 @@ def exact_ends(path: str, defaults: list, client) -> list[dict]:
             continue
         ev = next(evs)
         f2, e2 = ev.frobenius ** 2, ev.error_min ** 2
-        tracked = lambda captured: (np.sqrt(max(f2 - captured, 0.0) / e2) - 1.0  # noqa: E731
-                                    if e2 > 0 else 0.0)
+        def tracked(captured, f2=f2, e2=e2):
+            return np.sqrt(max(f2 - captured, 0.0) / e2) - 1.0 if e2 > 0 else 0.0
         kept = d.attrs_.get("kept_state")
         end = kept["captured"] if kept else d.history_[-1]["captured"]
         out[i] = {"excess": ev.excess, "start": tracked(d.history_[0]["captured"]),

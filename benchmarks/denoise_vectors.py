@@ -26,13 +26,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
-from dkha.engine.cluster import client_for
 from dkha import KernelHebbianPCA
-from dkha.data import result
 from dkha.apply.denoise import denoise_store, store_mse
 from dkha.apply.preimage import preimages
-from dkha.kernels import make_kernel, median_distance
+from dkha.data import result
 from dkha.data.ingest import ingest_array
+from dkha.engine.cluster import client_for
+from dkha.kernels import make_kernel, median_distance
 
 
 def curve(n: int, rng, Q: np.ndarray) -> np.ndarray:

@@ -33,6 +33,8 @@ from distributed import Client, LocalCluster
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+import itertools
+
 from dkha import KernelHebbianPCA, fit_together
 from dkha.data.ingest import ingest_array
 
@@ -151,7 +153,7 @@ def random_start_defaults(store) -> int:
         print(f"{alg:10s} " + " ".join(f"{results[algorithms.index(alg)][p]:9.2e}"
                                        for p in PASSES), flush=True)
     end = [results[i][50] for i in range(len(algorithms))]
-    ordered = all(a < b for a, b in zip(end, end[1:]))
+    ordered = all(a < b for a, b in itertools.pairwise(end))
     print(f"\n({time.time() - t0:.0f} s)")
     print("paper's ordering SMD < KHA/et < KHA/t < KHA after 50 passes:", "holds" if ordered else "does NOT hold")
     print(f"KHA/t ≤ 1e-2: {'met' if end[2] <= 1e-2 else 'NOT met'} ({end[2]:.2e})")

@@ -20,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _data import patch_store  # noqa: E402
+from _data import patch_store
 
-from dkha import KernelHebbianPCA  # noqa: E402
+from dkha import KernelHebbianPCA
 
 
 def dense_reference(X, sigma, A):
@@ -52,10 +52,10 @@ def main():
         model.fit(store.path, run_dir=run, overwrite=True)
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c",
-                               "import resource, sys; from dkha.cli.main import main; rc = main(sys.argv[1:]); "
-                               "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)",
+                               ("import resource, sys; from dkha.cli.main import main; rc = main(sys.argv[1:]); "
+                               "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"),
                                "evaluate", run, "--json", "--recompute"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         wall = time.perf_counter() - t0
         if proc.returncode:
             print(proc.stderr)

@@ -151,7 +151,7 @@ def child(method, store, r, sigma, passes, extra_file, env=None):
     code = CHILD.format(root=ROOT, target=TARGET)
     p = subprocess.run([sys.executable, "-c", code,
                         json.dumps([method, store, r, sigma, passes, extra_file])],
-                       capture_output=True, text=True, env=env)
+                       capture_output=True, text=True, env=env, check=False)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -164,9 +164,9 @@ def main():
     from _data import patch_store
 
     from dkha.engine.cluster import blas_threads_for, client_for
+    from dkha.engine.rows import RowEngine
     from dkha.fit.spectrum import krylov_eigenpairs
     from dkha.kernels import make_kernel
-    from dkha.engine.rows import RowEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=20000)

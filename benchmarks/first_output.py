@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import itertools
 import os
 import pty
 import select
@@ -90,7 +91,7 @@ def watch(checkout: str, store: str, run: str, terminal: bool, limit: float,
     seen["first line"] = first_line[0][:100] if first_line else ""
     if not terminal:
         times = [0.0] + [t for t, _ in lines] + [seen["end"]]
-        gaps = [(b - a, i) for i, (a, b) in enumerate(zip(times, times[1:]))]
+        gaps = [(b - a, i) for i, (a, b) in enumerate(itertools.pairwise(times))]
         gap, i = max(gaps)
         seen["largest gap"] = gap
         seen["gap after"] = lines[i - 1][1][:100] if 0 < i <= len(lines) else (

@@ -38,7 +38,7 @@ def demo(cache_dir: str | None, extra_env: dict, python: str = sys.executable) -
     env.update(extra_env)
     t0 = time.perf_counter()
     p = subprocess.run([python, "-m", "dkha.cli", "demo", "-o", out], env=env, cwd=out,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=False)
     secs = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
     if p.returncode:
@@ -70,7 +70,7 @@ def installed() -> tuple[float, float]:
         python = os.path.join(venv, "bin", "python")
         t0 = time.perf_counter()
         p = subprocess.run([python, "-m", "pip", "install", "-q", ROOT], capture_output=True,
-                           text=True)
+                           text=True, check=False)
         if p.returncode:
             raise SystemExit(f"pip install . failed:\n{p.stderr[-2000:]}")
         shipped = sum(name.endswith(".nbi") for _, _, files in os.walk(venv) for name in files)

@@ -37,15 +37,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha
 sys.path.insert(0, HERE)
 
-import dask.config  # noqa: E402
-from scipy.sparse.linalg import LinearOperator, lobpcg  # noqa: E402
+import dask.config
+from _data import load_average, patch_store
+from scipy.sparse.linalg import LinearOperator, lobpcg
 
-from _data import load_average, patch_store  # noqa: E402
-from dkha.engine.cluster import blas_threads_for, client_for  # noqa: E402
-from dkha.engine.rows import RowEngine  # noqa: E402
-from dkha.fit.init import nystrom_coefficients  # noqa: E402
-from dkha.fit.spectrum import krylov_solve  # noqa: E402
-from dkha.kernels import make_kernel, median_distance  # noqa: E402
+from dkha.engine.cluster import blas_threads_for, client_for
+from dkha.engine.rows import RowEngine
+from dkha.fit.init import nystrom_coefficients
+from dkha.fit.spectrum import krylov_solve
+from dkha.kernels import make_kernel, median_distance
 
 
 def numpy_residuals(X: np.ndarray, sigma: float, w: np.ndarray, V: np.ndarray,

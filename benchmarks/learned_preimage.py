@@ -19,11 +19,9 @@ import sys
 import time
 import tracemalloc
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 
-from benchmarks._data import load_average, patches, peak_rss_mb  # noqa: E402
+from benchmarks._data import load_average, patches, peak_rss_mb
 
 
 def main() -> None:

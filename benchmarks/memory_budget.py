@@ -30,14 +30,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-import numpy as np  # noqa: E402
-from _data import peak_rss_watch  # noqa: E402
+import numpy as np
+from _data import peak_rss_watch
 
 GiB = 2**30
 
 
 def make_store(case: str, workdir: str):
     from _data import patch_store
+
     from dkha.data.ingest import ingest_array
     from dkha.data.store import open_store
 

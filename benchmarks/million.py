@@ -94,11 +94,11 @@ def child_fit(a: dict) -> dict:
     of steps; the peak RSS of every process."""
     import dkha
     from dkha import KernelHebbianPCA
-    from dkha.engine.cluster import blas_threads_for, client_for
-    from dkha.kernels import make_kernel
-    from dkha.engine.rows import RowEngine
     from dkha.data.centering import CENTERING_GROUP
     from dkha.data.store import open_store
+    from dkha.engine.cluster import blas_threads_for, client_for
+    from dkha.engine.rows import RowEngine
+    from dkha.kernels import make_kernel
 
     store = open_store(a["store"])
     kernel = make_kernel("gaussian", sigma=a["sigma"])
@@ -195,13 +195,13 @@ class _Timed:
 def child_compare(a: dict) -> dict:
     """dkha for ``budget`` seconds on a subset (snapshots of A at multiples of it), then the
     excess error of each snapshot and of the baseline's projections."""
+    from dkha.data.store import open_store
     from dkha.engine.cluster import blas_threads_for, client_for
+    from dkha.engine.rows import RowEngine
     from dkha.fit.batch import run_batch
     from dkha.fit.evaluate import evaluate, top_eigenvalues
     from dkha.kernels import make_kernel
-    from dkha.engine.rows import RowEngine
     from dkha.solvers.batch import BatchKHA
-    from dkha.data.store import open_store
 
     store = open_store(a["store"])
     kernel = make_kernel("gaussian", sigma=a["sigma"])
@@ -248,8 +248,8 @@ CHILDREN = {"ingest": child_ingest, "fit": child_fit, "sklearn": child_sklearn,
 
 def existing(path: str, n: int):
     """The store at ``path`` if it holds ``n`` samples, else ``None``."""
-    from dkha.errors import DkhaError
     from dkha.data.store import open_store
+    from dkha.errors import DkhaError
 
     try:
         st = open_store(path)
@@ -330,8 +330,8 @@ def main() -> None:
         return
 
     import dkha
-    from dkha.estimators.batch import resolve_kernel
     from dkha.data.store import open_store
+    from dkha.estimators.batch import resolve_kernel
 
     print(f"dkha from {dkha.__file__}; {os.cpu_count()} cores; load {load()}")
     os.makedirs(args.work, exist_ok=True)

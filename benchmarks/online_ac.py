@@ -23,10 +23,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+from dkha.data.ingest import ingest_array
+from dkha.estimators.online import OnlineKernelPCA
 from dkha.fit.ac_index import ACReference
 from dkha.kernels import make_kernel
-from dkha.estimators.online import OnlineKernelPCA
-from dkha.data.ingest import ingest_array
 
 ALGORITHMS = ("on-kha", "oo-kha", "okpca")
 PAPER = {50_000: {"on-kha": "0.789 ± 0.054", "oo-kha": "0.597 ± 0.051", "okpca": "0.489 ± 0.057"},

@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
-from dkha.estimators.online import OnlineKernelPCA
 from dkha.data.writer import StoreWriter
+from dkha.estimators.online import OnlineKernelPCA
 
 N_FEATURES = 16
 

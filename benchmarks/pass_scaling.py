@@ -25,15 +25,15 @@ sys.path.insert(0, os.path.dirname(HERE))
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = "1"   # inherited by the worker processes: one BLAS thread per worker
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def main():
+    from _data import patch_store
     from distributed import Client, LocalCluster
 
-    from _data import patch_store
-    from dkha.kernels import make_kernel
     from dkha.engine.rows import RowEngine
+    from dkha.kernels import make_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=20000)

@@ -35,12 +35,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _data import load_average, patch_store, peak_rss_mb  # noqa: E402
+from _data import load_average, patch_store, peak_rss_mb
 
-from dkha import KernelHebbianPCA  # noqa: E402
-from dkha.engine.tasks import center_block  # noqa: E402
-from dkha.solvers import reference  # noqa: E402
-from dkha.data.writer import StoreWriter  # noqa: E402
+from dkha import KernelHebbianPCA
+from dkha.data.writer import StoreWriter
+from dkha.engine.tasks import center_block
+from dkha.solvers import reference
 
 
 def fit_seconds(store, r, *, passes=None, steps=None, workers=None, sigma=None, block=None,

@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = "1"   # inherited by the worker processes: one BLAS thread per worker
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def task_seconds(stream, began: float = -np.inf, ended: float = np.inf) -> float:
@@ -147,9 +147,10 @@ def krylov_fit(engine, r):
 
 def main():
     from _data import patch_store
-    from dkha.kernels import make_kernel
+
     from dkha.engine.mkrow import exact_mk_row
     from dkha.engine.rows import RowEngine
+    from dkha.kernels import make_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=20000)
@@ -195,13 +196,13 @@ def main():
             mk = exact_mk_row(eng)      # warm-up: imports, chunk reads; the row for the rest
             eng.set_mk(mk, float(mk.mean()))
             engines["workers"].set_mk(mk, float(mk.mean()))
-            rows.append(measure_median(eng, client, "MK pass", lambda: exact_mk_row(eng),
+            rows.append(measure_median(eng, client, "MK pass", lambda eng=eng: exact_mk_row(eng),
                                        args.repeat))
             rows.append(measure_median(eng, client, f"K'V ({args.columns} cols)",
-                                       lambda: eng.matmat(V), args.repeat))
+                                       lambda eng=eng: eng.matmat(V), args.repeat))
             if not args.skip_krylov:
                 rows.append(measure_median(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
-                                           lambda: krylov_fit(eng, r), args.repeat))
+                                           lambda eng=eng: krylov_fit(eng, r), args.repeat))
             if args.skip_kha:
                 continue
             alphas = {}
@@ -210,13 +211,13 @@ def main():
             for p in args.projections:
                 e = engines[p]
                 rows.append(measure(e, client, f"KHA-SMD pass, projections {p}",
-                                    lambda e=e, p=p: alphas.__setitem__(
+                                    lambda e=e, p=p, alphas=alphas: alphas.__setitem__(
                                         p, kha_pass(e, l, r, n_steps=args.kha_steps))))
             if len(alphas) < 2:
                 continue
             same = np.array_equal(alphas["coordinator"], alphas["workers"])
             print(f"{nw} workers: KHA alpha, projections on workers vs coordinator: "
-                  f"{'equal' if same else 'max diff %.1e' % np.abs(alphas['coordinator'] - alphas['workers']).max()}",
+                  f"{'equal' if same else 'max diff {:.1e}'.format(np.abs(alphas['coordinator'] - alphas['workers']).max())}",
                   flush=True)
     print(f"\nl = {l}, n = {store.n_features}, r = {r}, block {args.block}, prefetch "
           f"{args.prefetch}, {os.cpu_count()} cores (shared machine: compare ratios)")

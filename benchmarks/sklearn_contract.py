@@ -21,13 +21,13 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
-import dask  # noqa: E402
-import dask.array as da  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.utils.estimator_checks import check_estimator  # noqa: E402
+import dask
+import dask.array as da
+from sklearn.datasets import load_digits
+from sklearn.utils.estimator_checks import check_estimator
 
-from dkha import KernelHebbianPCA, OnlineKernelPCA  # noqa: E402
-from dkha.engine.cluster import client_for  # noqa: E402
+from dkha import KernelHebbianPCA, OnlineKernelPCA
+from dkha.engine.cluster import client_for
 
 
 class TaskCounter(dask.callbacks.Callback):

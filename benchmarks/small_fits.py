@@ -30,13 +30,13 @@ import numpy as np
 
 if "--before" not in sys.argv:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import dask.config  # noqa: E402
-from sklearn.datasets import make_circles  # noqa: E402
-from sklearn.linear_model import Perceptron  # noqa: E402
-from sklearn.model_selection import GridSearchCV  # noqa: E402
-from sklearn.pipeline import Pipeline  # noqa: E402
+import dask.config
+from sklearn.datasets import make_circles
+from sklearn.linear_model import Perceptron
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import Pipeline
 
-from dkha import KernelHebbianPCA, OnlineKernelPCA  # noqa: E402
+from dkha import KernelHebbianPCA, OnlineKernelPCA
 
 ON_THE_CLUSTER = {"dkha.inline-samples": 0}
 
@@ -54,7 +54,7 @@ def best_of(repeat: int, func) -> float:
 
 def per_fit(l: int, repeat: int) -> None:
     X = np.random.default_rng(0).normal(size=(l, 5))
-    krylov = lambda: KernelHebbianPCA(4, algorithm="krylov").fit(X)   # noqa: E731
+    krylov = lambda: KernelHebbianPCA(4, algorithm="krylov").fit(X)
     inline = best_of(repeat, krylov)
     with dask.config.set(ON_THE_CLUSTER):
         cluster = best_of(repeat, krylov)

@@ -25,8 +25,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import numpy as np  # noqa: E402
-from _data import peak_rss_watch  # noqa: E402
+import numpy as np
+from _data import peak_rss_watch
 
 
 def stop_during(args, phase_line, delay, occurrence=1, env=None):

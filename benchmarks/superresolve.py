@@ -31,13 +31,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 import dkha
-from dkha.engine.cluster import client_for
 from dkha import KernelHebbianPCA
 from dkha.apply.denoise import reconstruct_patches
 from dkha.apply.superresolve import downscale, psnr, superresolve, upscale
-from dkha.kernels import median_distance
 from dkha.data.ingest import ingest_images
 from dkha.data.patches import read_grey_image
+from dkha.engine.cluster import client_for
+from dkha.kernels import median_distance
 
 TRAIN = ("camera", "coins", "moon")
 TEST = "astronaut"

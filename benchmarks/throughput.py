@@ -39,13 +39,12 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _data import load_average, patch_store  # noqa: E402
+from _data import load_average, patch_store
 
-from dkha import KernelHebbianPCA  # noqa: E402
-from dkha.engine.cluster import blas_threads_for, client_for  # noqa: E402
-from dkha.kernels import make_kernel, median_distance  # noqa: E402
-from dkha.engine.rows import RowEngine  # noqa: E402
-
+from dkha import KernelHebbianPCA
+from dkha.engine.cluster import blas_threads_for, client_for
+from dkha.engine.rows import RowEngine
+from dkha.kernels import make_kernel, median_distance
 
 #: the blockings tried for the distance GEMM (rows × columns of each product; the fastest counts)
 GEMM_SHAPES = ((256, None), (64, None), (256, 2048), (2048, 2048), (1024, 1024))
@@ -108,7 +107,7 @@ def bound_parts(X: np.ndarray, dtype, ks: tuple[int, ...], cores: int, fraction:
         V = np.ones((l, k // 2), dtype=dtype)
         U = np.ones((k - k // 2, b), dtype=dtype)
 
-        def products(first, step):
+        def products(first, step, V=V, U=U):
             for _ in range(first, blocks, step):
                 _ = panel @ V
                 _ = U @ panel
@@ -228,7 +227,8 @@ def main():
         # MK, K'V and evaluation use K's symmetry (tiles I ≤ J): their bound is for the
         # evaluations they make; a KHA pass computes whole rows, l² evaluations
         share = 1.0 if name == "KHA" else symmetric / (l * l)
-        rate = lambda s: share * l * l / s / cores  # noqa: E731
+        def rate(s, share=share):
+            return share * l * l / s / cores
         for p in precisions:
             if name == "evaluation" and p != "float64":
                 continue        # evaluation always uses float64 tiles (RowEngine.exact_kernel)

@@ -247,7 +247,7 @@ def main(argv=None) -> None:
                 if got is not None and abs(float(got) - sigma) > 1e-12 * sigma:
                     note = f"sigma {got} (here {sigma})"
                 note = (note + " " + (f"path {a['path']}" if "path" in a else "")).strip()
-            if not note or note.startswith("path") or note.startswith("sigma"):
+            if not note or note.startswith(("path", "sigma")):
                 Ys[m] = np.load(out)
             res[m] = {"wall": r["wall"], "peak_mib": r["peak_mib"], "note": note}
             print(f"l={l} {m}: {r['wall']:.1f} s, peak {r['peak_mib']:.0f} MiB {note}",
@@ -275,7 +275,7 @@ def print_table(rows: list[dict]) -> None:
     print(f"{'l':>7} {'method':<17} {'wall s':>8} {'× sklearn':>9} {'peak MiB':>9} "
           f"{'max resid':>10} {'excess':>10}  note")
     for r in rows:
-        def f(k, fmt):
+        def f(k, fmt, r=r):
             return format(r[k], fmt) if r.get(k) is not None else "—"
         print(f"{r['l']:>7} {r['method']:<17} {f('wall', '8.1f'):>8} {f('vs_sklearn', '9.2f'):>9} "
               f"{f('peak_mib', '9.0f'):>9} {f('residual_max', '10.1e'):>10} "

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 from setuptools import build_meta as _setuptools
-from setuptools.build_meta import *  # noqa: F401,F403 - every other hook is setuptools' own
+from setuptools.build_meta import *  # every other hook is setuptools' own
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def compile_into_tree() -> bool:
     # numba and numpy are found through it)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if proc.returncode:
         print("dkha build: numba's cache not compiled (the first fit will compile):\n"
               + proc.stderr[-2000:], file=sys.stderr)

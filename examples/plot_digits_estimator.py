@@ -40,7 +40,8 @@ q1, _ = np.linalg.qr(Y)
 q2, _ = np.linalg.qr(exact)
 cosines = np.linalg.svd(q1.T @ q2, compute_uv=False)
 print(f"KHA-SMD after {kha.history_[-1]['pass']} passes: excess error "
-      f"{kha.history_[-1]['excess']:.2e}; smallest principal cosine to KernelPCA {cosines.min():.4f}")
+      f"{kha.history_[-1]['excess']:.2e}; smallest principal cosine to KernelPCA "
+      f"{cosines.min():.4f}")
 
 # %%
 # A pipeline and a grid search over the kernel width and the number of components.
@@ -62,7 +63,7 @@ Z = scaler.inverse_transform(kpca.inverse_transform(kpca.transform(scaler.transf
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 fig, axes = plt.subplots(2, 8, figsize=(8, 2.3))
 for i in range(8):

@@ -13,7 +13,6 @@ training projections unstack with xarray into one response map per image and com
 import os
 import tempfile
 
-import numpy as np
 import skimage.data
 import skimage.transform
 
@@ -44,7 +43,7 @@ print(maps.dims, dict(maps.sizes))
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 fig, axes = plt.subplots(1, 2 + ds.sizes["component"], figsize=(12, 2.6))
 for i, ax in enumerate(axes[:2]):
@@ -60,6 +59,6 @@ fig.savefig("patch_maps.png", dpi=80)
 
 # %%
 # The same as an HTML page (what ``dkha report RUN`` writes).
-from dkha.pipeline.report import report_run  # noqa: E402
+from dkha.pipeline.report import report_run
 
 print(report_run(run))

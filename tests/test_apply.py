@@ -17,15 +17,14 @@ from scipy.optimize import minimize
 from scipy.spatial.distance import cdist
 
 from dkha import KernelHebbianPCA
-
-from dkha.data import result
 from dkha.apply import clustering, denoise, preimage
 from dkha.cli.apply import COMMANDS
 from dkha.cli.parser import add_apply_parsers
-from dkha.errors import InputError, ParameterError
-from dkha.kernels import make_kernel
+from dkha.data import result
 from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.patches import extract_patches
+from dkha.errors import InputError, ParameterError
+from dkha.kernels import make_kernel
 
 
 def gauss(X, Y, sigma):
@@ -237,7 +236,7 @@ def test_fixed_point_blocks_do_not_matter(ring):
 
 def test_preimage_methods_refuse_kernels_and_options_they_do_not_take(ring):
     X, Xn = ring
-    alpha, mk, mkm, _, _ = exact_kpca(X, 0.7, 2)
+    alpha, _mk, _mkm, _, _ = exact_kpca(X, 0.7, 2)
     lap = make_kernel("laplacian", sigma=1.0)
     for method in ("fixed-point", "gradient"):
         with pytest.raises(ParameterError, match=f"{method} pre-image .* needs a gaussian kernel; "
@@ -551,7 +550,7 @@ def test_spectral_clustering_recovers_blobs(blobs_run, client):
     assert res.vi_random > 1.5  # two balanced 3-way labellings, independent: about 2 ln 3
     assert res.entropy_labels == pytest.approx(np.log(3), abs=0.01)
     # the same from exact kernel PCA
-    alpha, mk, mkm, _, Kc = exact_kpca(X, 3.0, 3)
+    alpha, _mk, _mkm, _, Kc = exact_kpca(X, 3.0, 3)
     clusters = clustering.spectral_clustering((alpha @ Kc).T, 3, seed=1)
     assert clustering.variation_of_information(y, clusters) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ParameterError):

@@ -14,8 +14,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LONGEST = 120
 LINT = ("import sys; from importlinter.cli import lint_imports; "
@@ -202,8 +200,9 @@ def test_the_structure_check_sees_what_it_forbids(tmp_path):
                               "from sklearn.utils import _param_validation\n")
     s = structure(pkg)
     assert s["cycles"] == [["toy.a", "toy.b"]]
-    assert sorted(s["private"]) == ["toy.b imports toy.c._hidden", "toy.c imports sklearn.base._fit_context",
-                            "toy.c imports sklearn.utils._param_validation"]
+    assert sorted(s["private"]) == ["toy.b imports toy.c._hidden",
+                                    "toy.c imports sklearn.base._fit_context",
+                                    "toy.c imports sklearn.utils._param_validation"]
     assert len(s["inner"]) == 2
     assert s["long"] == [f"toy.b.long ({LONGEST + 2} lines)", f"toy.b.kernel ({LONGEST + 2} lines)"]
 
@@ -245,3 +244,4 @@ def test_every_floor_keeps_the_size_limits(tmp_path):
         f"solvers/big.py: f {SIZE_LIMITS['class'] + 1} lines",
         f"solvers/loops.py: {SIZE_LIMITS['function'] + 6 + SIZE_LIMITS['file']} lines",
         f"solvers/loops.py: kernel {SIZE_LIMITS['function'] + 2} lines"]
+

@@ -19,14 +19,20 @@ import pytest
 import xarray as xr
 
 from dkha import KernelHebbianPCA, fit_together, schedule
-from dkha.data.checkpoint import Checkpointer
 from dkha.cli.main import main
+from dkha.data.checkpoint import Checkpointer
 from dkha.errors import NumericalError
 from dkha.estimators.online import OnlineKernelPCA
 from dkha.solvers.batch import initial_coefficients
-from tests.test_guards import R, XI, fit as guarded_fit
-from tests.test_solvers import (eigenvalue_estimates, et_gain, paper_kha_step, paper_smd_step,
-                                rel_err)
+from tests.test_guards import XI, R
+from tests.test_guards import fit as guarded_fit
+from tests.test_solvers import (
+    eigenvalue_estimates,
+    et_gain,
+    paper_kha_step,
+    paper_smd_step,
+    rel_err,
+)
 
 SIGMA = 4.0
 

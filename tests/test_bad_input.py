@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 import zarr
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as a script
-from tests.processes import dkha_in_process, other_lines, subprocess_env  # noqa: E402
+from tests.processes import dkha_in_process, other_lines, subprocess_env
 
 #: an unreachable scheduler is given up on after this long
 CONNECT = {"dkha.connect-timeout": "2s"}
@@ -49,9 +50,9 @@ def make_fixtures(d: str) -> dict:
     for name in ("corrupt.zarr", "missing.zarr"):
         shutil.copytree(os.path.join(d, "good.zarr"), os.path.join(d, name))
     chunk = sorted(glob.glob(os.path.join(d, "corrupt.zarr", "X", "c", "*", "*")))[2]
-    data = bytearray(open(chunk, "rb").read())
+    data = bytearray(pathlib.Path(chunk).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    open(chunk, "wb").write(bytes(data))
+    pathlib.Path(chunk).write_bytes(data)
     os.remove(sorted(glob.glob(os.path.join(d, "missing.zarr", "X", "c", "*", "*")))[3])
     g = zarr.open_group(os.path.join(d, "nox.zarr"), mode="w")
     g.create_array("Y", shape=(10, 2), dtype="f8")
@@ -61,71 +62,96 @@ def make_fixtures(d: str) -> dict:
     g = zarr.open_group(os.path.join(d, "textx.zarr"), mode="w")
     g.create_array("X", shape=(4, 3), dtype="bool", dimension_names=["sample", "feature"])
     os.makedirs(os.path.join(d, "notzarr"))
-    open(os.path.join(d, "afile"), "w").write("x")
+    pathlib.Path(d, "afile").write_text("x")
     ran = dkha_in_process("fit", os.path.join(d, "good.zarr"), "-o", os.path.join(d, "run"),
                           "--passes", "1", "--components", "2", "--quiet")
     assert ran.returncode == 0, ran.stderr
-    bad_toml = os.path.join(d, "bad.toml")
-    open(bad_toml, "w").write('[data]\nkind = "digits"\n[[fit]]\nalgorithm = "kha"\npases = 3\n')
-    open(os.path.join(d, "ok.toml"), "w").write('[data]\nkind = "digits"\n[[fit]]\nalgorithm = "kha"\n')
+    pipeline = '[data]\nkind = "digits"\n[[fit]]\nalgorithm = "kha"\n'
+    pathlib.Path(d, "bad.toml").write_text(pipeline + "pases = 3\n")
+    pathlib.Path(d, "ok.toml").write_text(pipeline)
     return {"d": d}
 
 
+#: (what, the command line (split at spaces), what its one line says, what it must not write)
 CASES = [
-    ("NaN in the data", ["ingest", "array", "{d}/nan.npy", "-o", "{d}/o1.zarr"], "non-finite", "o1.zarr"),
-    ("inf in the data", ["ingest", "array", "{d}/inf.npy", "-o", "{d}/o2.zarr"], "rows starting at 7", "o2.zarr"),
-    ("3-d array", ["ingest", "array", "{d}/three.npy", "-o", "{d}/o3.zarr"], "2-d", "o3.zarr"),
-    ("empty array", ["ingest", "array", "{d}/empty.npy", "-o", "{d}/o4.zarr"], "empty", "o4.zarr"),
-    ("non-numeric dtype", ["ingest", "array", "{d}/strings.npy", "-o", "{d}/o5.zarr"], "not numeric", "o5.zarr"),
-    ("pickled .npy (never unpickled)", ["ingest", "array", "{d}/pickled.npy", "-o", "{d}/o6.zarr"], "not a readable", "o6.zarr"),
-    ("missing input file", ["ingest", "array", "{d}/nothere.npy", "-o", "{d}/o7.zarr"], "no such file", None),
-    ("store does not exist", ["fit", "{d}/nothere.zarr", "-o", "{d}/r1"], "no data store", "r1"),
-    ("store is a file", ["fit", "{d}/afile", "-o", "{d}/r2"], "is a file", "r2"),
-    ("directory that is not zarr", ["fit", "{d}/notzarr", "-o", "{d}/r3"], "not a zarr group", "r3"),
-    ("store without X", ["fit", "{d}/nox.zarr", "-o", "{d}/r4"], "has no variable X", "r4"),
-    ("X with 3 dims", ["fit", "{d}/dims3.zarr", "-o", "{d}/r5"], "2 dims", "r5"),
-    ("X of booleans", ["fit", "{d}/textx.zarr", "-o", "{d}/r6"], "dtype bool", "r6"),
-    ("corrupted chunk (checksum)", ["fit", "{d}/corrupt.zarr", "-o", "{d}/r7", "--sigma", "1"], "corrupted", "r7"),
-    ("missing chunk", ["fit", "{d}/missing.zarr", "-o", "{d}/r8"], "missing 1 of 6 chunks", "r8"),
-    ("sigma ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r10", "--sigma", "0"], "sigma must be a positive", "r10"),
-    ("unknown algorithm", ["fit", "{d}/good.zarr", "-o", "{d}/r11", "--algorithm", "pca"], "unknown --algorithm 'pca'; choose one of auto, kha, kha-t, kha-et, kha-smd, krylov, on-kha, oo-kha, okpca", "r11"),
-    ("unknown kernel", ["fit", "{d}/good.zarr", "-o", "{d}/r12", "--kernel", "chi2"], "unknown kernel 'chi2'; choose one of gaussian", "r12"),
-    ("eta0 ≤ 0", ["fit", "{d}/good.zarr", "-o", "{d}/r13", "--eta0", "-1"], "'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf)", "r13"),
-    ("xi outside [0, 1]", ["fit", "{d}/good.zarr", "-o", "{d}/r14", "--xi", "1.5"], "'xi' parameter of KernelHebbianPCA must be a float in the range [0.0, 1.0]", "r14"),
-    ("--center-sample above l", ["fit", "{d}/good.zarr", "-o", "{d}/r18", "--center-sample", "301"], "center_sample must be an integer in 1..300", "r18"),
-    ("--center-sample with an online algorithm", ["fit", "{d}/good.zarr", "-o", "{d}/r19", "--algorithm", "on-kha", "--center-sample", "10"], "applies to the batch algorithms", "r19"),
-    ("bad --init", ["fit", "{d}/good.zarr", "-o", "{d}/r15", "--init", "nystrom:abc"], "init", "r15"),
-    ("run dir holds a different run", ["fit", "{d}/good.zarr", "-o", "{d}/run", "--components", "3"], "different run", None),
-    ("run dir is a file", ["fit", "{d}/good.zarr", "-o", "{d}/afile"], "not a directory", None),
-    ("run dir inside the input store", ["fit", "{d}/good.zarr", "-o", "{d}/good.zarr/run"], "inside the data store", None),
-    ("resume of a run that does not exist", ["fit", "{d}/good.zarr", "-o", "{d}/r16", "--resume"], "no run directory", "r16"),
-    ("online resume of a run that does not exist", ["fit", "{d}/good.zarr", "-o", "{d}/r20", "--algorithm", "on-kha", "--resume"], "no run directory", "r20"),
-    ("resume into a run directory that is a file", ["fit", "{d}/good.zarr", "-o", "{d}/afile", "--resume"], "is not a directory", None),
-    ("a diverging gain (kha --eta0 1000)", ["fit", "{d}/good.zarr", "-o", "{d}/r21", "--algorithm", "kha", "--eta0", "1000", "--passes", "1", "--on-divergence", "stop"], "diverged at step", "r21"),
-    ("resume of a run without checkpoints", ["fit", "{d}/good.zarr", "-o", "{d}/run", "--resume", "--components", "2", "--passes", "1"], "holds no checkpoint", None),
-    ("evaluate a directory that is no run", ["evaluate", "{d}/notzarr"], "not a dkha run directory", None),
-    ("transform writing over its input", ["transform", "{d}/run", "{d}/good.zarr", "-o", "{d}/good.zarr", "--overwrite"], "input of this transform", None),
-    ("transform with other features", ["transform", "{d}/run", "{d}/dims3.zarr", "-o", "{d}/t2.zarr"], "2 dims", "t2.zarr"),
-    ("pipeline file with unknown keys", ["run", "{d}/bad.toml", "--runs-dir", "{d}/runs"], "unknown key pases", None),
-    ("unsafe run id", ["run", "{d}/ok.toml", "--run-id", "../escape", "--runs-dir", "{d}/runs"], "unsafe run id", None),
+    ("NaN in the data", "ingest array {d}/nan.npy -o {d}/o1.zarr", "non-finite", "o1.zarr"),
+    ("inf in the data", "ingest array {d}/inf.npy -o {d}/o2.zarr", "rows starting at 7", "o2.zarr"),
+    ("3-d array", "ingest array {d}/three.npy -o {d}/o3.zarr", "2-d", "o3.zarr"),
+    ("empty array", "ingest array {d}/empty.npy -o {d}/o4.zarr", "empty", "o4.zarr"),
+    ("non-numeric dtype", "ingest array {d}/strings.npy -o {d}/o5.zarr", "not numeric", "o5.zarr"),
+    ("pickled .npy (never unpickled)", "ingest array {d}/pickled.npy -o {d}/o6.zarr",
+     "not a readable", "o6.zarr"),
+    ("missing input file", "ingest array {d}/nothere.npy -o {d}/o7.zarr", "no such file", None),
+    ("store does not exist", "fit {d}/nothere.zarr -o {d}/r1", "no data store", "r1"),
+    ("store is a file", "fit {d}/afile -o {d}/r2", "is a file", "r2"),
+    ("directory that is not zarr", "fit {d}/notzarr -o {d}/r3", "not a zarr group", "r3"),
+    ("store without X", "fit {d}/nox.zarr -o {d}/r4", "has no variable X", "r4"),
+    ("X with 3 dims", "fit {d}/dims3.zarr -o {d}/r5", "2 dims", "r5"),
+    ("X of booleans", "fit {d}/textx.zarr -o {d}/r6", "dtype bool", "r6"),
+    ("corrupted chunk (checksum)", "fit {d}/corrupt.zarr -o {d}/r7 --sigma 1", "corrupted", "r7"),
+    ("missing chunk", "fit {d}/missing.zarr -o {d}/r8", "missing 1 of 6 chunks", "r8"),
+    ("sigma ≤ 0", "fit {d}/good.zarr -o {d}/r10 --sigma 0", "sigma must be a positive", "r10"),
+    ("unknown algorithm", "fit {d}/good.zarr -o {d}/r11 --algorithm pca",
+     ("unknown --algorithm 'pca'; choose one of auto, kha, kha-t, kha-et, kha-smd, krylov, "
+      "on-kha, oo-kha, okpca"), "r11"),
+    ("unknown kernel", "fit {d}/good.zarr -o {d}/r12 --kernel chi2",
+     "unknown kernel 'chi2'; choose one of gaussian", "r12"),
+    ("eta0 ≤ 0", "fit {d}/good.zarr -o {d}/r13 --eta0 -1",
+     "'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf)", "r13"),
+    ("xi outside [0, 1]", "fit {d}/good.zarr -o {d}/r14 --xi 1.5",
+     "'xi' parameter of KernelHebbianPCA must be a float in the range [0.0, 1.0]", "r14"),
+    ("--center-sample above l", "fit {d}/good.zarr -o {d}/r18 --center-sample 301",
+     "center_sample must be an integer in 1..300", "r18"),
+    ("--center-sample with an online algorithm",
+     "fit {d}/good.zarr -o {d}/r19 --algorithm on-kha --center-sample 10",
+     "applies to the batch algorithms", "r19"),
+    ("bad --init", "fit {d}/good.zarr -o {d}/r15 --init nystrom:abc", "init", "r15"),
+    ("run dir holds a different run", "fit {d}/good.zarr -o {d}/run --components 3",
+     "different run", None),
+    ("run dir is a file", "fit {d}/good.zarr -o {d}/afile", "not a directory", None),
+    ("run dir inside the input store", "fit {d}/good.zarr -o {d}/good.zarr/run",
+     "inside the data store", None),
+    ("resume of a run that does not exist", "fit {d}/good.zarr -o {d}/r16 --resume",
+     "no run directory", "r16"),
+    ("online resume of a run that does not exist",
+     "fit {d}/good.zarr -o {d}/r20 --algorithm on-kha --resume",
+     "no run directory", "r20"),
+    ("resume into a run directory that is a file", "fit {d}/good.zarr -o {d}/afile --resume",
+     "is not a directory", None),
+    ("a diverging gain (kha --eta0 1000)",
+     "fit {d}/good.zarr -o {d}/r21 --algorithm kha --eta0 1000 --passes 1 --on-divergence stop",
+     "diverged at step", "r21"),
+    ("resume of a run without checkpoints",
+     "fit {d}/good.zarr -o {d}/run --resume --components 2 --passes 1",
+     "holds no checkpoint", None),
+    ("evaluate a directory that is no run", "evaluate {d}/notzarr",
+     "not a dkha run directory", None),
+    ("transform writing over its input",
+     "transform {d}/run {d}/good.zarr -o {d}/good.zarr --overwrite",
+     "input of this transform", None),
+    ("transform with other features", "transform {d}/run {d}/dims3.zarr -o {d}/t2.zarr",
+     "2 dims", "t2.zarr"),
+    ("pipeline file with unknown keys", "run {d}/bad.toml --runs-dir {d}/runs",
+     "unknown key pases", None),
+    ("unsafe run id", "run {d}/ok.toml --run-id ../escape --runs-dir {d}/runs",
+     "unsafe run id", None),
 ]
 
 
 #: the case run as a process of its own (what it shows is the process's exit and output)
-UNREACHABLE = ("unreachable scheduler", ["fit", "{d}/good.zarr", "-o", "{d}/r17", "--scheduler",
-                                         "tcp://127.0.0.1:1"], "cannot reach the Dask scheduler",
-               "r17")
+UNREACHABLE = ("unreachable scheduler", "fit {d}/good.zarr -o {d}/r17 --scheduler tcp://127.0.0.1:1",
+               "cannot reach the Dask scheduler", "r17")
 
 
 def run_case(args, d, *, process=False):
     """``(exit code, stderr as the user sees it)`` of ``dkha ARGS``: in this process, its
     warnings and logged WARNING/ERROR records appended to stderr as a process would print them;
     or (``process``) as a process of its own."""
-    argv = [a.format(d=d) for a in args]
+    argv = [a.format(d=d) for a in args.split()]
     if process:
         p = subprocess.run([sys.executable, "-m", "dkha.cli", *argv],
                            env=subprocess_env(DASK_DKHA__CONNECT_TIMEOUT="2s"),
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=300, check=False)
         return p.returncode, p.stderr
     ran = dkha_in_process(*argv, config=CONNECT)
     shown = [f"{w.category.__name__}: {w.message}" for w in ran.warnings]

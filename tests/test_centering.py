@@ -14,13 +14,13 @@ import pytest
 import zarr
 
 from dkha import KernelHebbianPCA
-from dkha.errors import ParameterError
-from dkha.kernels import make_kernel
-from dkha.engine.rows import RowEngine
-from dkha.engine.tasks import clear_cache
 from dkha.data.centering import CENTERING_GROUP
 from dkha.data.ingest import ingest_array
 from dkha.data.store import open_store
+from dkha.engine.rows import RowEngine
+from dkha.engine.tasks import clear_cache
+from dkha.errors import ParameterError
+from dkha.kernels import make_kernel
 
 SIGMA = 4.0
 
@@ -156,7 +156,8 @@ def test_center_sample_is_recorded_and_reported(store, tmp_path, capsys):
     fitted = json.loads(capsys.readouterr().out)
     assert fitted["centering"] == "sample" and fitted["center_sample"] == 100
     assert main(["evaluate", run]) == 0
-    assert "approximate, the MK row estimated from a sample of 100 of the 300" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "approximate, the MK row estimated from a sample of 100 of the 300" in out
     assert main(["evaluate", run, "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["centering"] == "sample" and evaluated["center_sample"] == 100

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
 import signal
 import time
 
@@ -12,6 +13,7 @@ import pytest
 
 from dkha.data.checkpoint import Checkpointer, differences, state_from_arrays, state_to_arrays
 from dkha.errors import DkhaWarning, InputError, StoreNotFoundError
+
 
 def write_checkpoints(run: str, ready) -> None:
     """The writer a SIGKILL ends: 2 MB checkpoints, one after the other, from the newest
@@ -76,9 +78,9 @@ def test_damaged_newest_falls_back_to_the_previous(tmp_path):
     for step in (10, 20, 30):
         ck.save(step, {"A": np.full(100, float(step))}, {"pass": step})
     newest = os.path.join(ck.dir, "step-000000000030", "state.npz")
-    data = bytearray(open(newest, "rb").read())
+    data = bytearray(pathlib.Path(newest).read_bytes())
     data[len(data) // 2] ^= 0x01
-    open(newest, "wb").write(bytes(data))
+    pathlib.Path(newest).write_bytes(data)
     with pytest.warns(DkhaWarning, match="damaged"):
         got = ck.latest()
     assert got.step == 20 and np.all(got.arrays["A"] == 20.0)

@@ -19,8 +19,12 @@ import pytest
 import xarray as xr
 
 from dkha.data.ingest import ingest_array
-from tests.processes import (reference_and_background_fit, start_dask_cluster, start_dask_worker,
-                             stop_processes)
+from tests.processes import (
+    reference_and_background_fit,
+    start_dask_cluster,
+    start_dask_worker,
+    stop_processes,
+)
 
 pytestmark = pytest.mark.cluster
 PASSES = 6
@@ -52,11 +56,10 @@ def test_workers_killed_and_joining_during_a_fit(tmp_path):
     try:
         ref, run, fit = reference_and_background_fit(store, str(tmp_path), FIT, sched_file)
         t0 = time.time()
-        joined = 0
         # during passes 1..4: after each pass ends, a random delay, then kill one worker (a random
         # one of those alive) and start a new one; twice in pass 2 and 3
         plan = [1, 2, 2, 3, 3, 4]
-        for after_pass in plan:
+        for joined, after_pass in enumerate(plan):
             while _passes_done(run) < after_pass:
                 assert fit.poll() is None, fit.communicate()[1]
                 assert time.time() - t0 < 600
@@ -69,12 +72,11 @@ def test_workers_killed_and_joining_during_a_fit(tmp_path):
             events.append(f"{time.time() - t0:6.2f} s (pass {_passes_done(run) + 1}): "
                           f"killed worker {victim}")
             name = f"new{joined}"
-            joined += 1
             alive[name] = start_dask_worker(sched_file, name, nanny=False)
             procs.append(alive[name])
             events.append(f"{time.time() - t0:6.2f} s (pass {_passes_done(run) + 1}): "
                           f"started worker {name}")
-        out, err = fit.communicate(timeout=600)
+        _out, err = fit.communicate(timeout=600)
         assert fit.returncode == 0, err
         events.append(f"{time.time() - t0:6.2f} s: fit finished")
         with Client(scheduler_file=sched_file, timeout="30s") as c:

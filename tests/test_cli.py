@@ -53,7 +53,7 @@ def light_answers():
     one of them loads stays loaded: the first that loads one is the one reported)."""
     p = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(LIGHT.values())),
                         json.dumps(ENGINE)], env=subprocess_env(), capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, check=False)
     parts = p.stderr.split("\nLOADED ")
     assert len(parts) == len(LIGHT) + 1, p.stderr
     loaded = [json.loads(part.split("\n", 1)[0]) for part in parts[1:]]
@@ -94,7 +94,7 @@ def test_every_option_has_a_help_text_with_its_default():
             assert "default" in a.help, f"{what}: its default {shown!r} is not in {a.help!r}"
     # the default algorithm, from the parameter table
     default = next(p.default for p in PARAMETERS if p.name == "algorithm")
-    fit = dict((a.dest, a) for name, a in actions if name == "dkha fit")
+    fit = {a.dest: a for name, a in actions if name == "dkha fit"}
     assert default in fit["algorithm"].help and "default" in fit["algorithm"].help
     images = {a.dest: a.help for name, a in actions if name == "dkha ingest images"}
     assert "default 11" in images["patch"] and "default 2" in images["step"]
@@ -140,7 +140,7 @@ def test_a_piped_fit_logs_each_phase_with_the_time(digits_store, tmp_path):
                        env=subprocess_env(DASK_DKHA__MK_CACHE="false",
                                           DASK_DKHA__SPECTRUM_CACHE="false"),
                        capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr
     assert other_lines(p.stderr) == []      # every line on stderr is a progress line
     lines = progress_lines(p.stderr)

@@ -18,7 +18,8 @@ def test_jobqueue_profiles_render_batch_scripts():
     with open(os.path.join(CLUSTER, "jobqueue.yaml")) as f:
         conf = yaml.safe_load(f)
     with dask.config.set(_dotted(conf)):  # on top of dask-jobqueue's own defaults
-        for cls, marker in ((dask_jobqueue.SLURMCluster, "#SBATCH"), (dask_jobqueue.PBSCluster, "#PBS")):
+        for cls, marker in ((dask_jobqueue.SLURMCluster, "#SBATCH"),
+                            (dask_jobqueue.PBSCluster, "#PBS")):
             with cls(scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"}) as cluster:
                 script = cluster.job_script()
             assert marker in script

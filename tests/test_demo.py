@@ -2,6 +2,8 @@
 (eq. 22) of every pass as a number (a tracked fit has no E_min: the demo asks for the exact
 measure, which 1 000 digits make cheap)."""
 
+import itertools
+import math
 import os
 import subprocess
 import sys
@@ -12,16 +14,17 @@ from processes import subprocess_env
 def test_demo_prints_the_excess_of_every_pass(tmp_path):
     out = str(tmp_path / "demo")
     p = subprocess.run([sys.executable, "-m", "dkha.cli", "demo", "-o", out, "--passes", "3"],
-                       env=subprocess_env(), capture_output=True, text=True, timeout=600)
+                       env=subprocess_env(), capture_output=True, text=True, timeout=600,
+                       check=False)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     start = lines.index("pass   excess error E/E_min − 1") + 1
     rows = [line.split() for line in lines[start:start + 4]]
     assert [int(r[0]) for r in rows] == [0, 1, 2, 3]
     excess = [float(r[1]) for r in rows]
-    assert all(e == e for e in excess), excess     # numbers, not nan
+    assert all(math.isfinite(e) for e in excess), excess     # numbers, not nan
     # real progress from the random start: every pass better, by far (3.4 → 0.03 in 3 passes)
-    assert all(b < a for a, b in zip(excess, excess[1:])) and excess[-1] < excess[0] / 10, excess
+    assert all(b < a for a, b in itertools.pairwise(excess)) and excess[-1] < excess[0] / 10, excess
     assert os.path.isdir(os.path.join(out, "run", "components.zarr"))
 
 
@@ -30,7 +33,7 @@ def test_demo_writes_nothing_into_the_working_directory(tmp_path):
     (tmp_path / "tmp").mkdir()
     p = subprocess.run([sys.executable, "-m", "dkha.cli", "demo", "--passes", "1"],
                        env=dict(subprocess_env(), TMPDIR=str(tmp_path / "tmp")), cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stderr
     assert sorted(os.listdir(tmp_path)) == ["tmp"]
     (made,) = os.listdir(tmp_path / "tmp")

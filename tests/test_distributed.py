@@ -27,7 +27,7 @@ def _env():
 
 def _dkha(*args, env=None, check=True):
     proc = subprocess.run(dkha_command(*args), capture_output=True, text=True,
-                          env=env or _env(), timeout=600)
+                          env=env or _env(), timeout=600, check=False)
     if check and proc.returncode != 0:
         raise AssertionError(f"dkha {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc

@@ -59,8 +59,8 @@ def test_top_eigenpairs_fewer_products_than_lobpcg(seed):
     rng = np.random.default_rng(seed)
     K = centered_gaussian(600, rng, dim=8)
     X0 = rng.standard_normal((600, R + 4))
-    matmat, calls = counted(K)
-    lam, U, info = top_eigenpairs(matmat, X0, R, tol=1e-6)
+    matmat, _calls = counted(K)
+    lam, _U, info = top_eigenpairs(matmat, X0, R, tol=1e-6)
     assert info.converged
     lobpcg_calls = []
 
@@ -82,7 +82,7 @@ def test_rank_deficient_operator_stops_at_its_rank(seed):
     K = X @ X.T
     w = np.linalg.eigvalsh(K)[::-1]
     matmat, calls = counted(K)
-    lam, U, info = top_eigenpairs(matmat, rng.standard_normal((200, R + 4)), R, tol=1e-10)
+    lam, _U, info = top_eigenpairs(matmat, rng.standard_normal((200, R + 4)), R, tol=1e-10)
     assert info.converged and len(calls) <= 3
     np.testing.assert_allclose(lam[:3], w[:3], rtol=1e-12)
     assert np.all(np.abs(lam[3:]) < 1e-10 * w[0])
@@ -91,7 +91,7 @@ def test_rank_deficient_operator_stops_at_its_rank(seed):
 def test_warm_start_converges_in_fewer_products(seed):
     rng = np.random.default_rng(seed)
     K = centered_gaussian(400, rng)
-    w, V = np.linalg.eigh(K)
+    _w, V = np.linalg.eigh(K)
     cold = top_eigenpairs(lambda V: K @ V, rng.standard_normal((400, R + 4)), R, tol=1e-8)[2]
     start = np.hstack([V[:, ::-1][:, :R] + 1e-4 * rng.standard_normal((400, R)),
                        rng.standard_normal((400, 4))])
@@ -107,7 +107,7 @@ def test_stall_stops_on_noisy_products(seed):
 
     def noisy(V):
         return K @ V + 1e-5 * rng.standard_normal(V.shape)
-    lam, U, info = top_eigenpairs(noisy, rng.standard_normal((300, R + 4)), R, tol=1e-12,
+    lam, _U, info = top_eigenpairs(noisy, rng.standard_normal((300, R + 4)), R, tol=1e-12,
                                   maxiter=200, stall=4)
     assert info.stalled and not info.converged and info.products < 60
     np.testing.assert_allclose(lam, np.linalg.eigvalsh(K)[::-1][:R], rtol=1e-3)

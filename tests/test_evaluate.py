@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 
+from dkha.data.ingest import ingest_array
+from dkha.engine.rows import RowEngine
 from dkha.fit.evaluate import evaluate, projections
 from dkha.fit.spectrum import krylov_eigenpairs, top_eigenvalues
 from dkha.kernels import make_kernel
-from dkha.engine.rows import RowEngine
-from dkha.data.ingest import ingest_array
 
 SIGMA = 4.0
 R = 5
@@ -182,8 +182,8 @@ def test_explained_variance_of_online_runs_and_their_history(data, client, tmp_p
     from scipy.spatial.distance import cdist
 
     from dkha.data import result
-    from dkha.runs.variance import explained_variance
     from dkha.estimators.online import OnlineKernelPCA
+    from dkha.runs.variance import explained_variance
 
     store = data[0]
     X = store.read()
@@ -204,8 +204,8 @@ def test_explained_variance_of_online_runs_and_their_history(data, client, tmp_p
 
 
 def test_evaluate_command_prints_variance(data, engine, tmp_path, capsys, seed):
-    from dkha.data import result
     from dkha.cli.main import main
+    from dkha.data import result
 
     store, Kc, w, V = data
     A = (V[:, :R] / np.sqrt(w[:R])).T

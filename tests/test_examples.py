@@ -23,7 +23,7 @@ def test_the_gallery_has_its_three_examples():
 def test_example_runs(name, tmp_path):
     env = subprocess_env(DKHA_EXAMPLE_SMALL="1", MPLBACKEND="Agg")
     p = subprocess.run([sys.executable, os.path.join(REPO, "examples", name)], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=600)
+                       env=env, capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Traceback" not in p.stderr
     pngs = [f for f in os.listdir(tmp_path) if f.endswith(".png")]

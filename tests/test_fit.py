@@ -233,7 +233,8 @@ def test_all_components_refused_above_the_dense_limit(digits_store):
 def test_nonpositive_eta0_refused(digits_store, eta0):
     model = KernelHebbianPCA(R, algorithm="kha-et", sigma=SIGMA, eta0=eta0, passes=1,
                              client=UNREACHABLE)
-    with pytest.raises(ParameterError, match="'eta0' parameter of KernelHebbianPCA must be a float"):
+    with pytest.raises(ParameterError,
+                       match="'eta0' parameter of KernelHebbianPCA must be a float"):
         model.fit(digits_store.path)
 
 
@@ -248,8 +249,10 @@ def test_row_cache_fit_equals_uncached(runs, oracle, digits_store, client, seed,
                        **({"tol": 1e-10} if algorithm == "krylov" else {})).fit(digits_store.path)
     if algorithm == "krylov":  # eigenvectors up to sign
         signs = np.sign(np.sum(cached.alpha_ * plain.alpha_, axis=1, keepdims=True))
-        np.testing.assert_allclose(cached.alpha_ * signs, plain.alpha_, atol=1e-8 * np.abs(plain.alpha_).max())
+        np.testing.assert_allclose(cached.alpha_ * signs, plain.alpha_,
+                                   atol=1e-8 * np.abs(plain.alpha_).max())
     else:
-        np.testing.assert_allclose(cached.alpha_, plain.alpha_, rtol=0, atol=1e-9 * np.abs(plain.alpha_).max())
-    E, _, excess = dense_errors(oracle, cached.alpha_)
+        np.testing.assert_allclose(cached.alpha_, plain.alpha_, rtol=0,
+                                   atol=1e-9 * np.abs(plain.alpha_).max())
+    _E, _, excess = dense_errors(oracle, cached.alpha_)
     assert cached.history_[-1]["excess"] == pytest.approx(excess, rel=1e-8, abs=1e-12)

@@ -46,9 +46,8 @@ def test_inline_fit_equals_the_cluster_fit_bit_for_bit(digits, dense_centered):
 
 def test_a_running_client_is_used_whatever_the_size():
     """A user's own client (the active one) takes every fit, small ones included."""
-    with local_client(1, 1) as client:
-        with client_for(None, samples=10) as c:
-            assert c is client
+    with local_client(1, 1) as client, client_for(None, samples=10) as c:
+        assert c is client
     with client_for(None, samples=10) as c:     # closed: inline again
         assert isinstance(c, InlineClient)
 

@@ -14,11 +14,10 @@ import pytest
 import xarray as xr
 
 from dkha import KernelHebbianPCA, fit_together
-
-from dkha.fit import control
 from dkha.cli.main import main
 from dkha.errors import Interrupted, NumericalError, ParameterError
 from dkha.estimators.batch import run_names
+from dkha.fit import control
 from dkha.fit.track import result_entry
 from dkha.solvers.batch import BatchKHA
 

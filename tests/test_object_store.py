@@ -72,7 +72,8 @@ def _env(endpoint: str | None) -> dict:
 
 
 def _dkha(*args, env, check=True):
-    res = subprocess.run(dkha_command(*args), env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(dkha_command(*args), env=env, capture_output=True, text=True,
+                         timeout=600, check=False)
     if check:
         assert res.returncode == 0, res.stderr
     return res

@@ -20,13 +20,13 @@ import xarray as xr
 from scipy.spatial.distance import cdist
 
 from dkha import schedule
-from dkha.fit.ac_index import ACReference, ac_index
+from dkha.data.ingest import ingest_array
 from dkha.errors import ParameterError
-from dkha.kernels import make_kernel
 from dkha.estimators.online import OnlineKernelPCA
+from dkha.fit.ac_index import ACReference, ac_index
+from dkha.kernels import make_kernel
 from dkha.runs.transform import project_dictionary as project
 from dkha.solvers.online import OnlineKHA, learning_rate
-from dkha.data.ingest import ingest_array
 
 SIGMA = 4.0
 
@@ -363,7 +363,8 @@ def test_on_kha_converges_towards_exact_kpca(online_digits):
 @pytest.mark.parametrize("kw,match", [
     ({"algorithm": "kha"}, "The 'algorithm' parameter of OnlineKernelPCA must be a str among"),
     ({"gain_decay": 0.99, "tau": 10.0}, "not both"),
-    ({"gain_decay": 1.5}, r"'gain_decay' parameter of OnlineKernelPCA must be .* range \(0.0, 1.0\]"),
+    ({"gain_decay": 1.5},
+     r"'gain_decay' parameter of OnlineKernelPCA must be .* range \(0.0, 1.0\]"),
     ({"nu": 0.0}, r"'nu' parameter of OnlineKernelPCA must be a float in the range \(0.0, inf\)"),
     ({"eta0": -1}, "'eta0' parameter of OnlineKernelPCA must be a float in the range"),
     ({"tau": 0}, "'tau' parameter of OnlineKernelPCA must be a float in the range"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -18,7 +19,6 @@ import xarray as xr
 from dkha.errors import ParameterError
 from dkha.pipeline.runner import PipelineError, load, run_directory, run_lock, safe_id
 from tests.processes import other_lines, progress_lines, subprocess_env
-
 
 TINY = """
 [pipeline]
@@ -59,9 +59,9 @@ def _env():
     return subprocess_env()
 
 
-def _run(args, cwd, **kw):
+def _run(args, cwd, check=False, **kw):
     return subprocess.run([sys.executable, "-m", "dkha.cli", "run", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=600, **kw)
+                          capture_output=True, text=True, timeout=600, check=check, **kw)
 
 
 def test_unknown_keys_and_sections_are_refused(tmp_path):
@@ -113,16 +113,18 @@ def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path):
     # the figures are the fits' own histories, and the clustering scored against the labels
     ds = xr.open_zarr(os.path.join(run_dir, "fits", "smd", "components.zarr"))
     assert summary["figures"]["smd"]["excess"] == pytest.approx(float(ds["excess"].values[-1]))
-    assert 0 <= summary["figures"]["apply-0-cluster"]["vi"] < summary["figures"]["apply-0-cluster"]["vi_random"]
+    cluster = summary["figures"]["apply-0-cluster"]
+    assert 0 <= cluster["vi"] < cluster["vi_random"]
     mtime = os.path.getmtime(os.path.join(run_dir, "fits", "smd", "components.zarr", "zarr.json"))
     second = _run(["p.toml"], cwd=tmp_path)
     assert second.returncode == 0, second.stderr
-    log = open(os.path.join(run_dir, "pipeline.log")).read()
+    log = pathlib.Path(run_dir, "pipeline.log").read_text()
     assert log.count("stage fit:smd: running") == 1
     assert log.count("stage fit:smd: done already, skipped") == 1
-    assert os.path.getmtime(os.path.join(run_dir, "fits", "smd", "components.zarr", "zarr.json")) == mtime
+    components = os.path.join(run_dir, "fits", "smd", "components.zarr", "zarr.json")
+    assert os.path.getmtime(components) == mtime
     # the report: valid HTML, every image embedded and non-empty, the PNG files exist
-    page = open(os.path.join(run_dir, "report.html")).read()
+    page = pathlib.Path(run_dir, "report.html").read_text()
     parser = _Checker()
     parser.feed(page)
     assert parser.images and all(len(src) > 1000 for src in parser.images)
@@ -132,7 +134,7 @@ def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path):
 
 
 class _Checker(html.parser.HTMLParser):
-    VOID = {"meta", "img", "br", "hr", "link", "input"}
+    VOID = frozenset({"meta", "img", "br", "hr", "link", "input"})
 
     def __init__(self):
         super().__init__()
@@ -165,7 +167,8 @@ def test_killed_mid_fit_then_rerun_resumes(tmp_path):
     (tmp_path / "p.toml").write_text(TINY.format(passes=150))
     ref = _run(["p.toml", "--run-id", "reference"], cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "dkha.cli", "run", "p.toml", "--run-id", "killed"],
+    proc = subprocess.Popen([sys.executable, "-m", "dkha.cli", "run", "p.toml", "--run-id",
+                             "killed"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     ck = tmp_path / "runs" / "killed" / "fits" / "smd" / "checkpoints"
@@ -178,7 +181,7 @@ def test_killed_mid_fit_then_rerun_resumes(tmp_path):
     proc.wait()
     again = _run(["p.toml", "--run-id", "killed"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    log = open(tmp_path / "runs" / "killed" / "pipeline.log").read()
+    log = (tmp_path / "runs" / "killed" / "pipeline.log").read_text()
     assert re.search(r"resuming at step \d+", log)
     a = xr.open_zarr(str(tmp_path / "runs" / "killed" / "fits" / "smd" / "components.zarr"))
     b = xr.open_zarr(str(tmp_path / "runs" / "reference" / "fits" / "smd" / "components.zarr"))
@@ -188,7 +191,8 @@ def test_killed_mid_fit_then_rerun_resumes(tmp_path):
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(os.path.join(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__))), "pipelines")) if n.endswith(".toml")))
 def test_shipped_pipelines_are_valid(name):
-    p = load(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pipelines", name))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = load(os.path.join(root, "pipelines", name))
     assert p.fits and p.name == name[:-5]
 
 

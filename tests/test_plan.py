@@ -10,7 +10,6 @@ import pytest
 from dkha import KernelHebbianPCA
 from dkha.data.result import history_of, load
 from dkha.fit.plan import AUTO_KRYLOV_TOL, auto_krylov_tol, choose_path
-
 from tests.conftest import centered_kernel_oracle
 
 R, SIGMA = 4, 4.0

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dkha.kernels import make_kernel
+from dkha.data.ingest import ingest_array
 from dkha.engine.rows import RowEngine
 from dkha.engine.tasks import center_block
-from dkha.data.ingest import ingest_array
+from dkha.kernels import make_kernel
 
 SIGMA = 4.0
 REL = 1e-12
@@ -88,7 +88,7 @@ def test_row_cache(stores, oracle, client, chunk, seed):
     K, Kc = oracle["gaussian"]
     l = len(Kc)
     engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, cache_rows=True, prefetch=3)
-    mk, mkm = engine.compute_mk(cache=False)  # from the tiles' sums, not a cached row
+    mk, _mkm = engine.compute_mk(cache=False)  # from the tiles' sums, not a cached row
     assert_rel(mk, K.mean(axis=0))
     assert engine.cache_bytes() >= 8 * l * (l + 1) // 2
     rng = np.random.default_rng(seed)
@@ -175,7 +175,7 @@ def test_direct_paths_wait_through_the_stop_checks(stores, oracle, digits, clien
     from dkha.engine.stop import STOP
     from dkha.errors import Interrupted
 
-    K, Kc = oracle["polynomial"]
+    _K, Kc = oracle["polynomial"]
     engine = RowEngine(stores[64], kernel_of("polynomial"), client, column_groups=2)
     engine.compute_mk(cache=False)
     idx = np.array([7, 0, 299])
@@ -268,7 +268,7 @@ def test_band_sums_on_the_workers(stores, oracle, client, monkeypatch, hold):
     assert n >= 3
     bounds = [(t[0][0], t[-1][1]) for t in g]
 
-    mk, mkm = engine.compute_mk(cache=False)
+    mk, _mkm = engine.compute_mk(cache=False)
     want = np.zeros(l)
     for i, j in pairs:
         colsum, rowsum = mk_tile(store.path, engine.kernel, g[i], g[j])

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from dkha import KernelHebbianPCA, schedule
+from dkha.engine.rows import RowEngine
 from dkha.fit.evaluate import projections
 from dkha.kernels import make_kernel
-from dkha.engine.rows import RowEngine
 from dkha.solvers.batch import eigenvalue_estimate, initial_coefficients
 
 SIGMA = 4.0

@@ -60,7 +60,8 @@ def test_krylov_equals_scikit_learn_kernel_pca(digits):
     X = digits[:150]
     model = KernelHebbianPCA(4, algorithm="krylov", sigma=SIGMA)
     Y = model.fit_transform(X)
-    ref = KernelPCA(4, kernel="rbf", gamma=1 / (2 * SIGMA**2), eigen_solver="dense").fit_transform(X)
+    ref = KernelPCA(4, kernel="rbf", gamma=1 / (2 * SIGMA**2),
+                    eigen_solver="dense").fit_transform(X)
     signs = np.sign(np.sum(Y * ref, axis=0))
     np.testing.assert_allclose(Y * signs, ref, atol=1e-6)
     np.testing.assert_allclose(model.transform(X), Y, atol=1e-10)

@@ -15,7 +15,6 @@ import warnings
 import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
-
 from sklearn import datasets
 from sklearn.decomposition import PCA
 from sklearn.utils._testing import assert_almost_equal
@@ -96,7 +95,7 @@ def test_incremental_pca_validation(IncrementalPCA):
     # (The first half, n_components <= n_features, is linear PCA's: a kernel PCA may have more
     # components than features.)
     X = np.array([[0, 1, 0], [1, 0, 0]])
-    n_samples, n_features = X.shape
+    n_samples, _n_features = X.shape
 
     # Test that n_components is also <= n_samples in first call to partial fit.
     n_components = 3

@@ -6,10 +6,11 @@ Porting rules (so that a newer scikit-learn's file can be ported again the same 
 
 * Each test body is scikit-learn's, unchanged, except that ``KernelPCA`` is the fixture of the
   same name: a factory building ``KernelHebbianPCA`` with scikit-learn's defaults where dkha's
-  differ (``n_components=None``, ``kernel="linear"``, ``fit_inverse_transform=False``) and the algorithm of the parametrisation. scikit-learn's choice of
-  eigensolver (``eigen_solver``, ``tol``, ``max_iter``, ``iterated_power``, ``n_jobs``) does not
-  exist in dkha (its algorithm is ``algorithm``): the factory drops them, so loops over
-  ``eigen_solver`` run dkha's algorithm once per value.
+  differ (``n_components=None``, ``kernel="linear"``, ``fit_inverse_transform=False``) and
+  the algorithm of the parametrisation. scikit-learn's choice of eigensolver (``eigen_solver``,
+  ``tol``, ``max_iter``, ``iterated_power``, ``n_jobs``) does not exist in dkha (its algorithm
+  is ``algorithm``): the factory drops them, so loops over ``eigen_solver`` run dkha's
+  algorithm once per value.
 * Where scikit-learn compares its solvers with each other, its own ``KernelPCA(eigen_solver=
   "dense")`` (imported as ``SkKernelPCA``) is the reference.
 * ``global_random_seed`` is scikit-learn's fixture: here the default seed, 42.
@@ -20,7 +21,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 import sklearn
 from sklearn.datasets import load_iris, make_blobs, make_circles
 from sklearn.decomposition import PCA
@@ -505,7 +505,7 @@ def test_32_64_decomposition_shape(KernelPCA):
     Non regression test for
     https://github.com/scikit-learn/scikit-learn/issues/18146
     """
-    X, y = make_blobs(
+    X, _y = make_blobs(
         n_samples=30, centers=[[0, 0, 0], [1, 1, 1]], random_state=0, cluster_std=0.1
     )
     X = StandardScaler().fit_transform(X)

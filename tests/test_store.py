@@ -9,9 +9,9 @@ import pytest
 import xarray as xr
 import zarr
 
-from dkha.errors import InputError, ParameterError, RunDirectoryError, StoreNotFoundError
 from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.store import open_store
+from dkha.errors import InputError, ParameterError, RunDirectoryError, StoreNotFoundError
 
 # --- helpers ------------------------------------------------------------------------------------
 

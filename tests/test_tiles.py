@@ -334,8 +334,9 @@ def test_auto_device_follows_the_workers_gpu_resource(fake_cupy, tmp_path, digit
 
 
 def test_float32_engine_products_and_krylov(tmp_path, digits, client, dense_centered):
-    """A float32 engine (the digits, l = 300): ``K' V`` within 1e-6 of the dense float64 oracle (relative to its
-    largest entry), and Krylov eigenvalues within 1e-6 relative (the coordinator stays float64)."""
+    """A float32 engine (the digits, l = 300): ``K' V`` within 1e-6 of the dense float64 oracle
+    (relative to its largest entry), and Krylov eigenvalues within 1e-6 relative (the
+    coordinator stays float64)."""
     X = np.array(digits)
     l = len(X)
     store = ingest_array(X, tmp_path / "d.zarr", chunk_rows=64)

@@ -32,7 +32,7 @@ def make_certificates(d: str) -> tuple[str, str, str]:
     from cryptography.hazmat.primitives.asymmetric import rsa
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dkha test CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
@@ -81,7 +81,8 @@ def tls_cluster(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("tls"))
     ca, cert, key = make_certificates(d)
     opts = ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
-    sec = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
+    sec = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key,
+                   require_encryption=True)
     address, _, scheduler, workers = start_dask_cluster(
         d, 1, nthreads=2, scheduler_args=["--protocol", "tls", *opts], worker_args=opts,
         security=sec)
@@ -95,7 +96,7 @@ def _fit(store, out, *extra, env):
     return subprocess.run([sys.executable, "-m", "dkha.cli", "fit", store, "-o", out,
                            "--algorithm", "kha-et", "--components", "4", "--sigma", "4",
                            "--passes", "2", "--evaluate-every", "0", "--quiet", *extra],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_fit_over_tls_equals_the_embedded_run_and_plain_clients_are_refused(tls_cluster, tmp_path):

@@ -66,7 +66,7 @@ def test_tracked_fit_makes_no_evaluation_pass(digits_store, client, Kc, tracked_
     assert [h["measure"] for h in model.history_] == ["ritz"] * 4
     assert all(np.isnan(h["excess"]) for h in model.history_)
     C = model.alpha_ @ Kc
-    end = [h for h in model.history_ if h["step"] == 3 * len(Kc)][0]
+    end = next(h for h in model.history_ if h["step"] == 3 * len(Kc))
     if "kept_state" not in model.attrs_:
         assert end["captured"] == pytest.approx(np.sum(ritz_values(model.alpha_, C) ** 2),
                                                 rel=1e-9)

@@ -1,4 +1,5 @@
-"""Compile ahead (dkha.solvers.warmup): the tiny fit compiles what a real fit's coordinator calls."""
+"""Compile ahead (dkha.solvers.warmup): the tiny fit compiles what a real fit's coordinator
+calls."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def test_killing_a_worker_mid_fit_leaves_alpha_unchanged(tmp_path):
             time.sleep(0.05)
         workers[0].send_signal(signal.SIGKILL)  # mid-pass 2, with blocks in flight
         workers[0].wait()
-        out, err = fit.communicate(timeout=600)
+        _out, err = fit.communicate(timeout=600)
         assert fit.returncode == 0, err
         a = xr.open_zarr(os.path.join(run, "components.zarr"))["alpha"].values
         b = xr.open_zarr(os.path.join(ref, "components.zarr"))["alpha"].values

@@ -18,15 +18,14 @@ import numpy as np
 import pytest
 
 from dkha import schedule
-
-from dkha.engine import tasks
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
-from dkha.errors import BlockFailedError, ParameterError
-from dkha.fit.evaluate import projections as c_of
-from dkha.kernels import make_kernel
+from dkha.engine import tasks
 from dkha.engine.replicas import ProjectedBlock
 from dkha.engine.rows import RowEngine
 from dkha.engine.tasks import ReplicaDivergedError, ReplicaLostError
+from dkha.errors import BlockFailedError, ParameterError
+from dkha.fit.evaluate import projections as c_of
+from dkha.kernels import make_kernel
 from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
 from dkha.solvers.factored import apply_message, replay_message
 from tests.processes import local_client
