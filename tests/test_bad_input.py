@@ -24,6 +24,7 @@ import pytest
 import zarr
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as a script
+from dkha import progress
 from tests.processes import dkha_in_process, other_lines, subprocess_env
 
 #: an unreachable scheduler is given up on after this long
@@ -169,7 +170,9 @@ def fixtures(tmp_path_factory):
 def test_bad_input_is_one_line(fixtures, what, args, expect, not_written):
     d = fixtures["d"]
     before = os.path.getmtime(os.path.join(d, "run", "components.zarr", "zarr.json"))
+    bars = list(progress._active)
     code, stderr = run_case(args, d, process=what == UNREACHABLE[0])
+    assert progress._active == bars, "a refused command left a progress bar open"
     assert code != 0
     if what == UNREACHABLE[0]:
         assert code == 2

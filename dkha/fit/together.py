@@ -246,7 +246,11 @@ def _check_data(store: DataStore, verbose: bool, *, client) -> Progress:
     workers (the progress of the seconds before the first pass can show its own)."""
     stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
                       transient=True)
-    check_finite(store, client)
+    try:
+        check_finite(store, client)
+    except BaseException:
+        stages.close()      # a refused store leaves no bar open (heartbeats would repeat it)
+        raise
     connect = client is not None
     stages.describe("connecting to Dask" if connect else "starting the Dask workers")
     return stages
