@@ -21,10 +21,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
-import dask  # noqa: E402
+import dask
+from _data import load_average, patch_store
 
-from _data import load_average, patch_store  # noqa: E402
-from dkha import KernelHebbianPCA  # noqa: E402
+from dkha import KernelHebbianPCA
 
 
 def main() -> None:

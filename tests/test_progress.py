@@ -10,8 +10,8 @@ import dask.config
 import numpy as np
 
 from dkha import KernelHebbianPCA, progress
-from dkha.cli.output import excess_precision, excess_text
 from dkha.cli.main import main
+from dkha.cli.output import excess_precision, excess_text
 from tests.processes import progress_lines
 
 
@@ -67,7 +67,7 @@ def test_krylov_summary_counts_its_products(digits_store, client, capsys, tmp_pa
     # dkha evaluate says the excess the way dkha fit does (never a negative round-off)
     assert main(["evaluate", str(tmp_path / "k"), "--scheduler", client.scheduler.address]) == 0
     out = capsys.readouterr().out
-    excess = re.search(r"^excess = (.*)$", out, re.M).group(1)
+    excess = re.search(r"^excess = (.*)$", out, re.MULTILINE).group(1)
     assert re.fullmatch(r"0 \(below its precision, ±\S+\)|\d\.\d{3}e-\d\d \(±\S+\)", excess), out
     # dkha evaluate --exact and dkha cluster say what they do while they run (standard error,
     # outside a terminal: progress lines)
