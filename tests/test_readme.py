@@ -55,7 +55,7 @@ def test_readme_plots_images_the_right_way_up():
     with open(f"{REPO}/README.md", encoding="utf-8") as f:
         code = "".join(python_blocks(f.read()))
     plots = re.findall(r"^(?:maps|ds\.component_image|ds\.projection)\b.*\.plot\((.*?)\)", code,
-                       flags=re.M)
+                       flags=re.MULTILINE)
     assert len(plots) >= 2, plots
     assert all("yincrease=False" in args for args in plots), plots
 

@@ -330,17 +330,22 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         for algorithm in sorted({p.algorithm for p in settings}):
             compile_ahead(algorithm)
     stages = _check_data(store, verbose, client=stream.client)
-    plan = _default_path(store, kernel, p0, stream)
-    if plan is not None:
-        attrs[0].update(plan.attrs())
-        if plan.path == "dense":
-            stages.close()
-            return [_fit_dense(store, kernel, p0, stream, attrs[0], plan, metas[0],
-                               None if checkpointers is None else checkpointers[0], opts)]
-        p0.algorithm = KRYLOV      # the attrs keep "auto" and the path
-    with (client_for(stream.client, samples=store.n_samples) as client,
-          blas_threads_for(client, gpu=computes_on_gpu(client, stream.device))):
-        stages.close()
+    # the stage bar is closed once the cluster is up, or by an error before (a bar left open
+    # would be repeated by the heartbeat of a long-lived process)
+    with stages, contextlib.ExitStack() as entering:
+        plan = _default_path(store, kernel, p0, stream)
+        if plan is not None:
+            attrs[0].update(plan.attrs())
+            if plan.path == "dense":
+                stages.close()
+                return [_fit_dense(store, kernel, p0, stream, attrs[0], plan, metas[0],
+                                   None if checkpointers is None else checkpointers[0], opts)]
+            p0.algorithm = KRYLOV      # the attrs keep "auto" and the path
+        client = entering.enter_context(client_for(stream.client, samples=store.n_samples))
+        entering.enter_context(blas_threads_for(client,
+                                                gpu=computes_on_gpu(client, stream.device)))
+        cluster = entering.pop_all()
+    with cluster:
         engine = RowEngine(store, kernel, client, block_rows=stream.block_rows,
                            prefetch=stream.prefetch, projections=asked,
                            cache_rows=stream.cache_rows, precision=stream.precision,
