@@ -33,6 +33,9 @@ class Stream(enum.IntEnum):
     PATCH_SAMPLE = 5
     #: the Lanczos start vector of the default fit's dense path (:mod:`dkha.fit.dense`)
     DENSE_START = 6
+    #: the training windows and SURE's probe of a denoising that chooses its own parameters
+    #: (:mod:`dkha.apply.choose`)
+    DENOISE_CHOICE = 7
 
 
 def random_stream(seed: int, stream: Stream, *more: int) -> np.random.Generator:

@@ -66,6 +66,8 @@ class DenoiseResult:
     seconds : float
     method : str
         The pre-image method.
+    choice : dkha.apply.choose.Choice or None
+        How :func:`dkha.apply.choose.fit_denoise` chose the parameters (None for a given run).
     """
 
     image: np.ndarray
@@ -83,12 +85,16 @@ class DenoiseResult:
     psnr_noisy: float | None = None
     psnr_denoised: float | None = None
     data_range: float | None = None
+    choice: object = None
 
     def summary(self) -> dict:
-        return {k: getattr(self, k) for k in ("snr_noisy", "snr_denoised", "psnr_noisy",
-                                              "psnr_denoised", "data_range", "n_patches", "patch",
-                                              "step", "iterations", "converged", "undefined",
-                                              "seconds", "method")}
+        out = {k: getattr(self, k) for k in ("snr_noisy", "snr_denoised", "psnr_noisy",
+                                             "psnr_denoised", "data_range", "n_patches", "patch",
+                                             "step", "iterations", "converged", "undefined",
+                                             "seconds", "method")}
+        if self.choice is not None:
+            out["choice"] = self.choice.summary()
+        return out
 
 
 def squared_error(reference: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -209,9 +215,7 @@ def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *
             stats["converged"] += int(np.sum(res.converged))
             stats["undefined"] += int(np.sum(res.undefined))
             Zp = np.asarray(res.Z).reshape(len(pos), patch, patch)
-            for (r, c), z in zip(pos, Zp):
-                total[r:r + patch, c:c + patch] += z
-                count[r:r + patch, c:c + patch] += 1.0
+            accumulate_patches(total, count, pos, Zp)
             bar.update(len(pos))
     finally:
         bar.close()
@@ -219,6 +223,20 @@ def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *
         log.warning("%d of %d patches had an undefined fixed-point step (kept their last iterate)",
                     stats["undefined"], len(corners))
     return total / count, stats
+
+
+def accumulate_patches(total: np.ndarray, count: np.ndarray, corners: np.ndarray, Z: np.ndarray,
+                       weights: np.ndarray | None = None) -> None:
+    """Add the windows ``Z`` (``n × p × p``, top-left corners ``corners``, distinct) into
+    ``total`` with ``weights`` (default 1 each) and the weights into ``count``, in place: one
+    vectorised addition per pixel offset of the window."""
+    p = Z.shape[1]
+    w = np.ones(len(Z)) if weights is None else np.asarray(weights, dtype=np.float64)
+    for dr in range(p):
+        for dc in range(p):
+            rows, cols = corners[:, 0] + dr, corners[:, 1] + dc
+            total[rows, cols] += w * Z[:, dr, dc]
+            count[rows, cols] += w
 
 
 def check_patch_run(ds: xr.Dataset) -> tuple[int, int]:

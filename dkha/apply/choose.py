@@ -1,0 +1,346 @@
+"""Denoise an image with parameters chosen from the noisy image alone.
+
+:func:`fit_denoise` fits kernel PCA on the noisy image's own patches and chooses the kernel
+width, the number of components, the pre-image and the patch aggregation by a risk estimate on the
+noisy image (:mod:`dkha.apply.risk`: Stein's unbiased risk estimate with the noise level
+estimated from the image, or a held-out-pixel loss): **no parameter of this path is chosen by
+looking at a clean image**. The same function with ``model="linear"`` is linear patch PCA under the
+same patches, candidates of rank and aggregation and the same rule (the fair baseline).
+
+The denoiser
+------------
+The image is cut into ``patch × patch`` windows on a grid of ``step`` pixels (plus the windows
+flush with the far edges); a seeded sample of ``samples`` of them is the training set. For each
+width ``w`` of ``widths`` (multiples of the median distance between training patches) dkha's
+exact dense path (:func:`dkha.fit.dense.dense_fit`, the one ``dkha fit`` takes for a store this
+small) gives the top ``max(ranks)`` components; every window is projected on the first ``r``
+(``r`` in ``ranks``) and mapped back by a pre-image:
+
+* ``conformal`` — Honeine's conformal map, ``Σ_j γ_j x_j`` (:func:`dkha.apply.preimage.conformal`);
+* ``learned`` — kernel ridge regression from the training windows' projections back to the
+  windows (Bakır et al.; :func:`dkha.fit.ridge.learned_preimage`), a gaussian kernel of twice
+  the median distance between projections, ridge ``ridges``;
+* ``fixed-point`` — Mika et al.'s iteration started from the conformal pre-image, for the
+  :data:`SHORTLIST` (width, rank) pairs whose best cheaper pre-image has the lowest risk.
+
+Windows are averaged where they overlap, uniformly or weighted by their estimated reliability:
+``1 / max(‖y_p − z_p‖² − (d − 2r)σ̂², rσ̂²)``, the inverse of the window's own risk estimate for
+a rank-``r`` projection (BM3D's aggregation weighs its estimates by their inverse variance). The
+result is clipped to [0, 1]. As the width grows the gaussian kernel's PCA tends to linear PCA,
+so the widest width (30× the median) lets the choice fall back near linear PCA on images where
+the kernel has nothing to add.
+
+Every candidate's risk is estimated on the same two evaluations of the whole denoiser (fits
+included): ``y`` and ``y + εb`` for SURE (``ε = σ̂/10``), or the two held-out images for the
+held-out rule (then the chosen candidate is run once more on ``y``). The chosen candidate, its
+estimated risk and the whole table are returned (:class:`Choice`) and written by ``dkha denoise``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from dkha.apply.denoise import DenoiseResult, accumulate_patches, as_image, patch_positions, snr
+from dkha.apply.preimage import Training, conformal, expansion, fixed_point
+from dkha.apply.risk import (
+                                   HOLD_OFFSETS,
+                                   held_out_loss,
+                                   hold_mask,
+                                   hold_out,
+                                   noise_report,
+                                   probe,
+                                   sure,
+)
+from dkha.errors import InputError, ParameterError
+from dkha.fit.dense import dense_fit
+from dkha.fit.ridge import learned_preimage
+from dkha.kernels import make_kernel, median_distance
+from dkha.schedule import Stream, random_stream
+
+MODELS = ("kernel", "linear")
+DEFAULT_WIDTHS = (1.5, 3.0, 6.0, 30.0)
+DEFAULT_RANKS = (4, 6, 8, 12, 16, 24, 32)
+DEFAULT_RIDGES = (0.1,)
+DEFAULT_PATCH, DEFAULT_STEP, DEFAULT_SAMPLES = 8, 2, 1000
+#: (width, rank) pairs that also get the fixed-point pre-image
+SHORTLIST = 3
+#: the fixed point's tolerance here: tighter than denoising's default, for SURE's ε-difference
+CHOICE_TOL = 1e-7
+LEARNED_WIDTH = 2.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting of the denoiser: the kernel width (a multiple of the median patch distance;
+    None for linear PCA), the rank, the pre-image (``linear``, ``conformal``, ``learned``,
+    ``fixed-point``), the learned pre-image's ridge and whether windows are weighted."""
+
+    width: float | None
+    rank: int
+    preimage: str
+    ridge: float | None = None
+    weighted: bool = False
+
+    def label(self) -> str:
+        w = "linear" if self.width is None else f"σ={self.width:g}×median"
+        pre = self.preimage + ("" if self.ridge is None else f"(ridge {self.ridge:g})")
+        return f"{w}, r={self.rank}, {pre}, {'weighted' if self.weighted else 'uniform'}"
+
+
+@dataclass
+class Choice:
+    """The choice and how it was made: the noise report (``σ̂``, the rule and why), the chosen
+    candidate, its estimated risk (MSE per pixel; for the held-out rule also its loss) and the
+    risk of every candidate tried, best first."""
+
+    noise: dict
+    rule: str
+    chosen: Candidate
+    risk: float
+    table: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> dict:
+        return {**self.noise, "rule": self.rule, "chosen": asdict(self.chosen),
+                "chosen_label": self.chosen.label(), "estimated_risk": self.risk,
+                "estimated_psnr": psnr_of_risk(self.risk), "candidates": self.table,
+                "choice_seconds": self.seconds}
+
+
+def psnr_of_risk(risk: float) -> float:
+    """``10 log10(1 / risk)`` dB (peak 1); ``inf`` for a non-positive risk estimate."""
+    return float(10 * np.log10(1.0 / risk)) if risk > 0 else float("inf")
+
+
+class Windows:
+    """The windows of one image on the patch grid, and their average back into an image."""
+
+    def __init__(self, image: np.ndarray, patch: int, step: int):
+        from skimage.util import view_as_windows
+
+        self.image, self.patch = image, patch
+        rows = patch_positions(image.shape[0], patch, step)
+        cols = patch_positions(image.shape[1], patch, step)
+        self.corners = np.stack(np.meshgrid(rows, cols, indexing="ij"), axis=-1).reshape(-1, 2)
+        w = view_as_windows(np.ascontiguousarray(image), (patch, patch))
+        self.Y = np.ascontiguousarray(
+            w[self.corners[:, 0], self.corners[:, 1]].reshape(len(self.corners), -1))
+
+    def average(self, Z: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        total = np.zeros(self.image.shape)
+        count = np.zeros(self.image.shape)
+        accumulate_patches(total, count, self.corners, Z.reshape(-1, self.patch, self.patch),
+                           weights)
+        return np.clip(total / count, 0.0, 1.0)
+
+
+class Evaluation:
+    """The denoiser's candidates on one input image (``y``, ``y + εb`` or a held-out image):
+    its windows, the training sample (the same positions for every input) and the fits per
+    width, made once."""
+
+    def __init__(self, image, patch, step, train_index, sigma_hat, model, max_rank):
+        self.windows = Windows(image, patch, step)
+        self.T = self.windows.Y[train_index]
+        self.train_index, self.sigma_hat = train_index, sigma_hat
+        self.model, self.max_rank = model, max_rank
+        self.fits: dict = {}
+        self.median = median_distance(self.T)
+
+    def fit(self, width: float | None):
+        """``(kernel, alpha, projections of every window)`` for ``width`` (None: linear PCA,
+        ``(None, V, coefficients)``)."""
+        if width not in self.fits:
+            if width is None:
+                mean = self.T.mean(axis=0)
+                V = np.linalg.svd(self.T - mean, full_matrices=False)[2][:self.max_rank]
+                self.fits[width] = (mean, V, (self.windows.Y - mean) @ V.T)
+            else:
+                kernel = make_kernel("gaussian", sigma=width * self.median)
+                res, mk, mkm, _ = dense_fit(self.T, kernel, self.max_rank)
+                K = kernel.block(self.windows.Y, self.T)
+                K -= mk[None, :]
+                K -= (K.mean(axis=1) - mkm)[:, None]
+                self.fits[width] = (kernel, res.alpha, K @ res.alpha.T)
+        return self.fits[width]
+
+    def patches(self, c: Candidate, start: np.ndarray | None = None) -> np.ndarray:
+        """The reconstructed windows of candidate ``c`` (aggregation aside)."""
+        first, A, beta = self.fit(c.width)
+        r = c.rank
+        if c.preimage == "linear":
+            return first + beta[:, :r] @ A[:r]
+        kernel, alpha = first, A[:r]
+        exp = expansion(alpha, beta[:, :r])
+        training = Training.from_array(self.T, kernel, alpha)
+        if c.preimage == "conformal":
+            return conformal(training, exp).Z
+        if c.preimage == "fixed-point":
+            start = conformal(training, exp).Z if start is None else start
+            return fixed_point(training.sums, exp, start, tol=CHOICE_TOL).Z
+        P_train = beta[self.train_index, :r]
+        ridge_kernel = make_kernel("gaussian",
+                                   sigma=LEARNED_WIDTH * median_distance(P_train))
+        coef = learned_preimage(P_train, self.T, ridge_kernel, c.ridge, None).dual_coef
+        return ridge_kernel.block(beta[:, :r], P_train) @ coef
+
+    def images(self, cands: list[Candidate]) -> dict:
+        """The denoised image of every candidate (uniform and weighted share their windows)."""
+        out: dict = {}
+        for c in cands:
+            key = (c.width, c.rank, c.preimage, c.ridge)
+            if key not in out:
+                out[key] = self.patches(c)
+        d = self.windows.Y.shape[1]
+        s2 = self.sigma_hat ** 2
+        result = {}
+        for c in cands:
+            Z = out[(c.width, c.rank, c.preimage, c.ridge)]
+            weights = None
+            if c.weighted:
+                res = np.sum((self.windows.Y - Z) ** 2, axis=1)
+                weights = 1.0 / np.maximum(res - (d - 2 * c.rank) * s2, max(c.rank * s2, 1e-12))
+            result[c] = self.windows.average(Z, weights)
+        return result
+
+
+def candidates(model: str, widths, ranks) -> list[Candidate]:
+    """The first round's candidates: every rank (and width) with the cheap reconstruction
+    (linear PCA's own, kernel PCA's conformal pre-image), uniform and weighted."""
+    return [Candidate(w, r, "linear" if w is None else "conformal", weighted=weighted)
+            for weighted in (False, True) for r in ranks
+            for w in ((None,) if model == "linear" else widths)]
+
+
+def shortlist(scored: list, ridges, fixed: bool) -> list[Candidate]:
+    """The second round: the learned pre-image (each ridge) and the fixed point on the
+    :data:`SHORTLIST` (width, rank) pairs whose first-round risk is lowest, each pair with the
+    aggregation that served it best."""
+    best: dict = {}
+    for c, _, _ in sorted(scored, key=lambda t: t[1]):
+        best.setdefault((c.width, c.rank), c)
+    out = []
+    for c in list(best.values())[:SHORTLIST]:
+        out += [Candidate(c.width, c.rank, "learned", g, c.weighted) for g in ridges]
+        if fixed:
+            out.append(Candidate(c.width, c.rank, "fixed-point", weighted=c.weighted))
+    return out
+
+
+class RiskRule:
+    """The two evaluations a rule needs and its risk of each candidate from their outputs."""
+
+    def __init__(self, y: np.ndarray, rule: str, sigma_hat: float, seed: int):
+        self.y, self.rule, self.sigma_hat = y, rule, sigma_hat
+        if rule == "sure":
+            self.b = probe(y.shape, seed)
+            self.epsilon = max(sigma_hat, 1e-3) / 10.0
+            self.inputs = [y, y + self.epsilon * self.b]
+        else:
+            self.masks = [hold_mask(y.shape, o) for o in HOLD_OFFSETS]
+            self.inputs = [hold_out(y, m) for m in self.masks]
+
+    def risk(self, outputs: list[np.ndarray]) -> tuple[float, float | None]:
+        """``(estimated MSE per pixel, held-out loss or None)``."""
+        if self.rule == "sure":
+            return sure(self.y, outputs[0], outputs[1], self.b, self.epsilon,
+                        self.sigma_hat), None
+        loss = held_out_loss(self.y, outputs, self.masks)
+        return loss - self.sigma_hat ** 2, loss
+
+
+def check_choice_options(model, patch, step, samples, widths, ranks, ridges, shape):
+    if model not in MODELS:
+        raise ParameterError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    if patch < 2 or step < 1 or samples < 2:
+        raise ParameterError(f"patch must be at least 2, step and samples positive; got patch "
+                             f"{patch}, step {step}, samples {samples}")
+    if min(shape) < patch:
+        raise InputError(f"an image of shape {shape} is smaller than a {patch}-pixel patch")
+    if not ranks or min(ranks) < 1 or max(ranks) > patch * patch:
+        raise ParameterError(f"ranks must lie in 1..{patch * patch}, got {list(ranks)}")
+    if model == "kernel" and (not widths or min(widths) <= 0 or min(ridges) <= 0):
+        raise ParameterError("widths and ridges must be positive")
+
+
+def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DEFAULT_PATCH,
+                step: int = DEFAULT_STEP, samples: int = DEFAULT_SAMPLES, widths=DEFAULT_WIDTHS,
+                ranks=DEFAULT_RANKS, ridges=DEFAULT_RIDGES, risk: str = "auto",
+                fixed_point: bool = True, seed: int = 0) -> DenoiseResult:
+    """Denoise a grey image by kernel PCA of its own patches, every parameter chosen by a risk
+    estimate on the noisy image (module docstring). No parameter of this path was chosen by
+    looking at a clean image: ``reference`` is only used to report the SNR afterwards.
+
+    Parameters
+    ----------
+    image : str or ndarray (H, W)
+        The noisy image (a path, ``skimage:NAME``, or an array in [0, 1]).
+    model : {"kernel", "linear"}
+        Kernel PCA (dkha), or linear patch PCA under the same patches and rule (the baseline).
+    reference : str or ndarray, optional
+        The clean image, to report the SNR (never used to choose).
+    patch, step, samples : int
+        Window side, grid step, and the training windows (a seeded sample; all if fewer).
+    widths : sequence of float
+        Gaussian widths tried, as multiples of the median distance between training windows.
+    ranks : sequence of int
+        Numbers of components tried.
+    ridges : sequence of float
+        The learned pre-image's ridges tried.
+    risk : {"auto", "sure", "held-out"}
+        The risk estimate (:mod:`dkha.apply.risk`); ``auto`` decides from the image.
+    fixed_point : bool
+        Also try the fixed-point pre-image on the shortlisted (width, rank) pairs.
+    seed : int
+        The training sample's and SURE's probe's seed.
+
+    Returns
+    -------
+    DenoiseResult
+        With ``choice`` (:class:`Choice`): the chosen candidate, its estimated risk, the table.
+
+    Examples
+    --------
+    >>> res = fit_denoise("noisy.png")                    # doctest: +SKIP
+    >>> res.choice.chosen.label(), res.choice.risk        # doctest: +SKIP
+    """
+    t0 = time.perf_counter()
+    y = as_image(image, "image")
+    clean = None if reference is None else as_image(reference, "reference")
+    widths, ranks, ridges = tuple(widths), tuple(sorted(set(ranks))), tuple(ridges)
+    check_choice_options(model, patch, step, samples, widths, ranks, ridges, y.shape)
+    report = noise_report(y, risk)
+    rule = RiskRule(y, report.rule, report.sigma, seed)
+    n_windows = len(Windows(y, patch, step).corners)
+    rng = random_stream(seed, Stream.DENOISE_CHOICE, 0)
+    train = np.sort(rng.choice(n_windows, min(samples, n_windows), replace=False))
+    ranks = tuple(r for r in ranks if r < len(train)) or (min(len(train) - 1, patch * patch),)
+    evals = [Evaluation(v, patch, step, train, report.sigma, model, max(ranks))
+             for v in rule.inputs]
+    scored = _score(evals, rule, candidates(model, widths, ranks))
+    if model == "kernel":
+        scored += _score(evals, rule, shortlist(scored, ridges, fixed_point))
+    scored.sort(key=lambda t: t[1])
+    best, best_risk = scored[0][0], scored[0][1]
+    if report.rule == "sure":
+        out = evals[0].images([best])[best]
+    else:
+        out = Evaluation(y, patch, step, train, report.sigma, model, max(ranks)).images([best])[best]
+    table = [{"candidate": c.label(), "risk": r, **({} if h is None else {"held_out_loss": h})}
+             for c, r, h in scored]
+    choice = Choice(noise=report.summary(), rule=report.rule, chosen=best, risk=best_risk,
+                    table=table, seconds=time.perf_counter() - t0)
+    return DenoiseResult(
+        image=out, noisy=y, snr_noisy=None if clean is None else snr(clean, y),
+        snr_denoised=None if clean is None else snr(clean, out), n_patches=n_windows,
+        patch=patch, step=step, iterations=0, converged=n_windows, undefined=0,
+        seconds=time.perf_counter() - t0, method=best.preimage, choice=choice)
+
+
+def _score(evals: list[Evaluation], rule: RiskRule, cands: list[Candidate]) -> list:
+    """``[(candidate, risk, held-out loss or None)]`` from both evaluations."""
+    outputs = [e.images(cands) for e in evals]
+    return [(c, *rule.risk([o[c] for o in outputs])) for c in cands]
