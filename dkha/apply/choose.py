@@ -269,7 +269,8 @@ def check_choice_options(model, patch, step, samples, widths, ranks, ridges, sha
 def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DEFAULT_PATCH,
                 step: int = DEFAULT_STEP, samples: int = DEFAULT_SAMPLES, widths=DEFAULT_WIDTHS,
                 ranks=DEFAULT_RANKS, ridges=DEFAULT_RIDGES, risk: str = "auto",
-                fixed_point: bool = True, seed: int = 0) -> DenoiseResult:
+                noise_sigma: float | None = None, fixed_point: bool = True,
+                seed: int = 0) -> DenoiseResult:
     """Denoise a grey image by kernel PCA of its own patches, every parameter chosen by a risk
     estimate on the noisy image (module docstring). No parameter of this path was chosen by
     looking at a clean image: ``reference`` is only used to report the SNR afterwards.
@@ -292,6 +293,9 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
         The learned pre-image's ridges tried.
     risk : {"auto", "sure", "held-out"}
         The risk estimate (:mod:`dkha.apply.risk`); ``auto`` decides from the image.
+    noise_sigma : float, optional
+        The noise's standard deviation when it is known; default: estimated from the image
+        (:func:`dkha.apply.risk.noise_level`).
     fixed_point : bool
         Also try the fixed-point pre-image on the shortlisted (width, rank) pairs.
     seed : int
@@ -312,7 +316,7 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     clean = None if reference is None else as_image(reference, "reference")
     widths, ranks, ridges = tuple(widths), tuple(sorted(set(ranks))), tuple(ridges)
     check_choice_options(model, patch, step, samples, widths, ranks, ridges, y.shape)
-    report = noise_report(y, risk)
+    report = noise_report(y, risk, sigma=noise_sigma)
     rule = RiskRule(y, report.rule, report.sigma, seed)
     n_windows = len(Windows(y, patch, step).corners)
     rng = random_stream(seed, Stream.DENOISE_CHOICE, 0)

@@ -1,6 +1,7 @@
 """The ``dkha denoise`` and ``dkha cluster`` commands.
 
     dkha denoise RUN_DIR NOISY.png -o CLEAN.png [--reference ORIG.png] [--preimage M] [--json]
+    dkha denoise NOISY.png -o CLEAN.png [--risk auto|sure|held-out] [--json]   # chooses its own
     dkha superresolve RUN_DIR LOW.png --factor F -o HIGH.png [--reference ORIG.png] [--json]
     dkha cluster RUN_DIR --k 10 -o LABELS.zarr [--json]
 
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
+from dkha.apply.choose import fit_denoise
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
 from dkha.apply.superresolve import superresolve
@@ -29,17 +33,32 @@ def preimage_kwargs(args) -> dict:
 def cmd_denoise(args: argparse.Namespace) -> int:
     import os
 
-    if os.path.isdir(args.image):
+    choosing = args.run_dir is None
+    if not choosing and os.path.isdir(args.image):
         return _denoise_vectors(args)
+    asked = [f"--{k.replace('_', '-')}" for k, v in CHOICE_OPTIONS.items()
+             if getattr(args, v) is not None]
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
-    res = denoise_image(args.run_dir, args.image, reference=args.reference, block=args.block,
-                        verbose=True, **preimage_kwargs(args),
-                        **cluster_kwargs(args))
+    if choosing:
+        res = _fit_denoise(args)
+    elif asked:
+        raise ParameterError(f"{', '.join(asked)}: only for `dkha denoise IMAGE` without a "
+                             "run (the parameters chosen from the noisy image)")
+    else:
+        res = denoise_image(args.run_dir, args.image, reference=args.reference,
+                            block=args.block, verbose=True, **preimage_kwargs(args),
+                            **cluster_kwargs(args))
     save_image(res.image, args.out)
     summary = {"out": args.out, **res.summary()}
+    if choosing:
+        summary["choice_file"] = args.out + ".choice.json"
+        with open(summary["choice_file"], "w") as f:
+            f.write(result.dumps(summary))
     if args.json:
         print(result.dumps(summary))
+    elif choosing:
+        _print_choice(res, args.out, summary["choice_file"])
     else:
         print(f"{res.n_patches} patches of {res.patch}×{res.patch} (step {res.step}): "
               f"{res.converged} {res.method} pre-images converged within {res.iterations} "
@@ -51,6 +70,48 @@ def cmd_denoise(args: argparse.Namespace) -> int:
                   f"{res.data_range:g} as its peak)")
         print(f"saved {args.out}")
     return 0
+
+
+#: ``fit_denoise`` keyword → the parsed argument that gives it
+CHOICE_OPTIONS = {"risk": "risk", "model": "model", "widths": "widths", "ranks": "ranks",
+                  "patch": "patch", "patch_step": "patch_step", "samples": "samples",
+                  "seed": "seed"}
+
+
+def _fit_denoise(args: argparse.Namespace):
+    """``dkha denoise IMAGE``: :func:`dkha.apply.choose.fit_denoise`; the options of a given
+    run (pre-images, blocks, cluster) are refused."""
+    import os
+
+    if os.path.isdir(args.image):
+        raise ParameterError(f"{args.image} is a data store: denoising vectors needs a run "
+                             "(dkha denoise RUN_DIR NOISY.zarr -o OUT.zarr)")
+    given = [{"method": "preimage"}.get(k, k) for k, v in preimage_kwargs(args).items()
+             if v not in (None, False)]
+    given += [k for k in ("block", "scheduler", "scheduler_file", "workers")
+              if getattr(args, k, None) is not None]
+    given = [k.replace("_", "-") for k in given]
+    if given:
+        raise ParameterError(f"--{', --'.join(given)}: only with a run; without RUN_DIR the "
+                             "pre-image is chosen from the noisy image and the work runs in "
+                             "this process")
+    kw = {k: getattr(args, v) for k, v in CHOICE_OPTIONS.items() if getattr(args, v) is not None}
+    if "patch_step" in kw:
+        kw["step"] = kw.pop("patch_step")
+    return fit_denoise(args.image, reference=args.reference, **kw)
+
+
+def _print_choice(res, out: str, choice_file: str) -> None:
+    c = res.choice
+    print(f"noise σ̂ {c.noise['noise_sigma']:.4f} (finest diagonal Haar MAD); rule {c.rule}: "
+          f"{c.noise['rule_reason']}")
+    print(f"chosen: {c.chosen.label()}; estimated MSE {c.risk:.3g} "
+          f"(PSNR ≈ {10 * np.log10(1 / c.risk) if c.risk > 0 else float('inf'):.2f} dB), "
+          f"best of {len(c.table)} candidates in {c.seconds:.1f} s")
+    if res.snr_noisy is not None:
+        print(f"SNR noisy    {res.snr_noisy:.2f} dB\nSNR denoised {res.snr_denoised:.2f} dB "
+              f"({res.snr_denoised - res.snr_noisy:+.2f} dB)")
+    print(f"saved {out} and the choice in {choice_file}")
 
 
 def _denoise_vectors(args: argparse.Namespace) -> int:

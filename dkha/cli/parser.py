@@ -284,7 +284,10 @@ def add_apply_parsers(subparsers) -> None:
                     "average the overlapping patches. Data stores (a directory, e.g. NOISY.zarr): "
                     "project and pre-image every sample, blockwise on the cluster (one task per "
                     "chunk), and write the result as a data store.")
-    p.add_argument("run_dir", help="a run directory (dkha fit)")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="a run directory (dkha fit); without it, the image is denoised by kernel "
+                        "PCA of its own patches with every parameter chosen from the noisy "
+                        "image by a risk estimate (see 'choice from the noisy image')")
     p.add_argument("image", metavar="INPUT",
                    help="the noisy image (grey or colour; skimage:NAME for bundled ones), or a "
                         "data store (.zarr) of noisy vectors")
@@ -293,8 +296,9 @@ def add_apply_parsers(subparsers) -> None:
                         ".npy) or data store (for a store input)")
     p.add_argument("--reference", metavar="ORIG",
                    help="the clean image (SNR before and after) or clean data store (mean "
-                        "squared error before and after)")
+                        "squared error before and after); never used to choose anything")
     add_preimage_options(p)
+    _choice_options(p)
     _reconstruction_options(p, "patches")
 
     p = _subcommand(
@@ -346,6 +350,30 @@ def _reconstruction_options(p: argparse.ArgumentParser, pieces: str) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_cluster_options(p)
+
+
+def _choice_options(p: argparse.ArgumentParser) -> None:
+    """``dkha denoise IMAGE`` without a run: the candidates and the rule
+    (:func:`dkha.apply.choose.fit_denoise`)."""
+    g = p.add_argument_group("choice from the noisy image (no RUN_DIR)")
+    g.add_argument("--risk", choices=("auto", "sure", "held-out"),
+                   help="the risk estimate that chooses: SURE with the noise level estimated "
+                        "from the image (gaussian noise), the held-out-pixel loss (any "
+                        "pixel-independent noise), or auto (default: SURE unless the image shows "
+                        "impulses or a noise level that depends on the intensity)")
+    g.add_argument("--model", choices=("kernel", "linear"),
+                   help="kernel PCA (default) or linear patch PCA under the same rule")
+    g.add_argument("--widths", type=float, nargs="+", metavar="W",
+                   help="gaussian widths tried, as multiples of the median patch distance "
+                        "(default 1.5 3 6 30)")
+    g.add_argument("--ranks", type=positive_int, nargs="+", metavar="R",
+                   help="numbers of components tried (default 4 6 8 12 16 24 32)")
+    g.add_argument("--patch", type=positive_int, metavar="P", help="window side (default 8)")
+    g.add_argument("--patch-step", type=positive_int, metavar="S",
+                   help="window grid step (default 2)")
+    g.add_argument("--samples", type=positive_int, metavar="N",
+                   help="training windows, a seeded sample (default 1000)")
+    g.add_argument("--seed", type=int, help="the sample's and SURE's probe's seed (default 0)")
 
 
 def add_preimage_options(p: argparse.ArgumentParser, *, gradient_step: str = "--step") -> None:
