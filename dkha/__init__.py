@@ -20,6 +20,7 @@ _EXPORTS = {
     "Kernel": "dkha.kernels", "make_kernel": "dkha.kernels",
     "DataStore": "dkha.data.store", "ingest_array": "dkha.data.ingest",
     "ingest_images": "dkha.data.ingest", "open_store": "dkha.data.store",
+    "fit_denoise": "dkha.apply.choose",
 }
 
 
@@ -42,6 +43,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:   # what static tools see
+    from dkha.apply.choose import fit_denoise
     from dkha.data.ingest import ingest_array, ingest_images
     from dkha.data.store import DataStore, open_store
     from dkha.estimators.batch import KernelHebbianPCA, fit_together
@@ -53,4 +55,4 @@ if TYPE_CHECKING:   # what static tools see
 
 __all__ = ["KernelHebbianPCA", "OnlineKernelPCA", "fit_together", "load", "tune", "explained_variance",
            "Kernel", "make_kernel", "DataStore", "ingest_array", "ingest_images", "open_store",
-           "__version__"]
+           "fit_denoise", "__version__"]

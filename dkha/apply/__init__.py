@@ -6,10 +6,15 @@ clustering.
   dictionary runs; vectorised over samples, blockwise over the training set.
 * :mod:`dkha.apply.denoise` — denoise an image with a run fitted on its patches: cut patches on
   the store's grid, project, pre-image, average the overlapping patches; SNR.
+* :mod:`dkha.apply.choose` — denoise an image with no run: kernel PCA of its own patches, the
+  width, rank, pre-image and aggregation chosen by a risk estimate on the noisy image
+  (:mod:`dkha.apply.risk`: the noise level, SURE, the held-out-pixel loss);
+  :func:`fit_denoise`.
 * :mod:`dkha.apply.clustering` — spectral clustering (Ng, Jordan & Weiss) on the projections of
   the training samples; the variation of information.
 """
 
+from dkha.apply.choose import fit_denoise
 from dkha.apply.clustering import (
                                    cluster_run,
                                    entropy,
@@ -17,6 +22,7 @@ from dkha.apply.clustering import (
                                    variation_of_information,
 )
 from dkha.apply.denoise import denoise_image, snr
+from dkha.apply.risk import noise_level
 from dkha.apply.preimage import (
                                    METHODS,
                                    RunPreimages,
@@ -28,8 +34,8 @@ from dkha.apply.preimage import (
 )
 
 __all__ = ["METHODS", "RunPreimages", "cluster_run", "conformal", "denoise_image", "entropy",
-           "expansion", "fixed_point", "gradient", "preimages", "snr", "spectral_clustering",
-           "variation_of_information"]
+           "expansion", "fit_denoise", "fixed_point", "gradient", "noise_level", "preimages",
+           "snr", "spectral_clustering", "variation_of_information"]
 
 from dkha.lazy import submodules as _submodules
 
