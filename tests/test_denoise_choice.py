@@ -140,7 +140,7 @@ def test_choice_picks_the_oracle_best(model, known, seed):
                              risk="sure", noise_sigma=0.1 if known else None,
                              fixed_point=False, seed=seed)
     ch = res.choice
-    assert ch.rule == "sure" and len(ch.table) == (10 if model == "linear" else 23)
+    assert ch.rule == "sure" and len(ch.table) == (10 if model == "linear" else 33)
     # the oracle: every candidate (the learned pre-image at every width and rank too), scored
     # against the clean image
     train = np.sort(np.random.default_rng([seed, 7, 0]).choice(
@@ -153,6 +153,19 @@ def test_choice_picks_the_oracle_best(model, known, seed):
     assert np.mean((res.image - x) ** 2) == pytest.approx(true[ch.chosen], rel=1e-9)
     assert true[ch.chosen] <= (1.05 if known else 1.10) * min(true.values())
     assert true[ch.chosen] < 0.5 * np.mean((y - x) ** 2)
+
+
+def test_settle_takes_a_kernel_width_only_by_the_margin():
+    """A gaussian width's best candidate is used only when its risk is at least MARGIN below
+    the best σ → ∞ (linear PCA) candidate's."""
+    lim = choose.Candidate(None, 8, "linear")
+    ker = choose.Candidate(3.0, 8, "learned", 0.1)
+    r = 0.002
+    close = [(ker, r * (1 - choose.MARGIN / 2), None), (lim, r, None)]
+    assert choose.settle(close) == (lim, r)
+    clear = [(ker, r * (1 - 2 * choose.MARGIN), None), (lim, r, None)]
+    assert choose.settle(clear) == (ker, r * (1 - 2 * choose.MARGIN))
+    assert choose.settle([(lim, r, None), (ker, 2 * r, None)]) == (lim, r)
 
 
 def test_rule_from_the_image(seed):

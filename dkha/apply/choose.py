@@ -20,15 +20,22 @@ small) gives the top ``max(ranks)`` components; every window is projected on the
 * ``learned`` — kernel ridge regression from the training windows' projections back to the
   windows (Bakır et al.; :func:`dkha.fit.ridge.learned_preimage`), a gaussian kernel of twice
   the median distance between projections, ridge ``ridges``;
-* ``fixed-point`` — Mika et al.'s iteration started from the conformal pre-image, for the
-  :data:`SHORTLIST` (width, rank) pairs whose best cheaper pre-image has the lowest risk.
+* ``fixed-point`` — Mika et al.'s iteration started from the conformal pre-image;
+
+the learned pre-image and the fixed point for the :data:`SHORTLIST` (width, rank) pairs whose
+conformal pre-image has the lowest risk.
 
 Windows are averaged where they overlap, uniformly or weighted by their estimated reliability:
 ``1 / max(‖y_p − z_p‖² − (d − 2r)σ̂², rσ̂²)``, the inverse of the window's own risk estimate for
 a rank-``r`` projection (BM3D's aggregation weighs its estimates by their inverse variance). The
-result is clipped to [0, 1]. As the width grows the gaussian kernel's PCA tends to linear PCA,
-so the widest width (30× the median) lets the choice fall back near linear PCA on images where
-the kernel has nothing to add.
+result is clipped to [0, 1].
+
+As the width grows the gaussian kernel's PCA tends to linear PCA: the candidates include that
+limit (``σ → ∞``: linear PCA of the same windows, the same ranks and aggregations). A gaussian
+width is used only when its best candidate's estimated risk is at least :data:`MARGIN` (1 %)
+below the limit's best (:func:`settle`); otherwise the limit is, and the image gets linear patch
+PCA's own result: a kernel setting is taken where the image shows it pays, not where the
+estimates' errors (σ̂, the probe, clipping) could make it look so.
 
 Every candidate's risk is estimated on the same two evaluations of the whole denoiser (fits
 included): ``y`` and ``y + εb`` for SURE (``ε = σ̂/10``), or the two held-out images for the
@@ -70,6 +77,8 @@ SHORTLIST = 3
 #: the fixed point's tolerance here: tighter than denoising's default, for SURE's ε-difference
 CHOICE_TOL = 1e-7
 LEARNED_WIDTH = 2.0
+#: the relative margin of estimated risk a gaussian width must win by over the σ → ∞ limit
+MARGIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ class Candidate:
     weighted: bool = False
 
     def label(self) -> str:
-        w = "linear" if self.width is None else f"σ={self.width:g}×median"
+        w = "σ→∞ (linear)" if self.width is None else f"σ={self.width:g}×median"
         pre = self.preimage + ("" if self.ridge is None else f"(ridge {self.ridge:g})")
         return f"{w}, r={self.rank}, {pre}, {'weighted' if self.weighted else 'uniform'}"
 
@@ -208,11 +217,12 @@ class Evaluation:
 
 
 def candidates(model: str, widths, ranks) -> list[Candidate]:
-    """The first round's candidates: every rank (and width) with the cheap reconstruction
-    (linear PCA's own, kernel PCA's conformal pre-image), uniform and weighted."""
+    """The first round's candidates: every rank with linear PCA's reconstruction (for the
+    kernel model, the gaussian kernel's ``σ → ∞`` limit) and, for the kernel model, every width
+    with the conformal pre-image; uniform and weighted."""
     return [Candidate(w, r, "linear" if w is None else "conformal", weighted=weighted)
             for weighted in (False, True) for r in ranks
-            for w in ((None,) if model == "linear" else widths)]
+            for w in ((None,) if model == "linear" else (None, *widths))]
 
 
 def shortlist(scored: list, ridges, fixed: bool) -> list[Candidate]:
@@ -221,7 +231,8 @@ def shortlist(scored: list, ridges, fixed: bool) -> list[Candidate]:
     aggregation that served it best."""
     best: dict = {}
     for c, _, _ in sorted(scored, key=lambda t: t[1]):
-        best.setdefault((c.width, c.rank), c)
+        if c.width is not None:
+            best.setdefault((c.width, c.rank), c)
     out = []
     for c in list(best.values())[:SHORTLIST]:
         out += [Candidate(c.width, c.rank, "learned", g, c.weighted) for g in ridges]
@@ -328,7 +339,7 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     if model == "kernel":
         scored += _score(evals, rule, shortlist(scored, ridges, fixed_point))
     scored.sort(key=lambda t: t[1])
-    best, best_risk = scored[0][0], scored[0][1]
+    best, best_risk = settle(scored)
     if report.rule == "sure":
         out = evals[0].images([best])[best]
     else:
@@ -342,6 +353,19 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
         snr_denoised=None if clean is None else snr(clean, out), n_patches=n_windows,
         patch=patch, step=step, iterations=0, converged=n_windows, undefined=0,
         seconds=time.perf_counter() - t0, method=best.preimage, choice=choice)
+
+
+def settle(scored: list) -> tuple[Candidate, float]:
+    """The candidate to use from ``scored`` (best first): the best gaussian-kernel candidate when
+    its estimated risk is at least :data:`MARGIN` below that of the best ``σ → ∞`` one (linear
+    PCA, the kernel's limit), else that one: the estimates' errors (σ̂'s, the probe's,
+    clipping's) are of that order, and a kernel setting that is not clearly better is not
+    taken."""
+    limit = [t for t in scored if t[0].width is None]
+    kernel = [t for t in scored if t[0].width is not None]
+    if not limit or (kernel and kernel[0][1] < (1.0 - MARGIN) * limit[0][1]):
+        return scored[0][0], scored[0][1]
+    return limit[0][0], limit[0][1]
 
 
 def _score(evals: list[Evaluation], rule: RiskRule, cands: list[Candidate]) -> list:
