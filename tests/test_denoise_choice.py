@@ -47,7 +47,9 @@ def test_sure_divergence_exact_for_a_linear_smoother(seed):
     x = scene(40)
     sigma = 0.08
     rng = np.random.default_rng(seed)
-    f = lambda v: uniform_filter(v, size=3, mode="wrap")   # noqa: E731  (centre weight 1/9)
+    def f(v):       # a linear filter, centre weight 1/9
+        return uniform_filter(v, size=3, mode="wrap")
+
     sures, mses, divs = [], [], []
     for k in range(40):
         y = x + sigma * rng.standard_normal(x.shape)
@@ -80,7 +82,7 @@ def test_sure_matches_the_true_mse(model, cand, seed):
         y = x + sigma * rng.standard_normal(x.shape)
         rule = choose.RiskRule(y, "sure", sigma, seed + k)
         train = np.arange(0, 289, 2)
-        evals = [choose.Evaluation(v, 6, 2, train, sigma, model, 8) for v in rule.inputs]
+        evals = [choose.Evaluation(v, 6, 2, train, sigma, 8) for v in rule.inputs]
         outs = [e.images([cand])[cand] for e in evals]
         sures.append(rule.risk(outs)[0])
         mses.append(np.mean((outs[0] - x) ** 2))
@@ -102,7 +104,7 @@ def test_held_out_image_ignores_the_held_out_pixels(seed):
     assert a[1, 1] == y[1, 1] and a[4, 4] == pytest.approx((y[3, 4] + y[5, 4] + y[4, 3]
                                                             + y[4, 5]) / 4)
     c = choose.Candidate(3.0, 4, "conformal")
-    outs = [choose.Evaluation(v, 6, 2, np.arange(0, 100, 2), 0.1, "kernel", 4).images([c])[c]
+    outs = [choose.Evaluation(v, 6, 2, np.arange(0, 100, 2), 0.1, 4).images([c])[c]
             for v in (a, b)]
     np.testing.assert_array_equal(outs[0], outs[1])
 
@@ -118,7 +120,7 @@ def test_held_out_loss_less_noise_matches_the_mse(seed):
     for _ in range(8):
         y = x + sigma * rng.standard_normal(x.shape)
         rule = choose.RiskRule(y, "held-out", sigma, seed)
-        outs = [choose.Evaluation(v, 6, 2, np.arange(0, 289, 2), sigma, "linear", 8)
+        outs = [choose.Evaluation(v, 6, 2, np.arange(0, 289, 2), sigma, 8)
                 .images([c])[c] for v in rule.inputs]
         est.append(rule.risk(outs)[0])
         mse.append(sum(float(np.sum((o[m] - x[m]) ** 2)) for o, m in zip(outs, rule.masks))
@@ -145,7 +147,7 @@ def test_choice_picks_the_oracle_best(model, known, seed):
     # against the clean image
     train = np.sort(np.random.default_rng([seed, 7, 0]).choice(
         len(choose.Windows(y, 6, 2).corners), 300, replace=False))
-    ev = choose.Evaluation(y, 6, 2, train, ch.noise["noise_sigma"], model, max(ranks))
+    ev = choose.Evaluation(y, 6, 2, train, ch.noise["noise_sigma"], max(ranks))
     cands = choose.candidates(model, widths, ranks)
     if model == "kernel":
         cands += [choose.Candidate(c.width, c.rank, "learned", 0.1, c.weighted) for c in cands]
@@ -216,7 +218,8 @@ def test_cli_denoise_without_a_run(tmp_path, seed, capsys):
                  "--samples", "200", "--patch", "6"]) == 0
     text = capsys.readouterr().out
     assert "rule sure" in text and "chosen: " in text and "estimated MSE" in text
-    saved = json.load(open(out + ".choice.json"))
+    with open(out + ".choice.json") as fh:
+        saved = json.load(fh)
     den = np.load(out)
     assert saved["choice"]["estimated_risk"] > 0
     assert saved["snr_denoised"] > saved["snr_noisy"] + 3

@@ -50,7 +50,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from dkha.apply.denoise import DenoiseResult, accumulate_patches, as_image, patch_positions, snr
+from dkha.apply.denoise import (
+                                   DenoiseResult,
+                                   accumulate_patches,
+                                   as_image,
+                                   patch_positions,
+                                   reference_figures,
+)
 from dkha.apply.preimage import Training, conformal, expansion, fixed_point
 from dkha.apply.risk import (
                                    HOLD_OFFSETS,
@@ -151,11 +157,11 @@ class Evaluation:
     its windows, the training sample (the same positions for every input) and the fits per
     width, made once."""
 
-    def __init__(self, image, patch, step, train_index, sigma_hat, model, max_rank):
+    def __init__(self, image, patch, step, train_index, sigma_hat, max_rank):
         self.windows = Windows(image, patch, step)
         self.T = self.windows.Y[train_index]
         self.train_index, self.sigma_hat = train_index, sigma_hat
-        self.model, self.max_rank = model, max_rank
+        self.max_rank = max_rank
         self.fits: dict = {}
         self.median = median_distance(self.T)
 
@@ -333,7 +339,7 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     rng = random_stream(seed, Stream.DENOISE_CHOICE, 0)
     train = np.sort(rng.choice(n_windows, min(samples, n_windows), replace=False))
     ranks = tuple(r for r in ranks if r < len(train)) or (min(len(train) - 1, patch * patch),)
-    evals = [Evaluation(v, patch, step, train, report.sigma, model, max(ranks))
+    evals = [Evaluation(v, patch, step, train, report.sigma, max(ranks))
              for v in rule.inputs]
     scored = _score(evals, rule, candidates(model, widths, ranks))
     if model == "kernel":
@@ -343,16 +349,16 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     if report.rule == "sure":
         out = evals[0].images([best])[best]
     else:
-        out = Evaluation(y, patch, step, train, report.sigma, model, max(ranks)).images([best])[best]
+        final = Evaluation(y, patch, step, train, report.sigma, max(ranks))
+        out = final.images([best])[best]
     table = [{"candidate": c.label(), "risk": r, **({} if h is None else {"held_out_loss": h})}
              for c, r, h in scored]
     choice = Choice(noise=report.summary(), rule=report.rule, chosen=best, risk=best_risk,
                     table=table, seconds=time.perf_counter() - t0)
-    return DenoiseResult(
-        image=out, noisy=y, snr_noisy=None if clean is None else snr(clean, y),
-        snr_denoised=None if clean is None else snr(clean, out), n_patches=n_windows,
-        patch=patch, step=step, iterations=0, converged=n_windows, undefined=0,
-        seconds=time.perf_counter() - t0, method=best.preimage, choice=choice)
+    return DenoiseResult(image=out, noisy=y, n_patches=n_windows, patch=patch, step=step,
+                         iterations=0, converged=n_windows, undefined=0,
+                         seconds=time.perf_counter() - t0, method=best.preimage, choice=choice,
+                         **reference_figures(clean, y, out))
 
 
 def settle(scored: list) -> tuple[Candidate, float]:

@@ -307,17 +307,20 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
         client=client, method=method,
         orthonormalize=orthonormalize, iterations=iterations, tol=tol, eta=eta, step=step,
         nonnegative=nonnegative)
-    figures = {}
-    if clean is not None:
-        peak = data_range(clean)
-        figures = {"snr_noisy": snr(clean, noisy), "snr_denoised": snr(clean, out),
-                   "psnr_noisy": psnr(clean, noisy, peak), "psnr_denoised": psnr(clean, out, peak),
-                   "data_range": peak}
-    return DenoiseResult(
-        image=out, noisy=noisy, snr_noisy=figures.get("snr_noisy"),
-        snr_denoised=figures.get("snr_denoised"), patch=patch, step=step_,
-        seconds=time.perf_counter() - t0, **stats,
-        **{k: v for k, v in figures.items() if not k.startswith("snr")})
+    return DenoiseResult(image=out, noisy=noisy, patch=patch, step=step_,
+                         seconds=time.perf_counter() - t0, **stats,
+                         **reference_figures(clean, noisy, out))
+
+
+def reference_figures(clean: np.ndarray | None, noisy: np.ndarray, out: np.ndarray) -> dict:
+    """The SNR and PSNR of the input and of the result against the clean image, and the PSNR's
+    peak (:func:`data_range`), as :class:`DenoiseResult`'s fields; None without a reference."""
+    if clean is None:
+        return {"snr_noisy": None, "snr_denoised": None}
+    peak = data_range(clean)
+    return {"snr_noisy": snr(clean, noisy), "snr_denoised": snr(clean, out),
+            "psnr_noisy": psnr(clean, noisy, peak), "psnr_denoised": psnr(clean, out, peak),
+            "data_range": peak}
 
 
 def denoise_store(run, noisy: str, out: str, *, method: str | None = None,

@@ -63,11 +63,7 @@ def cmd_denoise(args: argparse.Namespace) -> int:
         print(f"{res.n_patches} patches of {res.patch}×{res.patch} (step {res.step}): "
               f"{res.converged} {res.method} pre-images converged within {res.iterations} "
               "iterations")
-        if res.snr_noisy is not None:
-            print(f"noisy:    SNR {res.snr_noisy:.2f} dB, PSNR {res.psnr_noisy:.2f} dB\n"
-                  f"denoised: SNR {res.snr_denoised:.2f} dB, PSNR {res.psnr_denoised:.2f} dB "
-                  f"({res.snr_denoised - res.snr_noisy:+.2f} dB; PSNR with the data range "
-                  f"{res.data_range:g} as its peak)")
+        _print_figures(res)
         print(f"saved {args.out}")
     return 0
 
@@ -108,10 +104,16 @@ def _print_choice(res, out: str, choice_file: str) -> None:
     print(f"chosen: {c.chosen.label()}; estimated MSE {c.risk:.3g} "
           f"(PSNR ≈ {10 * np.log10(1 / c.risk) if c.risk > 0 else float('inf'):.2f} dB), "
           f"best of {len(c.table)} candidates in {c.seconds:.1f} s")
-    if res.snr_noisy is not None:
-        print(f"SNR noisy    {res.snr_noisy:.2f} dB\nSNR denoised {res.snr_denoised:.2f} dB "
-              f"({res.snr_denoised - res.snr_noisy:+.2f} dB)")
+    _print_figures(res)
     print(f"saved {out} and the choice in {choice_file}")
+
+
+def _print_figures(res) -> None:
+    if res.snr_noisy is not None:
+        print(f"noisy:    SNR {res.snr_noisy:.2f} dB, PSNR {res.psnr_noisy:.2f} dB\n"
+              f"denoised: SNR {res.snr_denoised:.2f} dB, PSNR {res.psnr_denoised:.2f} dB "
+              f"({res.snr_denoised - res.snr_noisy:+.2f} dB; PSNR with the data range "
+              f"{res.data_range:g} as its peak)")
 
 
 def _denoise_vectors(args: argparse.Namespace) -> int:
