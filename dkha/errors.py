@@ -42,6 +42,11 @@ class BlockFailedError(DkhaError, RuntimeError):
     exit_code = 4
 
 
+#: how a stopped or interrupted fit is continued, as the messages of resumable errors (exit
+#: code 75) say it; a pipeline says ``dkha run PIPELINE`` instead
+RESUME_HINT = "`dkha fit ... --resume`"
+
+
 class ClusterLostError(DkhaError, ConnectionError):
     """The Dask scheduler went away mid-fit. Resumable: the last checkpoint is kept."""
 

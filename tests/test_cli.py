@@ -204,3 +204,38 @@ def test_numbers_are_printed_with_the_precision_they_have():
     # a median-heuristic sigma: six significant digits, not sixteen
     assert kernel_text(make_kernel("gaussian", sigma=3.0864712345678901)) == \
         "gaussian(sigma=3.08647)"
+
+
+def test_ctrl_c_asks_the_command_to_stop_as_sigterm_does(capsys):
+    """Ctrl-C (SIGINT) sets the stop request, as SIGTERM: the fit checkpoints and exits with 75
+    (before, it raised ``KeyboardInterrupt`` wherever the fit was: exit 130, no checkpoint). A
+    second Ctrl-C ends the command at once; commands that never check the request (ingest) keep
+    Python's Ctrl-C."""
+    import os
+    import signal
+
+    from dkha.cli.main import _install_stop_handler
+    from dkha.engine.stop import STOP
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)        # the handler runs in this thread at the next bytecode
+
+    try:
+        _install_stop_handler("fit")
+        ctrl_c()
+        assert STOP.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()
+        assert "SIGINT: stopping at the next task" in capsys.readouterr().err
+        STOP.clear()
+        _install_stop_handler("ingest")
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()
+        assert not STOP.is_set()
+    finally:
+        STOP.clear()
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -243,3 +243,33 @@ def test_state_and_summary_are_strict_json_and_hold_no_unmeasured_figure(tmp_pat
     ds = xr.open_zarr(os.path.join(run_dir, "fits", "smd", "components.zarr"))
     assert "excess" not in ds and ds["change"].sizes["evaluation"] == 3
     assert summary["figures"]["smd"].get("excess") is None
+
+
+def test_a_stopped_pipeline_says_to_run_it_again(tmp_path, monkeypatch):
+    """A stop mid-fit (SIGTERM, Ctrl-C) ends a pipeline with 75 and says to run the pipeline
+    again (its fit resumes from the checkpoint), not `dkha fit ... --resume`."""
+    from dkha.data.checkpoint import Checkpointer
+    from dkha.engine.stop import STOP
+    from dkha.errors import Interrupted
+    from dkha.pipeline.runner import run_file
+
+    (tmp_path / "p.toml").write_text(TINY.format(passes=4))
+    save = Checkpointer.save
+
+    def save_then_stop(self, *args, **kwargs):     # the signal, just after the first checkpoint
+        out = save(self, *args, **kwargs)
+        STOP.set()
+        return out
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_stop)
+    path = str(tmp_path / "p.toml")
+    try:
+        with pytest.raises(Interrupted) as stop:
+            run_file(path, run_id="stopped", runs_dir=str(tmp_path / "runs"))
+    finally:
+        STOP.clear()
+    assert "checkpoint written: continue with `dkha run " + path + " --run-id stopped`" \
+        in str(stop.value)
+    assert "dkha fit" not in str(stop.value)
+    summary = json.load(open(tmp_path / "runs" / "stopped" / "summary.json"))
+    assert summary["exit_code"] == 75 and "`dkha run" in summary["error"]

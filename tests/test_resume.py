@@ -291,3 +291,78 @@ def test_checkpoint_right_after_a_pass_resumes_with_that_pass_evaluated(digits_s
     assert [h["pass"] for h in resumed.history_] == [h["pass"] for h in full.history_] \
         == [0, 1, 2, 3]
     assert [h["excess"] for h in resumed.history_] == [h["excess"] for h in full.history_]
+
+
+# the default fit's Krylov path on the in-process cluster (3 000 samples: above
+# dkha.inline-samples), its products cut into 210 tiles so that each lasts a while
+KRYLOV_ENV = {"DASK_DKHA__DENSE_BYTES": "1e6", "DASK_DKHA__TILE_ROWS": "150"}
+
+
+def _wait_for_step(proc, run, step):
+    """Wait until ``run`` holds a checkpoint at ``step`` or later (or ``proc`` ended)."""
+    deadline = time.time() + 300
+    while proc.poll() is None:
+        steps = [int(n.split("-")[1]) for n in _checkpoint_steps(run)]
+        if steps and max(steps) >= step:
+            return
+        assert time.time() < deadline, "no checkpoint"
+        time.sleep(0.01)
+
+
+def test_default_krylov_fit_stopped_by_each_signal_resumes_bit_identical(tmp_path):
+    """SIGINT, SIGTERM and SIGKILL, each mid-product of the default fit's Krylov solve on a
+    real (in-process) cluster, each followed by a bare ``--resume``: the result is the
+    uninterrupted run's, bit for bit. Checkpoints (asked for here at every product) leave the
+    exact solver in place: before, ``--checkpoint-every`` made the default fit KHA-SMD."""
+    import re
+
+    import dask
+
+    from dkha import KernelHebbianPCA
+    from dkha.cli.fit import cmd_fit
+    from dkha.cli.parser import build_parser
+    from dkha.errors import ParameterError
+    from tests.processes import other_lines
+
+    store = str(tmp_path / "x.zarr")
+    ingest_array(np.random.default_rng(4).normal(size=(3000, 16)), store, chunk_rows=500)
+    env = subprocess_env(**KRYLOV_ENV)
+    with dask.config.set({"dkha.dense-bytes": 1e6, "dkha.tile-rows": 150}):
+        ref = KernelHebbianPCA(8).fit(store)      # the uninterrupted run, in this process
+    assert ref.attrs_["path"] == "krylov" and ref.history_[-1]["pass"] >= 4
+    run = str(tmp_path / "run")
+    args = [store, "-o", run]
+    proc = subprocess.Popen(_cmd("fit", *args, "--components", "8", "--checkpoint-every", "1",
+                                 "--quiet"), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    done = 0
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        _wait_for_step(proc, run, done + 1)     # a product ended: the signal lands in the next
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
+        if sig == signal.SIGKILL:
+            assert proc.returncode == -signal.SIGKILL
+            done = max(int(n.split("-")[1]) for n in _checkpoint_steps(run))
+        else:
+            assert proc.returncode == 75, err
+            stop = re.search(r"stopped during a K' V product pass after (\d+) Krylov products; "
+                             r"checkpoint written: continue with `dkha fit \.\.\. --resume`$",
+                             err.strip().splitlines()[-1])
+            assert stop, err
+            assert len(other_lines(err)) == 2, err      # the signal's line, the stop's line
+            done = int(stop.group(1))
+            assert f"step-{done:012d}" in _checkpoint_steps(run)
+        if sig == signal.SIGINT:    # an option given that disagrees with the run is refused
+            with pytest.raises(ParameterError, match="n_components: 8 in the checkpoint, 5 now"):
+                cmd_fit(build_parser().parse_args(["fit", *args, "--resume", "-r", "5"]))
+        if sig != signal.SIGKILL:
+            proc = subprocess.Popen(_cmd("fit", *args, "--resume"), env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with dask.config.set({"dkha.dense-bytes": 1e6, "dkha.tile-rows": 150}):     # to the end
+        assert cmd_fit(build_parser().parse_args(["fit", *args, "--resume", "--quiet"])) == 0
+    alpha, ds = _alpha(run)
+    assert ds.attrs["path"] == "krylov" and ds.attrs["algorithm"] == "auto"
+    assert np.array_equal(alpha, ref.alpha_)
+    assert np.array_equal(ds["eigenvalue"].values, ref.eigenvalues_)
+    assert [int(p) for p in ds["pass"].values] == [h["pass"] for h in ref.history_]
+    assert not os.path.exists(os.path.join(run, "checkpoints")), "spent checkpoints removed"

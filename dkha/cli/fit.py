@@ -13,7 +13,8 @@ from dkha.data import result
 from dkha.errors import NumericalError, RunDirectoryError
 from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
-from dkha.estimators.params import cli_values
+from dkha.data.checkpoint import Checkpointer
+from dkha.estimators.params import PARAMETERS, cli_values
 from dkha.estimators.tune import tune
 from dkha.fit.track import result_entry
 
@@ -75,13 +76,59 @@ def _model(args, algorithm: str, eta0=None, mu=None, **overrides):
                          **fixed)
 
 
+def resumed_options(args) -> list[dict] | None:
+    """What ``--resume`` repeats of the run in ``args.out``: the meta of each model's newest
+    checkpoint (``RUN_DIR`` for one model, ``RUN_DIR/<name>`` for several), which records the
+    parameters as asked for (``params``) and the checkpoint interval; ``None`` where there is
+    none to read (nothing to resume: the fit says why; an older dkha's checkpoint: the options
+    as given). The algorithm and the checkpoint interval not given now are set in ``args``."""
+    out = args.out
+    metas = [Checkpointer(out).newest_meta()]
+    if metas[0] is None and os.path.isdir(out):     # several models, one directory each
+        metas = [Checkpointer(os.path.join(out, d)).newest_meta() for d in sorted(os.listdir(out))
+                 if os.path.isdir(os.path.join(out, d, "checkpoints"))]
+    metas = [m for m in metas if m is not None]
+    if not metas or any(m.get("params") is None for m in metas):
+        return None
+    given = getattr(args, "given", set())
+    if "algorithm" not in given:
+        args.algorithm = ",".join(m["params"]["algorithm"] for m in metas)
+    if not given & {"checkpoint_every", "checkpoint_steps"}:
+        args.checkpoint_every = metas[0].get("checkpoint_every") or None
+        args.checkpoint_steps = metas[0].get("checkpoint_steps") or None
+    return metas
+
+
+#: options given together count as given together (a length; ``passes`` is steps online)
+_TOGETHER = ({"passes", "steps"},)
+
+
+def repeat_params(model, meta: dict | None, args) -> None:
+    """Set the parameters recorded in a resumed run's checkpoint ``meta`` on ``model``, but
+    those given now (``args.given``): a bare ``--resume`` continues the run as it was asked for,
+    and an option given now that differs from the run is refused by the fit, naming it."""
+    if meta is None:
+        return
+    given = set(getattr(args, "given", ()))
+    for group in _TOGETHER:
+        if given & group:
+            given |= group
+    names = {p.name for p in PARAMETERS
+             if p.option is not None and (p.dest in given or (p.old and p.old in given))}
+    for name, value in meta["params"].items():
+        if name not in names and hasattr(model, name):
+            setattr(model, name, value)
+
+
 def cmd_fit(args) -> int:
+    metas = resumed_options(args) if args.resume else None
     settings = _model_settings(args)
     _families([s["algorithm"] for s in settings])
     if len(settings) > 1:
-        return _fit_many(args, settings)
+        return _fit_many(args, settings, metas)
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
     model = _model(args, args.algorithm, args.eta0, args.mu)
+    repeat_params(model, metas and metas[0], args)
     fit_run(model, args.store, args.out, overwrite=args.overwrite, resume=args.resume,
             checkpoint_every=args.checkpoint_every, checkpoint_steps=args.checkpoint_steps,
             ac_reference=args.evaluate_every >= 0)
@@ -123,7 +170,7 @@ def cmd_fit(args) -> int:
     return 0
 
 
-def _fit_many(args, settings: list[dict]) -> int:
+def _fit_many(args, settings: list[dict], metas: list[dict] | None = None) -> int:
     """Several batch models in one pass over the kernel rows, one run directory each."""
     _families([s["algorithm"] for s in settings])
     for s in settings:
@@ -134,6 +181,9 @@ def _fit_many(args, settings: list[dict]) -> int:
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise RunDirectoryError(f"{args.out} exists and is not a directory")
     models = [_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]
+    if metas is not None and len(metas) == len(models):
+        for m, meta in zip(models, metas):
+            repeat_params(m, meta, args)
     run_dirs = [os.path.join(args.out, name) for name in run_names(models)]
     fit_together(models, args.store, run_dirs=run_dirs, overwrite=args.overwrite,
                  checkpoint_every=args.checkpoint_every or 0, resume=args.resume,

@@ -256,25 +256,36 @@ def _quiet_distributed(level: int) -> None:
             logging.getLogger(name).setLevel(quiet)
 
 
-def _install_stop_handler() -> None:
-    """SIGTERM: a running fit checkpoints at the next block and exits with code 75 (resumable).
+#: commands that never check the stop request (no fit, no cluster passes): Ctrl-C ends them
+#: at once, as Python's default does
+UNSTOPPABLE = ("ingest", "report")
 
-    A second SIGTERM ends the process at once.
+
+def _install_stop_handler(command: str | None = None) -> None:
+    """SIGTERM and SIGINT (Ctrl-C): a running fit checkpoints at the next task boundary and
+    exits with code 75 (resumable), with one line saying so; every long phase stops at its
+    next task (:data:`~dkha.engine.stop.STOP`). A second signal ends the process at once.
+    ``command``: one of :data:`UNSTOPPABLE` keeps Python's Ctrl-C (``KeyboardInterrupt``).
     """
     import signal
 
-
     def handler(signum, frame):
         if STOP.is_set():
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
             raise SystemExit(128 + signum)
         STOP.set()
-        print("dkha: stopping at the next task (checkpoint where there is a state to keep, then "
-              "exit 75)", file=sys.stderr)
+        print(f"dkha: {signal.Signals(signum).name}: stopping at the next task (checkpoint "
+              "where there is a state to keep, then exit 75; again to end at once)",
+              file=sys.stderr)
 
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (embedded use)
-        pass
+    handlers = {signal.SIGTERM: handler,
+                signal.SIGINT: signal.default_int_handler if command in UNSTOPPABLE else handler}
+    for signum, h in handlers.items():
+        try:
+            signal.signal(signum, h)
+        except ValueError:  # not the main thread (embedded use)
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         h.setLevel(level)
     _quiet_distributed(level)
 
-    _install_stop_handler()
+    _install_stop_handler(args.command)
     try:
         if getattr(args, "storage_option", None):
             set_storage_options(dict(args.storage_option))

@@ -28,8 +28,14 @@ class Parser(argparse.ArgumentParser):
     option is reported with its subcommand's usage and the nearest option name, an invalid
     choice with the nearest choice."""
 
+    #: the actions whose options :meth:`given` can tell apart from their defaults
+    _PLAIN = (argparse._StoreAction, argparse._StoreTrueAction, argparse._StoreFalseAction,
+              argparse._StoreConstAction)
+
     def parse_known_args(self, args=None, namespace=None):
         parsed, extras = super().parse_known_args(args, namespace)
+        if args is not None and not self._has_subcommands():
+            parsed.given = self.given(args)
         if getattr(self, "top_level", False):
             if extras:      # what no subcommand took
                 owner = getattr(parsed, "subcommand_parser", None) or self
@@ -38,6 +44,20 @@ class Parser(argparse.ArgumentParser):
             parsed.verbose += getattr(parsed, "verbose_after", 0)
             parsed.__dict__.pop("verbose_after", None)
         return parsed, extras
+
+    def _has_subcommands(self) -> bool:
+        return any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+
+    def given(self, args) -> set[str]:
+        """The destinations of the options ``args`` gives explicitly (a default given
+        explicitly included): parsed again into a namespace holding a marker for each, which
+        only a given option replaces (argparse sets a default only where the namespace has no
+        value). ``dkha fit --resume`` takes the others from the checkpoint."""
+        marker = object()
+        plain = [a for a in self._actions if isinstance(a, self._PLAIN)]
+        probe = argparse.Namespace(**{a.dest: marker for a in plain})
+        super().parse_known_args(list(args), probe)
+        return {a.dest for a in plain if getattr(probe, a.dest) is not marker}
 
     def error(self, message: str):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
@@ -165,14 +185,17 @@ def add_fit_parsers(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a different run in RUN_DIR")
     c = p.add_mutually_exclusive_group()
     c.add_argument("--checkpoint-every", type=positive_int, metavar="N",
-                   help="write the complete state to RUN_DIR/checkpoints every N passes "
-                        "(SIGTERM also checkpoints, then exits with code 75; default: no "
-                        "checkpoints)")
+                   help="write the complete state to RUN_DIR/checkpoints every N passes (Krylov: "
+                        "products). SIGTERM and Ctrl-C also checkpoint, then exit with code 75. "
+                        "Default: the KHA algorithms none; the default fit and krylov checkpoint "
+                        "by themselves (the Krylov solve after its products, at most ~5 %% of "
+                        "its time)")
     c.add_argument("--checkpoint-steps", type=positive_int, metavar="N",
                    help="write the complete state at the first block boundary after every N "
                         "steps")
     p.add_argument("--resume", action="store_true",
-                   help="continue RUN_DIR's run from its newest valid checkpoint")
+                   help="continue RUN_DIR's run from its newest valid checkpoint, bit for bit, "
+                        "with the settings it records (an option given that differs is refused)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar in a terminal, no progress lines in a pipe")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -180,6 +180,17 @@ class Checkpointer:
             arrays = {k: z[k] for k in z.files}
         return Checkpoint(path=path, step=int(meta["step"]), meta=meta, arrays=arrays)
 
+    def newest_meta(self) -> dict | None:
+        """The ``meta.json`` of the newest checkpoint whose meta parses (its arrays neither read
+        nor verified: :meth:`latest` does that), or None: what a run asked for, cheaply."""
+        for name in self._committed():
+            try:
+                with open(os.path.join(self.dir, name, "meta.json")) as f:
+                    return json.load(f)
+            except (OSError, ValueError):
+                continue
+        return None
+
     def at_step(self, step: int) -> Checkpoint | None:
         """The valid checkpoint written at ``step`` (one of the ``keep`` newest), or None."""
         path = os.path.join(self.dir, f"{PREFIX}{int(step):012d}")

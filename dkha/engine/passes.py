@@ -27,7 +27,7 @@ from dkha import config
 from dkha.engine.cluster import shares_process, total_threads
 from dkha.engine.stop import check_stop
 from dkha.engine.tasks import ReplicaLostError, accumulate, identity, release
-from dkha.errors import BlockFailedError, ClusterLostError
+from dkha.errors import RESUME_HINT, BlockFailedError, ClusterLostError
 from dkha.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class ClusterPasses:
             if self.client.status in ("running",) and not isinstance(exc, CommClosedError):
                 raise
             raise ClusterLostError(f"lost the Dask scheduler while computing {what} ({exc}); "
-                                   "resume with `dkha fit ... --resume`") from None
+                                   f"resume with {RESUME_HINT}") from None
 
     def put(self, array: np.ndarray, everywhere: bool = False):
         """A future holding ``array`` that the cluster can rebuild if the worker holding it dies.

@@ -30,6 +30,7 @@ from dkha.estimators.params import (
     declare,
     from_attrs,
     identity_attrs,
+    recorded_params,
     saved_attrs,
     shared_settings,
 )
@@ -553,14 +554,6 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
         raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
                              "appends each row's index), not fit_together")
     settings = [m._validated(store.n_samples) for m in models]
-    p0 = settings[0]
-    if p0.algorithm == AUTO and (resume or checkpoint_every or checkpoint_steps):
-        # checkpoints are those of the KHA iterations (the default path is one solve)
-        p0.algorithm = "kha-smd"
-        if first.eta0 is None:
-            p0.eta0 = default_eta0("kha-smd", warm=bool(p0.landmarks))
-        first._path_reason = ("checkpoints or a resume asked for: those of the KHA iterations, "
-                              "so kha-smd")
     kernel = resolve_kernel(store, first.kernel, first.seed, client=first.client,
                             sigma=first.sigma,
                             degree=first.degree, offset=first.offset, gamma=first.gamma,
@@ -569,7 +562,7 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     fits = fit_batch(store, kernel, settings, first._stream(), attrs, FitOptions(
         run_dirs=run_dirs, overwrite=overwrite, checkpoint_every=checkpoint_every,
         resume=resume, checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
-        identity=identity_attrs(),
+        identity=identity_attrs(), params=[recorded_params(m, BATCH) for m in models],
         extras=_pictures if is_patch_store(store) else None))
     for m, f, d in zip(models, fits, run_dirs or [None] * len(models)):
         m._keep(f, kernel, store, tmp_store, X_fit, d)

@@ -44,7 +44,14 @@ from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore
 from dkha.errors import DictionaryWarning, InputError, ParameterError
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store, validated_fit
-from dkha.estimators.params import ONLINE, declare, get_params, identity_attrs, saved_attrs
+from dkha.estimators.params import (
+    ONLINE,
+    declare,
+    get_params,
+    identity_attrs,
+    recorded_params,
+    saved_attrs,
+)
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
 from dkha.fit.online import (
     coordinator_threads,
@@ -240,7 +247,7 @@ class OnlineKernelPCA(DkhaTransformer):
                          every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
                          verbose=self.verbose, ac_reference=ac_reference, run_dir=run_dir,
                          overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
-                         identity=IDENTITY)
+                         identity=IDENTITY, params=recorded_params(self, ONLINE))
         self.solver_ = fit.solver
         self.kernel_ = kernel
         self.n_features_in_ = n

@@ -525,6 +525,21 @@ def validate(estimator, model: str) -> None:
         p.check(getattr(estimator, p.name), type(estimator).__name__)
 
 
+def recorded_params(estimator, model: str) -> dict:
+    """The parameters of ``estimator`` (a ``model`` estimator) that the command line gives, as
+    the estimator holds them (unresolved: a default left ``None`` stays ``None``), JSON values
+    only: what its checkpoints record, so that a bare ``dkha fit DATA -o RUN --resume``
+    continues the run as it was asked for (:func:`dkha.cli.fit.resumed_options`)."""
+    simple = (bool, int, float, str)
+    out = {}
+    for p in parameters(model):
+        v = getattr(estimator, p.name, None)
+        if p.option is None or not (v is None or isinstance(v, simple)):
+            continue
+        out[p.name] = v
+    return out
+
+
 def get_params(estimator, model: str) -> dict:
     return {p.name: getattr(estimator, p.name) for p in parameters(model)}
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from dkha import config, schedule
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
-from dkha.errors import Interrupted, NumericalError, ParameterError
+from dkha.errors import RESUME_HINT, Interrupted, NumericalError, ParameterError
 from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import announce_cost, evaluate_many, projections, projections_many
 from dkha.fit.spectrum import top_eigenvalues
@@ -330,7 +330,7 @@ class _SharedStream:
         if t > 0 and any(m.checkpointer is not None for m in self.models):
             self.save_checkpoints(t, pass_end_pending=t % l == 0)
             return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
-                               "continue with `dkha fit ... --resume`")
+                               f"continue with {RESUME_HINT}")
         if t > 0:
             return Interrupted(f"{exc} at step {t}; no checkpoint (fit with a run directory to "
                                "make runs resumable)")

@@ -18,7 +18,7 @@ import time
 from typing import Callable, Iterator
 
 from dkha.engine.stop import STOP
-from dkha.errors import Interrupted
+from dkha.errors import RESUME_HINT, Interrupted
 from dkha.progress import Progress
 
 
@@ -111,7 +111,7 @@ class BlockDriver:
             self.stop_clock()
             exc = Interrupted(
                 f"stopped at step {t} (pass {pass_number}); " +
-                ("checkpoint written: continue with `dkha fit ... --resume`"
+                (f"checkpoint written: continue with {RESUME_HINT}"
                  if self.save is not None else
                  "no checkpoint (fit with a run directory to make runs resumable)"))
             exc.checkpointed = True     # nothing more to save (dkha.fit.batch)

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.sparse.linalg import eigsh
+from scipy.sparse.linalg import LinearOperator, eigsh
+
+from dkha.engine.stop import check_stop
 
 from dkha.fit.batch import BatchResult
 from dkha.fit.spectrum import clip_eigenvalues
@@ -43,6 +45,7 @@ def centered_kernel(X: np.ndarray, kernel) -> tuple[np.ndarray, np.ndarray, floa
     l = len(X)
     K = np.empty((l, l))
     for a in range(0, l, ROW_BLOCK):
+        check_stop("the dense kernel matrix")
         b = min(l, a + ROW_BLOCK)
         K[a:b, a:] = kernel.block(X[a:b], X[a:])
         K[a:, a:b] = K[a:b, a:].T
@@ -61,13 +64,23 @@ def dense_fit(X: np.ndarray, kernel, r: int, *, seed: int = 0, tol: float = 0.0
     """The exact top-``r`` components of the data ``X`` (``l × n``) with ``K'`` held whole.
 
     Returns the result (``alpha_i = v_i / √λ_i``, one exact history entry), the centering row
-    ``mk``, ``mkm`` and the stats of the two steps (kernel matrix, eigensolver)."""
+    ``mk``, ``mkm`` and the stats of the two steps (kernel matrix, eigensolver). A stop
+    (:data:`~dkha.engine.stop.STOP`) ends it between two row blocks of ``K'`` or two Lanczos
+    products with :class:`~dkha.errors.Interrupted`: it keeps no partial state (``K'`` is
+    rebuilt in less time than written and read back; ARPACK's state cannot be saved), a resume
+    starts it again, to the same bits (its start vector is seeded)."""
     t0 = time.perf_counter()
     K, mk, mkm = centered_kernel(X, kernel)
     t1 = time.perf_counter()
     l = len(K)
     v0 = random_stream(seed, Stream.DENSE_START).standard_normal(l)
-    w, V = eigsh(K, k=r, which="LA", tol=tol, v0=v0)
+
+    def product(v):     # K' v, a stop checked before each (a stop ends Lanczos within one)
+        check_stop("the dense path's eigensolver (Lanczos)")
+        return K @ v
+
+    w, V = eigsh(LinearOperator((l, l), matvec=product, dtype=np.float64), k=r, which="LA",
+                 tol=tol, v0=v0)
     order = np.argsort(w)[::-1]
     w, V = w[order], np.ascontiguousarray(V[:, order])
     # round-off eigenvalues become 0 and their components null, as on the Krylov path

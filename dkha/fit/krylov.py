@@ -1,20 +1,108 @@
-"""The exact solver: the top-``r`` eigenpairs of ``K'`` by a block Krylov method on
-blockwise products (:func:`dkha.fit.spectrum.krylov_eigenpairs`), ``alpha_i = v_i / √λ_i``."""
+"""The exact solver: the top-``r`` eigenpairs of ``K'`` by a block Krylov method on blockwise
+products (:func:`dkha.fit.spectrum.krylov_eigenpairs`), ``alpha_i = v_i / √λ_i``; resumable
+from its checkpoints (:class:`KrylovCheckpoints`)."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 
+from dkha.errors import RESUME_HINT, Interrupted
 from dkha.fit.batch import BatchResult
 from dkha.fit.evaluate import evaluate
 from dkha.fit.spectrum import clip_eigenvalues, krylov_eigenpairs
 from dkha.schedule import Stream, random_stream
+from dkha.solvers.eigen import KrylovState
+
+log = logging.getLogger(__name__)
+
+#: without ``checkpoint_every``, a checkpoint is written once the products since the last one
+#: took this many times as long as writing it took: checkpoints cost at most about 1/20 of the
+#: solve, however long its products (the first is written after the first product)
+COST_RATIO = 20.0
+#: the arrays of a :class:`~dkha.solvers.eigen.KrylovState` in a checkpoint
+_ARRAYS = ("Q", "KQ", "T")
+_SCALARS = ("best", "since", "products", "columns", "restarts", "history")
+
+
+class KrylovCheckpoints:
+    """The exact solver's checkpoints in a run directory: at a product boundary, its basis, the
+    products ``K'Q``, the Rayleigh quotient and counters (a
+    :class:`~dkha.solvers.eigen.KrylovState`, written as the iteration holds them: no copies,
+    nothing held beyond what the iteration holds) with the centering row.
+
+    Written every ``every`` products when asked (``--checkpoint-every``), else whenever the
+    products since the last one took at least :data:`COST_RATIO` times as long as writing it.
+    A stop (:class:`~dkha.errors.Interrupted`) mid-product writes the last product boundary's
+    state where it is not written yet (:meth:`stopped`). ``resume``: the checkpoint to continue
+    from (its ``krylov`` meta; one without it is a start that wrote no state yet)."""
+
+    def __init__(self, checkpointer, meta: dict, engine, *, every: int = 0, resume=None):
+        self.checkpointer, self.meta, self.engine = checkpointer, dict(meta), engine
+        self.every = int(every or 0)
+        self.resume = resume if resume is not None and "krylov" in resume.meta else None
+        self.latest: KrylovState | None = None
+        self.written = -1 if self.resume is None else int(self.resume.meta["krylov"]["products"])
+        self.write_seconds = 0.0
+        self.last_write = time.perf_counter()
+        self.seconds = 0.0 if self.resume is None else float(self.resume.meta["fit_seconds"])
+        self.t0 = time.perf_counter()
+
+    def state(self) -> KrylovState | None:
+        """The state to continue from (``None``: start afresh)."""
+        if self.resume is None:
+            return None
+        a, s = self.resume.arrays, self.resume.meta["krylov"]
+        log.info("resuming the Krylov solve after product %d from %s", s["products"],
+                 self.resume.path)
+        return KrylovState(**{k: np.array(a[f"krylov.{k}"], order="C") for k in _ARRAYS},
+                           **{k: s[k] for k in _SCALARS})
+
+    def elapsed(self) -> float:
+        """Seconds of the solve so far (a resumed one's included)."""
+        return self.seconds + time.perf_counter() - self.t0
+
+    def seen(self, state: KrylovState) -> None:
+        """The iteration's state at a product boundary: written if due."""
+        self.latest = state
+        if state.products == self.written or state.products == 0:
+            return
+        if self.every:
+            due = state.products % self.every == 0
+        else:
+            due = (self.written < 0 or time.perf_counter() - self.last_write
+                   >= COST_RATIO * self.write_seconds)
+        if due:
+            self.write(state)
+
+    def write(self, state: KrylovState) -> None:
+        t0 = time.perf_counter()
+        arrays = {f"krylov.{k}": getattr(state, k) for k in _ARRAYS}
+        arrays["mk"] = self.engine.mk
+        meta = dict(self.meta, mkm=self.engine.mkm, fit_seconds=self.elapsed(),
+                    krylov={k: getattr(state, k) for k in _SCALARS})
+        self.checkpointer.save(state.products, arrays, meta)
+        self.written = state.products
+        self.last_write = time.perf_counter()
+        self.write_seconds = self.last_write - t0
+
+    def stopped(self, exc: Interrupted) -> Interrupted:
+        """The error of a stop mid-solve, the last product boundary's state written first."""
+        state = self.latest
+        if state is None or state.products == 0:
+            return Interrupted(f"{exc} before the first Krylov product ended; continue with "
+                               f"{RESUME_HINT} (it starts the solve again)")
+        if state.products != self.written:
+            self.write(state)
+        return Interrupted(f"{exc} after {state.products} Krylov products; checkpoint written: "
+                           f"continue with {RESUME_HINT}")
 
 
 def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
-                        X0: np.ndarray | None = None, info: dict | None = None
+                        X0: np.ndarray | None = None, info: dict | None = None,
+                        checkpoints: KrylovCheckpoints | None = None
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise block Krylov products."""
     if X0 is not None:  # warm start: pad the given vectors with random ones (the oversampling)
@@ -22,7 +110,9 @@ def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, max
         extra = random_stream(seed, Stream.KRYLOV_START).standard_normal(
             (engine.n_samples, k - X0.shape[1]))
         X0 = np.hstack([X0, extra]) if k > X0.shape[1] else X0
-    w, V = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0, info=info)
+    w, V = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0, info=info,
+                             state=None if checkpoints is None else checkpoints.state(),
+                             on_state=None if checkpoints is None else checkpoints.seen)
     # round-off eigenvalues become 0 and their components null, as scikit-learn's
     # _check_psd_eigenvalues (significantly negative ones: not a PSD kernel, its ValueError)
     w = clip_eigenvalues(w)
@@ -33,43 +123,42 @@ def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, max
 
 
 def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, tol: float = 1e-8,
-               with_evaluation: bool = True, tracked: bool = False) -> BatchResult:
+               with_evaluation: bool = True, tracked: bool = False,
+               checkpoints: KrylovCheckpoints | None = None) -> BatchResult:
     """The exact top-``r`` components by block Krylov on blockwise passes.
 
     ``with_evaluation``: the history's entry is exact (eq. 22 with ``E_min`` from the computed
     eigenvalues: one residual pass, ``C = A K'`` being ``λ_i alpha_i``); otherwise it is the
     tracked measure with ``tracked`` (``measure="residual"``: the solver's own largest relative
-    residual, no pass), or no entry."""
+    residual, no pass), or no entry. ``checkpoints``: where the solve checkpoints and what it
+    resumes from; a stop is then raised with the last product boundary written."""
     if engine.mk is None:
         engine.compute_mk()
-    passes = [0]
-    matmat = engine.matmat
-
-    def counted(V):
-        passes[0] += 1
-        return matmat(V)
-
-    engine.matmat = counted
     t0 = time.perf_counter()
+    info: dict = {}
     try:
         X0 = None if A_init is None else (A_init * np.linalg.norm(A_init, axis=1, keepdims=True) ** -1).T
-        info: dict = {}
-        alpha, w = krylov_coefficients(engine, r, seed=seed, tol=tol, X0=X0, info=info)
-    finally:
-        engine.matmat = matmat
-    seconds = time.perf_counter() - t0
-    C = w[:, None] * alpha
-    if with_evaluation:
-        ev = evaluate(engine, alpha, w, C=C)
-        history = [{"pass": passes[0], "step": 0, "error": ev.error, "error_min": ev.error_min,
-                    "excess": ev.excess, "wall_time": seconds, "measure": "exact",
-                    "residual": info.get("residual", float("nan"))}]
-    elif tracked:
-        history = [{"pass": passes[0], "step": 0, "error": float("nan"),
-                    "error_min": float("nan"), "excess": float("nan"), "wall_time": seconds,
-                    "measure": "residual", "residual": info.get("residual", float("nan"))}]
-    else:
-        history = []
+        alpha, w = krylov_coefficients(engine, r, seed=seed, tol=tol, X0=X0, info=info,
+                                       checkpoints=checkpoints)
+        seconds = (time.perf_counter() - t0 if checkpoints is None else checkpoints.elapsed())
+        C = w[:, None] * alpha
+        products = int(info.get("products", 0))
+        if with_evaluation:
+            ev = evaluate(engine, alpha, w, C=C)
+            history = [{"pass": products, "step": 0, "error": ev.error,
+                        "error_min": ev.error_min, "excess": ev.excess, "wall_time": seconds,
+                        "measure": "exact", "residual": info.get("residual", float("nan"))}]
+        elif tracked:
+            history = [{"pass": products, "step": 0, "error": float("nan"),
+                        "error_min": float("nan"), "excess": float("nan"), "wall_time": seconds,
+                        "measure": "residual", "residual": info.get("residual", float("nan"))}]
+        else:
+            history = []
+    except Interrupted as exc:
+        if checkpoints is None:
+            raise Interrupted(f"{exc}; no checkpoint (fit with a run directory to make runs "
+                              "resumable)") from None
+        raise checkpoints.stopped(exc) from None
     # alpha_i = v_i/√λ_i, so C = A K' = λ_i alpha_i exactly
     return BatchResult(alpha=alpha, eigenvalue=w, history=history, top_eigenvalues=w,
                        wall_time=seconds, projection=C, stream_stats={"blocks": 0, "wait_seconds": 0.0,

@@ -175,17 +175,20 @@ class OnlineFit:
 def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_steps: int,
                every: int, verbose: bool = False, ac_reference=None, run_dir=None,
                overwrite: bool = False, checkpoint_every: int = 0,
-               resume: bool = False, identity=()) -> OnlineFit:
+               resume: bool = False, identity=(), params: dict | None = None) -> OnlineFit:
     """Stream ``n_steps`` samples of ``source`` in the seeded order through a new solver of the
     resolved (and :func:`scaled`) settings ``p``, a history entry every ``every`` steps; with
     ``run_dir`` checkpoints (every ``checkpoint_every`` steps) and ``resume`` as the batch fit's.
-    ``attrs``: the run's saved attrs, of which the keys ``identity`` tell runs apart."""
+    ``attrs``: the run's saved attrs, of which the keys ``identity`` tell runs apart;
+    ``params``: the estimator's parameters as asked for, recorded in the checkpoints (a bare
+    resume repeats them)."""
     # the block boundaries (hence the rounding) depend on these too
     exact = {"block_rows": p["block_rows"], "evaluate_every": every,
              "ac_reference": describe_reference(ac_reference)}
     checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
                                          checkpoint_every=checkpoint_every, exact=exact,
                                          identity=identity)
+    ck_meta.update(params=params, checkpoint_steps=int(checkpoint_every or 0))
     reference = ac_reference_for(ac_reference, source, kernel, p["n_components"], seed)
     solver = new_solver(p, source.n_features, kernel, seed)
     solver.stream_length = source.n_samples

@@ -67,6 +67,12 @@ class Plan:
     rate: float = 0.0           # kernel entries per second per thread (the probe)
     threads: int = 1
 
+    @classmethod
+    def from_attrs(cls, attrs: dict) -> "Plan":
+        """The plan that :meth:`attrs` describes (a resumed run keeps its path)."""
+        return cls(attrs["path"], attrs["path_reason"], dict(attrs.get("path_estimates", {})),
+                   float(attrs.get("path_probe_rate", 0.0)), int(attrs.get("path_threads", 1)))
+
     def attrs(self) -> dict:
         """The choice as run attrs (JSON values)."""
         return {"path": self.path, "path_reason": self.reason,

@@ -68,13 +68,15 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
 
 def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
                       oversample: int | None = None, X0: np.ndarray | None = None,
-                      exact: bool = False, info: dict | None = None):
+                      exact: bool = False, info: dict | None = None, state=None,
+                      on_state=None):
     """Top-``r`` eigenpairs ``(w, V)`` of ``K'`` (descending) by the block Krylov method of
     :func:`krylov_solve`. ``info`` (a dict, optional) receives ``products`` (the passes made)
     and ``residual``: the largest relative residual of the returned pairs as the solver last
-    measured it (no extra pass)."""
+    measured it (no extra pass). ``state``, ``on_state``: continue from / report the
+    iteration's :class:`~dkha.solvers.eigen.KrylovState` (checkpoints)."""
     w, V, got = krylov_solve(engine, r, seed=seed, tol=tol, maxiter=maxiter, oversample=oversample,
-                             X0=X0, exact=exact)
+                             X0=X0, exact=exact, state=state, on_state=on_state)
     if info is not None:
         history = list(getattr(got, "history", []) or [])
         info.update(products=int(getattr(got, "products", 0) or 0),
@@ -92,7 +94,8 @@ def default_oversample(r: int) -> int:
 
 def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
                  oversample: int | None = None, X0: np.ndarray | None = None,
-                 exact: bool = False) -> tuple[np.ndarray, np.ndarray, KrylovInfo]:
+                 exact: bool = False, state=None, on_state=None
+                 ) -> tuple[np.ndarray, np.ndarray, KrylovInfo]:
     """Top-``r`` eigenpairs of ``K'`` by a thick-restarted block Krylov method on blockwise
     products (:func:`dkha.solvers.eigen.top_eigenpairs`), with how it went (products, residuals).
 
@@ -101,7 +104,9 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
     eigenvalue errors by about ``tol² θ_i / gap``. ``X0``: start vectors (padded with seeded random
     ones to the block of ``r + oversample`` columns). ``exact``: float64 products whatever the
     engine's precision (E_min). The basis is held at most ``dkha.krylov-memory`` bytes (twice
-    ``l × columns``: the vectors and their products).
+    ``l × columns``: the vectors and their products). ``state``, ``on_state``: as
+    :func:`~dkha.solvers.eigen.top_eigenpairs` takes them (a resumed solve's progress counts
+    its products from the state's).
     """
     l = engine.n_samples
     k = min(l - 1, r + (oversample if oversample is not None else default_oversample(r)))
@@ -118,14 +123,15 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
     max_basis = int(parse_bytes(config.get("krylov-memory")) // (16 * l))
     verbose = getattr(engine, "verbose", False)
     # no total: the solver stops at its tolerance, far below the iteration cap
-    with Progress(verbose, None, "Krylov", unit="product") as bar:
+    done = 0 if state is None else state.products
+    with Progress(verbose, None, "Krylov", unit="product", initial=done) as bar:
         def matmat(V):
             bar.update()
             with engine.labelled(f"Krylov product {bar.n}"):
                 return engine.matmat(V, exact=True) if exact else engine.matmat(V)
 
         w, V, info = top_eigenpairs(matmat, start, r, tol=tol, maxiter=maxiter,
-                                    max_basis=max_basis)
+                                    max_basis=max_basis, state=state, on_state=on_state)
     log.info("Krylov: %d products (%d columns), %d restarts, largest residual %.2e%s",
              info.products, info.columns, info.restarts, info.history[-1],
              "" if info.converged else " (not converged)")

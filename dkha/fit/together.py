@@ -37,14 +37,14 @@ from dkha.engine.cluster import (
     names_a_cluster,
 )
 from dkha.engine.rows import RowEngine
-from dkha.errors import InputError, ParameterError, RunDirectoryError
+from dkha.errors import RESUME_HINT, InputError, Interrupted, ParameterError, RunDirectoryError
 from dkha.fit.batch import BatchResult, run_batches
 from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
 from dkha.fit.dense import dense_fit
-from dkha.fit.krylov import run_krylov
+from dkha.fit.krylov import KrylovCheckpoints, run_krylov
 from dkha.engine.content import check_finite, on_sample
-from dkha.fit.plan import auto_krylov_tol, plan_fit
+from dkha.fit.plan import Plan, auto_krylov_tol, plan_fit
 from dkha.kernels import make_kernel, median_distance
 from dkha.progress import Progress, announce
 from dkha.solvers.batch import (
@@ -162,6 +162,9 @@ class FitOptions:
     #: the attrs that tell runs apart, with their former names
     #: (:func:`dkha.estimators.params.identity_attrs`)
     identity: dict = field(default_factory=dict)
+    #: each model's parameters as asked for, recorded in its checkpoints (a bare resume
+    #: repeats them: :func:`dkha.estimators.params.recorded_params`)
+    params: Sequence[dict] | None = None
 
 
 def check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, resume: bool,
@@ -225,7 +228,8 @@ def start(engine, settings: list[ModelSettings], metas: list[dict], cks, n_sampl
         A_init = initial_coefficients(p0.n_components, n_samples, schedule.init_generator(seed),
                                       support=p0.support)
     for p, meta, ck in zip(settings, metas, cks or [None] * len(settings)):
-        if p.eta0 is None and ck is not None:    # resumed: the gain the run started with
+        if p.eta0 is None and ck is not None and not is_exact(p.algorithm):
+            # resumed: the gain the run started with
             if ck.meta.get("start_deficit") is None:
                 raise ParameterError(f"cannot resume {ck.path} with the default eta0: the "
                                      "checkpoint does not record its start (an older dkha); "
@@ -288,21 +292,28 @@ def _open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSe
               for d, a in zip(run_dirs or [None] * len(settings), attrs)]
     checkpointers = None if run_dirs is None else [o[0] for o in opened]
     metas = [o[2] for o in opened]
+    for i, meta in enumerate(metas):    # what a bare resume repeats
+        meta.update(params=None if opts.params is None else opts.params[i],
+                    checkpoint_every=opts.checkpoint_every, checkpoint_steps=opts.checkpoint_steps)
     cks = None
     if opts.resume:
         cks = common_step(checkpointers, [o[1] for o in opened], settings[0].n_steps)
     return checkpointers, metas, cks
 
 
-def _default_path(store: DataStore, kernel, p0: ModelSettings, stream: StreamSettings):
+def _default_path(store: DataStore, kernel, p0: ModelSettings, stream: StreamSettings,
+                  cks=None):
     """The default's (``algorithm="auto"``) :class:`~dkha.fit.plan.Plan`, or ``None`` for
     another algorithm. No components, or all of them, make it the exact solver's dense eigh. A
     scheduler the user named is reached first: its workers' threads price the blockwise passes,
-    and an unreachable one is refused in one line whichever path would have been chosen."""
+    and an unreachable one is refused in one line whichever path would have been chosen. A
+    resumed run (``cks``) keeps the path its checkpoint records."""
     if p0.algorithm == AUTO and not 0 < p0.n_components < store.n_samples - 1:
         p0.algorithm = KRYLOV
     if p0.algorithm != AUTO:
         return None
+    if cks and "plan" in cks[0].meta:
+        return Plan.from_attrs(cks[0].meta["plan"])
     if not names_a_cluster(stream.client) or isinstance(stream.client, Client):
         return plan_fit(store, kernel, p0, stream.client, stream.seed)
     with client_for(stream.client) as client:   # reached first: unreachable is refused at once
@@ -333,7 +344,10 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
     # the stage bar is closed once the cluster is up, or by an error before (a bar left open
     # would be repeated by the heartbeat of a long-lived process)
     with stages, contextlib.ExitStack() as entering:
-        plan = _default_path(store, kernel, p0, stream)
+        plan = _default_path(store, kernel, p0, stream, cks)
+        checkpoints = None
+        if plan is not None or is_exact(p0.algorithm) or p0.n_components == 0:
+            checkpoints, cks = _exact_checkpoints(checkpointers, metas, cks, plan, opts)
         if plan is not None:
             attrs[0].update(plan.attrs())
             if plan.path == "dense":
@@ -360,6 +374,8 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         t0 = time.perf_counter()
         if cks is None:
             engine.compute_mk(center_sample=p0.center_sample, seed=stream.seed)
+        elif checkpoints is not None:   # the exact solver resumed: its centering row
+            engine.set_mk(cks[0].arrays["mk"], float(cks[0].meta["mkm"]))
         t1 = time.perf_counter()
         A_init, C_init = start(engine, settings, metas, cks, store.n_samples, stream.seed)
         # seconds before the first pass (history wall times count the passes only)
@@ -369,18 +385,13 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
                    "memory": engine.memory.as_dict(), "plan": plan_line}
         if bands is not None:
             timings["bands"] = bands.as_dict()
-        if plan is not None:    # the default's Krylov path: exact evaluation only when asked
-            results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
-                                  tol=auto_krylov_tol(p0.tol),
-                                  with_evaluation=(p0.tol is not None or
-                                                   str(config.get("evaluation")) == "exact"),
-                                  tracked=stream.evaluate_every >= 0)]
-            timings["path"] = plan.attrs()
-            solvers = [None]
-        elif is_exact(p0.algorithm) or p0.n_components == 0:    # 0: K' = 0, nothing to fit
-            results = [run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
-                                  tol=p0.tol if p0.tol is not None else 1e-8,
-                                  with_evaluation=stream.evaluate_every >= 0)]
+        if plan is not None or is_exact(p0.algorithm) or p0.n_components == 0:
+            # 0 components: K' = 0, nothing to fit
+            if checkpoints is not None:
+                checkpoints = KrylovCheckpoints(engine=engine, **checkpoints)
+            results = [_krylov(engine, p0, stream, plan, A_init, checkpoints)]
+            if plan is not None:
+                timings["path"] = plan.attrs()
             solvers = [None]
         else:
             solvers = [_solver(p, store.n_samples) for p in settings]
@@ -395,6 +406,40 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         if opts.extras is not None:
             opts.extras(fits, engine, client)
     return fits
+
+
+def _exact_checkpoints(checkpointers, metas, cks, plan, opts: FitOptions):
+    """The exact paths' checkpoints (dense and Krylov): ``(KrylovCheckpoints' settings, the
+    checkpoints to resume from)``, both ``None`` without a run directory.
+
+    A fresh fit writes its settings (with the default's path) as the checkpoint of step 0
+    before any work, so that a run stopped or killed at any moment resumes (``--resume``
+    reads them back); the Krylov solve adds its states (:class:`KrylovCheckpoints`). A resume
+    from a step-0 checkpoint starts the solve again (``None``: nothing to restore)."""
+    if checkpointers is None:
+        return None, cks
+    meta = metas[0]
+    if plan is not None:
+        meta["plan"] = plan.attrs()
+    if cks is None:
+        checkpointers[0].save(0, {}, meta)
+    resume = cks[0] if cks and "krylov" in cks[0].meta else None
+    return ({"checkpointer": checkpointers[0], "meta": meta, "resume": resume,
+             "every": int(opts.checkpoint_every or 0)}, None if resume is None else [resume])
+
+
+def _krylov(engine, p0: ModelSettings, stream: StreamSettings, plan, A_init, checkpoints):
+    """:func:`~dkha.fit.krylov.run_krylov` as the default's Krylov path (``plan``; exact
+    evaluation only when asked) or ``algorithm="krylov"`` runs it."""
+    if plan is not None:
+        return run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
+                          tol=auto_krylov_tol(p0.tol),
+                          with_evaluation=(p0.tol is not None or
+                                           str(config.get("evaluation")) == "exact"),
+                          tracked=stream.evaluate_every >= 0, checkpoints=checkpoints)
+    return run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
+                      tol=p0.tol if p0.tol is not None else 1e-8,
+                      with_evaluation=stream.evaluate_every >= 0, checkpoints=checkpoints)
 
 
 def _fits(settings, attrs, results, solvers, metas, checkpointers, engine,
@@ -427,8 +472,15 @@ def _fit_dense(store: DataStore, kernel, p: ModelSettings, stream: StreamSetting
     # a small matrix's products are too short for BLAS threads to pay: one thread, as inline
     # (the same bits; on a busy 2-core machine ARPACK on 1 000 samples took 0.05 s instead of 1.3)
     small = store.n_samples <= int(config.get("inline-samples"))
-    with blas_limit(1) if small else contextlib.nullcontext():
-        res, mk, mkm, stats = dense_fit(store.read(), kernel, p.n_components, seed=stream.seed)
+    try:
+        with blas_limit(1) if small else contextlib.nullcontext():
+            res, mk, mkm, stats = dense_fit(store.read(), kernel, p.n_components,
+                                            seed=stream.seed)
+    except Interrupted as exc:
+        raise Interrupted(f"{exc}; " + (f"continue with {RESUME_HINT} (the dense path "
+                                        "starts again: it keeps no partial state)"
+                                        if checkpointer is not None else "run the command "
+                                        "again (the dense path keeps no partial state)")) from None
     timings = {"centering": 0.0, "init": 0.0, "path": plan.attrs(), "stream": res.wall_time,
                "passes": list(stats.passes), "replicas": {"rebuilds": 0, "moves": 0},
                "projections": {"asked": None, "chosen": "dense", "reason": plan.reason}}

@@ -46,7 +46,7 @@ from dkha.data.checkpoint import Checkpointer
 from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.patches import read_grey_image
 from dkha.data.store import open_store
-from dkha.errors import DkhaError, InputError, ParameterError
+from dkha.errors import RESUME_HINT, DkhaError, InputError, ParameterError
 from dkha.estimators.factory import estimator_for, fit_run
 from dkha.estimators.params import pipeline_keys
 from dkha.fit.track import result_entry
@@ -423,6 +423,18 @@ def _exit_code(exc: BaseException) -> int:
     return 1
 
 
+def _continued_by_rerun(exc: BaseException, path: str, run_id: str | None) -> BaseException:
+    """A resumable error (exit code 75: stopped, lost the cluster) says how the pipeline goes
+    on: running it again (its fit resumes from the checkpoint), not ``dkha fit ... --resume``."""
+    if not isinstance(exc, DkhaError) or exc.exit_code != 75:
+        return exc
+    again = f"`dkha run {path}" + (f" --run-id {run_id}" if run_id else "") + "`"
+    text = str(exc)
+    text = (text.replace(RESUME_HINT, again) if RESUME_HINT in text
+            else f"{text}; continue with {again}")
+    return type(exc)(text)
+
+
 def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
              cluster: dict | None = None, verbose: bool = False) -> tuple[int, dict]:
     """Run a pipeline file; returns ``(exit code, summary)``. Writes ``summary.json`` always."""
@@ -446,8 +458,9 @@ def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
                 summary["stages"] = {k: {"done": v.get("done"), "seconds": v.get("seconds")}
                                      for k, v in state["stages"].items()}
                 summary["figures"] = runner.figures
-            except BaseException as exc:
+            except BaseException as caught:
                 # any failure, not only a user's error, must show in the exit code and summary
+                exc = _continued_by_rerun(caught, path, run_id)
                 code = _exit_code(exc)
                 summary["error"] = str(exc) if isinstance(exc, DkhaError) else \
                     f"{type(exc).__name__}: {exc}"
@@ -455,7 +468,9 @@ def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
                 summary["stages"] = {k: {"done": v.get("done"), "seconds": v.get("seconds")}
                                      for k, v in runner.state["stages"].items()}
                 log.error("stage %s failed: %s", runner.current_stage, summary["error"])
-                raise
+                if exc is caught:
+                    raise
+                raise exc from None
             finally:
                 summary["exit_code"] = code
                 summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -55,6 +55,25 @@ class KrylovInfo:
     history: list = field(default_factory=list)
 
 
+@dataclass
+class KrylovState:
+    """The iteration between two products (at the top of its loop): the basis ``Q``, its
+    products ``KQ``, the Rayleigh quotient ``T`` and the stall counters, with the
+    :class:`KrylovInfo` counts so far. The arrays are the iteration's own (no copies); an
+    iteration continued from it (``top_eigenpairs(..., state=)``) does exactly what the one it
+    was taken from would have done."""
+
+    Q: np.ndarray
+    KQ: np.ndarray
+    T: np.ndarray
+    best: float
+    since: int
+    products: int
+    columns: int
+    restarts: int
+    history: list
+
+
 def orthonormal_columns(Z: np.ndarray, Q: np.ndarray | None = None, *, drop: float = 1e-10
                         ) -> np.ndarray:
     """An orthonormal basis of the part of ``span(Z)`` orthogonal to ``Q`` (classical
@@ -76,24 +95,35 @@ def orthonormal_columns(Z: np.ndarray, Q: np.ndarray | None = None, *, drop: flo
 
 
 def top_eigenpairs(matmat, X0: np.ndarray, r: int, *, tol: float = 1e-8, maxiter: int = 300,
-                   max_basis: int | None = None, stall: int = 6, callback=None
+                   max_basis: int | None = None, stall: int = 6, callback=None,
+                   state: KrylovState | None = None, on_state=None
                    ) -> tuple[np.ndarray, np.ndarray, KrylovInfo]:
     """The ``r`` largest eigenpairs ``(w, V)`` (descending, ``V`` orthonormal ``n × r``) of the
     symmetric positive semi-definite operator ``matmat: V ↦ K V``, from the start block ``X0``
     (``n × block``, ``block ≥ r``: its width is the block size), with the :class:`KrylovInfo`.
 
     ``maxiter`` bounds the products; ``max_basis`` the basis columns (default ``12·block``, at
-    least ``3·block``); ``callback(info)`` is called after each product."""
+    least ``3·block``); ``callback(info)`` is called after each product. ``on_state(state)``
+    gets the :class:`KrylovState` at every product boundary (before the Ritz pairs it gives);
+    ``state``: continue from one (``X0`` then only gives the block's width)."""
     n, block = X0.shape
     if not 0 < r <= block:
         raise ValueError(f"the start block needs at least r = {r} columns, got {block}")
     max_basis = min(n, max(3 * block, max_basis or 12 * block))
     info = KrylovInfo()
-    Q = orthonormal_columns(np.asarray(X0, dtype=np.float64))
-    KQ = _product(matmat, Q, info)
-    T = _sym(Q.T @ KQ)
-    best, since = np.inf, 0
+    if state is None:
+        Q = orthonormal_columns(np.asarray(X0, dtype=np.float64))
+        KQ = _product(matmat, Q, info)
+        T = _sym(Q.T @ KQ)
+        best, since = np.inf, 0
+    else:
+        Q, KQ, T, best, since = state.Q, state.KQ, state.T, state.best, state.since
+        info.products, info.columns, info.restarts = state.products, state.columns, state.restarts
+        info.history = list(state.history)
     while True:
+        if on_state is not None:
+            on_state(KrylovState(Q, KQ, T, float(best), since, info.products, info.columns,
+                                 info.restarts, list(info.history)))
         theta, Y = _ritz(T)
         k = min(block, len(theta))
         X, KX = Q @ Y[:, :k], KQ @ Y[:, :k]
