@@ -344,10 +344,8 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
     # the stage bar is closed once the cluster is up, or by an error before (a bar left open
     # would be repeated by the heartbeat of a long-lived process)
     with stages, contextlib.ExitStack() as entering:
-        plan = _default_path(store, kernel, p0, stream, cks)
-        checkpoints = None
-        if plan is not None or is_exact(p0.algorithm) or p0.n_components == 0:
-            checkpoints, cks = _exact_checkpoints(checkpointers, metas, cks, plan, opts)
+        plan, checkpoints, cks = _exact_path(store, kernel, p0, stream, checkpointers, metas,
+                                             cks, opts)
         if plan is not None:
             attrs[0].update(plan.attrs())
             if plan.path == "dense":
@@ -406,6 +404,16 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         if opts.extras is not None:
             opts.extras(fits, engine, client)
     return fits
+
+
+def _exact_path(store, kernel, p0: ModelSettings, stream: StreamSettings, checkpointers, metas,
+                cks, opts: FitOptions):
+    """``(plan, checkpoints, cks)``: the default's plan (``None`` for another algorithm) and,
+    for the exact paths, their checkpoints (:func:`_exact_checkpoints`)."""
+    plan = _default_path(store, kernel, p0, stream, cks)
+    if plan is None and not is_exact(p0.algorithm) and p0.n_components != 0:
+        return None, None, cks
+    return (plan, *_exact_checkpoints(checkpointers, metas, cks, plan, opts))
 
 
 def _exact_checkpoints(checkpointers, metas, cks, plan, opts: FitOptions):
