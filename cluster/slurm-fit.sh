@@ -24,15 +24,18 @@ while [ ! -f "$SCHED" ]; do sleep 2; done
 RESUME=()
 [ -d "$RUN/checkpoints" ] && RESUME=(--resume)
 set +e
-dkha fit "$STORE" -o "$RUN" --scheduler-file "$SCHED" "${RESUME[@]}" "$@" &
+FIT=""
+trap 'STOPPING=1; [ -n "$FIT" ] && kill -TERM $FIT' TERM
+dkha fit "$STORE" -o "$RUN" --scheduler-file "$SCHED" ${RESUME[@]+"${RESUME[@]}"} "$@" &
 FIT=$!
-trap 'kill -TERM $FIT' TERM
+[ -n "${STOPPING:-}" ] && kill -TERM $FIT   # the signal came before the fit had started
 wait $FIT
 rc=$?
-while kill -0 $FIT 2>/dev/null; do   # wait was cut short by the signal: the fit checkpoints
-  wait $FIT
-  rc=$?
-done
+if [ -n "${STOPPING:-}" ] && [ $rc -gt 128 ]; then   # wait was cut short by the signal:
+  wait $FIT                                          # the fit's own status (75 once it has
+  again=$?                                           # checkpointed); 127: that was it
+  [ $again -ne 127 ] && rc=$again
+fi
 set -e
 if [ $rc -eq 75 ]; then   # stopped (time limit) or lost the cluster: resumable
   if [ "$RESUBMITS" -lt "$MAX_RESUBMITS" ]; then

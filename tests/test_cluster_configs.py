@@ -67,8 +67,9 @@ def test_jobqueue_script_without_dask_jobqueue_names_the_extra(tmp_path):
 STUBS = {   # the commands slurm-fit.sh runs, recording what they were asked
     "python": '#!/bin/bash\nwhile [ $# -gt 0 ]; do [ "$1" = --scheduler-file ] && touch "$2"; '
               'shift; done\nexec sleep 60\n',
-    "dkha": '#!/bin/bash\necho "$@" >> "$LOG/dkha"\ntrap \'echo TERM >> "$LOG/dkha"; exit 75\' '
-            'TERM\n[ "$FIT_RC" = wait ] || exit "$FIT_RC"\nsleep 60 & wait $!\n',
+    "dkha": '#!/bin/bash\ntrap \'echo TERM >> "$LOG/dkha"; exit 75\' TERM\n'
+            'echo "$@" >> "$LOG/dkha"\n[ "$FIT_RC" = wait ] || exit "$FIT_RC"\n'
+            'sleep 60 & wait $!\n',
     "sbatch": '#!/bin/bash\necho "DKHA_RESUBMITS=$DKHA_RESUBMITS $*" >> "$LOG/sbatch"\n',
 }
 
