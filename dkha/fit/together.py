@@ -380,16 +380,12 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
         timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
                    "projections": {"asked": asked, "chosen": engine.projections,
                                    "reason": engine.projections_reason},
-                   "memory": engine.memory.as_dict(), "plan": plan_line}
+                   "memory": engine.memory.as_dict(), "plan": plan_line,
+                   **({} if plan is None else {"path": plan.attrs()})}
         if bands is not None:
             timings["bands"] = bands.as_dict()
-        if plan is not None or is_exact(p0.algorithm) or p0.n_components == 0:
-            # 0 components: K' = 0, nothing to fit
-            if checkpoints is not None:
-                checkpoints = KrylovCheckpoints(engine=engine, **checkpoints)
+        if plan is not None or is_exact(p0.algorithm) or p0.n_components == 0:  # 0: K' = 0
             results = [_krylov(engine, p0, stream, plan, A_init, checkpoints)]
-            if plan is not None:
-                timings["path"] = plan.attrs()
             solvers = [None]
         else:
             solvers = [_solver(p, store.n_samples) for p in settings]
@@ -438,7 +434,10 @@ def _exact_checkpoints(checkpointers, metas, cks, plan, opts: FitOptions):
 
 def _krylov(engine, p0: ModelSettings, stream: StreamSettings, plan, A_init, checkpoints):
     """:func:`~dkha.fit.krylov.run_krylov` as the default's Krylov path (``plan``; exact
-    evaluation only when asked) or ``algorithm="krylov"`` runs it."""
+    evaluation only when asked) or ``algorithm="krylov"`` runs it; ``checkpoints``: the
+    settings of its :class:`~dkha.fit.krylov.KrylovCheckpoints` (``None``: no run directory)."""
+    if checkpoints is not None:
+        checkpoints = KrylovCheckpoints(engine=engine, **checkpoints)
     if plan is not None:
         return run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                           tol=auto_krylov_tol(p0.tol),
