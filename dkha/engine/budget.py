@@ -201,12 +201,6 @@ def configured_budget() -> int:
     return FLOOR_BYTES if budget is None else budget
 
 
-def workers_budget(client) -> int | None:
-    """A quarter of the memory limits the cluster's workers report (None where any reports none)."""
-    memory = Hardware.of(client).memory
-    return None if memory is None else memory // 4
-
-
 def block_rows_for(n_samples: int, block_rows: int | None = None) -> int:
     """Rows per block of the batch stream: ``block_rows`` when given, else the most (up to
     ``dkha.block-rows``) whose blocks in flight fit the configured budget (module docstring)."""
