@@ -157,6 +157,15 @@ class Kernel:
         keeps resident for whole passes (:mod:`dkha.engine.device`)."""
         return self._inputs(X)
 
+    def input_scale(self) -> float | None:
+        """``s`` where the feature map is ``Φ(x) = s·x`` (the linear kernel, a polynomial of
+        degree 1 without offset: ``s = √gamma``), else None: no input-space vectors."""
+        p = dict(self.params)
+        if self.name == "polynomial" and p.get("degree") == 1 and not p.get("offset"):
+            gamma = p.get("gamma")
+            return float(np.sqrt(gamma)) if gamma is not None else None
+        return None
+
     def needs_sigma(self) -> bool:
         return self.name in ("gaussian", "laplacian") and self["sigma"] is None
 

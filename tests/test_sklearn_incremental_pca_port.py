@@ -4,17 +4,21 @@ apply to an incremental kernel PCA, run against :class:`dkha.OnlineKernelPCA`.
 Porting rules (as in tests/test_sklearn_kernel_pca_port.py): each test body is scikit-learn's,
 ``IncrementalPCA`` being the fixture of that name — a factory building ``OnlineKernelPCA`` with
 the linear kernel, centered (so that kernel PCA is PCA), ``batch_size`` as its ``block_rows``.
-scikit-learn's ``global_random_seed`` is 42. What is linear PCA's own (``components_``,
-``explained_variance_*``, ``singular_values_``, covariance, whitening, ``n_components=None``
+scikit-learn's ``global_random_seed`` is 42. ``components_`` exists for the linear kernel (the
+principal axes in input space); ``partial_fit`` is exact while every sample seen lies in the
+dictionary's span, so the tests comparing ``components_`` of fit and partial_fit, or of
+``partial_fit`` and ``PCA``, run unchanged. What else is linear PCA's own
+(``explained_variance_*``, ``singular_values_``, covariance, whitening, ``n_components=None``
 meaning ``min(n_samples, n_features)``) does not exist in a kernel PCA over a dictionary: those
 tests are skipped with that reason; no applicable assertion is loosened.
 """
 
+import itertools
 import warnings
 
 import numpy as np
 import pytest
-from numpy.testing import assert_array_equal
+from numpy.testing import assert_allclose, assert_array_equal
 from sklearn import datasets
 from sklearn.decomposition import PCA
 from sklearn.utils._testing import assert_almost_equal
@@ -159,9 +163,25 @@ def test_incremental_pca_batch_signs():
     """Test that components_ sign is stable over batch sizes (n_components=None)."""
 
 
-@pytest.mark.skip(reason=LINEAR_PCA)
-def test_incremental_pca_partial_fit_small_batch():
-    """No minimum batch size after the first partial_fit (compares components_)."""
+def test_incremental_pca_partial_fit_small_batch(IncrementalPCA):
+    # Test that there is no minimum batch size after the first partial_fit
+    # Non-regression test
+    rng = np.random.RandomState(1999)
+    n, p = 50, 3
+    X = rng.randn(n, p)  # spherical data
+    X[:, 1] *= 0.00001  # make middle component relatively small
+    X += [5, 4, 3]  # make a large mean
+
+    n_components = p
+    pipca = IncrementalPCA(n_components=n_components)
+    pipca.partial_fit(X[:n_components])
+    for idx in range(n_components, n):
+        pipca.partial_fit(X[idx : idx + 1])
+
+    pca = PCA(n_components=n_components)
+    pca.fit(X)
+
+    assert_allclose(pca.components_, pipca.components_, atol=1e-3)
 
 
 @pytest.mark.skip(reason=NO_NONE)
@@ -174,9 +194,24 @@ def test_incremental_pca_batch_rank():
     """Sample size in each batch >= n_components (compares components_)."""
 
 
-@pytest.mark.skip(reason=LINEAR_PCA)
-def test_incremental_pca_partial_fit():
-    """fit and partial_fit get equivalent results (compares components_)."""
+def test_incremental_pca_partial_fit(IncrementalPCA, global_random_seed):
+    # Test that fit and partial_fit get equivalent results.
+    rng = np.random.RandomState(global_random_seed)
+    n, p = 50, 3
+    X = rng.randn(n, p)  # spherical data
+    X[:, 1] *= 0.00001  # make middle component relatively small
+    X += [5, 4, 3]  # make a large mean
+
+    # same check that we can find the original data from the transformed
+    # signal (since the data is almost of rank n_components)
+    batch_size = 10
+    ipca = IncrementalPCA(n_components=2, batch_size=batch_size).fit(X)
+    pipca = IncrementalPCA(n_components=2, batch_size=batch_size)
+    # Add one to make sure endpoint is included
+    batch_itr = np.arange(0, n + 1, batch_size)
+    for i, j in itertools.pairwise(batch_itr):
+        pipca.partial_fit(X[i:j, :])
+    assert_almost_equal(ipca.components_, pipca.components_, decimal=3)
 
 
 def test_incremental_pca_against_pca_iris(IncrementalPCA):

@@ -18,8 +18,8 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
   ``mean((w_iᵀ(Φ(x) − μ))²) / ‖w_i‖²`` over a seeded sample of the data (``eigenvalue_samples`` rows; the
   second moment when uncentered): an estimate of the eigenvalue of the covariance operator,
   i.e. of ``λ_i(K)/l``;
-* history over ``evaluation``: ``pass, step, error, error_min, excess, wall_time`` (the error
-  fields are NaN: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
+* history over ``evaluation``: ``pass, step, wall_time`` (no ``error``, ``error_min``,
+  ``excess``: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
   unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
   component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (``eigenvalue_samples``
   rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
@@ -375,6 +375,9 @@ class OnlineKernelPCA(DkhaTransformer):
         inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended."""
         return online_run.estimator_of(cls, ds)
 
+    components_ = property(lambda self: input_axes(self), doc="The linear kernel's principal "
+                           "axes in input space (:func:`input_axes`).")
+
     def _read_solver(self) -> OnlineKHA:
         """The fitted attributes the solver's state gives (coefficients, dictionary, members)."""
         s = self.solver_
@@ -385,6 +388,17 @@ class OnlineKernelPCA(DkhaTransformer):
         self.mean_coefficient_ = s.mean_coefficients()
         self.n_steps_ = s.state.step
         return s
+
+
+def input_axes(model: OnlineKernelPCA) -> np.ndarray:
+    """The linear kernel's principal axes in input space, ``(n_components, n_features)``:
+    ``Σ_q alpha_[i, q] dictionary_[q]`` (unit norm, IncrementalPCA's ``components_``, signs as
+    its ``svd_flip``). Other kernels' components have no input-space vector."""
+    scale = model.kernel_.input_scale() if hasattr(model, "alpha_") else None
+    if scale is None:
+        raise AttributeError("components_ is the linear kernel's (input-space axes) and needs "
+                             "a fitted OnlineKernelPCA(kernel='linear')")
+    return scale * (model.alpha_ @ model.dictionary_)
 
 
 def _store_path(source) -> str:

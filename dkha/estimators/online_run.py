@@ -34,6 +34,9 @@ def dataset_of(model) -> xr.Dataset:
                   "state_L": (("member", "member_column"), arrays["L"]),
                   "state_cbar": ("member", arrays["cbar"]),
                   "state_a_init": ("component", arrays["a_init"])})
+    if "exact_S" in arrays:         # the exact span's sums (dkha.solvers.online_exact)
+        extra.update({"state_exact_S": (("member", "member_column"), arrays["exact_S"]),
+                      "state_exact_s": ("member", arrays["exact_s"])})
     attrs = dict(model.attrs_, members=int(model.dictionary_.shape[0]), state_scalars=scalars)
     return result.build_dataset(model.alpha_, model.eigenvalues_, hist, attrs,
                                 member_dim="member", extra=extra,
@@ -57,6 +60,8 @@ def estimator_of(cls, ds: xr.Dataset):
               "cbar": ds["state_cbar"].values, "dictionary": ds["dictionary"].values,
               "member_index": ds["member_index"].values,
               "member_step": ds["member_step"].values, "a_init": ds["state_a_init"].values}
+    if "state_exact_S" in ds:
+        arrays.update(exact_S=ds["state_exact_S"].values, exact_s=ds["state_exact_s"].values)
     model.solver_.restore(arrays, a["state_scalars"])
     model.kernel_ = kernel
     model.n_features_in_ = int(a["n_features"])

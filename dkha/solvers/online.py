@@ -63,6 +63,7 @@ from dkha.names import (ONLINE_ALGORITHMS, ONLINE_DEFAULT_ETA0, ONLINE_DEFAULT_G
                         ONLINE_DEFAULT_MAX_MEMBERS)
 from dkha.solvers.batch import MAX_BACKOFFS, check_on_divergence
 from dkha.solvers.compiled import RUNAWAY
+from dkha.solvers.online_exact import ExactSpan, sign_fixed
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +332,11 @@ class OnlineKHA:
         Track the running mean in the dictionary's span (Honeine §5.2).
     a_init : ndarray (n_components,)
         The first member's coefficients (``A(1)`` of Table I).
+    exact_span : bool
+        Keep the exact solution of what was seen while it all lies in the dictionary's span
+        (:mod:`dkha.solvers.online_exact`): the state is that solution until the first sample
+        outside the span, the papers' streaming updates from there on. Off: the papers'
+        algorithm from the first sample.
     on_divergence : {"backoff", "stop"}
         A bad step (the guard of :func:`online_block`): ``"backoff"`` (default) rolls the state
         back to the start of its slice of samples, halves the step size (the state's
@@ -341,7 +347,7 @@ class OnlineKHA:
     def __init__(self, algorithm: str, n_components: int, n_features: int, kernel: Kernel, *,
                  nu: float, max_members: int, eta0: float, gamma: float | None = None,
                  tau: float | None = None, center: bool = False, a_init: np.ndarray,
-                 on_divergence: str = "backoff"):
+                 on_divergence: str = "backoff", exact_span: bool = False):
         self.algorithm = check_algorithm(algorithm)
         self.r = int(n_components)
         self.n_features = int(n_features)
@@ -364,6 +370,10 @@ class OnlineKHA:
         #: one dict per backoff, as :attr:`dkha.solvers.batch.BatchKHA.backoffs` (gains: η0)
         self.backoffs: list[dict] = []
         self.log_level = logging.WARNING
+        #: the exact solution of what was seen while it all lies in the dictionary's span
+        #: (:mod:`dkha.solvers.online_exact`); None once a sample fell outside it
+        self.exact: ExactSpan | None = ExactSpan() if exact_span else None
+        self._settled = True
 
     # -- storage --
     def _allocate(self, capacity: int) -> OnlineState:
@@ -398,13 +408,18 @@ class OnlineKHA:
         ``L``, the coefficients ``B = Lᵀ A``, the running mean, the member records, the step (the
         stream position and, through it, the step size) and the allocated capacity.
         """
+        self._settle()
         st = self.state
         m = st.m
         arrays = {"B": st.B[:, :m], "L": st.L[:m, :m], "cbar": st.cbar[:m],
                   "dictionary": st.dictionary[:m], "member_index": st.member_index[:m],
                   "member_step": st.member_step[:m], "a_init": self.a_init}
-        return arrays, {"m": int(m), "count": int(st.count), "step": int(st.step),
-                        "capacity": int(st.capacity), "gain_factor": float(st.gain_factor)}
+        scalars = {"m": int(m), "count": int(st.count), "step": int(st.step),
+                   "capacity": int(st.capacity), "gain_factor": float(st.gain_factor)}
+        if self.exact is not None:
+            arrays.update(self.exact.arrays())
+            scalars["exact_n"] = int(self.exact.n)
+        return arrays, scalars
 
     def restore(self, arrays: dict[str, np.ndarray], scalars: dict) -> None:
         """Continue from a :meth:`snapshot` (of a solver with the same settings)."""
@@ -428,6 +443,10 @@ class OnlineKHA:
         st.gain_factor = float(scalars.get("gain_factor", 1.0))
         self.state = st
         self._factor_copy = None
+        # runs saved before the exact span, or past it: streaming only
+        self.exact = (ExactSpan.restored(arrays, scalars["exact_n"])
+                      if "exact_S" in arrays and "exact_n" in scalars else None)
+        self._settled = True
 
     # -- the block step --
     def coordinates(self, X: np.ndarray) -> np.ndarray:
@@ -461,6 +480,7 @@ class OnlineKHA:
         if b == 0:
             return 0
         self._reserve(b)
+        self._settle()      # while exact: the slice streams from the exact solution so far
         st = self.state
         m0 = st.m
         C0 = np.ascontiguousarray(self.coordinates(X).T)  # a view: (b, m) in C order
@@ -506,7 +526,28 @@ class OnlineKHA:
                 f"{self.algorithm} diverged: non-finite coefficients by step {st.step}; "
                 f"lower eta0 (now {self.eta0})"
             )
+        if self.exact is not None:
+            if self.exact.add(self.coordinates(X), kdiag):
+                self._settled = False
+            else:       # a sample outside the span: this slice streamed from the exact
+                self.exact = None       # solution of what came before it; streaming from here
         return int(n_joined)
+
+    def _settle(self) -> None:
+        """Set ``B`` and the mean to the exact solution of what was seen (while it lies in the
+        dictionary's span; :mod:`dkha.solvers.online_exact`); signs as scikit-learn's."""
+        if self._settled or self.exact is None or self.exact.n == 0:
+            return
+        st = self.state
+        m = st.m
+        B, mean = self.exact.solution(self.r, self.center, m)
+        A = solve_triangular(st.L[:m, :m].T, B.T, lower=False, check_finite=False).T
+        linear = self.kernel.input_scale() is not None
+        # (components beyond the span's dimension keep their streaming state)
+        st.B[:len(B), :m] = sign_fixed(B, A @ st.dictionary[:m] if linear else B)
+        if self.center:
+            st.cbar[:m] = mean
+        self._settled = True
 
     def _back_off(self, step: int, component: int, rolled_back_to: int) -> None:
         """Halve the step size after a bad step (0-based ``step``); record the event."""
@@ -532,6 +573,7 @@ class OnlineKHA:
 
     def alpha(self) -> np.ndarray:
         """``Aᵀ`` (``r × m``): component ``j`` is ``Σ_q alpha[j, q] Φ(d_q)``."""
+        self._settle()
         st = self.state
         m = st.m
         if m == 0:
@@ -541,6 +583,7 @@ class OnlineKHA:
 
     def mean_coefficients(self) -> np.ndarray:
         """``β̄`` (``m``): the running mean is ``Σ_q β̄_q Φ(d_q)`` (zeros when not centered)."""
+        self._settle()
         st = self.state
         m = st.m
         if not self.center or m == 0:
@@ -549,11 +592,13 @@ class OnlineKHA:
 
     def component_norms(self) -> np.ndarray:
         """Feature-space norms ``‖w_j‖`` of the components."""
+        self._settle()
         st = self.state
         return np.sqrt(np.einsum("ij,ij->i", st.B[:, :st.m], st.B[:, :st.m]))
 
     def transform(self, X: np.ndarray) -> np.ndarray:
         """``(len(X), r)`` projections ``w_jᵀ (Φ(x) − μ)`` (``μ = 0`` when not centered)."""
+        self._settle()
         X = np.asarray(X, dtype=np.float64)
         st = self.state
         C = self.coordinates(X)
