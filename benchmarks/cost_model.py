@@ -3,9 +3,9 @@
 
 The dense path is ruled out (``dkha.dense-bytes`` 0) so every size runs the blockwise Krylov path
 the model prices; r = 20 components of 11×11 patches of scikit-image's photographs (the README's
-setting), each fit starting its own local cluster of this machine's cores, as `dkha fit` does. Prints, per size, the estimate, the fit's
-wall seconds (the run's ``fit_seconds`` and the whole call), the products, and the ratio
-estimate / taken (target: within 2× either way).
+setting), each fit starting its own local cluster of this machine's cores, as `dkha fit` does.
+Prints, per size, the estimate, the fit's wall seconds (the run's last ``wall_time`` and the
+whole call), the products, and the ratio estimate / taken (target: within 2× either way).
 
     python benchmarks/cost_model.py [--sizes 5000 20000] [--components 20]
 """

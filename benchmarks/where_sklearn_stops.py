@@ -23,8 +23,8 @@ memory of the whole tree (psutil, sampled every 50 ms: Dask workers included) ar
 here. Accuracy comes from an independent check, two plain NumPy passes over ``K'`` in blocks
 of rows (nothing of dkha's evaluation): each method's training projections ``Y`` (``l × r``)
 give unit vectors ``v_i = Y_i / ‖Y_i‖``; the check reports the largest relative residual
-``‖K'v_i − λ_i v_i‖ / λ_i`` (``λ_i = v_iᵀ K' v_i``) and the excess error ``E(A)/E_min − 1`` of eq. 22
-with ``C = Yᵀ`` (``E(A)² = ‖K'‖² − 2 tr(C K' Cᵀ) + ‖C Cᵀ‖²``) and
+``‖K'v_i − λ_i v_i‖ / λ_i`` (``λ_i = v_iᵀ K' v_i``) and the excess error ``E(A)/E_min − 1`` of
+eq. 22 with ``C = Yᵀ`` (``E(A)² = ‖K'‖² − 2 tr(C K' Cᵀ) + ‖C Cᵀ‖²``) and
 ``E_min² = ‖K'‖² − Σ θ_i²``, ``θ`` the Rayleigh–Ritz values of the best subspace any method
 found (≤ the exact top eigenvalues, equal to them to the squared residual of an exact method).
 

@@ -667,7 +667,7 @@ def test_cluster_reuses_the_runs_projections_and_says_what_it_does(blobs_run, cl
 
     from dkha.fit.evaluate import projections
 
-    run_dir, _, y = blobs_run
+    run_dir, _, _ = blobs_run
     ds = result.load(run_dir)
     with caplog.at_level(logging.INFO, logger="dkha.progress"):
         res = clustering.cluster_run(run_dir, 3, client="tcp://127.0.0.1:9")

@@ -333,10 +333,8 @@ class OnlineKHA:
     a_init : ndarray (n_components,)
         The first member's coefficients (``A(1)`` of Table I).
     exact_span : bool
-        Keep the exact solution of what was seen while it all lies in the dictionary's span
-        (:mod:`dkha.solvers.online_exact`): the state is that solution until the first sample
-        outside the span, the papers' streaming updates from there on. Off: the papers'
-        algorithm from the first sample.
+        The exact solution of what was seen while it lies in the dictionary's span, then the
+        papers' updates (:mod:`dkha.solvers.online_exact`); off: the papers' from the start.
     on_divergence : {"backoff", "stop"}
         A bad step (the guard of :func:`online_block`): ``"backoff"`` (default) rolls the state
         back to the start of its slice of samples, halves the step size (the state's

@@ -60,7 +60,7 @@ class ExactSpan:
         if center:
             mean[:have] = self.s / self.n
         G = self.S / self.n - np.outer(mean[:have], mean[:have])
-        w, V = np.linalg.eigh(0.5 * (G + G.T))
+        _, V = np.linalg.eigh(0.5 * (G + G.T))
         k = min(r, have)
         B = np.zeros((k, m))
         B[:, :have] = V[:, ::-1][:, :k].T
@@ -70,7 +70,7 @@ class ExactSpan:
         return {"exact_S": self.S, "exact_s": self.s}
 
     @classmethod
-    def restored(cls, arrays: dict, n: int) -> "ExactSpan":
+    def restored(cls, arrays: dict, n: int) -> ExactSpan:
         span = cls()
         span.S, span.s, span.n = (np.array(arrays["exact_S"], dtype=np.float64),
                                   np.array(arrays["exact_s"], dtype=np.float64), int(n))
