@@ -10,7 +10,9 @@ training projections unstack with xarray into one response map per image and com
 """
 
 # %%
+import atexit
 import os
+import shutil
 import tempfile
 
 import skimage.data
@@ -22,6 +24,7 @@ from dkha.data import result
 small = os.environ.get("DKHA_EXAMPLE_SMALL") == "1"
 side = 40 if small else 128
 work = tempfile.mkdtemp(prefix="dkha-example-")
+atexit.register(shutil.rmtree, work, True)      # the store and run go when the script ends
 images = [skimage.transform.resize(skimage.data.camera(), (side, side)),
           skimage.transform.resize(skimage.color.rgb2gray(skimage.data.astronaut()),
                                    (side, side + side // 4))]
