@@ -366,3 +366,39 @@ def test_default_krylov_fit_stopped_by_each_signal_resumes_bit_identical(tmp_pat
     assert np.array_equal(ds["eigenvalue"].values, ref.eigenvalues_)
     assert [int(p) for p in ds["pass"].values] == [h["pass"] for h in ref.history_]
     assert not os.path.exists(os.path.join(run, "checkpoints")), "spent checkpoints removed"
+
+
+def test_default_dense_fit_stopped_then_resumed_is_bit_identical(digits_store, tmp_path,
+                                                                 monkeypatch):
+    """The default's dense path stops within a Lanczos product (before, it ran to its end) and
+    resumes from the settings it wrote before any work (it keeps no partial state: the
+    resume starts it again, to the same bits); the resume keeps the dense path."""
+    from dkha import KernelHebbianPCA
+    from dkha.data.checkpoint import Checkpointer
+    from dkha.engine.stop import STOP
+    from dkha.errors import Interrupted
+    from dkha.fit import dense
+
+    full = KernelHebbianPCA(5, sigma=4.0).fit(digits_store)
+    assert full.attrs_["path"] == "dense"
+    check_stop = dense.check_stop
+
+    def stop_in_lanczos(what):      # the signal, while Lanczos runs
+        if "Lanczos" in what:
+            STOP.set()
+        check_stop(what)
+
+    monkeypatch.setattr(dense, "check_stop", stop_in_lanczos)
+    run = str(tmp_path / "run")
+    try:
+        with pytest.raises(Interrupted, match=r"Lanczos.*continue with `dkha fit \.\.\. --resume`"):
+            KernelHebbianPCA(5, sigma=4.0).fit(digits_store, run_dir=run)
+    finally:
+        STOP.clear()
+    monkeypatch.setattr(dense, "check_stop", check_stop)
+    ck = Checkpointer(run).latest()
+    assert ck.step == 0 and ck.meta["plan"]["path"] == "dense" and not ck.arrays
+    resumed = KernelHebbianPCA(5, sigma=4.0).fit(digits_store, run_dir=run, resume=True)
+    assert resumed.attrs_["path"] == "dense"
+    assert np.array_equal(resumed.alpha_, full.alpha_)
+    assert not os.path.exists(os.path.join(run, "checkpoints"))
