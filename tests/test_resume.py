@@ -309,7 +309,15 @@ def _wait_for_step(proc, run, step):
         time.sleep(0.01)
 
 
-def test_default_krylov_fit_stopped_by_each_signal_resumes_bit_identical(tmp_path):
+@pytest.fixture(scope="module")
+def krylov_store(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("k") / "x.zarr")
+    ingest_array(np.random.default_rng(4).normal(size=(3000, 16)), path, chunk_rows=500)
+    return path
+
+
+def test_default_krylov_fit_stopped_by_each_signal_resumes_bit_identical(krylov_store,
+                                                                         tmp_path):
     """SIGINT, SIGTERM and SIGKILL, each mid-product of the default fit's Krylov solve on a
     real (in-process) cluster, each followed by a bare ``--resume``: the result is the
     uninterrupted run's, bit for bit. Checkpoints (asked for here at every product) leave the
@@ -324,8 +332,7 @@ def test_default_krylov_fit_stopped_by_each_signal_resumes_bit_identical(tmp_pat
     from dkha.errors import ParameterError
     from tests.processes import other_lines
 
-    store = str(tmp_path / "x.zarr")
-    ingest_array(np.random.default_rng(4).normal(size=(3000, 16)), store, chunk_rows=500)
+    store = krylov_store
     env = subprocess_env(**KRYLOV_ENV)
     with dask.config.set({"dkha.dense-bytes": 1e6, "dkha.tile-rows": 150}):
         ref = KernelHebbianPCA(8).fit(store)      # the uninterrupted run, in this process
@@ -402,3 +409,29 @@ def test_default_dense_fit_stopped_then_resumed_is_bit_identical(digits_store, t
     assert resumed.attrs_["path"] == "dense"
     assert np.array_equal(resumed.alpha_, full.alpha_)
     assert not os.path.exists(os.path.join(run, "checkpoints"))
+
+
+def test_ctrl_c_to_the_process_group_stops_a_fit_on_worker_processes_cleanly(krylov_store,
+                                                                             tmp_path):
+    """A terminal's Ctrl-C reaches every process of its group: the worker processes dkha starts
+    (``--workers``) ignore it and leave the stop to the coordinator, which checkpoints and exits
+    with 75. Before, the workers died of it and the product's next scatter raised
+    "TimeoutError: No valid workers found" (exit 1, a traceback)."""
+    from tests.processes import other_lines
+
+    for trial in range(3):
+        run = str(tmp_path / f"run{trial}")
+        proc = subprocess.Popen(_cmd("fit", krylov_store, "-o", run, "--components", "8",
+                                     "--workers", "2", "--quiet"),
+                                env=subprocess_env(**KRYLOV_ENV), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        _wait_for_step(proc, run, 1)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode == 0 and "Traceback" not in err:
+            continue        # its last product had ended before the signal: nothing to stop
+        assert proc.returncode == 75, err
+        assert "Krylov products; checkpoint written" in err and len(other_lines(err)) == 2, err
+        break
+    else:
+        pytest.fail("every fit had ended before its Ctrl-C")

@@ -19,7 +19,9 @@ import contextlib
 import ctypes
 import logging
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -145,8 +147,10 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
     silence = max(logging.WARNING, logging.getLogger("distributed").getEffectiveLevel())
     if workers:
         n = int(workers)
-        cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n), processes=True,
-                               dashboard_address=":0", silence_logs=silence, env=_worker_env())
+        with interrupts_ignored():
+            cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n),
+                                   processes=True, dashboard_address=":0", silence_logs=silence,
+                                   env=_worker_env())
     else:
         # on a GPU host the one worker declares its GPU (dask-cuda's convention, one worker a
         # GPU): device="auto" then computes its tiles there without being told
@@ -186,6 +190,22 @@ def computes_on_gpu(client, device: str | None = None) -> bool:
     (``dkha.device`` where None): ``cuda``, or ``auto`` with workers that declare one."""
     device = str(config.get("device", device))
     return device == "cuda" or (device == "auto" and bool(gpu_workers(client)))
+
+
+@contextlib.contextmanager
+def interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored meanwhile, in the main thread: worker processes started meanwhile inherit
+    it (Python keeps an ignored SIGINT). A terminal's Ctrl-C reaches the whole process group;
+    the workers leave the stop to the coordinator (which checkpoints, then closes them) instead
+    of dying under its feet (scatter: "No valid workers found", heartbeat tracebacks)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _active_client():
