@@ -235,10 +235,15 @@ class KernelHebbianPCA(DkhaTransformer):
         holding a different run is refused before any work unless ``overwrite``.
         ``checkpoint_every``: write the complete state to ``run_dir/checkpoints`` every that many
         passes, ``checkpoint_steps``: at the first block boundary after every that many steps
-        (and on SIGTERM via :data:`dkha.fit.control.STOP`). ``resume``: continue from the
-        newest valid checkpoint; the result equals the uninterrupted run bit for bit. Resuming
-        with other settings or data is refused with the list of differences; more passes (or
-        steps) than the checkpointed run asked for continue it.
+        (and on a stop, :data:`dkha.engine.stop.STOP`: SIGTERM or Ctrl-C in the CLI). The
+        exact paths (the default, ``krylov``) checkpoint by themselves in ``run_dir``: their
+        settings first, then the Krylov solve's basis and products after its products (every
+        ``checkpoint_every`` products, else at a cost of at most about 5 %,
+        :class:`dkha.fit.krylov.KrylovCheckpoints`); checkpoints never change the algorithm.
+        ``resume``: continue from the newest valid checkpoint; the result equals the
+        uninterrupted run bit for bit. Resuming with other settings or data is refused with the
+        list of differences; more passes (or steps) than the checkpointed run asked for
+        continue it.
         """
         if self.fit_inverse_transform not in (True, False, "preimage"):
             raise ParameterError("fit_inverse_transform must be True, False or 'preimage', got "

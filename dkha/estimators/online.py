@@ -215,7 +215,7 @@ class OnlineKernelPCA(DkhaTransformer):
         checkpoint_every : int, optional
             Write the complete state (:meth:`OnlineKHA.snapshot`) to ``run_dir/checkpoints`` at
             the first block boundary after every that many steps, and at the next block boundary
-            when :data:`dkha.fit.control.STOP` is set (SIGTERM in the CLI; then
+            when :data:`dkha.fit.control.STOP` is set (SIGTERM or Ctrl-C in the CLI; then
             :class:`~dkha.errors.Interrupted` is raised).
         resume : bool
             Continue from the newest valid checkpoint in ``run_dir``: the result (alpha,
