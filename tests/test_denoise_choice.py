@@ -132,9 +132,10 @@ def test_held_out_loss_less_noise_matches_the_mse(seed):
 @pytest.mark.parametrize("model, known", [("linear", True), ("kernel", True),
                                           ("linear", False), ("kernel", False)])
 def test_choice_picks_the_oracle_best(model, known, seed):
-    """On a small synthetic image, the candidate SURE chooses has a true MSE within 5 % of the
+    """On a small synthetic image, the candidate of lowest SURE has a true MSE within 5 % of the
     best candidate's (the oracle, which looks at the clean image) with the noise level known,
-    within 10 % with it estimated from the image (σ̂ of a 64² image is off by a few %)."""
+    within 10 % with it estimated from the image (σ̂ of a 64² image is off by a few %); the
+    candidate used, within 10 %."""
     x = scene(64)
     y = np.clip(x + 0.1 * np.random.default_rng(seed).standard_normal(x.shape), 0, 1)
     widths, ranks = (1.5, 30.0), (1, 3, 6, 12, 24)
@@ -153,21 +154,39 @@ def test_choice_picks_the_oracle_best(model, known, seed):
         cands += [choose.Candidate(c.width, c.rank, "learned", 0.1, c.weighted) for c in cands]
     true = {c: np.mean((im - x) ** 2) for c, im in ev.images(cands).items()}
     assert np.mean((res.image - x) ** 2) == pytest.approx(true[ch.chosen], rel=1e-9)
-    assert true[ch.chosen] <= (1.05 if known else 1.10) * min(true.values())
+    # the lowest estimated risk is the oracle's best within 5 % (10 % with σ̂); the choice
+    # keeps σ → ∞ unless a width wins clearly (settle), which costs at most 10 % more here
+    by_label = {c.label(): c for c in true}
+    estimated_best = by_label[ch.table[0]["candidate"]]
+    assert true[estimated_best] <= (1.05 if known else 1.10) * min(true.values())
+    assert true[ch.chosen] <= 1.10 * min(true.values())
     assert true[ch.chosen] < 0.5 * np.mean((y - x) ** 2)
 
 
 def test_settle_takes_a_kernel_width_only_by_the_margin():
-    """A gaussian width's best candidate is used only when its risk is at least MARGIN below
-    the best σ → ∞ (linear PCA) candidate's."""
+    """A gaussian width's best candidate is used only when its risk is below the best σ → ∞
+    (linear PCA) candidate's by MARGIN of it and by Z_SCORE standard errors of the difference
+    (from its spread over the regions)."""
     lim = choose.Candidate(None, 8, "linear")
     ker = choose.Candidate(3.0, 8, "learned", 0.1)
-    r = 0.002
-    close = [(ker, r * (1 - choose.MARGIN / 2), None), (lim, r, None)]
-    assert choose.settle(close) == (lim, r)
-    clear = [(ker, r * (1 - 2 * choose.MARGIN), None), (lim, r, None)]
-    assert choose.settle(clear) == (ker, r * (1 - 2 * choose.MARGIN))
-    assert choose.settle([(lim, r, None), (ker, 2 * r, None)]) == (lim, r)
+    r, n = 0.002, 64
+    base = np.full(n, r / n)
+
+    def shares(total, spread):
+        s = np.full(n, total / n) + spread * np.tile([1.0, -1.0], n // 2)
+        return s
+
+    def pair(rk, spread):
+        return [(ker, rk, None, shares(rk, spread)), (lim, r, None, base)]
+
+    assert choose.settle(pair(r * (1 - choose.MARGIN / 2), 0.0)) == (lim, r)
+    clear = r * (1 - 2 * choose.MARGIN)
+    assert choose.settle(pair(clear, 0.0)) == (ker, clear)
+    # the same gain, but the regions disagree: its standard error √n·std exceeds gain / 2
+    gain = r - clear
+    assert choose.settle(pair(clear, gain / np.sqrt(n))) == (lim, r)
+    assert choose.settle(pair(clear, gain / np.sqrt(n) / 4)) == (ker, clear)
+    assert choose.settle([(lim, r, None, base), (ker, 2 * r, None, base)]) == (lim, r)
 
 
 def test_rule_from_the_image(seed):

@@ -32,10 +32,12 @@ result is clipped to [0, 1].
 
 As the width grows the gaussian kernel's PCA tends to linear PCA: the candidates include that
 limit (``σ → ∞``: linear PCA of the same windows, the same ranks and aggregations). A gaussian
-width is used only when its best candidate's estimated risk is at least :data:`MARGIN` (1 %)
-below the limit's best (:func:`settle`); otherwise the limit is, and the image gets linear patch
-PCA's own result: a kernel setting is taken where the image shows it pays, not where the
-estimates' errors (σ̂, the probe, clipping) could make it look so.
+width is used only when its best candidate's estimated risk is below the limit's best by at
+least :data:`MARGIN` (1 %) of it and :data:`Z_SCORE` (2) standard errors of the difference,
+measured from how the difference spreads over the image's 16×16 regions (:func:`settle`);
+otherwise the limit is, and the image gets linear patch PCA's own result: a kernel setting is
+taken where the image shows it pays, not where the estimates' errors (σ̂, the probe, clipping)
+could make it look so.
 
 Every candidate's risk is estimated on the same two evaluations of the whole denoiser (fits
 included): ``y`` and ``y + εb`` for SURE (``ε = σ̂/10``), or the two held-out images for the
@@ -60,12 +62,13 @@ from dkha.apply.denoise import (
 from dkha.apply.preimage import Training, conformal, expansion, fixed_point
 from dkha.apply.risk import (
                                    HOLD_OFFSETS,
-                                   held_out_loss,
                                    hold_mask,
                                    hold_out,
                                    noise_report,
+                                   held_out_terms,
                                    probe,
-                                   sure,
+                                   region_sums,
+                                   sure_terms,
 )
 from dkha.errors import InputError, ParameterError
 from dkha.fit.dense import dense_fit
@@ -85,6 +88,10 @@ CHOICE_TOL = 1e-7
 LEARNED_WIDTH = 2.0
 #: the relative margin of estimated risk a gaussian width must win by over the σ → ∞ limit
 MARGIN = 0.01
+#: ... and by this many standard errors of the difference
+Z_SCORE = 2.0
+#: the side of the square regions over which the risk's noise is measured (pixels)
+REGION = 16
 
 
 @dataclass(frozen=True)
@@ -236,7 +243,7 @@ def shortlist(scored: list, ridges, fixed: bool) -> list[Candidate]:
     :data:`SHORTLIST` (width, rank) pairs whose first-round risk is lowest, each pair with the
     aggregation that served it best."""
     best: dict = {}
-    for c, _, _ in sorted(scored, key=lambda t: t[1]):
+    for c, *_ in sorted(scored, key=lambda t: t[1]):
         if c.width is not None:
             best.setdefault((c.width, c.rank), c)
     out = []
@@ -260,13 +267,19 @@ class RiskRule:
             self.masks = [hold_mask(y.shape, o) for o in HOLD_OFFSETS]
             self.inputs = [hold_out(y, m) for m in self.masks]
 
-    def risk(self, outputs: list[np.ndarray]) -> tuple[float, float | None]:
-        """``(estimated MSE per pixel, held-out loss or None)``."""
+    def risk(self, outputs: list[np.ndarray]) -> tuple[float, float | None, np.ndarray]:
+        """``(estimated MSE per pixel, held-out loss or None, the estimate's sums over the
+        image's :data:`REGION`-pixel tiles divided by the pixels it is over)``: the regions'
+        shares add up to the estimate, and their spread measures its noise (:func:`settle`)."""
         if self.rule == "sure":
-            return sure(self.y, outputs[0], outputs[1], self.b, self.epsilon,
-                        self.sigma_hat), None
-        loss = held_out_loss(self.y, outputs, self.masks)
-        return loss - self.sigma_hat ** 2, loss
+            terms = sure_terms(self.y, outputs[0], outputs[1], self.b, self.epsilon,
+                               self.sigma_hat)
+            return float(np.mean(terms)), None, region_sums(terms, REGION) / terms.size
+        terms = held_out_terms(self.y, outputs, self.masks)
+        count = sum(self.masks)
+        loss = float(np.sum(terms) / count.sum())
+        shares = region_sums(terms - self.sigma_hat ** 2 * count, REGION) / count.sum()
+        return loss - self.sigma_hat ** 2, loss, shares
 
 
 def check_choice_options(model, patch, step, samples, widths, ranks, ridges, shape):
@@ -352,7 +365,7 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
         final = Evaluation(y, patch, step, train, report.sigma, max(ranks))
         out = final.images([best])[best]
     table = [{"candidate": c.label(), "risk": r, **({} if h is None else {"held_out_loss": h})}
-             for c, r, h in scored]
+             for c, r, h, _ in scored]
     choice = Choice(noise=report.summary(), rule=report.rule, chosen=best, risk=best_risk,
                     table=table, seconds=time.perf_counter() - t0)
     return DenoiseResult(image=out, noisy=y, n_patches=n_windows, patch=patch, step=step,
@@ -363,18 +376,26 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
 
 def settle(scored: list) -> tuple[Candidate, float]:
     """The candidate to use from ``scored`` (best first): the best gaussian-kernel candidate when
-    its estimated risk is at least :data:`MARGIN` below that of the best ``σ → ∞`` one (linear
-    PCA, the kernel's limit), else that one: the estimates' errors (σ̂'s, the probe's,
-    clipping's) are of that order, and a kernel setting that is not clearly better is not
-    taken."""
+    its estimated risk is below that of the best ``σ → ∞`` one (linear PCA, the kernel's limit)
+    by at least :data:`MARGIN` of it and :data:`Z_SCORE` standard errors of the difference
+    (from the spread of the two estimates' differences over the image's regions); else that
+    one. The estimates' errors (σ̂'s, the probe's, clipping's) are of that order, and a kernel
+    setting that is not clearly better is not taken."""
     limit = [t for t in scored if t[0].width is None]
     kernel = [t for t in scored if t[0].width is not None]
-    if not limit or (kernel and kernel[0][1] < (1.0 - MARGIN) * limit[0][1]):
+    if not limit:
         return scored[0][0], scored[0][1]
+    if kernel:
+        (c, r, _, shares), (_, r0, _, shares0) = kernel[0], limit[0]
+        diff = shares - shares0
+        error = float(np.sqrt(len(diff)) * np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+        if r0 - r > max(MARGIN * r0, Z_SCORE * error):
+            return c, r
     return limit[0][0], limit[0][1]
 
 
 def _score(evals: list[Evaluation], rule: RiskRule, cands: list[Candidate]) -> list:
-    """``[(candidate, risk, held-out loss or None)]`` from both evaluations."""
+    """``[(candidate, risk, held-out loss or None, the risk's regional shares)]`` from both
+    evaluations (:meth:`RiskRule.risk`)."""
     outputs = [e.images(cands) for e in evals]
     return [(c, *rule.risk([o[c] for o in outputs])) for c in cands]

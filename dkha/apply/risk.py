@@ -164,9 +164,15 @@ def sure(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.n
          epsilon: float, sigma: float) -> float:
     """Monte-Carlo SURE per pixel (module docstring): ``denoised = f(y)``,
     ``perturbed = f(y + ε b)``."""
-    n = noisy.size
-    divergence = float(np.sum(b * (perturbed - denoised))) / epsilon
-    return float(np.sum((noisy - denoised) ** 2) / n - sigma**2 + 2.0 * sigma**2 * divergence / n)
+    return float(np.mean(sure_terms(noisy, denoised, perturbed, b, epsilon, sigma)))
+
+
+def sure_terms(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.ndarray,
+               epsilon: float, sigma: float) -> np.ndarray:
+    """SURE's terms pixel by pixel, ``(y − f)² − σ² + 2σ² b (f(y + εb) − f) / ε``: their mean is
+    :func:`sure`, their sums over regions show how much of it each region carries."""
+    return (noisy - denoised) ** 2 - sigma**2 + (2.0 * sigma**2 / epsilon) * b * (
+        perturbed - denoised)
 
 
 def hold_mask(shape: tuple, offset: tuple[int, int]) -> np.ndarray:
@@ -189,5 +195,21 @@ def hold_out(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def held_out_loss(noisy: np.ndarray, outputs: list[np.ndarray], masks: list[np.ndarray]) -> float:
     """``mean over the held-out pixels of (f_J(y) − y)²``, each output scored on its own mask."""
-    total = sum(float(np.sum((out[m] - noisy[m]) ** 2)) for out, m in zip(outputs, masks))
-    return total / sum(int(m.sum()) for m in masks)
+    terms = held_out_terms(noisy, outputs, masks)
+    return float(np.sum(terms) / sum(int(m.sum()) for m in masks))
+
+
+def held_out_terms(noisy: np.ndarray, outputs: list[np.ndarray], masks: list[np.ndarray]
+                   ) -> np.ndarray:
+    """``(f_J(y) − y)²`` at the held-out pixels of each output's own mask, 0 elsewhere."""
+    terms = np.zeros(noisy.shape)
+    for out, m in zip(outputs, masks):
+        terms[m] += (out[m] - noisy[m]) ** 2
+    return terms
+
+
+def region_sums(terms: np.ndarray, side: int) -> np.ndarray:
+    """Sums of ``terms`` over the ``side × side`` tiles of the image (the last ones smaller)."""
+    h, w = terms.shape
+    rows = np.add.reduceat(terms, np.arange(0, h, side), axis=0)
+    return np.add.reduceat(rows, np.arange(0, w, side), axis=1).ravel()
