@@ -33,7 +33,7 @@ result is clipped to [0, 1].
 As the width grows the gaussian kernel's PCA tends to linear PCA: the candidates include that
 limit (``σ → ∞``: linear PCA of the same windows, the same ranks and aggregations). A gaussian
 width is used only when its best candidate's estimated risk is below the limit's best by at
-least :data:`MARGIN` (1 %) of it and :data:`Z_SCORE` (2) standard errors of the difference,
+least :data:`MARGIN` (5 %) of it and :data:`Z_SCORE` (2) standard errors of the difference,
 measured from how the difference spreads over the image's 16×16 regions (:func:`settle`);
 otherwise the limit is, and the image gets linear patch PCA's own result: a kernel setting is
 taken where the image shows it pays, not where the estimates' errors (σ̂, the probe, clipping)
@@ -53,22 +53,22 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dkha.apply.denoise import (
-                                   DenoiseResult,
-                                   accumulate_patches,
-                                   as_image,
-                                   patch_positions,
-                                   reference_figures,
+    DenoiseResult,
+    accumulate_patches,
+    as_image,
+    patch_positions,
+    reference_figures,
 )
 from dkha.apply.preimage import Training, conformal, expansion, fixed_point
 from dkha.apply.risk import (
-                                   HOLD_OFFSETS,
-                                   hold_mask,
-                                   hold_out,
-                                   noise_report,
-                                   held_out_terms,
-                                   probe,
-                                   region_sums,
-                                   sure_terms,
+    HOLD_OFFSETS,
+    held_out_terms,
+    hold_mask,
+    hold_out,
+    noise_report,
+    probe,
+    region_sums,
+    sure_terms,
 )
 from dkha.errors import InputError, ParameterError
 from dkha.fit.dense import dense_fit
@@ -87,7 +87,7 @@ SHORTLIST = 3
 CHOICE_TOL = 1e-7
 LEARNED_WIDTH = 2.0
 #: the relative margin of estimated risk a gaussian width must win by over the σ → ∞ limit
-MARGIN = 0.01
+MARGIN = 0.05
 #: ... and by this many standard errors of the difference
 Z_SCORE = 2.0
 #: the side of the square regions over which the risk's noise is measured (pixels)
