@@ -1,4 +1,4 @@
-"""The figures a 2-core machine cannot show — GPU passes and 16-core scaling — from one prepared run.
+"""The figures a 2-core machine cannot show — GPU passes, 16-core scaling — from one prepared run.
 
 On the GPU host (CuPy, numba, scikit-learn, scikit-image and xarray there; dask, distributed,
 zarr and their needs carried as wheels in ``.whl``, see below; dkha from this checkout), in the
@@ -345,7 +345,8 @@ def dkha_passes(xp, device: str, store_path: str, sigma: float, dmon: Dmon, r: i
     gpus = {"GPU": 1} if local_gpus() else {}
     rows = {}
     with LocalCluster(n_workers=1, threads_per_worker=os.cpu_count(), processes=False,
-                      resources=gpus, dashboard_address=":0", silence_logs=40) as c, Client(c) as cl:
+                      resources=gpus, dashboard_address=":0", silence_logs=40) as c, \
+            Client(c) as cl:
         kernel = make_kernel("gaussian", sigma=sigma)
         mk = None
         for precision in ("float32", "float64"):
@@ -550,7 +551,8 @@ def main(argv=None):
     ap.add_argument("--gpu-samples", type=int, nargs="+", default=[1_000_000])
     ap.add_argument("--equal-samples", type=int, default=20_000,
                     help="the first fit's samples (it compiles the probe tile), GPU and CPU")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["equality", "krylov", "bigfit", "stop"],
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["equality", "krylov", "bigfit", "stop"],
                     help="steps to leave out (krylov: the CPU section's krylov fits)")
     ap.add_argument("--cpu-samples", type=int, default=50_000)
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
