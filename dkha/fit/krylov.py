@@ -51,13 +51,14 @@ class KrylovCheckpoints:
         self.t0 = time.perf_counter()
 
     def state(self) -> KrylovState | None:
-        """The state to continue from (``None``: start afresh)."""
+        """The state to continue from (``None``: start afresh). Its arrays leave the loaded
+        checkpoint (which would otherwise hold the first basis for the whole solve)."""
         if self.resume is None:
             return None
         a, s = self.resume.arrays, self.resume.meta["krylov"]
         log.info("resuming the Krylov solve after product %d from %s", s["products"],
                  self.resume.path)
-        return KrylovState(**{k: np.array(a[f"krylov.{k}"], order="C") for k in _ARRAYS},
+        return KrylovState(**{k: np.ascontiguousarray(a.pop(f"krylov.{k}")) for k in _ARRAYS},
                            **{k: s[k] for k in _SCALARS})
 
     def elapsed(self) -> float:
