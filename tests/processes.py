@@ -178,6 +178,9 @@ def dkha_in_process(*argv: str, config: dict | None = None) -> Ran:
         with progress_shown(args):
             return importlib.import_module("dkha.cli.main").run(args)
 
+    from dkha.data import storage
+
+    storage_options = dict(storage._STORAGE_OPTIONS)     # --storage-option sets them
     sigterm = signal.getsignal(signal.SIGTERM)
     levels = {name: logging.getLogger(name).level for name in list(logging.root.manager.loggerDict)}
     handlers = [(h, h.level) for h in logging.root.handlers]
@@ -202,6 +205,8 @@ def dkha_in_process(*argv: str, config: dict | None = None) -> Ran:
         logging.root.removeHandler(keep)
         signal.signal(signal.SIGTERM, sigterm)
         STOP.clear()
+        storage._STORAGE_OPTIONS.clear()
+        storage._STORAGE_OPTIONS.update(storage_options)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
         for h, level in handlers:

@@ -2,7 +2,9 @@
 here on 127.0.0.1 as a subprocess), reached through fsspec/s3fs exactly as a cluster reaches S3.
 
 Ingest to ``s3://``, fit on a cluster of 2 worker processes that read their chunks from the
-server themselves, evaluate, and a corrupted object detected by the chunks' CRC32C.
+server themselves, evaluate, and a corrupted object detected by the chunks' CRC32C. The fits run
+as ``dkha`` processes (their workers are processes too); ingest and evaluate run the command in
+this process, with the environment a process would have.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from tests.processes import dkha_command, subprocess_env
+from tests.processes import dkha_command, dkha_in_process, subprocess_env
 
 pytestmark = pytest.mark.cluster
 pytest.importorskip("moto.server")
@@ -72,6 +74,7 @@ def _env(endpoint: str | None) -> dict:
 
 
 def _dkha(*args, env, check=True):
+    """``dkha ARGS`` as a process of its own, with the environment ``env``."""
     res = subprocess.run(dkha_command(*args), env=env, capture_output=True, text=True,
                          timeout=600, check=False)
     if check:
@@ -79,30 +82,43 @@ def _dkha(*args, env, check=True):
     return res
 
 
+def _dkha_here(monkeypatch, *args, endpoint, check=True):
+    """``dkha ARGS`` in this process, with the environment :func:`_env` gives a process."""
+    for name, value in _env(endpoint).items():
+        if name in CREDENTIALS or name == "AWS_ENDPOINT_URL":
+            monkeypatch.setenv(name, value)
+    if endpoint is None:
+        monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    ran = dkha_in_process(*args)
+    if check:
+        assert ran.returncode == 0, ran.stderr
+    return ran
+
+
 def _fs(endpoint):
     return s3fs.S3FileSystem(key="dkha-test", secret="dkha-test", endpoint_url=endpoint,
                              skip_instance_cache=True)
 
 
-def test_ingest_fit_evaluate_on_object_storage(s3_endpoint, tmp_path):
+def test_ingest_fit_evaluate_on_object_storage(s3_endpoint, tmp_path, monkeypatch):
     from sklearn.datasets import load_digits
 
     X = load_digits().data[:400] / 8.0 - 1.0
     np.save(tmp_path / "d.npy", X)
     url = "s3://dkha/digits.zarr"
-    out = _dkha("ingest", "array", str(tmp_path / "d.npy"), "-o", url, "--chunk-rows", "100",
-                env=_env(s3_endpoint)).stdout
+    out = _dkha_here(monkeypatch, "ingest", "array", str(tmp_path / "d.npy"), "-o", url,
+                     "--chunk-rows", "100", endpoint=s3_endpoint).stdout
     assert "400 samples × 64 features" in out
     names = _fs(s3_endpoint).find("dkha/digits.zarr")
     assert "dkha/digits.zarr/X/c/3/0" in names and "dkha/digits.zarr/zarr.json" in names
     # a second ingest to the same URL is refused without --overwrite
-    res = _dkha("ingest", "array", str(tmp_path / "d.npy"), "-o", url, env=_env(s3_endpoint),
-                check=False)
+    res = _dkha_here(monkeypatch, "ingest", "array", str(tmp_path / "d.npy"), "-o", url,
+                     endpoint=s3_endpoint, check=False)
     assert res.returncode == 2 and "already exists" in res.stderr
 
     local = str(tmp_path / "digits.zarr")
-    _dkha("ingest", "array", str(tmp_path / "d.npy"), "-o", local, "--chunk-rows", "100",
-          env=_env(None))
+    _dkha_here(monkeypatch, "ingest", "array", str(tmp_path / "d.npy"), "-o", local,
+               "--chunk-rows", "100", endpoint=None)
     # the endpoint only on the command line: the 2 worker processes get it from the coordinator
     endpoint_option = ["--storage-option", f"endpoint_url={s3_endpoint}"]
     run_s3, run_local = str(tmp_path / "run-s3"), str(tmp_path / "run-local")
@@ -115,11 +131,13 @@ def test_ingest_fit_evaluate_on_object_storage(s3_endpoint, tmp_path):
     assert np.array_equal(a["mk"].values, b["mk"].values)
 
     # E(A) alone unless --exact asks for E_min: the excess is then null, not a number
-    tracked = json.loads(_dkha("evaluate", run_local, "--json", env=_env(None)).stdout)
+    tracked = json.loads(_dkha_here(monkeypatch, "evaluate", run_local, "--json",
+                                    endpoint=None).stdout)
     assert tracked["error_min"] is None and tracked["excess"] is None and tracked["error"] > 0
-    ev_s3 = json.loads(_dkha("evaluate", run_s3, "--json", "--exact", *endpoint_option,
-                             env=_env(None)).stdout)
-    ev_local = json.loads(_dkha("evaluate", run_local, "--json", "--exact", env=_env(None)).stdout)
+    ev_s3 = json.loads(_dkha_here(monkeypatch, "evaluate", run_s3, "--json", "--exact",
+                                  *endpoint_option, endpoint=None).stdout)
+    ev_local = json.loads(_dkha_here(monkeypatch, "evaluate", run_local, "--json", "--exact",
+                                     endpoint=None).stdout)
     assert ev_s3["error"] == pytest.approx(tracked["error"], rel=1e-12)
     assert ev_s3["error"] == pytest.approx(ev_local["error"], rel=1e-12)
     # an exact fit's excess is round-off of either sign (−2.2e-16 was seen): compare it
@@ -128,12 +146,13 @@ def test_ingest_fit_evaluate_on_object_storage(s3_endpoint, tmp_path):
     assert -1e-12 < ev_s3["excess"] < 10
 
 
-def test_corrupted_object_is_detected(s3_endpoint, tmp_path):
+def test_corrupted_object_is_detected(s3_endpoint, tmp_path, monkeypatch):
     X = np.random.default_rng(0).normal(size=(300, 5))
     np.save(tmp_path / "x.npy", X)
     url = "s3://dkha/corrupt.zarr"
-    _dkha("ingest", "array", str(tmp_path / "x.npy"), "-o", url, "--chunk-rows", "100",
-          "--storage-option", f"endpoint_url={s3_endpoint}", env=_env(None))
+    _dkha_here(monkeypatch, "ingest", "array", str(tmp_path / "x.npy"), "-o", url,
+               "--chunk-rows", "100", "--storage-option", f"endpoint_url={s3_endpoint}",
+               endpoint=None)
     fs = _fs(s3_endpoint)
     key = "dkha/corrupt.zarr/X/c/1/0"
     data = bytearray(fs.cat_file(key))
@@ -146,12 +165,12 @@ def test_corrupted_object_is_detected(s3_endpoint, tmp_path):
     assert line.startswith("dkha: error:") and "rows 100..199" in line and "corrupted" in line
 
 
-def test_unreachable_endpoint_is_one_line(tmp_path):
+def test_unreachable_endpoint_is_one_line(tmp_path, monkeypatch):
     port = _free_port()     # nothing listens there
-    res = _dkha("fit", "s3://dkha/none.zarr", "-o", str(tmp_path / "run"), *FIT,
-                "--storage-option", f"endpoint_url=http://127.0.0.1:{port}",
-                "--storage-option", 'config_kwargs={"retries": {"max_attempts": 1}}',
-                env=_env(None), check=False)
+    res = _dkha_here(monkeypatch, "fit", "s3://dkha/none.zarr", "-o", str(tmp_path / "run"),
+                     *FIT, "--storage-option", f"endpoint_url=http://127.0.0.1:{port}",
+                     "--storage-option", 'config_kwargs={"retries": {"max_attempts": 1}}',
+                     endpoint=None, check=False)
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("dkha: error: cannot reach the data "
                                                           "store s3://dkha/none.zarr")
