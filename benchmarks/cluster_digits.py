@@ -26,7 +26,7 @@ import time
 import numpy as np
 from sklearn.datasets import load_digits
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 from dkha import KernelHebbianPCA
 from dkha.apply.clustering import cluster_run, score, spectral_clustering
 from dkha.data.ingest import ingest_array

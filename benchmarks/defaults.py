@@ -270,8 +270,8 @@ def timing(args, workdir: str) -> dict:
     out = {"l": n, "r": r}
     # the first line `dkha fit` prints (a fresh process, its own cluster; the MK row cached)
     run_dir = os.path.join(workdir, "first-output")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "dkha"), "fit", path, "-o", run_dir, "--components", str(r),
-           "--overwrite", "--passes", "1", "-v"]   # -v: progress lines in a pipe
+    cmd = [os.path.join(os.path.dirname(sys.executable), "dkha"), "fit", path, "-o", run_dir,
+           "--components", str(r), "--overwrite", "--passes", "1", "-v"]   # -v: lines in a pipe
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE),
@@ -318,12 +318,13 @@ def main() -> None:
     if args.data:
         unknown = set(args.data.split(",")) - set(names)
         if unknown:
-            ap.error(f"unknown data sets {', '.join(sorted(unknown))}; choose from {', '.join(names)}")
+            ap.error(f"unknown data sets {', '.join(sorted(unknown))}; "
+                     f"choose from {', '.join(names)}")
         names = args.data.split(",")
     result = {"passes": args.passes, "coarse": args.coarse, "small": args.small}
     if not args.timing_only:
-        print(f"excess E/E_min − 1 after {args.passes} passes, r = {R}: the default fit against the "
-              f"best of the {'coarse ' if args.coarse else ''}{{1,2,5}}×10^b grid (same start)")
+        print(f"excess E/E_min − 1 after {args.passes} passes, r = {R}: the default fit against "
+              f"the best of the {'coarse ' if args.coarse else ''}{{1,2,5}}×10^b grid (same start)")
         print_header()
         with client_for() as client:
             result["panel"] = run_panel(names, args, client, args.workdir)

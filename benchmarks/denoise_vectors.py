@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 import dkha
 from dkha import KernelHebbianPCA
 from dkha.apply.denoise import denoise_store, store_mse

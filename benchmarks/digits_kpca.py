@@ -133,9 +133,11 @@ def main():
         ok = (results["kha-et"][50] <= 1e-3 and results["kha-smd"][50] <= 1e-3
               and results["kha-t"][50] <= 5e-3
               and max(results[a][50] for a in ("kha-t", "kha-et", "kha-smd")) < results["kha"][50])
-        print("targets (et, smd ≤ 1e-3; /t ≤ 5e-3; all below constant gain):", "met" if ok else "NOT met")
+        print("targets (et, smd ≤ 1e-3; /t ≤ 5e-3; all below constant gain):",
+              "met" if ok else "NOT met")
         if results["kha-smd"][50] > results["kha-et"][50]:
-            print(f"KHA-SMD ends {results['kha-smd'][50] / results['kha-et'][50]:.2f}× above KHA/et")
+            ratio = results["kha-smd"][50] / results["kha-et"][50]
+            print(f"KHA-SMD ends {ratio:.2f}× above KHA/et")
     return 0
 
 
@@ -155,7 +157,8 @@ def random_start_defaults(store) -> int:
     end = [results[i][50] for i in range(len(algorithms))]
     ordered = all(a < b for a, b in itertools.pairwise(end))
     print(f"\n({time.time() - t0:.0f} s)")
-    print("paper's ordering SMD < KHA/et < KHA/t < KHA after 50 passes:", "holds" if ordered else "does NOT hold")
+    print("paper's ordering SMD < KHA/et < KHA/t < KHA after 50 passes:",
+          "holds" if ordered else "does NOT hold")
     print(f"KHA/t ≤ 1e-2: {'met' if end[2] <= 1e-2 else 'NOT met'} ({end[2]:.2e})")
     return 0 if ordered and end[2] <= 1e-2 else 1
 

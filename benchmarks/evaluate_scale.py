@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import patch_store
 
@@ -52,8 +52,9 @@ def main():
         model.fit(store.path, run_dir=run, overwrite=True)
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c",
-                               ("import resource, sys; from dkha.cli.main import main; rc = main(sys.argv[1:]); "
-                               "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"),
+                               ("import resource, sys; from dkha.cli.main import main; "
+                                "rc = main(sys.argv[1:]); print('PEAK', resource.getrusage("
+                                "resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"),
                                "evaluate", run, "--json", "--recompute"],
                               capture_output=True, text=True, check=False)
         wall = time.perf_counter() - t0
@@ -69,9 +70,10 @@ def main():
         if l <= 8000:
             ref = dense_reference(store.read(), model.kernel_["sigma"], model.alpha_)
             rel = {k: abs(got[k] - ref[k]) / abs(ref[k]) for k in ref}
-            print(f"          dense float64 E = {ref['error']:.12g}  E_min = {ref['error_min']:.12g}  "
-                  f"excess = {ref['excess']:.6e}")
-            print("          relative differences: " + ", ".join(f"{k} {v:.1e}" for k, v in rel.items()))
+            print(f"          dense float64 E = {ref['error']:.12g}  "
+                  f"E_min = {ref['error_min']:.12g}  excess = {ref['excess']:.6e}")
+            print("          relative differences: "
+                  + ", ".join(f"{k} {v:.1e}" for k, v in rel.items()))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ each method in its own subprocess (its peak RSS measured there):
   components over all samples: what ``--init nystrom:M`` starts from), MK row included;
 * ``smd-cold``: dkha KHA-SMD from the paper's random start (η0 = 0.05, μ = 0.2: the best of
   ``dkha tune`` on these patches at l = 20 000); ``smd-nystrom``: dkha KHA-SMD from
-  ``--init nystrom:1000`` (η0 = 0.001, μ = 0.01); ``krylov``: dkha's exact block-Krylov solver, stopped at the relative
-  residual ``--krylov-tol`` (0.01: relative to λ1; the excess this leaves depends on the spectrum and is measured). A ``+cache`` suffix runs
-  the method with ``cache_rows=True`` (kernel tiles kept in worker memory: computed once).
+  ``--init nystrom:1000`` (η0 = 0.001, μ = 0.01); ``krylov``: dkha's exact block-Krylov
+  solver, stopped at the relative residual ``--krylov-tol`` (0.01: relative to λ1; the excess
+  this leaves depends on the spectrum and is measured). A ``+cache`` suffix runs the method
+  with ``cache_rows=True`` (kernel tiles kept in worker memory: computed once).
 
 Seconds are the method's own: for dkha the MK row (with the cache: building the tiles), the
 Nyström start and the passes up to the first evaluation at excess ≤ 1e-4 (evaluations are not
@@ -42,8 +43,8 @@ os.environ["DASK_DKHA__MK_CACHE"] = "false"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TARGET = 1e-4
-DEFAULT_METHODS = ["sklearn", "nystrom:2000", "nystrom:4000", "dkha-nystrom:2000", "smd-cold", "smd-nystrom",
-                   "smd-nystrom+cache", "krylov", "krylov+cache"]
+DEFAULT_METHODS = ["sklearn", "nystrom:2000", "nystrom:4000", "dkha-nystrom:2000", "smd-cold",
+                   "smd-nystrom", "smd-nystrom+cache", "krylov", "krylov+cache"]
 
 CHILD = textwrap.dedent("""
     import json, os, resource, sys, time
@@ -69,7 +70,8 @@ CHILD = textwrap.dedent("""
         X = open_store(store).read()
         t0 = time.perf_counter()
         KernelPCA(r, kernel="rbf", gamma=1 / (2 * sigma**2), eigen_solver="arpack").fit(X)
-        out.update(seconds=time.perf_counter() - t0, excess=0.0, reached=True, note="exact (arpack)")
+        out.update(seconds=time.perf_counter() - t0, excess=0.0, reached=True,
+                   note="exact (arpack)")
     elif method.startswith("nystrom:"):
         from sklearn.decomposition import PCA
         from sklearn.kernel_approximation import Nystroem
@@ -121,7 +123,8 @@ CHILD = textwrap.dedent("""
         # E_min's eigenvalues were computed once by the parent: every evaluation uses them
         # (krylov's own would measure it against itself)
         dkha.fit.batch.top_eigenvalues = lambda *a, **k: eig
-        dkha.fit.krylov.evaluate = lambda engine, A, eigenvalues=None, **k: evaluate(engine, A, eig, **k)
+        dkha.fit.krylov.evaluate = (lambda engine, A, eigenvalues=None, **k:
+                                    evaluate(engine, A, eig, **k))
         name, _, cache = method.partition("+")
         kw = dict(sigma=sigma, seed=0, cache_rows=bool(cache))
         if name == "krylov":
@@ -191,7 +194,8 @@ def main():
     store = patch_store(os.path.join(args.workdir, f"patches-{l}.zarr"), l)
     # the reference: E_min from dkha's Krylov solver, one computation shared by every method
     # (kept in the work directory for reruns on the same data and settings)
-    ref_file = os.path.join(args.workdir, f"reference-{l}-{sigma:g}-{r}-{args.reference_tol:g}.json")
+    ref_file = os.path.join(args.workdir,
+                            f"reference-{l}-{sigma:g}-{r}-{args.reference_tol:g}.json")
     t0 = time.perf_counter()
     if os.path.exists(ref_file):
         with open(ref_file) as f:
@@ -208,11 +212,12 @@ def main():
             json.dump(ref, f)
         how = f"in {time.perf_counter() - t0:.1f} s"
     print(f"l = {l}, n = {store.n_features}, r = {r}, gaussian sigma = {sigma}, "
-          f"{os.cpu_count()} cores; reference eigenvalues (Krylov, tol {args.reference_tol:g}) {how}")
-    print(f"seconds to excess ≤ {TARGET:g} (or the final excess), peak RSS of each method's process",
-          flush=True)
-    extra = {**ref, "krylov_tol": args.krylov_tol, "eta0_warm": args.eta0_warm, "mu_warm": args.mu_warm,
-             "eta0_cold": args.eta0_cold, "mu_cold": args.mu_cold}
+          f"{os.cpu_count()} cores; reference eigenvalues (Krylov, tol {args.reference_tol:g}) "
+          f"{how}")
+    print(f"seconds to excess ≤ {TARGET:g} (or the final excess), peak RSS of each method's "
+          "process", flush=True)
+    extra = {**ref, "krylov_tol": args.krylov_tol, "eta0_warm": args.eta0_warm,
+             "mu_warm": args.mu_warm, "eta0_cold": args.eta0_cold, "mu_cold": args.mu_cold}
     extra_file = os.path.join(args.workdir, f"extra-{l}.json")
     with open(extra_file, "w") as f:
         json.dump(extra, f)

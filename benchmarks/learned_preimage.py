@@ -19,7 +19,7 @@ import sys
 import time
 import tracemalloc
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 
 from benchmarks._data import load_average, patches, peak_rss_mb
 

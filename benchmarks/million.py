@@ -47,8 +47,8 @@ sys.path[:0] = [REPO, HERE]         # this checkout's dkha (not an installed one
 import numpy as np
 from _data import peak_rss_mb
 
-PHOTOS = ("camera", "astronaut", "coffee", "chelsea", "rocket", "coins", "moon", "hubble_deep_field",
-          "retina", "motorcycle_left", "brick", "grass", "gravel")
+PHOTOS = ("camera", "astronaut", "coffee", "chelsea", "rocket", "coins", "moon",
+          "hubble_deep_field", "retina", "motorcycle_left", "brick", "grass", "gravel")
 ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                "BLIS_NUM_THREADS", "NUMBA_NUM_THREADS")}
 
@@ -59,7 +59,8 @@ def load() -> str:
 
 def child(mode: str, args: dict, *, env: dict | None = None) -> dict:
     """Run ``mode`` of this script in a child process; its JSON result (last stdout line)."""
-    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
+    full_env = dict(os.environ,
+                    PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
     full_env.pop("DASK_SCHEDULER_ADDRESS", None)
     full_env.update(env or {})
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode,
@@ -128,8 +129,9 @@ def child_fit(a: dict) -> dict:
         out["eigenvalues"] = [float(v) for v in model.eigenvalues_[:5]]
         scheduler = client.scheduler.address
         out["processes"] = [{"process": f"coordinator (pid {os.getpid()}"
-                             + (", scheduler and workers in-process)" if scheduler.startswith("inproc")
-                                else ", scheduler)"), "peak_rss_mb": peak_rss_mb()}]
+                             + (", scheduler and workers in-process)"
+                                if scheduler.startswith("inproc") else ", scheduler)"),
+                             "peak_rss_mb": peak_rss_mb()}]
         if not scheduler.startswith("inproc"):     # every other process once (LocalCluster's
             seen = {os.getpid()}                     # nannies live in the coordinator's)
             for kind, nanny in (("worker", False), ("nanny", True)):
@@ -289,7 +291,8 @@ def compare(name: str, args, sigma: float, big: str, n: int, method: str) -> Non
                             "budget": budget, "multiples": args.multiples, "eta0": args.eta0,
                             "mu": args.mu, "projections": out})
     print(f"\n{name}, l = {n}: {budget:.1f} s, peak RSS {base['peak_rss_mb']:.0f} MiB "
-          f"(BLAS threads {base['blas_threads']}), excess E/E_min − 1 = {res['baseline_excess']:.3e}")
+          f"(BLAS threads {base['blas_threads']}), "
+          f"excess E/E_min − 1 = {res['baseline_excess']:.3e}")
     for s in res["dkha"]:
         tag = " ← same wall time" if s["mark"] == budget else ""
         print(f"  dkha kha-smd after {s['seconds']:7.1f} s ({s['passes']:.2f} passes): excess "

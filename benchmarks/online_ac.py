@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 from dkha.data.ingest import ingest_array
 from dkha.estimators.online import OnlineKernelPCA
 from dkha.fit.ac_index import ACReference
@@ -60,9 +60,9 @@ def main() -> None:
         for alg in ALGORITHMS:
             for seed in range(args.seeds):
                 # one run to the last checkpoint, evaluated every gcd(checkpoints) steps
-                model = OnlineKernelPCA(16, algorithm=alg, sigma=4.0, eta0=0.05, gain_decay=0.999995,
-                                        nu=1e-3, steps=checkpoints[-1], seed=seed,
-                                        evaluate_every=_gcd(checkpoints))
+                model = OnlineKernelPCA(16, algorithm=alg, sigma=4.0, eta0=0.05,
+                                        gain_decay=0.999995, nu=1e-3, steps=checkpoints[-1],
+                                        seed=seed, evaluate_every=_gcd(checkpoints))
                 t0 = time.perf_counter()
                 model.fit(store, ac_reference=reference)
                 seconds[alg] += time.perf_counter() - t0

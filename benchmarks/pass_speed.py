@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import load_average, patch_store, peak_rss_mb
 

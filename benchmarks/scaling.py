@@ -4,24 +4,24 @@ For each worker count N (a LocalCluster of N single-threaded worker processes, o
 ``--scheduler-file``), on ``--samples`` 11×11 patches (gaussian σ = 3): the exact MK pass, one
 ``K'V`` product (``--columns`` columns), and one KHA-SMD pass (r = ``--components``) with the
 projections on the coordinator (rows shipped) and on the workers (coordinator-math §4). For each:
-wall seconds, the coordinator's busy seconds (wall minus waiting for results), the workers'
-summed task seconds (distributed's task stream), bytes received by the coordinator, tasks, and
-the idle worker time per task (N·wall − task seconds, over the tasks: scheduler overhead and
-waiting on the coordinator), how busy the pass kept the workers (task seconds over N·wall) and
-the task seconds against the first N's (about the same work: above 1 where each core runs
-slower while all are busy, or where the tiles differ — there are n(n+1)/2 ≥ 4·threads of them,
-and the n diagonal ones are computed whole; the speed-up is N × busy ÷ that ratio); the MK pass, K'V and the krylov fit are run ``--repeat`` times and
-their median reported (each run's wall seconds printed beside). Then the speed-ups (of the
-medians) over the first N measured in this run, the KHA
-model's predicted speed-ups at 4, 16 and 64 workers, T(P) = C + W/P from the KHA pass's own
-record: C the coordinator thread's CPU seconds in the pass (its own work; on a machine where it
-shares two cores with the workers and the scheduler its wall-clock busy seconds, printed beside,
-are stretched by waiting for a core) and W the workers' task seconds within the pass; and the KHA
-pass's bytes against (2r + w)·l·8 (w = prefetch·block, the correction window). Each row also
-prints this process's CPU seconds in the pass (the coordinator, with the in-process scheduler of
-a LocalCluster) and the speed-up the model T(P) = C + W/P predicts from the first worker count's
-C and W beside the measured one. KHA rows time the pass record (its steps; ``--kha-steps``
-steps, default a whole pass), not the start's product pass before it.
+wall seconds, the coordinator's busy seconds (wall minus waiting for results), the workers' summed
+task seconds (distributed's task stream), bytes received by the coordinator, tasks, and the idle
+worker time per task (N·wall − task seconds, over the tasks: scheduler overhead and waiting on the
+coordinator), how busy the pass kept the workers (task seconds over N·wall) and the task seconds
+against the first N's (about the same work: above 1 where each core runs slower while all are busy,
+or where the tiles differ — there are n(n+1)/2 ≥ 4·threads of them, and the n diagonal ones are
+computed whole; the speed-up is N × busy ÷ that ratio); the MK pass, K'V and the krylov fit are run
+``--repeat`` times and their median reported (each run's wall seconds printed beside). Then the
+speed-ups (of the medians) over the first N measured in this run, the KHA model's predicted
+speed-ups at 4, 16 and 64 workers, T(P) = C + W/P from the KHA pass's own record: C the coordinator
+thread's CPU seconds in the pass (its own work; on a machine where it shares two cores with the
+workers and the scheduler its wall-clock busy seconds, printed beside, are stretched by waiting for
+a core) and W the workers' task seconds within the pass; and the KHA pass's bytes against (2r +
+w)·l·8 (w = prefetch·block, the correction window). Each row also prints this process's CPU seconds
+in the pass (the coordinator, with the in-process scheduler of a LocalCluster) and the speed-up the
+model T(P) = C + W/P predicts from the first worker count's C and W beside the measured one. KHA
+rows time the pass record (its steps; ``--kha-steps`` steps, default a whole pass), not the start's
+product pass before it.
 
     python benchmarks/scaling.py --samples 20000 --workers 1 2
     python benchmarks/scaling.py --samples 50000 --workers 1 16 --repeat 1 --skip-krylov \
@@ -217,7 +217,8 @@ def main():
                 continue
             same = np.array_equal(alphas["coordinator"], alphas["workers"])
             print(f"{nw} workers: KHA alpha, projections on workers vs coordinator: "
-                  f"{'equal' if same else 'max diff {:.1e}'.format(np.abs(alphas['coordinator'] - alphas['workers']).max())}",
+                  + ("equal" if same else
+                     f"max diff {np.abs(alphas['coordinator'] - alphas['workers']).max():.1e}"),
                   flush=True)
     print(f"\nl = {l}, n = {store.n_features}, r = {r}, block {args.block}, prefetch "
           f"{args.prefetch}, {os.cpu_count()} cores (shared machine: compare ratios)")

@@ -3,8 +3,9 @@
 Components are learned from 8×8 patches (6-pixel grid) of bundled photographs — camera, coins,
 moon — resized to 256×256 grey: r = 40 components of a gaussian kernel (σ = a multiple of the
 median patch distance) by dkha's krylov solver (LOBPCG on blockwise passes; KHA-SMD diverged at
-the default gains on these 11 907 patches) or `--algorithm kha-smd`. The test photograph (astronaut, not used for training: its 256×256 grey version,
-centre crop) is reduced 2× by averaging 2×2 blocks, then scaled back up by
+the default gains on these 11 907 patches) or `--algorithm kha-smd`. The test photograph
+(astronaut, not used for training: its 256×256 grey version, centre crop) is reduced 2× by
+averaging 2×2 blocks, then scaled back up by
 
 * pixel replication (the starting point of the paper's method),
 * bicubic interpolation (scikit-image, order 3),
@@ -29,7 +30,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 import dkha
 from dkha import KernelHebbianPCA
 from dkha.apply.denoise import reconstruct_patches

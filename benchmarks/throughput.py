@@ -14,8 +14,8 @@ hits the bound and dkha alike:
   each tile ``I < J``), ``KHA`` (one KHA-SMD pass: the block stream of a 1-pass fit, centering
   cached; the coordinator multiplies each block by ``S̃_B`` (r columns: the ``A`` rows of the
   projections are columns of the kept ``C̃ = S̃_A K'``, as ``K'`` is symmetric) and a thread of
-  its own updates ``C̃`` (r) meanwhile), ``evaluation`` (one residual pass ``‖K' − CᵀC‖``, ``C_Iᵀ C_J`` once a tile, r
-  columns; always float64 tiles, so printed for float64 only);
+  its own updates ``C̃`` (r) meanwhile), ``evaluation`` (one residual pass ``‖K' − CᵀC‖``,
+  ``C_Iᵀ C_J`` once a tile, r columns; always float64 tiles, so printed for float64 only);
 * printed: seconds, kernel evaluations per second per core and dkha as % of the bound of the
   same precision (and of the bound with the pass's products), both for the evaluations the pass
   makes: l² for KHA, about l²/2 for MK, K'V and evaluation, which use K's symmetry. Each figure is
@@ -37,7 +37,7 @@ import dask.config
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's dkha
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import load_average, patch_store
 
@@ -169,7 +169,8 @@ def dkha_passes(store, kernel, client, r: int, precision: str, projections: str)
         out["KHA coordinator CPU"] = rec["busy_cpu_seconds"]
         out["KHA coordinator waiting"] = rec["wait_seconds"]
         sides = [g[-1][1] - g[0][0] for g in engine.tile_groups]
-        symmetric = sum(sides[i] * sides[j] for i in range(len(sides)) for j in range(i, len(sides)))
+        symmetric = sum(sides[i] * sides[j]
+                        for i in range(len(sides)) for j in range(i, len(sides)))
     return out, symmetric
 
 

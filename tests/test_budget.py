@@ -3,6 +3,7 @@ dkha.memory-budget), tiles and tasks from the workers' threads and memory."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 
@@ -35,8 +36,8 @@ def test_block_rows_and_prefetch_shrink_as_l_grows():
     rows = [p.block_rows for p in plans]
     ahead = [p.prefetch for p in plans]
     assert rows[:2] == [256, 256] and ahead[:2] == [4, 4]       # small l: the caps
-    assert all(a >= b for a, b in zip(rows, rows[1:])) and rows[2] < 256
-    assert all(a >= b for a, b in zip(ahead, ahead[1:])) and ahead[-1] < 4
+    assert all(a >= b for a, b in itertools.pairwise(rows)) and rows[2] < 256
+    assert all(a >= b for a, b in itertools.pairwise(ahead)) and ahead[-1] < 4
     for l, p in zip(sizes, plans):
         held = (p.prefetch + 2) * p.block_rows * l * 8
         assert held <= 512 * MiB or (p.block_rows == MIN_BLOCK_ROWS and p.prefetch == 1)
