@@ -8,14 +8,13 @@ import os
 import subprocess
 import sys
 
-from processes import subprocess_env
+from processes import dkha_in_process, subprocess_env
 
 
 def test_demo_prints_the_excess_of_every_pass(tmp_path):
+    """In this process (the command's code: the test below runs it as a process)."""
     out = str(tmp_path / "demo")
-    p = subprocess.run([sys.executable, "-m", "dkha.cli", "demo", "-o", out, "--passes", "3"],
-                       env=subprocess_env(), capture_output=True, text=True, timeout=600,
-                       check=False)
+    p = dkha_in_process("demo", "-o", out, "--passes", "3")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     start = lines.index("pass   excess error E/E_min − 1") + 1
