@@ -18,7 +18,7 @@ import xarray as xr
 
 from dkha.errors import ParameterError
 from dkha.pipeline.runner import PipelineError, load, run_directory, run_lock, safe_id
-from tests.processes import other_lines, progress_lines, subprocess_env
+from tests.processes import dkha_in_process, other_lines, progress_lines, subprocess_env
 
 TINY = """
 [pipeline]
@@ -59,12 +59,18 @@ def _env():
     return subprocess_env()
 
 
+def _run_here(args, cwd, monkeypatch):
+    """``dkha run ARGS`` in this process, in the directory ``cwd``."""
+    monkeypatch.chdir(cwd)
+    return dkha_in_process("run", *args)
+
+
 def _run(args, cwd, check=False, **kw):
     return subprocess.run([sys.executable, "-m", "dkha.cli", "run", *args], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=600, check=check, **kw)
 
 
-def test_unknown_keys_and_sections_are_refused(tmp_path):
+def test_unknown_keys_and_sections_are_refused(tmp_path, monkeypatch):
     f = tmp_path / "bad.toml"
     f.write_text(TINY.format(passes=2).replace("components = 5\nsigma = 4.0\npasses = 2",
                                                "components = 5\nsigma = 4.0\npases = 2"))
@@ -76,7 +82,7 @@ def test_unknown_keys_and_sections_are_refused(tmp_path):
     f.write_text("[data\nkind=")
     with pytest.raises(PipelineError, match="not valid TOML"):
         load(str(f))
-    p = _run([str(f)], cwd=tmp_path)
+    p = _run_here([str(f)], tmp_path, monkeypatch)
     assert p.returncode == 2 and other_lines(p.stderr)[0].startswith("dkha: error:")
     assert "Traceback" not in p.stderr
 
@@ -95,9 +101,9 @@ def test_symlink_escape_is_refused(tmp_path):
         run_directory(str(runs), "evil")
 
 
-def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path):
+def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path, monkeypatch):
     (tmp_path / "p.toml").write_text(TINY.format(passes=3))
-    first = _run(["p.toml", "--json"], cwd=tmp_path)
+    first = _run_here(["p.toml", "--json"], tmp_path, monkeypatch)
     assert first.returncode == 0, first.stderr
     # the stages show as they start and end, without -v
     stages = [ln for _, ln in progress_lines(first.stderr) if ln.startswith("dkha run: stage ")]
@@ -116,7 +122,7 @@ def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path):
     cluster = summary["figures"]["apply-0-cluster"]
     assert 0 <= cluster["vi"] < cluster["vi_random"]
     mtime = os.path.getmtime(os.path.join(run_dir, "fits", "smd", "components.zarr", "zarr.json"))
-    second = _run(["p.toml"], cwd=tmp_path)
+    second = _run_here(["p.toml"], tmp_path, monkeypatch)
     assert second.returncode == 0, second.stderr
     log = pathlib.Path(run_dir, "pipeline.log").read_text()
     assert log.count("stage fit:smd: running") == 1
