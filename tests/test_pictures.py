@@ -3,7 +3,7 @@ in a real headless Chromium."""
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
 
 import numpy as np
 import pytest
@@ -13,14 +13,15 @@ from dkha import KernelHebbianPCA
 from dkha.data import result
 from dkha.data.store import open_store
 from tests.browser import chromium, decoded_images, rendered_images
-from tests.processes import dkha_command, subprocess_env
+from tests.processes import dkha_in_process
 
 PATCH, STEP = 5, 2
 
 
 def _dkha(*args, cwd):
-    p = subprocess.run(dkha_command(*args), cwd=cwd, env=subprocess_env(), capture_output=True,
-                       text=True, timeout=600, check=False)
+    """``dkha ARGS`` run in this process (on the module's client) in the directory ``cwd``."""
+    with contextlib.chdir(cwd):
+        p = dkha_in_process(*args)
     assert p.returncode == 0, p.stderr
     return p
 
