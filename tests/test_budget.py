@@ -133,7 +133,9 @@ def test_fit_records_the_plan_and_matches_the_same_blocks_given(digits_store, cl
     l = digits_store.n_samples
     kw = dict(algorithm="kha-smd", sigma=4.0, passes=1, seed=seed, init="random",
               evaluate_every=-1, client=client)
-    with dask.config.set({"dkha.memory-budget": 6 * 8 * l * 40}):      # 40 rows, 4 ahead
+    # 40 rows, 4 ahead; the MK row computed here (not read from the store's cache, which a
+    # test run earlier in this process may have filled): its pass shows the plan's tasks
+    with dask.config.set({"dkha.memory-budget": 6 * 8 * l * 40, "dkha.mk-cache": False}):
         budgeted = KernelHebbianPCA(4, **kw).fit(digits_store.path)
     plan = budgeted.timings_["memory"]
     assert (plan["block_rows"], plan["prefetch"]) == (40, 4)

@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 
 from dkha.data.ingest import ingest_array
-from tests.processes import dkha_command, subprocess_env
+from tests.processes import dkha_command, dkha_in_process, subprocess_env
 
 pytestmark = pytest.mark.slow
 SLICED = {"DASK_DKHA__TILE_ROWS": "40", "DASK_DKHA__MK_CACHE": "false",
           "DASK_DKHA__DENSE_EIGH_LIMIT": "100"}
+#: the same settings for a command run in this process
+SLICED_CONFIG = {"dkha.tile-rows": 40, "dkha.mk-cache": False, "dkha.dense-eigh-limit": 100}
 BASE = ["--components", "4", "--sigma", "3", "--seed", "0"]
 
 
@@ -90,8 +92,7 @@ def test_stop_during_the_final_evaluation_checkpoints_and_resumes(store, tmp_pat
     steps = [int(n[5:]) for n in os.listdir(os.path.join(run, "checkpoints"))
              if n.startswith("step-") and n[5:].isdigit()]
     assert max(steps) == 480
-    res = subprocess.run(dkha_command(*fit, "--resume"), env=subprocess_env(**SLICED),
-                         capture_output=True, text=True, timeout=600, check=False)
+    res = dkha_in_process(*fit, "--resume", config=SLICED_CONFIG)
     assert res.returncode == 0, res.stderr
     import xarray as xr
 
@@ -108,9 +109,9 @@ def test_stop_during_the_krylov_products(store, tmp_path):
 
 def test_stop_during_the_explained_variance(store, tmp_path):
     run = str(tmp_path / "run")
-    subprocess.run(dkha_command("fit", store, "-o", run, *BASE, "--steps", "96", "--block", "48",
-                                "--evaluate-every", "-1", "--init", "random:100"),
-                   env=subprocess_env(**SLICED), check=True, capture_output=True, timeout=600)
+    made = dkha_in_process("fit", store, "-o", run, *BASE, "--steps", "96", "--block", "48",
+                           "--evaluate-every", "-1", "--init", "random:100", config=SLICED_CONFIG)
+    assert made.returncode == 0, made.stderr
     # --exact: E_min by Krylov products (evaluation is tracked unless asked), not from the
     # store's spectrum cache that an earlier test of this module may have filled
     rc, _, err = _stop_during(["evaluate", run, "--variance", "--exact"], "a K' V product pass:",
