@@ -22,6 +22,22 @@ dask.config.set({"dkha.evaluation": "exact"})
 from dkha.data.ingest import ingest_array
 from tests.processes import local_cluster
 
+#: modules whose tests hang on timing (signals sent as a phase starts, heartbeats, workers
+#: killed between passes): under pytest-xdist (``--dist loadgroup``) one group, run one test
+#: after the other on one worker; every other module is a group of its own (its module
+#: fixtures made once)
+SERIAL = frozenset({"test_stop_phases", "test_resume", "test_cli", "test_progress",
+                    "test_churn", "test_worker_loss", "test_checkpoint"})
+
+
+@pytest.hookimpl(tryfirst=True)     # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.module.__name__.rpartition(".")[2]
+            item.add_marker(pytest.mark.xdist_group("serial" if module in SERIAL else module))
+
+
 DIGITS_PER_CLASS = 30
 DIGITS_CHUNK_ROWS = 64  # 300 digits -> 5 chunks, the last one short
 
