@@ -435,3 +435,24 @@ def test_ctrl_c_to_the_process_group_stops_a_fit_on_worker_processes_cleanly(kry
         break
     else:
         pytest.fail("every fit had ended before its Ctrl-C")
+
+
+def test_a_default_fit_that_fails_for_good_leaves_no_checkpoint(digits_store, tmp_path,
+                                                                 monkeypatch):
+    """The exact paths write their settings before any work (so that a stop resumes); a fit
+    that then fails for good (not a stop) takes them away: its run directory holds nothing to
+    resume, and a fit into it again is not refused as an unfinished run."""
+    from dkha import KernelHebbianPCA
+    from dkha.data.checkpoint import Checkpointer
+    from dkha.fit import together
+
+    def broken(*args, **kwargs):
+        raise ValueError("There are significant negative eigenvalues")
+
+    monkeypatch.setattr(together, "dense_fit", broken)
+    run = str(tmp_path / "run")
+    with pytest.raises(ValueError, match="negative eigenvalues"):
+        KernelHebbianPCA(3, sigma=4.0).fit(digits_store, run_dir=run)
+    assert Checkpointer(run).steps() == []
+    monkeypatch.undo()
+    assert KernelHebbianPCA(3, sigma=4.0).fit(digits_store, run_dir=run).attrs_["path"] == "dense"

@@ -153,6 +153,10 @@ class Checkpointer:
         names = [n for n in os.listdir(self.dir) if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()]
         return sorted(names, reverse=True)
 
+    def steps(self) -> list[int]:
+        """The steps of the committed checkpoints, newest first."""
+        return [int(n[len(PREFIX):]) for n in self._committed()]
+
     def _prune(self) -> None:
         for name in self._committed()[self.keep:]:
             shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)

@@ -44,6 +44,7 @@ from dkha.fit.together import (
     StreamSettings,
     fit_batch,
     resolve_kernel,
+    settings_dropped_on_failure,
 )
 from dkha.fit.init import default_landmarks_for
 from dkha.fit.spectrum import finalise_components
@@ -564,11 +565,12 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
                             degree=first.degree, offset=first.offset, gamma=first.gamma,
                             coef0=first.coef0, kernel_params=first.kernel_params)
     attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, settings)]
-    fits = fit_batch(store, kernel, settings, first._stream(), attrs, FitOptions(
-        run_dirs=run_dirs, overwrite=overwrite, checkpoint_every=checkpoint_every,
-        resume=resume, checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
-        identity=identity_attrs(), params=[recorded_params(m, BATCH) for m in models],
-        extras=_pictures if is_patch_store(store) else None))
+    with settings_dropped_on_failure(run_dirs, resume):
+        fits = fit_batch(store, kernel, settings, first._stream(), attrs, FitOptions(
+            run_dirs=run_dirs, overwrite=overwrite, checkpoint_every=checkpoint_every,
+            resume=resume, checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
+            identity=identity_attrs(), params=[recorded_params(m, BATCH) for m in models],
+            extras=_pictures if is_patch_store(store) else None))
     for m, f, d in zip(models, fits, run_dirs or [None] * len(models)):
         m._keep(f, kernel, store, tmp_store, X_fit, d)
     failures = [f.describe_failure() for f in fits if f.failure is not None]

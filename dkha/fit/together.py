@@ -402,6 +402,21 @@ def fit_batch(store: DataStore, kernel, settings: Sequence[ModelSettings],
     return fits
 
 
+@contextlib.contextmanager
+def settings_dropped_on_failure(run_dirs: Sequence[str] | None, resume: bool):
+    """A fresh fit that fails for good (not stopped and not a lost cluster: exit code 75) leaves
+    no checkpoint of its settings alone (step 0, which the exact paths write before any work):
+    there is nothing to resume, and a fit into the run directory again is not refused."""
+    try:
+        yield
+    except Exception as exc:
+        if run_dirs and not resume and getattr(exc, "exit_code", None) != 75:
+            for d in run_dirs:
+                if Checkpointer(d).steps() == [0]:
+                    Checkpointer(d).clear()
+        raise
+
+
 def _exact_path(store, kernel, p0: ModelSettings, stream: StreamSettings, checkpointers, metas,
                 cks, opts: FitOptions):
     """``(plan, checkpoints, cks)``: the default's plan (``None`` for another algorithm) and,
