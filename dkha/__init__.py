@@ -53,6 +53,19 @@ if TYPE_CHECKING:   # what static tools see
     from dkha.kernels import Kernel, make_kernel
     from dkha.runs.variance import explained_variance
 
-__all__ = ["KernelHebbianPCA", "OnlineKernelPCA", "fit_together", "load", "tune", "explained_variance",
-           "Kernel", "make_kernel", "DataStore", "ingest_array", "ingest_images", "open_store",
-           "fit_denoise", "__version__"]
+__all__ = [
+    "DataStore",
+    "Kernel",
+    "KernelHebbianPCA",
+    "OnlineKernelPCA",
+    "__version__",
+    "explained_variance",
+    "fit_denoise",
+    "fit_together",
+    "ingest_array",
+    "ingest_images",
+    "load",
+    "make_kernel",
+    "open_store",
+    "tune",
+]

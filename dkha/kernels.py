@@ -105,7 +105,7 @@ class Kernel:
             return self.with_params(gamma=1.0 / int(n_features))
         return self
 
-    def computed_with(self, precision: str | None = None, device: str | None = None) -> "Kernel":
+    def computed_with(self, precision: str | None = None, device: str | None = None) -> Kernel:
         """The same kernel with its tiles computed in ``precision`` on ``device``
         (:mod:`dkha.tiles`; ``None`` keeps the current setting)."""
         precision = self.precision if precision is None else str(precision)
@@ -313,7 +313,8 @@ def make_kernel(name, **params) -> Kernel:
     if callable(name):
         return _callable_kernel(name, params)
     if not isinstance(name, str):
-        raise ParameterError(f"kernel name must be a string or a callable, got {type(name).__name__}")
+        raise ParameterError("kernel name must be a string or a callable, "
+                             f"got {type(name).__name__}")
     asked = name.lower()
     key = KERNEL_ALIASES.get(asked, asked)
     if key not in _PARAMS or key == "callable":
@@ -380,7 +381,8 @@ def _callable_kernel(function, params: dict) -> Kernel:
                              f"{', '.join(extra)}")
     if not isinstance(kernel_params, dict):
         kernel_params = dict(kernel_params)
-    label = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
+    label = (f"{getattr(function, '__module__', '?')}."
+             f"{getattr(function, '__qualname__', repr(function))}")
     return Kernel("callable", (("function", label),
                                ("kernel_params", tuple(sorted(kernel_params.items())))),
                   function=function)

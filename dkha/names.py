@@ -39,7 +39,7 @@ KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynom
 SKLEARN_KERNELS = ("linear", "poly", "rbf", "sigmoid", "cosine", "precomputed")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_config() -> dict:
     """dkha's package configuration defaults, ``{"dkha": {...}}`` from ``dkha.yaml`` (registered
     with ``dask.config`` by :mod:`dkha.config`; read here without loading dask)."""

@@ -8,11 +8,11 @@ on. ``transient`` progress (one pass of many, e.g. a Krylov product) leaves no b
 logs only while it lasts longer than :data:`LOG_EVERY`; transient progress without a total
 (stages of one task) logs the name of each stage as it begins.
 
-:func:`announce` shows one line among the work's first (the fit's plan), :func:`phase` logs the start of a phase of the work (an evaluation, saving the run) on the same
-logger, and :func:`heartbeat` (the ``dkha`` command, outside a terminal) keeps a line coming at
-least every :data:`LOG_EVERY` seconds while one task runs for longer: the innermost progress's
-state, or the phase going on.
-"""
+:func:`announce` shows one line among the work's first (the fit's plan), :func:`phase` logs the
+start of a phase of the work (an evaluation, saving the run) on the same logger, and
+:func:`heartbeat` (the ``dkha`` command, outside a terminal) keeps a line coming at least every
+:data:`LOG_EVERY` seconds while one task runs for longer: the innermost progress's state, or the
+phase going on."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import logging
 import sys
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Self
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ _clock = time.perf_counter
 
 #: the progress shown as log lines now, innermost last; the clock of the last line logged; what
 #: began or ended last (a phase, a progress) and when
-_active: list["Progress"] = []
+_active: list[Progress] = []
 _last_line = [0.0]
 _last_event: list = [None, 0.0]
 
@@ -187,7 +188,7 @@ class Progress:
             if self in _active:
                 _active.remove(self)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -9,7 +9,7 @@ run needs no generator state.
 from __future__ import annotations
 
 import enum
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -41,7 +41,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from dkha.errors import ParameterError
-from dkha.names import DEVICES, PRECISIONS  # noqa: F401 (the allowed values, listed once)
+from dkha.names import DEVICES, PRECISIONS
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 # kernel codes of the compiled sweep (dkha.kernels.Kernel.tile_code)
 GAUSSIAN, LAPLACIAN, POLYNOMIAL, SIGMOID = 0, 1, 2, 3
 
-PANEL_BYTES = 1 << 23      # a panel of a product's tile: rows × |J| values in about 8 MiB (BLAS wants rows)
+# a panel of a product's tile: rows × |J| values in about 8 MiB (BLAS wants rows)
+PANEL_BYTES = 1 << 23
 REFINE_FLOAT64 = 1e-6      # laplacian: recompute pairs with d² ≤ this · (max ‖x‖² + max ‖y‖²)
 REFINE_FLOAT32 = 1e-3      # float32: recompute pairs with d² ≤ this · (‖x‖² + ‖y‖²)
 SCRATCH_BYTES = 1 << 26    # panel buffers up to this size are kept per thread (64 MiB)
@@ -181,8 +182,8 @@ def _exp_neg32(x):
     x = max(x, _F32(-87.0))
     k = _F32(np.floor(x * _F32(1.44269504) + _F32(0.5)))
     r = x - k * _F32(0.693359375) + k * _F32(2.12194440e-4)
-    p = _F32(1.0) + r * (_F32(1.0) + r * (_F32(0.5) + r * (_F32(1.0 / 6) + r * (_F32(1.0 / 24) + r * (
-        _F32(1.0 / 120) + r * (_F32(1.0 / 720) + r * _F32(1.0 / 5040)))))))
+    p = _F32(1.0) + r * (_F32(1.0) + r * (_F32(0.5) + r * (_F32(1.0 / 6) + r * (
+        _F32(1.0 / 24) + r * (_F32(1.0 / 120) + r * (_F32(1.0 / 720) + r * _F32(1.0 / 5040)))))))
     return p * _int_as_float32((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
@@ -244,7 +245,7 @@ class TileSpec:
     Built by :meth:`dkha.kernels.Kernel.tile_spec`; a plain value, cheap to make per task.
     """
 
-    __slots__ = ("code", "p1", "p2", "p3", "dtype", "device")
+    __slots__ = ("code", "device", "dtype", "p1", "p2", "p3")
 
     def __init__(self, code: int, p1: float, p2: float, p3: float, precision: str, device: str):
         self.code, self.p1, self.p2, self.p3 = int(code), float(p1), float(p2), float(p3)

@@ -245,3 +245,15 @@ def test_every_floor_keeps_the_size_limits(tmp_path):
         f"solvers/loops.py: {SIZE_LIMITS['function'] + 6 + SIZE_LIMITS['file']} lines",
         f"solvers/loops.py: kernel {SIZE_LIMITS['function'] + 2} lines"]
 
+
+
+# --- ruff ---------------------------------------------------------------------------------------
+
+
+def test_ruff_check_passes():
+    """``ruff check`` (the rules and line length of pyproject.toml) finds nothing in the
+    repository: the package, tests, benchmarks, examples and build backend."""
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache",
+                           "--output-format", "concise", str(ROOT)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -277,5 +277,5 @@ def test_a_stopped_pipeline_says_to_run_it_again(tmp_path, monkeypatch):
     assert "checkpoint written: continue with `dkha run " + path + " --run-id stopped`" \
         in str(stop.value)
     assert "dkha fit" not in str(stop.value)
-    summary = json.load(open(tmp_path / "runs" / "stopped" / "summary.json"))
+    summary = json.loads((tmp_path / "runs" / "stopped" / "summary.json").read_text())
     assert summary["exit_code"] == 75 and "`dkha run" in summary["error"]

@@ -22,7 +22,6 @@ from dkha.apply.clustering import (
                                    variation_of_information,
 )
 from dkha.apply.denoise import denoise_image, snr
-from dkha.apply.risk import noise_level
 from dkha.apply.preimage import (
                                    METHODS,
                                    RunPreimages,
@@ -32,6 +31,7 @@ from dkha.apply.preimage import (
                                    gradient,
                                    preimages,
 )
+from dkha.apply.risk import noise_level
 
 __all__ = ["METHODS", "RunPreimages", "cluster_run", "conformal", "denoise_image", "entropy",
            "expansion", "fit_denoise", "fixed_point", "gradient", "noise_level", "preimages",

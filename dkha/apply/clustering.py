@@ -143,7 +143,7 @@ class ClusteringResult:
     entropy_clusters: float | None = None
 
     def summary(self) -> dict:
-        return {"n_samples": int(len(self.clusters)), "n_clusters": self.n_clusters, "vi": self.vi,
+        return {"n_samples": len(self.clusters), "n_clusters": self.n_clusters, "vi": self.vi,
                 "vi_random": self.vi_random, "entropy_labels": self.entropy_labels,
                 "entropy_clusters": self.entropy_clusters}
 

@@ -147,8 +147,8 @@ def patch_geometry(run_ds: xr.Dataset) -> tuple[int, int]:
     if patch is None or step is None:
         raise InputError(
             f"the run's training store {store.path} was not ingested from images (no patch/step "
-            "attrs); denoising needs a run fitted on patches (`dkha ingest images`, or `dkha ingest "
-            "array --patch P`)"
+            "attrs); denoising needs a run fitted on patches (`dkha ingest images`, or "
+            "`dkha ingest array --patch P`)"
         )
     return int(patch), int(step)
 
@@ -172,9 +172,9 @@ def load_run(run) -> xr.Dataset:
 def preimage_patches(ds, image: np.ndarray, patch: int, grid: int, *, desc: str,
                      block: int | None, verbose: bool, client=None, **preimage
                      ) -> tuple[np.ndarray, dict]:
-    """``image``'s ``patch×patch`` windows (on the grid of ``grid``) replaced by the pre-images of their
-    projections on the run ``ds`` (:class:`~dkha.apply.preimage.RunPreimages` with ``preimage``
-    options), overlaps averaged, clipped to [0, 1]: denoising and hyperresolution.
+    """``image``'s ``patch×patch`` windows (on the grid of ``grid``) replaced by the pre-images of
+    their projections on the run ``ds`` (:class:`~dkha.apply.preimage.RunPreimages` with
+    ``preimage`` options), overlaps averaged, clipped to [0, 1]: denoising and hyperresolution.
     ``client``: where it runs (:func:`dkha.engine.cluster.client_for`). Returns the image and the
     counts of :func:`reconstruct_patches` with the pre-image ``method`` used."""
     with client_for(client) as c:
@@ -435,5 +435,5 @@ def save_image(img: np.ndarray, path: str) -> None:
     data = img.astype(np.float32) if ext in (".tif", ".tiff") else img_as_ubyte(img)
     try:
         skimage.io.imsave(path, data, check_contrast=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the writer raises: one line
         raise InputError(f"cannot write image {path}: {exc}") from None

@@ -78,8 +78,8 @@ No iteration: it is rough where the projection is far from the data (the paper's
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -10,10 +10,10 @@ from dkha.cli.options import centering_line, centering_summary, raise_param
 from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text, number
 from dkha.cli.where import cluster_kwargs
 from dkha.data import result
+from dkha.data.checkpoint import Checkpointer
 from dkha.errors import NumericalError, RunDirectoryError
 from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
-from dkha.data.checkpoint import Checkpointer
 from dkha.estimators.params import PARAMETERS, cli_values
 from dkha.estimators.tune import tune
 from dkha.fit.track import result_entry
@@ -23,8 +23,8 @@ def _fit_summary(model, run_dir: str) -> dict:
     last = result_entry(model.history_, model.attrs_.get("kept_state"))
     return {"run_dir": run_dir, "algorithm": model.attrs_["algorithm"],
             "n_samples": model.n_samples_, "n_components": int(model.alpha_.shape[0]),
-            "kernel": model.kernel_.describe(), **{k: last.get(k) for k in
-                                                   ("pass", "step", "error", "error_min", "excess")},
+            "kernel": model.kernel_.describe(),
+            **{k: last.get(k) for k in ("pass", "step", "error", "error_min", "excess")},
             "excess_precision": excess_precision(
                 last.get("error_min"), model.attrs_.get("top_eigenvalues"), model.n_samples_)
             if last else None,
@@ -49,7 +49,7 @@ def _families(names) -> list[str]:
     """The family of each ``--algorithm`` value (an unknown one refused in one line)."""
     try:
         return [algorithms.family(name, option="--algorithm") for name in names]
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - an unknown name of any kind: one line
         raise_param(str(exc))
 
 
@@ -156,8 +156,8 @@ def cmd_fit(args) -> int:
         elif last.get("measure") == "ritz":
             kept = model.attrs_.get("kept_state")
             print(f"{after}: tracked Σθ² = {last['captured']:.10g}, the span moved "
-                  f"{last.get('change', float('nan')):.1e} in the last pass (the exact excess: dkha evaluate "
-                  "RUN_DIR --exact, or fit with --tol)"
+                  f"{last.get('change', float('nan')):.1e} in the last pass (the exact excess: "
+                  "dkha evaluate RUN_DIR --exact, or fit with --tol)"
                   + (f"; kept the better state of pass {kept['pass']}" if kept else ""))
         elif last:
             kept = model.attrs_.get("kept_state")

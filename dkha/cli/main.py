@@ -157,7 +157,8 @@ def _evaluate_online(args, ds) -> int:
 
 def cmd_transform(args) -> int:
     ds = result.load(args.run_dir)
-    res = transform_store(ds, args.new_store, args.out, overwrite=args.overwrite, **cluster_kwargs(args))
+    res = transform_store(ds, args.new_store, args.out, overwrite=args.overwrite,
+                          **cluster_kwargs(args))
     print(f"{args.out}: projection {dict(res.sizes)}")
     return 0
 
@@ -295,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command that the parsed ``args`` describe; returns the exit code."""
-    level = logging.WARNING if args.verbose == 0 else (logging.INFO if args.verbose == 1 else logging.DEBUG)
+    level = (logging.WARNING if args.verbose == 0 else
+             logging.INFO if args.verbose == 1 else logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     for h in logging.root.handlers:  # library INFO lines go to files (pipelines), not the console
         h.setLevel(level)

@@ -53,7 +53,7 @@ def excess_text(excess: float | None, precision: float) -> str:
     ``dkha fit`` and ``dkha evaluate`` print."""
     if excess is None:
         return "n/a"
-    known = precision == precision        # not NaN
+    known = not math.isnan(precision)
     precision = max(precision, -excess) if known else -excess
     if excess <= precision:
         return f"0 (below its precision, ±{precision:.1e})" if precision > 0 else "0"
@@ -67,7 +67,7 @@ def pair_digits(excess: float | None, precision: float = float("nan")) -> int:
     digits = 6
     if excess is not None and excess > 0 and math.isfinite(excess):
         digits = max(digits, math.ceil(-math.log10(excess)) + 2)
-    if precision == precision and precision > 0:
+    if not math.isnan(precision) and precision > 0:
         digits = min(digits, max(6, math.floor(-math.log10(precision)) + 1))
     return min(digits, 17)
 

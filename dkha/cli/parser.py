@@ -214,10 +214,12 @@ def add_fit_parsers(sub) -> None:
     p.add_argument("--mu", type=float_list, metavar="MU[,MU...]",
                    help="kha-smd: meta-gains to try with every eta0 (default 0.01,…,0.5,1)")
     p.add_argument("--passes", type=positive_int, default=3,
-                   help="passes of every setting, judged by the excess error after them (default 3)")
+                   help="passes of every setting, judged by the excess error after them "
+                        "(default 3)")
     add_options(p, (BATCH,), types=TYPES, defaults={"evaluate_every": 0},
                 skip={"algorithm", "eta0", "mu", "passes", "steps", "tol", "projections"})
-    p.add_argument("--overwrite", action="store_true", help="tune into a TUNE_DIR that is not empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="tune into a TUNE_DIR that is not empty")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar in a terminal, no progress lines in a pipe")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -100,7 +100,7 @@ def state_from_arrays(cls, arrays: dict[str, np.ndarray], scalars: dict):
     return obj
 
 
-# --- on disk ---------------------------------------------------------------------------------------
+# --- on disk --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -150,7 +150,8 @@ class Checkpointer:
     def _committed(self) -> list[str]:
         if not os.path.isdir(self.dir):
             return []
-        names = [n for n in os.listdir(self.dir) if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()]
+        names = [n for n in os.listdir(self.dir)
+                 if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()]
         return sorted(names, reverse=True)
 
     def steps(self) -> list[int]:
@@ -212,8 +213,8 @@ class Checkpointer:
             if self._committed():
                 raise InputError(f"cannot resume {self.run_dir}: every checkpoint is damaged; "
                                  "start again without --resume (with --overwrite)")
-            raise InputError(f"cannot resume {self.run_dir}: it holds no checkpoint "
-                             "(fit with --checkpoint-every N or --checkpoint-steps N to write them)")
+            raise InputError(f"cannot resume {self.run_dir}: it holds no checkpoint (fit with "
+                             "--checkpoint-every N or --checkpoint-steps N to write them)")
         return ck
 
     def clear(self) -> None:
@@ -280,6 +281,7 @@ def differences(saved: dict, current: dict, keys) -> list[str]:
     out = []
     for k, former in identity_map(keys).items():
         a, b = saved_value(saved, k, former), current.get(k)
-        if json.dumps(a, default=_json_default, sort_keys=True) != json.dumps(b, default=_json_default, sort_keys=True):
+        if (json.dumps(a, default=_json_default, sort_keys=True)
+                != json.dumps(b, default=_json_default, sort_keys=True)):
             out.append(f"{k}: {a!r} in the checkpoint, {b!r} now")
     return out

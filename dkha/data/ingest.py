@@ -7,9 +7,10 @@ patch rows at a time and appended.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import dask.array as da
 import numpy as np
@@ -26,7 +27,8 @@ log = logging.getLogger(__name__)
 def _check_matrix(data, name: str) -> None:
     """Refuse what cannot be a store's ``X``: not 2-d, not numeric, or empty."""
     if data.ndim != 2:
-        raise InputError(f"{name}: expected a 2-d array (samples × features), got shape {data.shape}")
+        raise InputError(f"{name}: expected a 2-d array (samples × features), "
+                         f"got shape {data.shape}")
     if data.dtype.kind not in "fiub":
         raise InputError(f"{name}: dtype {data.dtype} is not numeric")
     if data.shape[0] == 0 or data.shape[1] == 0:
@@ -143,7 +145,7 @@ def ingest_images(paths: Sequence, out: str | os.PathLike, *, patch: int = 11, s
             drawn = np.sort(random_stream(seed, Stream.PATCH_SAMPLE).choice(
                 sum(sizes), size=int(max_samples), replace=False))
             starts = np.cumsum([0] + sizes)
-            keep = [drawn[(drawn >= a) & (drawn < b)] - a for a, b in zip(starts, starts[1:])]
+            keep = [drawn[(drawn >= a) & (drawn < b)] - a for a, b in itertools.pairwise(starts)]
     writer = StoreWriter(out, patch * patch, chunk_rows=chunk_rows, overwrite=overwrite)
     images = []
     try:
@@ -181,7 +183,7 @@ def _load_npy(path, what: str = "file", mmap: bool = False) -> np.ndarray:
         raise StoreNotFoundError(f"no such {what}: {name}")
     try:
         return np.load(name, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever numpy raises: one line
         raise InputError(f"{name} is not a readable .npy array ({exc})") from None
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
 from dkha.errors import InputError, StoreNotFoundError
-
 
 BUNDLED_PREFIX = "skimage:"
 
@@ -35,7 +34,7 @@ def read_grey_image(path: str) -> np.ndarray:
             raise StoreNotFoundError(f"no such image: {path}")
         try:
             img = skimage.io.imread(path)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the reader raises: one line
             raise InputError(f"cannot read image {path}: {exc}") from None
     img = np.asarray(img)
     if img.ndim == 3:
@@ -46,7 +45,8 @@ def read_grey_image(path: str) -> np.ndarray:
         elif img.shape[2] == 1:
             img = img[..., 0]
         else:
-            raise InputError(f"image {path} has {img.shape[2]} channels; expected grey, RGB or RGBA")
+            raise InputError(f"image {path} has {img.shape[2]} channels; "
+                             "expected grey, RGB or RGBA")
     elif img.ndim != 2:
         raise InputError(f"image {path} has shape {img.shape}; expected a 2-d picture")
     img = skimage.util.img_as_float64(img)

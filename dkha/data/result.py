@@ -205,7 +205,7 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
         return
     try:
         old = dict(xr.open_zarr(comp, consolidated=False).attrs)
-    except Exception:
+    except Exception:  # noqa: BLE001 - unreadable in any way: refused in one line
         raise RunDirectoryError(
             f"{run_dir} holds a components.zarr dkha cannot read; pass --overwrite to replace it"
         ) from None
@@ -254,10 +254,11 @@ def load(run_dir: str) -> xr.Dataset:
         raise StoreNotFoundError(f"no run directory at {run_dir}")
     comp = os.path.join(run_dir, COMPONENTS)
     if not os.path.isdir(comp):
-        raise InputError(f"{run_dir} is not a dkha run directory (no {COMPONENTS}); fit one with `dkha fit`")
+        raise InputError(f"{run_dir} is not a dkha run directory (no {COMPONENTS}); "
+                         "fit one with `dkha fit`")
     try:
         ds = xr.open_zarr(comp, consolidated=False).load()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - unreadable in any way: one line
         raise InputError(f"cannot read {comp}: {exc}") from None
     if "alpha" not in ds:
         raise InputError(f"{comp} has no alpha variable; it was not written by dkha")

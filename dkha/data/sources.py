@@ -11,8 +11,8 @@ from __future__ import annotations
 import collections
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import numpy as np
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Iterator
 
 import fsspec
 import numpy as np
@@ -239,7 +239,7 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
             raise InputError(f"{path} is a file, not a zarr store (ingest it with `dkha ingest`)")
     try:
         group = zarr.open_group(path, mode="r")
-    except Exception as exc:  # zarr raises several kinds for "not a group"
+    except Exception as exc:  # noqa: BLE001 - zarr raises several kinds for "not a group"
         raise InputError(f"{path} is not a zarr group ({type(exc).__name__}: {exc})") from None
     if "X" not in group:
         names = sorted(group.keys())
@@ -251,7 +251,8 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
     if not isinstance(X, zarr.Array):
         raise InputError(f"data store {path}: X is a group, not an array")
     if X.ndim != 2:
-        raise InputError(f"data store {path}: X must have 2 dims (sample, feature), it has {X.ndim}")
+        raise InputError(f"data store {path}: X must have 2 dims (sample, feature), "
+                         f"it has {X.ndim}")
     dims = _dimension_names(X)
     if dims is not None and tuple(dims) != ("sample", "feature"):
         raise InputError(
@@ -308,7 +309,7 @@ def _check_chunks_present(X: zarr.Array, path: str) -> None:
     """Refuse a store with chunks missing (they would read back as the fill value)."""
     try:
         have, want = X.nchunks_initialized, X.nchunks
-    except Exception:  # some stores cannot list; the finiteness check still catches NaN fill
+    except Exception:  # noqa: BLE001 - some stores cannot list; NaN fill is caught later
         return
     if have >= want:
         return
@@ -319,8 +320,8 @@ def _check_chunks_present(X: zarr.Array, path: str) -> None:
             key = os.path.join(path, "X", "c", str(i), "0")
             if not os.path.exists(key):
                 missing.append(i)
-    where = (f"; first missing rows {missing[0] * rows}..{min((missing[0] + 1) * rows, X.shape[0]) - 1}"
-             if missing else "")
+    where = (f"; first missing rows {missing[0] * rows}.."
+             f"{min((missing[0] + 1) * rows, X.shape[0]) - 1}" if missing else "")
     raise InputError(f"data store {path} is missing {want - have} of {want} chunks of X{where}; "
                      "it was not completely written: re-ingest it")
 

@@ -63,9 +63,11 @@ class StoreWriter:
     def _open_local(self, overwrite: bool) -> None:
         if os.path.lexists(self.out):
             if not overwrite:
-                raise RunDirectoryError(f"{self.out} already exists; pass --overwrite to replace it")
+                raise RunDirectoryError(f"{self.out} already exists; "
+                                        "pass --overwrite to replace it")
             if not os.path.isdir(self.out) or os.path.islink(self.out):
-                raise RunDirectoryError(f"{self.out} exists and is not a directory; remove it first")
+                raise RunDirectoryError(f"{self.out} exists and is not a directory; "
+                                        "remove it first")
         parent = os.path.dirname(os.path.abspath(self.out))
         os.makedirs(parent, exist_ok=True)
         self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.{uuid.uuid4().hex}.tmp")
@@ -86,7 +88,8 @@ class StoreWriter:
                              "--storage-option KEY=VALUE)") from None
         if exists:
             if not overwrite:
-                raise RunDirectoryError(f"{self.out} already exists; pass --overwrite to replace it")
+                raise RunDirectoryError(f"{self.out} already exists; "
+                                        "pass --overwrite to replace it")
             fs.rm(root, recursive=True)
         self.group = zarr.open_group(self.out, mode="w")
 
@@ -137,7 +140,8 @@ class StoreWriter:
         for name, (dtype, values_of) in (coords or {}).items():
             arr = self.group.create_array(
                 name, shape=(self.n,), chunks=(self.chunk_rows,), dtype=dtype,
-                dimension_names=["sample"], compressors=chunk_codecs() if dtype is not str else "auto")
+                dimension_names=["sample"],
+                compressors=chunk_codecs() if dtype is not str else "auto")
             for a in range(0, self.n, self.chunk_rows):  # a chunk at a time
                 b = min(a + self.chunk_rows, self.n)
                 arr[a:b] = values_of(a, b)

@@ -16,18 +16,18 @@ workers hold the tiles of the MK row and product passes while they compute them.
   of the memory limits the workers report, at least :data:`FLOOR_BYTES` (the floor for small
   machines and for clusters that report none).
 
-The tiles ``I ≤ J`` of the blockwise passes are chosen for the threads: the pass's last wave is
-what leaves threads idle (at l = 50 000, 91 tiles of 4 096 rows for 16 workers kept them busy
-55 % of the pass), so there are enough tiles for ``dkha.tiles-per-thread`` (16) per thread, counting
-the ``n`` diagonal tiles (computed once, half the work) as halves: ``n² / 2 ≥ 16 · threads``
-bands (the idle time of the last wave is then about half a tile per thread, 3 % of the pass;
-each task also costs the coordinator and the scheduler a few milliseconds, so fewer per thread
-can be faster where the tiles are short). No more than that where the tiles can be larger: the side is at most ``dkha.tile-rows``
-(16 384: a task of about 2.7·10⁸ kernel entries, one to three seconds of one thread, so a stop or
-a slow worker costs seconds), and at most what the workers' budget gives each thread: a fused
-tile task holds its two row ranges and their prepared copies (``4 · t · n · 8`` bytes) and one
-panel of the tile (``≥ 64`` rows, :mod:`dkha.tiles`), never the tile itself. Each tile is one
-task (``tiles_per_task``: the GPU worker's bands of tiles take several).
+The tiles ``I ≤ J`` of the blockwise passes are chosen for the threads: the pass's last wave is what
+leaves threads idle (at l = 50 000, 91 tiles of 4 096 rows for 16 workers kept them busy 55 % of the
+pass), so there are enough tiles for ``dkha.tiles-per-thread`` (16) per thread, counting the ``n``
+diagonal tiles (computed once, half the work) as halves: ``n² / 2 ≥ 16 · threads`` bands (the idle
+time of the last wave is then about half a tile per thread, 3 % of the pass; each task also costs
+the coordinator and the scheduler a few milliseconds, so fewer per thread can be faster where the
+tiles are short). No more than that where the tiles can be larger: the side is at most
+``dkha.tile-rows`` (16 384: a task of about 2.7·10⁸ kernel entries, one to three seconds of one
+thread, so a stop or a slow worker costs seconds), and at most what the workers' budget gives each
+thread: a fused tile task holds its two row ranges and their prepared copies (``4 · t · n · 8``
+bytes) and one panel of the tile (``≥ 64`` rows, :mod:`dkha.tiles`), never the tile itself. Each
+tile is one task (``tiles_per_task``: the GPU worker's bands of tiles take several).
 
 A block size or prefetch given as an argument is used as given.
 """
@@ -64,7 +64,8 @@ class WorkerSpec:
 
 def _size(n: float) -> str:
     gib = n / 2**30
-    return f"{gib:.0f} GiB" if gib >= 10 else f"{gib:.3g} GiB" if gib >= 1 else f"{n / 2**20:.0f} MiB"
+    return (f"{gib:.0f} GiB" if gib >= 10 else f"{gib:.3g} GiB" if gib >= 1 else
+            f"{n / 2**20:.0f} MiB")
 
 
 def _count(n: int) -> str:
@@ -190,7 +191,8 @@ def user_budget() -> int | None:
     except (TypeError, ValueError):
         budget = 0
     if budget <= 0:
-        raise ParameterError(f"dkha.memory-budget must be a positive size such as 1GiB, got {value!r}")
+        raise ParameterError("dkha.memory-budget must be a positive size such as 1GiB, "
+                             f"got {value!r}")
     return budget
 
 

@@ -22,8 +22,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from distributed import Client, LocalCluster, default_client
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -113,7 +113,8 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
         try:
             c = Client(scheduler_file=scheduler_file, timeout=config.get("connect-timeout"))
         except (OSError, TimeoutError, TypeError, ValueError) as exc:
-            raise ParameterError(f"cannot reach the Dask scheduler of {scheduler_file}: {exc}") from None
+            raise ParameterError(f"cannot reach the Dask scheduler of {scheduler_file}: "
+                                 f"{exc}") from None
         try:
             yield c
         finally:
@@ -126,8 +127,10 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
             hint = ""
             if str(address).startswith("tls://"):
                 hint = ("; a TLS scheduler needs the client certificate settings "
-                        "(distributed.comm.tls.ca-file, .client.cert, .client.key — see cluster/README.md)")
-            raise ParameterError(f"cannot reach the Dask scheduler at {address}: {exc}{hint}") from None
+                        "(distributed.comm.tls.ca-file, .client.cert, .client.key — see "
+                        "cluster/README.md)")
+            raise ParameterError(f"cannot reach the Dask scheduler at {address}: "
+                                 f"{exc}{hint}") from None
         try:
             yield c
         finally:

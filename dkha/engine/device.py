@@ -35,7 +35,7 @@ from dkha import config, tiles
 from dkha.engine.tasks import load_all_rows, store_key
 from dkha.kernels import Kernel
 
-# --- what a GPU worker has -------------------------------------------------------------------------
+# --- what a GPU worker has ------------------------------------------------------------------------
 
 
 def device_info(device: str) -> dict:
@@ -54,7 +54,7 @@ def device_info(device: str) -> dict:
             "free": int(free), "total": int(total)}
 
 
-# --- rows resident on the device (per process) -----------------------------------------------------
+# --- rows resident on the device (per process) ----------------------------------------------------
 
 
 @dataclass
@@ -136,7 +136,7 @@ def _settle(xp) -> None:
         xp.cuda.get_current_stream().synchronize()
 
 
-# --- streams and slots -----------------------------------------------------------------------------
+# --- streams and slots ----------------------------------------------------------------------------
 
 _THREAD = threading.local()
 _SLOTS: dict = {}
@@ -162,7 +162,7 @@ def device_slot(xp):
         stream.synchronize()
 
 
-# --- one band of tiles -----------------------------------------------------------------------------
+# --- one band of tiles ----------------------------------------------------------------------------
 
 
 def _tile(xp, spec, res: Resident, rows: slice, cols: slice, mk, mkm: float, buf):

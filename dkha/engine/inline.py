@@ -31,7 +31,7 @@ WORKER = "inline://this-process"
 class InlineFuture:
     """A finished task: its result, or the error it raised (raised again on ``result``)."""
 
-    __slots__ = ("_value", "_error", "key")
+    __slots__ = ("_error", "_value", "key")
 
     def __init__(self, value=None, error: BaseException | None = None, key=None):
         self._value = value

@@ -18,7 +18,7 @@ import collections
 import contextlib
 import logging
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from distributed import wait as wait_for

@@ -22,8 +22,8 @@ from dkha.engine.tasks import (
     release,
     replica_build,
     replica_columns,
-    replica_replay,
     replica_project,
+    replica_replay,
     replica_update,
 )
 from dkha.errors import ClusterLostError

@@ -20,28 +20,29 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
 * ``"coordinator"``: workers ship the kernel rows ``K'[P, :]`` (``b·l`` numbers a block) and the
   coordinator multiplies;
 * ``"workers"`` (coordinator-math.md §4): the worker holding column group ``J`` keeps a replica of
-  ``S̃[:, J]`` (and ``C̃[:, J]``) in a per-process registry (like the chunk cache), updated by
-  small tasks pinned to it that replay the coordinator's messages in order, and returns the
-  partial projections ``K'[P, J] S̃[:, J]ᵀ`` and its part of ``K'[P, W ∪ P]`` (columns of the
-  kernel block it computed anyway) for the window ``W`` of blocks ahead in the FIFO, with which
-  the coordinator brings the projections (computed on the version of ``S̃`` current when the
-  block was submitted) up to date: ``(2r·groups + |W| + b)·b`` numbers a block. Replicas are
-  versioned: a task that finds its replica missing or at the wrong version raises
-  :class:`ReplicaLostError`, and so does a wait on a worker that left the cluster; the
-  coordinator then rebuilds every replica exactly, from the ``S̃`` and ``C̃`` it kept at the
-  last pass end (or the stream's start) and the messages since, replayed with the kernel blocks
-  recomputed (:func:`~dkha.engine.tasks.replica_replay`; from its current state, ``C̃[:, J] =
-  S̃_A K'[:, J]`` recomputed, where it kept none, e.g. resumed mid-pass), and resubmits the
-  blocks in flight on their own versions, up to ``RowEngine.replica_rebuilds`` times in a row (without a block completing in between). At every pass end each replica of ``S̃`` is
-  checked against the coordinator's (:class:`ReplicaDivergedError` if they differ) and ``C̃`` is
-  brought home (``r·l`` numbers). Blocks are projected on the version current when they were
-  submitted (replicas keep snapshots of ``S̃`` for the blocks in flight), so a run is
-  reproducible bit for bit; resuming from a checkpoint reproduces it up to rounding only.
-"""
+  ``S̃[:, J]`` (and ``C̃[:, J]``) in a per-process registry (like the chunk cache), updated by small
+  tasks pinned to it that replay the coordinator's messages in order, and returns the partial
+  projections ``K'[P, J] S̃[:, J]ᵀ`` and its part of ``K'[P, W ∪ P]`` (columns of the kernel block
+  it computed anyway) for the window ``W`` of blocks ahead in the FIFO, with which the coordinator
+  brings the projections (computed on the version of ``S̃`` current when the block was submitted) up
+  to date: ``(2r·groups + |W| + b)·b`` numbers a block. Replicas are versioned: a task that finds
+  its replica missing or at the wrong version raises :class:`ReplicaLostError`, and so does a wait
+  on a worker that left the cluster; the coordinator then rebuilds every replica exactly, from the
+  ``S̃`` and ``C̃`` it kept at the last pass end (or the stream's start) and the messages since,
+  replayed with the kernel blocks recomputed (:func:`~dkha.engine.tasks.replica_replay`; from its
+  current state, ``C̃[:, J] = S̃_A K'[:, J]`` recomputed, where it kept none, e.g. resumed
+  mid-pass), and resubmits the blocks in flight on their own versions, up to
+  ``RowEngine.replica_rebuilds`` times in a row (without a block completing in between). At every
+  pass end each replica of ``S̃`` is checked against the coordinator's
+  (:class:`ReplicaDivergedError` if they differ) and ``C̃`` is brought home (``r·l`` numbers).
+  Blocks are projected on the version current when they were submitted (replicas keep snapshots of
+  ``S̃`` for the blocks in flight), so a run is reproducible bit for bit; resuming from a checkpoint
+  reproduces it up to rounding only."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Iterable, Iterator
 
@@ -133,7 +134,7 @@ def _tile_ranges(l: int, bands: int) -> tuple[tuple[tuple[int, int]], ...]:
     store's chunks (a worker reads and caches any row range), so a store of few large chunks
     still spreads over every worker."""
     cuts = [round(k * l / bands) for k in range(bands + 1)]
-    return tuple(((a, b),) for a, b in zip(cuts[:-1], cuts[1:]) if b > a)
+    return tuple(((a, b),) for a, b in itertools.pairwise(cuts) if b > a)
 
 
 class RowEngine:

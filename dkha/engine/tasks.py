@@ -203,7 +203,8 @@ def _kernel_tile(path: str, kernel: Kernel, gi: tuple, gj: tuple) -> np.ndarray:
     return kernel.block(XI, XI if gi == gj else group_rows(path, gj))
 
 
-def mk_tile(path: str, kernel: Kernel, rows_i: tuple, rows_j: tuple) -> tuple[np.ndarray, np.ndarray | None]:
+def mk_tile(path: str, kernel: Kernel, rows_i: tuple,
+            rows_j: tuple) -> tuple[np.ndarray, np.ndarray | None]:
     """Column sums (over I) and, for an off-diagonal tile, row sums (over J) of ``K[I, J]``
     (summed while each panel of the tile is in cache: the tile is never written out)."""
     XI = group_rows(path, rows_i)
@@ -297,7 +298,8 @@ def _centered_tile(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tu
 
 
 def product_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
-                 V: np.ndarray, tile: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                 V: np.ndarray, tile: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``K'[I, J] V[J]`` and, off the diagonal, ``K'[J, I] V[I]`` (K' is symmetric).
 
     From a cached tile the centering is applied to the products, not the tile (no copy):

@@ -34,9 +34,11 @@ from dkha.estimators.params import (
     saved_attrs,
     shared_settings,
 )
-from dkha.estimators.sklearn_view import finish_fit, fit_seed
 from dkha.estimators.pictures import component_images, is_patch_store, projection_array
+from dkha.estimators.sklearn_view import finish_fit, fit_seed
 from dkha.fit.batch import save_checkpoint
+from dkha.fit.init import default_landmarks_for
+from dkha.fit.spectrum import finalise_components
 from dkha.fit.together import (
     FitOptions,
     ModelFit,
@@ -46,8 +48,6 @@ from dkha.fit.together import (
     resolve_kernel,
     settings_dropped_on_failure,
 )
-from dkha.fit.init import default_landmarks_for
-from dkha.fit.spectrum import finalise_components
 from dkha.kernels import precomputed_rows
 from dkha.runs.run import kernel_of
 from dkha.runs.transform import project_rows
@@ -105,8 +105,8 @@ class KernelHebbianPCA(DkhaTransformer):
         ``busy_seconds`` (the rest), ``bytes_received`` (KHA passes also ``blocks``, ``rows``,
         ``bytes_sent`` to replicas and ``projections``); ``projections``: where the block
         projections were computed (``asked``, ``chosen``, ``reason``); ``replicas``: how often
-        worker replicas were rebuilt (a worker lost) and moved (workers joined). Saved with the run as
-        ``RUN_DIR/timings.json`` (:func:`dkha.data.result.load_timings`).
+        worker replicas were rebuilt (a worker lost) and moved (workers joined). Saved with the run
+        as ``RUN_DIR/timings.json`` (:func:`dkha.data.result.load_timings`).
     kernel_ : dkha.kernels.Kernel
     n_samples_, n_features_in_ : int
     store_ : DataStore
@@ -148,7 +148,8 @@ class KernelHebbianPCA(DkhaTransformer):
             raise ParameterError(f"init nystrom:{landmarks} needs at least as many landmarks as "
                                  f"components ({r})")
         # None from a Nyström start: it follows from the start (fit_together, warm_eta0)
-        eta0 = default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None else float(self.eta0)
+        eta0 = (default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None
+                else float(self.eta0))
         mu = default_mu(warm=bool(landmarks)) if self.mu is None else float(self.mu)
         xi = DEFAULT_XI if self.xi is None else float(self.xi)
         rho0 = float(self.rho0)
@@ -309,7 +310,7 @@ class KernelHebbianPCA(DkhaTransformer):
         return out
 
     @classmethod
-    def from_dataset(cls, ds) -> "KernelHebbianPCA":
+    def from_dataset(cls, ds) -> KernelHebbianPCA:
         """The fitted estimator of a saved batch run (:func:`dkha.load`): it transforms and
         inverse-transforms against the run's training store; with more ``passes`` (or
         ``steps``), ``fit(store, run_dir=RUN_DIR, resume=True)`` continues a run saved with
@@ -337,8 +338,8 @@ class KernelHebbianPCA(DkhaTransformer):
         return int(self.n_samples_)
 
     def _transform_array(self, X: np.ndarray) -> np.ndarray:
-        """``alpha · k'(x)`` with the training centering (:func:`dkha.engine.tasks.project_rows`), in
-        this process (on a worker for lazy inputs), blocks of rows at a time."""
+        """``alpha · k'(x)`` with the training centering (:func:`dkha.engine.tasks.project_rows`),
+        in this process (on a worker for lazy inputs), blocks of rows at a time."""
         if not np.isfinite(X).all():
             raise InputError("new data holds NaN or inf")
         rows, groups = self._training_rows(), self._column_groups()
@@ -383,8 +384,8 @@ def _from_dataset(cls, ds) -> KernelHebbianPCA:
     model.n_samples_, model.n_features_in_ = l, int(a["n_features"])
     model.X_fit_ = None
     model.timings_, model.failure_ = {}, None
-    model.projection_ = ds["projection"] if "projection" in ds else None
-    model.component_image_ = ds["component_image"] if "component_image" in ds else None
+    model.projection_ = ds.get("projection", None)
+    model.component_image_ = ds.get("component_image", None)
     return model
 
 
@@ -597,4 +598,4 @@ def _pictures(fits: list[ModelFit], engine, client) -> None:
                                        seed=int(f.attrs["seed"]))
 
 
-__all__ = ["KernelHebbianPCA", "fit_together", "ALGORITHMS", "resolve_store", "resolve_kernel"]
+__all__ = ["ALGORITHMS", "KernelHebbianPCA", "fit_together", "resolve_kernel", "resolve_store"]

@@ -15,14 +15,14 @@ The saved components (``components.zarr``, :meth:`OnlineKernelPCA.to_dataset`):
 * ``mean_coefficient (member)`` — the running mean ``μ = Σ_q β̄_q Φ(d_q)`` (zeros uncentered);
   the projection of new ``x`` is ``alpha · (k(D, x) − K_m β̄)`` (see :func:`project`);
 * ``eigenvalue (component)`` — the variance of the data along each unit component,
-  ``mean((w_iᵀ(Φ(x) − μ))²) / ‖w_i‖²`` over a seeded sample of the data (``eigenvalue_samples`` rows; the
-  second moment when uncentered): an estimate of the eigenvalue of the covariance operator,
-  i.e. of ``λ_i(K)/l``;
-* history over ``evaluation``: ``pass, step, wall_time`` (no ``error``, ``error_min``,
-  ``excess``: online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN
-  unless an AC reference was given), ``members`` and ``explained_variance (evaluation,
-  component)`` — Honeine's eq. 23 at that step over a seeded sample of the data (``eigenvalue_samples``
-  rows, the same as the eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
+  ``mean((w_iᵀ(Φ(x) − μ))²) / ‖w_i‖²`` over a seeded sample of the data (``eigenvalue_samples``
+  rows; the second moment when uncentered): an estimate of the eigenvalue of the covariance
+  operator, i.e. of ``λ_i(K)/l``;
+* history over ``evaluation``: ``pass, step, wall_time`` (no ``error``, ``error_min``, ``excess``:
+  online runs have no kernel matrix to evaluate against), ``ac_index`` (NaN unless an AC reference
+  was given), ``members`` and ``explained_variance (evaluation, component)`` — Honeine's eq. 23 at
+  that step over a seeded sample of the data (``eigenvalue_samples`` rows, the same as the
+  eigenvalues'; :func:`dkha.fit.evaluate.variance_of`);
 * attrs: algorithm, kernel and parameters, n_components, nu, max_members, eta0, gain_decay, tau,
   centered, seed, store, n_samples, n_features, n_steps, dkha_version.
 """
@@ -43,6 +43,7 @@ from dkha.data import result
 from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore
 from dkha.errors import DictionaryWarning, InputError, ParameterError
+from dkha.estimators import online_run
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store, validated_fit
 from dkha.estimators.params import (
     ONLINE,
@@ -62,7 +63,6 @@ from dkha.fit.online import (
     scaled,
     seeded_rows,
 )
-from dkha.estimators import online_run
 from dkha.fit.together import resolve_kernel
 from dkha.kernels import Kernel
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
@@ -370,7 +370,7 @@ class OnlineKernelPCA(DkhaTransformer):
         return result.save(self.to_dataset(), run_dir)
 
     @classmethod
-    def from_dataset(cls, ds) -> "OnlineKernelPCA":
+    def from_dataset(cls, ds) -> OnlineKernelPCA:
         """The fitted estimator of a saved online run (:func:`dkha.load`): it transforms,
         inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended."""
         return online_run.estimator_of(cls, ds)
@@ -407,4 +407,4 @@ def _store_path(source) -> str:
     return "<array>"
 
 
-__all__ = ["OnlineKernelPCA", "ALGORITHMS"]
+__all__ = ["ALGORITHMS", "OnlineKernelPCA"]

@@ -1,9 +1,9 @@
 """The fit parameters, declared once.
 
-:data:`PARAMETERS` is the one table of the estimators' parameters — name, accepted values
-(type and range), default, help — in the manner of scikit-learn's parameter constraints, checked
-once at the top of ``fit`` with scikit-learn's wording. Everything that lists fit parameters is generated
-from it:
+:data:`PARAMETERS` is the one table of the estimators' parameters — name, accepted values (type and
+range), default, help — in the manner of scikit-learn's parameter constraints, checked once at the
+top of ``fit`` with scikit-learn's wording. Everything that lists fit parameters is generated from
+it:
 
 * the estimators' ``__init__`` (signature, stored attributes) and the Parameters section of
   their docstrings (:func:`declare`);
@@ -249,7 +249,8 @@ PARAMETERS: tuple[Param, ...] = (
     Param("init", None,
           "Initial coefficients. ``None``: the Nyström solution from "
           ":func:`~dkha.solvers.batch.default_landmarks` landmarks (``40 r``, at least 400, at "
-          "most ``l − 1`` and as many rows of ``l`` as fill half of ``dkha.memory-budget``; random for ``algorithm='krylov'``), scaled to unit feature-space norm "
+          "most ``l − 1`` and as many rows of ``l`` as fill half of ``dkha.memory-budget``; "
+          "random for ``algorithm='krylov'``), scaled to unit feature-space norm "
           "(one pass for ``C = A K'``, which also serves the pass-0 evaluation) and refined with "
           "a gain from the start's eigenvalue deficit. ``'random'``: the paper's "
           "``A1 ~ N(0, 1/(r l))``; ``'random:M'``: the same start on ``M`` seeded random "

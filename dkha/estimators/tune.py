@@ -100,8 +100,9 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     Returns
     -------
     dict : the summary written to ``tune.json``: ``grid`` (one entry per setting: algorithm,
-        eta0, mu, excess or the divergence, its number of backoffs and the gain it ended with), ``best`` (per algorithm: its gains, excess and run
-        directory), ``seconds`` and the shared settings.
+        eta0, mu, excess or the divergence, its number of backoffs and the gain it ended with),
+        ``best`` (per algorithm: its gains, excess and run directory), ``seconds`` and the shared
+        settings.
     """
     algorithms = list(dict.fromkeys(algorithms))
     if not algorithms:

@@ -22,7 +22,7 @@ from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import announce_cost, evaluate_many, projections, projections_many
 from dkha.fit.spectrum import top_eigenvalues
 from dkha.fit.track import MEASURE as TRACKED
-from dkha.fit.track import better, best_entry, state_of, tracked, worse_end
+from dkha.fit.track import best_entry, better, state_of, tracked, worse_end
 from dkha.solvers.batch import BatchKHA, eigenvalue_estimate, feature_norm, initial_coefficients
 from dkha.solvers.factored import FactoredState
 
@@ -220,9 +220,9 @@ class _SharedStream:
         self.fit_seconds = float(first.meta["fit_seconds"])
         if "top_eigenvalues" in first.arrays:
             self.eig_top = first.arrays["top_eigenvalues"]
-        return None
 
-    def start(self, A_init: np.ndarray | None, C_init: np.ndarray | None = None) -> np.ndarray | None:
+    def start(self, A_init: np.ndarray | None,
+              C_init: np.ndarray | None = None) -> np.ndarray | None:
         """The shared start (``A_init`` or the seeded random one); returns its ``C = A K'``
         where a solver needs it."""
         engine = self.engine
@@ -307,7 +307,7 @@ class _SharedStream:
             self._keep_if_best(m, A, C)
         if self.driver is not None:
             shown = [m.history[-1]["change"] for m in self.models if m.history]
-            shown = [v for v in shown if v == v]
+            shown = [v for v in shown if not np.isnan(v)]
             if shown:
                 self.driver.show(change=f"{max(shown):.1e}")
 

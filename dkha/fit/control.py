@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from dkha.engine.stop import STOP
 from dkha.errors import RESUME_HINT, Interrupted

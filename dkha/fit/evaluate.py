@@ -122,7 +122,7 @@ def evaluate_many(engine, As: list[np.ndarray], eigenvalues: np.ndarray | None =
         error_min = float(np.sqrt(max(emin2, 0.0)))
         # E_min unknown (NaN: not asked for) leaves the excess unknown too
         excess = (error / error_min - 1.0 if error_min > 0 else
-                  float("nan") if error_min != error_min else float("inf"))
+                  float("nan") if np.isnan(error_min) else float("inf"))
         out.append(Evaluation(error=error, error_min=error_min, excess=excess,
                               frobenius=float(np.sqrt(frob2))))
     return out

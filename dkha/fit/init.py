@@ -72,7 +72,8 @@ def landmark_prefetch(engine, held: int) -> int:
 
 def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float = 1e-10
                          ) -> tuple[np.ndarray, np.ndarray]:
-    """Coefficients ``A`` (``r × l``, unit-norm components) and eigenvalues of the Nyström solution."""
+    """Coefficients ``A`` (``r × l``, unit-norm components) and eigenvalues of the Nyström
+    solution."""
     M, CT = landmark_rows(engine, m, seed)
     W = CT[:, M]
     W = 0.5 * (W + W.T)

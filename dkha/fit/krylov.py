@@ -138,7 +138,8 @@ def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, t
     t0 = time.perf_counter()
     info: dict = {}
     try:
-        X0 = None if A_init is None else (A_init * np.linalg.norm(A_init, axis=1, keepdims=True) ** -1).T
+        X0 = (None if A_init is None else
+              (A_init * np.linalg.norm(A_init, axis=1, keepdims=True) ** -1).T)
         alpha, w = krylov_coefficients(engine, r, seed=seed, tol=tol, X0=X0, info=info,
                                        checkpoints=checkpoints)
         seconds = (time.perf_counter() - t0 if checkpoints is None else checkpoints.elapsed())
@@ -162,5 +163,5 @@ def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, t
         raise checkpoints.stopped(exc) from None
     # alpha_i = v_i/√λ_i, so C = A K' = λ_i alpha_i exactly
     return BatchResult(alpha=alpha, eigenvalue=w, history=history, top_eigenvalues=w,
-                       wall_time=seconds, projection=C, stream_stats={"blocks": 0, "wait_seconds": 0.0,
-                                                        "bytes_received": 0})
+                       wall_time=seconds, projection=C,
+                       stream_stats={"blocks": 0, "wait_seconds": 0.0, "bytes_received": 0})

@@ -1,15 +1,15 @@
-"""The online coordinator: :func:`fit_online` (the one entry of ``OnlineKernelPCA.fit``, ``dkha fit``
-and pipelines) and its loop :func:`run_online`: the seeded schedule's blocks of samples
+"""The online coordinator: :func:`fit_online` (the one entry of ``OnlineKernelPCA.fit``,
+``dkha fit`` and pipelines) and its loop :func:`run_online`: the seeded schedule's blocks of samples
 (:func:`dkha.data.sources.stream_blocks`, read ahead on a background thread) applied to an
-:class:`~dkha.solvers.online.OnlineKHA`, a history entry every ``every`` steps, under the one
-block driver (:class:`dkha.fit.control.BlockDriver`: stop, checkpoints, progress, timing)."""
+:class:`~dkha.solvers.online.OnlineKHA`, a history entry every ``every`` steps, under the one block
+driver (:class:`dkha.fit.control.BlockDriver`: stop, checkpoints, progress, timing)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import dask.config
 import numpy as np

@@ -68,7 +68,7 @@ class Plan:
     threads: int = 1
 
     @classmethod
-    def from_attrs(cls, attrs: dict) -> "Plan":
+    def from_attrs(cls, attrs: dict) -> Plan:
         """The plan that :meth:`attrs` describes (a resumed run keeps its path)."""
         return cls(attrs["path"], attrs["path_reason"], dict(attrs.get("path_estimates", {})),
                    float(attrs.get("path_probe_rate", 0.0)), int(attrs.get("path_threads", 1)))
@@ -153,7 +153,7 @@ def cluster_threads(client) -> int:
     try:
         if isinstance(client, Client):
             return max(1, int(total_threads(client)))
-    except Exception:  # noqa: BLE001 - no worker information: the local cores
+    except Exception:  # noqa: BLE001, S110 - no worker information: the local cores
         pass
     return max(1, os.cpu_count() or 1)
 

@@ -41,10 +41,10 @@ class RidgeFit:
 def learned_preimage(P: np.ndarray, X: np.ndarray, kernel: Kernel, alpha: float, client, *,
                      tol: float | None = None, dense_limit: int | None = None) -> RidgeFit:
     """``(k(P, P) + alpha I)⁻¹ X``: dense up to ``dense_limit`` samples (default
-    ``dkha.dense-eigh-limit``), by conjugate gradients above with relative residual ``tol``
-    (default ``dkha.ridge-tol``). ``client``: where to compute above the limit (any ``client=``
-    value: :func:`dkha.engine.cluster.client_for`). Raises ``ValueError`` when CG does not reach ``tol`` within :data:`RIDGE_MAXITER`
-    products or ``alpha`` is not positive there."""
+    ``dkha.dense-eigh-limit``), by conjugate gradients above with relative residual ``tol`` (default
+    ``dkha.ridge-tol``). ``client``: where to compute above the limit (any ``client=`` value:
+    :func:`dkha.engine.cluster.client_for`). Raises ``ValueError`` when CG does not reach ``tol``
+    within :data:`RIDGE_MAXITER` products or ``alpha`` is not positive there."""
     from scipy import linalg
 
     t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """The top of the spectrum of ``K'``: dense ``eigh`` for small stores (``dkha.dense-eigh-limit``),
-otherwise a block Krylov method (:mod:`dkha.solvers.eigen`) whose products ``K' V`` are blockwise passes: ``K'`` is
-never held whole above that limit. The exact top
-eigenvalues (E_min's) are cached in the data store (:mod:`dkha.data.spectra`,
-``dkha.spectrum-cache``) and read back by later fits and evaluations of the same data and kernel."""
+otherwise a block Krylov method (:mod:`dkha.solvers.eigen`) whose products ``K' V`` are blockwise
+passes: ``K'`` is never held whole above that limit. The exact top eigenvalues (E_min's) are cached
+in the data store (:mod:`dkha.data.spectra`, ``dkha.spectrum-cache``) and read back by later fits
+and evaluations of the same data and kernel."""
 
 from __future__ import annotations
 

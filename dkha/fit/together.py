@@ -12,7 +12,6 @@ estimators set their fitted attributes from those and save them.
 from __future__ import annotations
 
 import contextlib
-
 import logging
 import os
 import time
@@ -36,14 +35,14 @@ from dkha.engine.cluster import (
     computes_on_gpu,
     names_a_cluster,
 )
+from dkha.engine.content import check_finite, on_sample
 from dkha.engine.rows import RowEngine
 from dkha.errors import RESUME_HINT, InputError, Interrupted, ParameterError, RunDirectoryError
 from dkha.fit.batch import BatchResult, run_batches
+from dkha.fit.dense import dense_fit
 from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
-from dkha.fit.dense import dense_fit
 from dkha.fit.krylov import KrylovCheckpoints, run_krylov
-from dkha.engine.content import check_finite, on_sample
 from dkha.fit.plan import Plan, auto_krylov_tol, plan_fit
 from dkha.kernels import make_kernel, median_distance
 from dkha.progress import Progress, announce

@@ -200,7 +200,7 @@ def component_section(ds, out_dir: str, n_show: int, store_path: str | None = No
         path = store_path or ds.attrs.get("store")
         try:
             st = open_store(path)
-        except Exception:
+        except Exception:  # noqa: BLE001 - no store to show: the report shows what it can
             return ""
         side = int(np.sqrt(st.n_features))
         if side * side != st.n_features or "mk" not in ds or st.n_samples != ds.sizes["sample"]:
@@ -251,14 +251,14 @@ def maps_for_report(ds, maps_path: str | None = None, client=None):
                 f"every patch position, from {os.path.basename(os.path.normpath(maps_path))}")
     try:
         images = open_store(ds.attrs["store"]).attrs.get("source", {}).get("images", [])
-    except Exception:
+    except Exception:  # noqa: BLE001 - no store: maps from the training projections
         images = []
     paths = [im["path"] for im in images]
     if paths and all(p.startswith("skimage:") or os.path.exists(p) for p in paths):
         try:
             return (response_maps(ds, paths, client=client),
                     "every patch position of the training images")
-        except Exception as exc:   # a report still shows what it can
+        except Exception as exc:  # noqa: BLE001 - a report still shows what it can
             log.warning("response maps of the training images failed: %s", exc)
     maps = training_maps(ds)
     if maps is None:
@@ -384,7 +384,7 @@ def write_report(runner) -> str:
     for f in runner.p.fits:
         try:
             datasets[f["name"]] = result.load(runner.fit_dir(f["name"]))
-        except Exception:
+        except Exception:  # noqa: BLE001, S112 - a fit not run (or unreadable) is left out
             continue
     sections = [_convergence_section(datasets, out_dir)]
     data = runner.state["stages"].get("data", {}).get("result", {}) or {}

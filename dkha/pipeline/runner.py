@@ -136,7 +136,8 @@ def load(path: str) -> Pipeline:
         raise PipelineError(f"{path}: a [data] section is required")
     _check_keys("[data]", data, DATA_KEYS)
     if data.get("kind") not in DATA_KINDS:
-        raise PipelineError(f"[data] kind must be one of {', '.join(DATA_KINDS)}, got {data.get('kind')!r}")
+        raise PipelineError(f"[data] kind must be one of {', '.join(DATA_KINDS)}, "
+                            f"got {data.get('kind')!r}")
     fits = raw.get("fit", [])
     if isinstance(fits, dict):
         fits = [fits]
@@ -352,7 +353,9 @@ class Runner:
 
     def _path(self, p: str) -> str:
         """Paths in a pipeline file are relative to the file."""
-        return p if os.path.isabs(p) or "://" in p else os.path.join(os.path.dirname(self.p.path), p)
+        if os.path.isabs(p) or "://" in p:
+            return p
+        return os.path.join(os.path.dirname(self.p.path), p)
 
     def fit(self, store: dict, f: dict) -> dict:
         run = self.fit_dir(f["name"])
@@ -395,12 +398,14 @@ class Runner:
         run = self.fit_dir(a["fit"])
         if a["kind"] == "cluster":
             res = cluster_run(run, int(a.get("k", 10)), seed=int(a.get("seed", 0)), **self.cluster)
-            save_clusters(res, os.path.join(self.run_dir, f"apply-{i}-clusters.zarr"), overwrite=True)
+            save_clusters(res, os.path.join(self.run_dir, f"apply-{i}-clusters.zarr"),
+                          overwrite=True)
             out = {k: v for k, v in res.summary().items() if v is not None}
         else:
             data = self.state["stages"]["data"]["result"]
             if not data.get("noisy"):
-                raise PipelineError("[[apply]] denoise needs [data] kind = \"images\" with noise > 0")
+                raise PipelineError("[[apply]] denoise needs [data] kind = \"images\" "
+                                    "with noise > 0")
             res = denoise_image(run, np.load(data["noisy"][0]), reference=np.load(data["clean"][0]),
                                 iterations=a.get("iterations"), **self.cluster)
             png = os.path.join(self.run_dir, f"apply-{i}-denoised.png")

@@ -134,5 +134,6 @@ def save_maps(maps: xr.DataArray, out: str, *, overwrite: bool = False) -> xr.Da
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     ds = maps.to_dataset()
-    ds = ds.assign_coords(image=ds["image"].values.astype(np.dtypes.StringDType()))  # zarr v3 strings
+    # zarr v3 strings
+    ds = ds.assign_coords(image=ds["image"].values.astype(np.dtypes.StringDType()))
     return write_dataset(ds, out)

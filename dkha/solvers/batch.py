@@ -33,9 +33,8 @@ coordinator-math.md §3 with its in-block loop compiled (:mod:`dkha.solvers.fact
 kept as the oracle the tests compare against.
 
 The factored engine also takes blocks whose projections were computed on the workers
-(coordinator-math.md §4, :class:`dkha.engine.replicas.ProjectedBlock`) while a row engine's stream has
-attached its replicas (:meth:`BatchKHA.attach_replicas`).
-"""
+(coordinator-math.md §4, :class:`dkha.engine.replicas.ProjectedBlock`) while a row engine's stream
+has attached its replicas (:meth:`BatchKHA.attach_replicas`)."""
 
 from __future__ import annotations
 
@@ -280,14 +279,16 @@ class BatchKHA:
         if feature_norm is not None:
             self.set_feature_norm(feature_norm)
         self.state: BatchState | FactoredState | None = None
-        self.replicas = None     # a stream's dkha.engine.replicas.WorkerReplicas while one is attached
+        # a stream's dkha.engine.replicas.WorkerReplicas while one is attached
+        self.replicas = None
         self.on_divergence = check_on_divergence(on_divergence)
         #: one dict per backoff: step, pass (1-based, of the bad step), gain_before, gain_after
         #: (the effective η0, ``eta0 × gain_factor``), rolled_back_to (the block's first step)
         #: and reason
         self.backoffs: list[dict] = []
         self._block_start = BlockStart()     # the state's copy a backoff rolls back to
-        self.log_level = logging.WARNING    # of the backoff messages (INFO where a table shows them)
+        # of the backoff messages (INFO where a table shows them)
+        self.log_level = logging.WARNING
 
     @property
     def needs_projection(self) -> bool:
@@ -332,9 +333,9 @@ class BatchKHA:
             st.lam = eigenvalue_estimate(st.A, st.C)
 
     def attach_replicas(self, replicas) -> None:
-        """Let a block stream's worker replicas (:class:`dkha.engine.replicas.WorkerReplicas`) follow the
-        state: folds made here are recorded with them, and projected blocks are completed by
-        them. Only the factored engine supports this."""
+        """Let a block stream's worker replicas (:class:`dkha.engine.replicas.WorkerReplicas`)
+        follow the state: folds made here are recorded with them, and projected blocks are completed
+        by them. Only the factored engine supports this."""
         if not isinstance(self.state, FactoredState):
             raise ParameterError("projections on the workers need the factored engine")
         self.replicas = replicas

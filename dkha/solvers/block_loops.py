@@ -15,13 +15,30 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from dkha.solvers.compiled import (GUARD_A, GUARD_B, GUARD_GAIN, GUARD_GAIN_RUNAWAY, GUARD_GRAM,
-                                   GUARD_OK, LOG_RUNAWAY, all_finite, apply_g, apply_m,
-                                   cond_exceeds, copy_square, corrected_projection,
-                                   finish_projections, g_cond_bound, lower_matvec,
-                                   lower_nonfinite, m_cond_bound, projection_problem,
-                                   smd_gram_update, smd_log_gain, solve_lower)
-
+from dkha.solvers.compiled import (
+    GUARD_A,
+    GUARD_B,
+    GUARD_GAIN,
+    GUARD_GAIN_RUNAWAY,
+    GUARD_GRAM,
+    GUARD_OK,
+    LOG_RUNAWAY,
+    all_finite,
+    apply_g,
+    apply_m,
+    cond_exceeds,
+    copy_square,
+    corrected_projection,
+    finish_projections,
+    g_cond_bound,
+    lower_matvec,
+    lower_nonfinite,
+    m_cond_bound,
+    projection_problem,
+    smd_gram_update,
+    smd_log_gain,
+    solve_lower,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The pieces of a step shared by the block loops
@@ -210,9 +227,10 @@ def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_li
     Returns ``(stop, fold, fresh, guard, component)``: steps ``start..stop-1`` were taken, and
     ``fresh`` says whether ``T`` is still the identity. When ``fold`` is true the caller must fold
     ``T`` (``Y[stop:]`` has been brought up to date in the current basis) and call again from
-    ``stop`` with ``fresh=True``. A ``guard`` other than ``GUARD_OK`` says step ``stop`` is bad
-    (see the module docstring) and was not kept; the state is then unusable. A step whose own ``M`` is too ill-conditioned to be factored (checked with
-    ``T = I``) is taken directly on ``S̃`` and ``C̃`` instead (``O(r l)`` by prefix sums; rare).
+    ``stop`` with ``fresh=True``. A ``guard`` other than ``GUARD_OK`` says step ``stop`` is bad (see
+    the module docstring) and was not kept; the state is then unusable. A step whose own ``M`` is
+    too ill-conditioned to be factored (checked with ``T = I``) is taken directly on ``S̃`` and
+    ``C̃`` instead (``O(r l)`` by prefix sums; rare).
 
     ``direct_log`` : (b, 1 + 2r) or (0, 0). When it has rows, row ``j`` records step ``j``: column
     0 is 1 for a direct step (then columns ``1:1+r`` hold ``a = d ⊙ y`` and ``1+r:1+2r`` hold

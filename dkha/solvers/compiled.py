@@ -326,7 +326,7 @@ def cond_exceeds(Tn, bound, step_bound, cond_limit):
     within :data:`BOUND_SLACK` of the limit. ``bound[0]`` becomes the bound for ``Tn`` (the
     exact value where it was computed); the caller keeps it only if the step is taken."""
     nb = bound[0] * step_bound
-    if nb > cond_limit * (1.0 - BOUND_SLACK) or not nb == nb:
+    if nb > cond_limit * (1.0 - BOUND_SLACK) or np.isnan(nb):
         c = cond_lower(Tn)
         if c > cond_limit:
             return True, c

@@ -19,12 +19,11 @@ re-orthogonalisation when every residual is kept):
 * when the basis would exceed ``max_basis`` columns it is compressed to the top ``2·block`` Ritz
   vectors (thick restart), their products ``(K Q) Y`` kept: a restart costs no product.
 
-Convergence is judged per component, ``‖K x_i − θ_i x_i‖ ≤ tol · θ_i`` for ``i < r``
-(``θ_i`` not below ``1e-8 θ_1``, and residuals under ``1e-12 θ_1`` count as converged: the
-null space of a rank-deficient operator is judged against the largest eigenvalue). Where round-off in the products (float32 kernel tiles) keeps the
-residuals from reaching ``tol``, the method stops after ``stall`` products without a halving of
-the largest scaled residual.
-"""
+Convergence is judged per component, ``‖K x_i − θ_i x_i‖ ≤ tol · θ_i`` for ``i < r`` (``θ_i`` not
+below ``1e-8 θ_1``, and residuals under ``1e-12 θ_1`` count as converged: the null space of a
+rank-deficient operator is judged against the largest eigenvalue). Where round-off in the products
+(float32 kernel tiles) keeps the residuals from reaching ``tol``, the method stops after ``stall``
+products without a halving of the largest scaled residual."""
 
 from __future__ import annotations
 

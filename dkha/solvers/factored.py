@@ -370,7 +370,8 @@ class FactoredState(QueuedFactors):
                 raise RuntimeError("C̃ is held by worker replicas; bring it home "
                                    "(set_c_tilde) before applying kernel rows")
             index, rows, Kpp, Y = prepared or self.prepare_block(index, rows)
-            Y = Y.copy()        # the steps update it: a block applied again starts from the prepared
+            # the steps update it: a block applied again starts from the prepared Y
+            Y = Y.copy()
             self._c_projections(index, Y)
             C_arg = self.C_tilde if keeps_c else _EMPTY
             direct_log = _EMPTY

@@ -59,8 +59,12 @@ from scipy.linalg.blas import dtrsm
 
 from dkha.errors import NumericalError, ParameterError
 from dkha.kernels import Kernel
-from dkha.names import (ONLINE_ALGORITHMS, ONLINE_DEFAULT_ETA0, ONLINE_DEFAULT_GAMMA,
-                        ONLINE_DEFAULT_MAX_MEMBERS)
+from dkha.names import (
+    ONLINE_ALGORITHMS,
+    ONLINE_DEFAULT_ETA0,
+    ONLINE_DEFAULT_GAMMA,
+    ONLINE_DEFAULT_MAX_MEMBERS,
+)
 from dkha.solvers.batch import MAX_BACKOFFS, check_on_divergence
 from dkha.solvers.compiled import RUNAWAY
 from dkha.solvers.online_exact import ExactSpan, sign_fixed
@@ -249,11 +253,10 @@ def online_block(algorithm, center, rate_kind, eta0, rate_param, nu, m, count, s
     block), ``kdiag (b,)`` their ``k(x, x)``. ``joined`` receives the block positions of the
     samples that joined the dictionary. ``rate_param`` is ``γ`` or ``τ`` per ``rate_kind``.
 
-    Guard: after each update the feature-space norm of every component, ``‖w_k‖ = ‖B_k‖``, must
-    be finite and at most ``RUNAWAY`` (ON-KHA, which normalises it: finite and non-zero). Otherwise the
-    loop stops at that step (``step`` is its 0-based index) and ``bad`` is the component ``k``;
-    the state is then unusable. ``bad`` is ``-1`` when every step was good.
-    """
+    Guard: after each update the feature-space norm of every component, ``‖w_k‖ = ‖B_k‖``, must be
+    finite and at most ``RUNAWAY`` (ON-KHA, which normalises it: finite and non-zero). Otherwise the
+    loop stops at that step (``step`` is its 0-based index) and ``bad`` is the component ``k``; the
+    state is then unusable. ``bad`` is ``-1`` when every step was good."""
     r = B.shape[0]
     b = kdiag.shape[0]
     m0 = m

@@ -20,7 +20,8 @@ import numpy as np
 from dkha.solvers.compiled import LOG_HALF, RUNAWAY
 
 
-def step(A: np.ndarray, p: int, kp: np.ndarray, d: np.ndarray, C: np.ndarray | None = None) -> np.ndarray:
+def step(A: np.ndarray, p: int, kp: np.ndarray, d: np.ndarray,
+         C: np.ndarray | None = None) -> np.ndarray:
     """One KHA step (eq. 11) in place; also eq. 18 on ``C`` when given. Returns ``y``."""
     y = A @ kp
     L = np.tril(np.outer(y, y))

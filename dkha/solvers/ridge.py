@@ -11,8 +11,8 @@ leave the product, so late iterations cost less).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
