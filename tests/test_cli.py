@@ -21,7 +21,7 @@ from dkha.cli.output import errors_text, excess_text, kernel_text, pair_digits
 from dkha.cli.parser import build_parser
 from dkha.estimators.params import PARAMETERS
 from dkha.kernels import make_kernel
-from tests.processes import other_lines, progress_lines, subprocess_env
+from tests.processes import dkha_in_process, other_lines, progress_lines, subprocess_env
 
 ENGINE = ("dask", "distributed", "xarray", "sklearn", "numba", "zarr", "scipy")
 
@@ -135,12 +135,10 @@ def test_verbose_before_and_after_the_subcommand():
 
 def test_a_piped_fit_logs_each_phase_with_the_time(digits_store, tmp_path):
     run = str(tmp_path / "run")
-    p = subprocess.run([sys.executable, "-m", "dkha.cli", "fit", digits_store.path, "-o", run,
-                        "--components", "3", "--sigma", "4", "--passes", "1"],
-                       env=subprocess_env(DASK_DKHA__MK_CACHE="false",
-                                          DASK_DKHA__SPECTRUM_CACHE="false"),
-                       capture_output=True,
-                       text=True, timeout=300, check=False)
+    # in this process, its standard error a pipe's (not a terminal)
+    p = dkha_in_process("fit", digits_store.path, "-o", run, "--components", "3", "--sigma", "4",
+                        "--passes", "1",
+                        config={"dkha.mk-cache": False, "dkha.spectrum-cache": False})
     assert p.returncode == 0, p.stderr
     assert other_lines(p.stderr) == []      # every line on stderr is a progress line
     lines = progress_lines(p.stderr)

@@ -1,33 +1,29 @@
 """The row engine on real multi-process clusters: results do not depend on where the fit ran.
 
-One test starts ``dask scheduler`` and two ``dask worker`` processes as separate OS processes on
-127.0.0.1 and runs the ``dkha`` command against them.
+The module starts ``dask scheduler`` and two ``dask worker`` processes as separate OS processes
+on 127.0.0.1 and runs the ``dkha`` command (in this process) against them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 import xarray as xr
 
 from dkha.data.ingest import ingest_array
-from tests.processes import dkha_command, start_dask_cluster, stop_processes, subprocess_env
+from tests.processes import dkha_in_process, start_dask_cluster, stop_processes
 
 pytestmark = pytest.mark.cluster
 
 
 
-def _env():
-    return subprocess_env()
-
-
-def _dkha(*args, env=None, check=True):
-    proc = subprocess.run(dkha_command(*args), capture_output=True, text=True,
-                          env=env or _env(), timeout=600, check=False)
+def _dkha(*args, check=True):
+    """``dkha ARGS`` run in this process (the command's code; the cluster's processes are
+    the separate ones)."""
+    proc = dkha_in_process(*args)
     if check and proc.returncode != 0:
         raise AssertionError(f"dkha {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
@@ -86,14 +82,13 @@ def test_separate_scheduler_and_workers_give_the_embedded_alpha(store, embedded_
         assert abs(got[key] - dense[key]) <= 1e-8 * abs(dense[key]), key
 
 
-def test_environment_variable_selects_the_cluster(store, embedded_run, real_cluster, tmp_path):
+def test_environment_variable_selects_the_cluster(store, embedded_run, real_cluster, tmp_path,
+                                                  monkeypatch):
     address, _ = real_cluster
-    env = _env()
-    env["DASK_SCHEDULER_ADDRESS"] = address
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", address)
     out = str(tmp_path / "envrun")
     _dkha("fit", store, "-o", out, "--algorithm", "kha-smd", "--components", "6", "--sigma", "4",
-          "--passes", "2", "--seed", "3", "--evaluate-every", "0", "--quiet", "--block", "64",
-          env=env)
+          "--passes", "2", "--seed", "3", "--evaluate-every", "0", "--quiet", "--block", "64")
     got = xr.open_zarr(os.path.join(out, "components.zarr"), consolidated=False).load()
     assert _rel(got["alpha"].values, embedded_run["alpha"].values) < 1e-10
 
