@@ -44,8 +44,22 @@ def read_slice(arr: zarr.Array, start: int, stop: int, path: str) -> np.ndarray:
     try:
         return np.asarray(arr[start:stop], dtype=np.float64)
     except (ValueError, RuntimeError, OSError) as exc:
-        raise InputError(f"data store {path}: cannot read rows {start}..{stop - 1} of X "
+        a, b = _failing_chunk(arr, start, stop)
+        raise InputError(f"data store {path}: cannot read rows {a}..{b - 1} of X "
                          f"({exc}); the chunk is corrupted: re-ingest the store") from None
+
+
+def _failing_chunk(arr: zarr.Array, start: int, stop: int) -> tuple[int, int]:
+    """The rows of the first chunk of ``arr[start:stop]`` that cannot be read (the range itself
+    where each chunk reads alone): a read across chunks names the chunk to re-ingest."""
+    rows = int(arr.chunks[0])
+    for c in range(start // rows, -(-stop // rows)):
+        a, b = c * rows, min((c + 1) * rows, arr.shape[0])
+        try:
+            arr[a:b]
+        except (ValueError, RuntimeError, OSError):
+            return a, b
+    return start, stop
 
 
 @dataclass(frozen=True)
