@@ -137,49 +137,11 @@ def test_a_stop_mid_band_pass_leaves_the_scheduler_quiet(store, client, bands, m
     cancelled: cancelling a band cancels the chain of combines after it, and cancelling one of
     those afterwards trips the scheduler's ``assert ts.who_wants``); the next pass gives the
     same bits."""
-    import logging
-
-    from dkha.engine import passes
-    from dkha.engine.stop import STOP
-    from dkha.errors import Interrupted
-
-    errors: list = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            errors.append(record.getMessage())
-
-    handler = Keep(level=logging.ERROR)
-    loggers = [logging.getLogger(n) for n in ("distributed", "asyncio")]
-    for lg in loggers:
-        lg.addHandler(handler)
     from dkha.engine import bandpass
+    from tests.stops import stop_mid_pass_quietly
 
     monkeypatch.setattr(bandpass, "FAN_IN", 1)      # a chain of one combine a band
     engine = _engine(store, client)
     engine.compute_mk(cache=False)
     V = np.random.default_rng(0).normal(size=(300, 6))
-    want = engine.matmat(V)
-    settle = passes.ClusterPasses.settle
-    waited = [0]
-
-    def stop_after(self, future, what):
-        waited[0] += 1
-        if waited[0] == stop_at:
-            STOP.set()
-        return settle(self, future, what)
-
-    monkeypatch.setattr(passes.ClusterPasses, "settle", stop_after)
-    try:
-        for stop_at in (1, 3, 5):
-            waited[0] = 0
-            with pytest.raises(Interrupted):
-                engine.matmat(V)
-            STOP.clear()
-        monkeypatch.setattr(passes.ClusterPasses, "settle", settle)
-        assert np.array_equal(engine.matmat(V), want)
-    finally:
-        STOP.clear()
-        for lg in loggers:
-            lg.removeHandler(handler)
-    assert not errors, errors[:3]
+    stop_mid_pass_quietly(engine, V, monkeypatch, (1, 3, 5))

@@ -307,47 +307,12 @@ def test_a_stop_mid_product_leaves_the_scheduler_quiet(stores, client, monkeypat
     sums holds tasks the client no longer wants, and cancelling a product cancels those too,
     so cancelling the band's last partial afterwards tripped ``assert ts.who_wants``
     ("Exception while handling op register-client", "Task exception was never retrieved")."""
-    import logging
-
     from dkha.engine import passes
-    from dkha.engine.stop import STOP
-    from dkha.errors import Interrupted
+    from tests.stops import stop_mid_pass_quietly
 
     monkeypatch.setattr(passes, "REDUCE_HOLD_BYTES", 1)      # fan-in 1: chains of partials
-    errors: list = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            errors.append(record.getMessage())
-
-    handler = Keep(level=logging.ERROR)
-    loggers = [logging.getLogger(n) for n in ("distributed", "asyncio")]
-    for lg in loggers:
-        lg.addHandler(handler)
     engine = RowEngine(stores[17], kernel_of("gaussian"), client)
     engine.compute_mk(cache=False)
     V = np.random.default_rng(0).normal(size=(300, 6))
-    settle = passes.ClusterPasses.settle
-    waited = [0]
-
-    def stop_after(self, future, what):
-        waited[0] += 1
-        if waited[0] == stop_at:
-            STOP.set()
-        return settle(self, future, what)
-
-    monkeypatch.setattr(passes.ClusterPasses, "settle", stop_after)
     n = len(engine.tile_pairs())
-    try:
-        for stop_at in range(3, n, max(1, n // 12)):
-            waited[0] = 0
-            with pytest.raises(Interrupted):
-                engine.matmat(V)
-            STOP.clear()
-        monkeypatch.setattr(passes.ClusterPasses, "settle", settle)
-        assert np.array_equal(engine.matmat(V), engine.matmat(V))   # the cluster still works
-    finally:
-        STOP.clear()
-        for lg in loggers:
-            lg.removeHandler(handler)
-    assert not errors, errors[:3]
+    stop_mid_pass_quietly(engine, V, monkeypatch, range(3, n, max(1, n // 12)))
