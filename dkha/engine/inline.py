@@ -98,6 +98,12 @@ class InlineClient:
         return _resolved(futures)
 
     def scatter(self, data, hash=True, broadcast=False, workers=None):
+        """``data`` as futures, as ``distributed.Client.scatter`` returns them: a list (tuple,
+        dict) of futures for a list (tuple, dict), one future otherwise."""
+        if isinstance(data, (list, tuple)):
+            return type(data)(InlineFuture(d) for d in data)
+        if isinstance(data, dict):
+            return {k: InlineFuture(v) for k, v in data.items()}
         return InlineFuture(data)
 
     def compute(self, collections, **kwargs):

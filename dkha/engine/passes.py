@@ -101,7 +101,7 @@ class ClusterPasses:
 
         (Scattered data cannot be recomputed; a task that returns the array can. A pass's input,
         ``everywhere``, is scattered to every worker of other processes instead: a copy on
-        each survives the loss of any.)
+        each survives the loss of any. Workers in this process get every array scattered.)
 
         ``everywhere``: copied to every worker before it is used, for the input of a whole tile
         pass. Dask sends a task only to the workers that hold one of its inputs, so the tiles of
@@ -109,7 +109,12 @@ class ClusterPasses:
         (measured: the other of 2 workers idle for 0.8 s of a 0.9 s ``K'V`` pass); with a copy
         on every worker, each tile goes to the least busy one.
         """
-        if everywhere and not shares_process(self.client):
+        if shares_process(self.client):
+            # the workers are this process (nothing to rebuild: they live and die with it): the
+            # array handed over as data, never inside a task's graph (a K'V pass's V at
+            # l = 50 000: 12 MB, "Sending large graph" in every product's log)
+            return self.client.scatter([array], broadcast=everywhere, hash=False)[0]
+        if everywhere:
             # a pass's input (V, the C of the residuals): sent to the workers once, as data, not
             # inside a task's graph (12 MB in a graph: "Sending large graph", and the scheduler's
             # time per pass); every worker gets a copy, so losing one leaves the others'
