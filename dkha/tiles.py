@@ -303,7 +303,7 @@ def _refine(spec: TileSpec, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
     """Thresholds ``(absolute, relative)`` for recomputing near pairs of the laplacian."""
     if spec.dtype == np.float32:
         return np.array([0.0, REFINE_FLOAT32])
-    scale = (xx.max() if len(xx) else 0.0) + (yy.max() if len(yy) else 0.0)
+    scale = (float(xx.max()) if len(xx) else 0.0) + (float(yy.max()) if len(yy) else 0.0)
     return np.array([REFINE_FLOAT64 * scale, 0.0])
 
 
@@ -369,21 +369,13 @@ def _gpu_gaussian(xp):
     return _gpu_kernels["gaussian"]
 
 
-def _device_tile(xp, spec, ops, refine, mr, mc, mkm):
-    """The whole (centered) tile on the device: operands moved there; the gaussian by one GEMM
-    and :func:`_gpu_gaussian` where CuPy is behind ``xp``, else :func:`_array_tile`."""
-    Xs, Ys, xx, yy, X64, Y64 = ops
-    fused = _gpu_gaussian(xp) if spec.code == GAUSSIAN else None
-    if fused is not None:
-        G = xp.asarray(Xs) @ xp.asarray(Ys).T
-        ri = xp.asarray(mr - float(mkm))
-        fused(G, xp.asarray(xx)[:, None], xp.asarray(yy)[None, :], ri[:, None],
-              xp.asarray(mc)[None, :], float(spec.p1), G)
-        return G
+def _device_tile(xp, spec, ops, mr, mc, mkm):
+    """The whole (centered) tile on the device: the host operands moved there, then
+    :func:`array_tile`."""
+    Xs, Ys, xx, yy, X64, Y64 = (xp.asarray(a) for a in ops)
     if spec.code != LAPLACIAN:      # the exact near pairs need the float64 rows, others not
-        X64 = Y64 = np.zeros((0, 0))
-    return _array_tile(xp, spec, *(xp.asarray(a) for a in (Xs, Ys, xx, yy, X64, Y64, refine,
-                                                           mr, mc)), mkm)
+        X64 = Y64 = None
+    return array_tile(xp, spec, Xs, Ys, xx, yy, X64, Y64, xp.asarray(mr), xp.asarray(mc), mkm)
 
 
 _ROWS_SOURCE = r"""
@@ -459,11 +451,7 @@ def array_tile(xp, spec, Xs, Ys, xx, yy, X64, Y64, mr, mc, mkm: float, *, out=No
         return G
     if mr is None:
         mr, mc, mkm = xp.zeros(len(Xs)), xp.zeros(len(Ys)), 0.0
-    refine = xp.zeros(2)
-    if spec.code == LAPLACIAN:
-        scale = (float(xx.max()) if len(xx) else 0.0) + (float(yy.max()) if len(yy) else 0.0)
-        refine = xp.asarray([0.0, REFINE_FLOAT32] if spec.dtype == np.float32
-                            else [REFINE_FLOAT64 * scale, 0.0])
+    refine = xp.asarray(_refine(spec, xx, yy))
     if X64 is None:
         X64 = Y64 = xp.zeros((0, 0))
     T = _array_tile(xp, spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm)
@@ -484,7 +472,7 @@ def kernel_tile(spec: TileSpec, X, Y, mk_rows=None, mk_cols=None, mkm: float = 0
     if xp is np:
         T = _cpu_panel(spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm)
         return T.astype(out_dtype, copy=False)
-    K = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
+    K = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), mr, mc, mkm)
     return to_host(xp, K).astype(out_dtype, copy=False)
 
 
@@ -514,7 +502,7 @@ def tile_product(spec: TileSpec, X, Y, V=None, W=None, mk_rows=None, mk_cols=Non
     colsum = np.zeros(n) if sums else None
     xp = array_module(spec.device)
     if xp is not np:
-        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
+        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), mr, mc, mkm)
         if V is not None:
             TV[:] = to_host(xp, T @ xp.asarray(Vd))
         if W is not None:
@@ -552,7 +540,7 @@ def tile_residuals(spec: TileSpec, X, Y, Cs: tuple, C_rows: slice, C_cols: slice
     out = np.zeros(1 + len(Cs))
     xp = array_module(spec.device)
     if xp is not np:
-        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), refine, mr, mc, mkm)
+        T = _device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), mr, mc, mkm)
         T = T.astype(xp.float64)
         out[0] = float((T * T).sum())
         for k, C in enumerate(Cs):

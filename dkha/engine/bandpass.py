@@ -174,9 +174,8 @@ def band_pass(engine, kind: str, kernel, *, V: np.ndarray | None = None, Cs: tup
     else:
         shape = (1 + len(Cs),)
     starts = [0 if kind == "residuals" else a for a, _ in bands]
-    record = {"what": what, "kind": kind, "tasks": len(bands), "wall_seconds": 0.0,
-              "wait_seconds": 0.0, "bytes_received": 0, "bands": len(bands),
-              "side": plan.side, "reduce_tasks": 0}
+    record = passes.pass_record(what, kind, len(bands), bands=len(bands), side=plan.side,
+                                reduce_tasks=0)
     partial: dict = {}
     pending: dict = {w: [] for w in W}
     finals = []

@@ -67,7 +67,6 @@ class Resident:
     X: object
     norms: object
     X64: object
-    nbytes: int
 
 
 _RESIDENT: dict = {}
@@ -86,16 +85,11 @@ def resident_rows(path, kernel: Kernel, n_samples: int) -> Resident:
         if got is not None:
             return got[1]
         xp = tiles.array_module(spec.device)
-        X = np.asarray(kernel.tile_inputs(load_all_rows(path, n_samples)), dtype=np.float64)
-        if spec.distance and spec.dtype == np.float32 and len(X):
-            X = X - X.mean(axis=0)
-        norms = np.einsum("ij,ij->i", X, X) if spec.distance else np.zeros(0)
-        X64 = xp.asarray(X) if spec.code == tiles.LAPLACIAN else None
-        Xs = xp.asarray(X.astype(spec.dtype, copy=False))
-        norms = xp.asarray(norms)
+        # prepared as the column blocks of the CPU's tiles are (precision, shift, norms)
+        cols = tiles.prepare_columns(spec, kernel.tile_inputs(load_all_rows(path, n_samples)))
+        res = Resident(xp.asarray(cols.Ys), xp.asarray(cols.yy),
+                       xp.asarray(cols.Y64) if spec.code == tiles.LAPLACIAN else None)
         _settle(xp)
-        res = Resident(Xs, norms, X64,
-                       int(Xs.nbytes + norms.nbytes + (0 if X64 is None else X64.nbytes)))
         _RESIDENT[key] = (path, res)        # the path (an array too) kept: its id is not reused
         while len(_RESIDENT) > RESIDENT_KEPT:
             _RESIDENT.pop(next(iter(_RESIDENT)))

@@ -188,7 +188,9 @@ class ClusterPasses:
                     break
         return out
 
-    def _pass_record(self, what: str, kind: str, n: int, **extra) -> dict:
+    def pass_record(self, what: str, kind: str, n: int, **extra) -> dict:
+        """A pass's record (what, kind, tasks, wall, waiting and bytes received), filled in as
+        it runs and appended to :attr:`records` when it ends."""
         return {"what": what, "kind": kind, "tasks": n, "wall_seconds": 0.0,
                 "wait_seconds": 0.0, "bytes_received": 0, **extra}
 
@@ -223,7 +225,7 @@ class ClusterPasses:
         within a task's time (the tasks in flight are released). ``progress``: the label of its
         progress bar (``what`` when not given); ``kind``: the pass's kind in its record
         (``mk``, ``product``, ``residual``)."""
-        record = self._pass_record(what, kind, n)
+        record = self.pass_record(what, kind, n)
         with self.progress(progress or what, n, transient=transient) as bar:
             for future in self._windowed(submit, n, what, record):
                 t0 = time.perf_counter()
@@ -258,7 +260,7 @@ class ClusterPasses:
         l = max(stop for _, stop in bands)
         left = collections.Counter(band for route in routes for band, _ in route)
         fan_in = max(1, REDUCE_HOLD_BYTES // (2 * l * (width or 1) * 8))
-        record = self._pass_record(what, kind, len(routes), fan_in=fan_in, reduce_tasks=0)
+        record = self.pass_record(what, kind, len(routes), fan_in=fan_in, reduce_tasks=0)
         groups: dict = collections.defaultdict(list)
         partial: dict = {}
         finals: collections.deque = collections.deque()
