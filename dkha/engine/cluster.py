@@ -164,8 +164,27 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
     try:
         yield c
     finally:
-        c.close()
-        cluster.close()
+        with quiet_shutdown():
+            c.close()
+            cluster.close()
+
+
+@contextlib.contextmanager
+def quiet_shutdown() -> Iterator[None]:
+    """While dkha closes a cluster it started: its workers' complaints that the scheduler went
+    away (a heartbeat in flight as the in-process scheduler closes: "Failed to communicate with
+    scheduler during heartbeat" and its traceback, seen after a stop) are not errors of the
+    run, so distributed's worker and nanny loggers stay quiet until the cluster is closed."""
+    names = ("distributed.worker", "distributed.nanny", "distributed.core")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def local_gpus() -> int:
