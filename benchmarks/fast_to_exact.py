@@ -116,13 +116,13 @@ CHILD = textwrap.dedent("""
         out.update(seconds=secs, excess=float(excess), reached=bool(excess <= {target}),
                    peak_rss_mb=rss)
     else:
-        import dkha.fit.batch
+        import dkha.fit.kha_stream
         import dkha.fit.krylov
         from dkha import KernelHebbianPCA
         from dkha.fit.evaluate import evaluate
         # E_min's eigenvalues were computed once by the parent: every evaluation uses them
         # (krylov's own would measure it against itself)
-        dkha.fit.batch.top_eigenvalues = lambda *a, **k: eig
+        dkha.fit.kha_stream.top_eigenvalues = lambda *a, **k: eig
         dkha.fit.krylov.evaluate = (lambda engine, A, eigenvalues=None, **k:
                                     evaluate(engine, A, eig, **k))
         name, _, cache = method.partition("+")

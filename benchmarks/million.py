@@ -200,8 +200,8 @@ def child_compare(a: dict) -> dict:
     from dkha.data.store import open_store
     from dkha.engine.cluster import blas_threads_for, client_for
     from dkha.engine.rows import RowEngine
-    from dkha.fit.batch import run_batch
     from dkha.fit.evaluate import evaluate, top_eigenvalues
+    from dkha.fit.kha_stream import run_batch
     from dkha.kernels import make_kernel
     from dkha.solvers.batch import BatchKHA
 

@@ -128,7 +128,7 @@ def measure_median(engine, client, kind, run, repeat):
 
 
 def kha_pass(engine, l, r, seed=0, n_steps=None):
-    from dkha.fit.batch import run_batch
+    from dkha.fit.kha_stream import run_batch
     from dkha.solvers.batch import BatchKHA
 
     solver = BatchKHA("kha-smd", r, l, eta0=0.01, mu=0.01)

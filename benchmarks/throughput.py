@@ -138,7 +138,7 @@ def kha_pass(store, r: int, client, sigma: float, projections: str, precision: s
              ) -> tuple[float, dict]:
     """Seconds of one KHA-SMD pass: the block stream of a 1-pass fit (``timings_["stream"]``:
     start-up, the cached centering row and the final eigenvalue estimate excluded), and the
-    pass's record (:class:`dkha.fit.batch.PassMeter`)."""
+    pass's record (:class:`dkha.fit.kha_stream.PassMeter`)."""
     m = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=1, evaluate_every=-1,
                          seed=0, eta0=0.05, mu=0.05, client=client, projections=projections,
                          precision=precision)

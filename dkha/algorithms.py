@@ -1,7 +1,7 @@
 """The one registry of fit algorithms: each name and its family.
 
 * ``batch`` — the KHA family over whole centered kernel rows, many passes
-  (:mod:`dkha.solvers.batch`, driven by :func:`dkha.fit.together.fit_batch`);
+  (:mod:`dkha.solvers.batch`, driven by :func:`dkha.fit.coordinator.fit_batch`);
 * ``exact`` — the exact top eigenvectors by block Krylov products (:mod:`dkha.fit.krylov`; a
   batch estimator, but it streams no kernel rows and fits one model at a time);
 * ``default`` — ``auto``, the default: the exact top components by the fastest path, chosen by

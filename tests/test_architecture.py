@@ -44,7 +44,7 @@ FORBIDDEN = [
      "dkha.engine.tasks -> dkha.fit.evaluate"),
     ("data/store.py", "import dkha.engine.cluster", "Rule 3",
      "dkha.data.store -> dkha.engine.cluster"),
-    ("fit/batch.py", "import dkha.runs.run", "Rule 4", "dkha.fit.batch -> dkha.runs.run"),
+    ("fit/kha_stream.py", "import dkha.runs.run", "Rule 4", "dkha.fit.kha_stream -> dkha.runs.run"),
     ("apply/denoise.py", "import dkha.cli.options", "Rule 5",
      "dkha.apply.denoise -> dkha.cli.options"),
     ("estimators/saved.py", "import dkha.engine.cluster", "Rule 7",

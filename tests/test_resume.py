@@ -444,12 +444,12 @@ def test_a_default_fit_that_fails_for_good_leaves_no_checkpoint(digits_store, tm
     resume, and a fit into it again is not refused as an unfinished run."""
     from dkha import KernelHebbianPCA
     from dkha.data.checkpoint import Checkpointer
-    from dkha.fit import together
+    from dkha.fit import coordinator
 
     def broken(*args, **kwargs):
         raise ValueError("There are significant negative eigenvalues")
 
-    monkeypatch.setattr(together, "dense_fit", broken)
+    monkeypatch.setattr(coordinator, "dense_fit", broken)
     run = str(tmp_path / "run")
     with pytest.raises(ValueError, match="negative eigenvalues"):
         KernelHebbianPCA(3, sigma=4.0).fit(digits_store, run_dir=run)

@@ -36,10 +36,7 @@ from dkha.estimators.params import (
 )
 from dkha.estimators.pictures import component_images, is_patch_store, projection_array
 from dkha.estimators.sklearn_view import finish_fit, fit_seed
-from dkha.fit.batch import save_checkpoint
-from dkha.fit.init import default_landmarks_for
-from dkha.fit.spectrum import finalise_components
-from dkha.fit.together import (
+from dkha.fit.coordinator import (
     FitOptions,
     ModelFit,
     ModelSettings,
@@ -48,6 +45,9 @@ from dkha.fit.together import (
     resolve_kernel,
     settings_dropped_on_failure,
 )
+from dkha.fit.init import default_landmarks_for
+from dkha.fit.kha_stream import save_checkpoint
+from dkha.fit.spectrum import finalise_components
 from dkha.kernels import precomputed_rows
 from dkha.runs.run import kernel_of
 from dkha.runs.transform import project_rows
@@ -509,7 +509,7 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
                  overwrite: bool = False, checkpoint_every: int = 0, resume: bool = False,
                  checkpoint_steps: int = 0, skip_diverged: bool = False) -> list[KernelHebbianPCA]:
     """Fit several batch models in one pass over the kernel rows: each block of centered rows
-    is computed once and applied by every model (:func:`dkha.fit.batch.run_batches`).
+    is computed once and applied by every model (:func:`dkha.fit.kha_stream.run_batches`).
 
     The models may differ in ``algorithm``, ``eta0``, ``mu``, ``xi``, ``rho0``, ``tol`` and
     ``verbose``; everything that shapes the kernel stream (:data:`SHARED_SETTINGS`: data,

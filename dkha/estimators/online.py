@@ -54,6 +54,7 @@ from dkha.estimators.params import (
     saved_attrs,
 )
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
+from dkha.fit.coordinator import resolve_kernel
 from dkha.fit.online import (
     coordinator_threads,
     eigenvalues_of,
@@ -63,7 +64,6 @@ from dkha.fit.online import (
     scaled,
     seeded_rows,
 )
-from dkha.fit.together import resolve_kernel
 from dkha.kernels import Kernel
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
 from dkha.version import __version__

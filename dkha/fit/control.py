@@ -1,4 +1,4 @@
-"""The one block driver of the coordinator's loops, batch (:func:`dkha.fit.batch.run_batches`)
+"""The one block driver of the coordinator's loops, batch (:func:`dkha.fit.kha_stream.run_batches`)
 and online (:func:`dkha.fit.online.run_online`): the stop event, the checkpoint cadence, the
 progress bar and the wall-time accounting.
 
@@ -114,7 +114,7 @@ class BlockDriver:
                 (f"checkpoint written: continue with {RESUME_HINT}"
                  if self.save is not None else
                  "no checkpoint (fit with a run directory to make runs resumable)"))
-            exc.checkpointed = True     # nothing more to save (dkha.fit.batch)
+            exc.checkpointed = True     # nothing more to save (dkha.fit.kha_stream)
             raise exc
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator, eigsh
 
 from dkha.engine.stop import check_stop
-from dkha.fit.batch import BatchResult
+from dkha.fit.kha_stream import BatchResult
 from dkha.fit.spectrum import clip_eigenvalues
 from dkha.schedule import Stream, random_stream
 

@@ -10,8 +10,8 @@ import time
 import numpy as np
 
 from dkha.errors import RESUME_HINT, Interrupted
-from dkha.fit.batch import BatchResult
 from dkha.fit.evaluate import evaluate
+from dkha.fit.kha_stream import BatchResult
 from dkha.fit.spectrum import clip_eigenvalues, krylov_eigenpairs
 from dkha.schedule import Stream, random_stream
 from dkha.solvers.eigen import KrylovState

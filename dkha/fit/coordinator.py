@@ -1,10 +1,10 @@
-"""The batch coordinator: one kernel stream, one or several models, from resolved settings.
+"""The coordinator of a batch fit: one kernel stream, one or several models, from resolved settings.
 
 :func:`fit_batch` is the one entry of every batch fit (``KernelHebbianPCA.fit``,
 :func:`dkha.fit_together`, ``dkha fit``, ``dkha tune``, pipelines): given a data store, the
 resolved kernel and each model's :class:`ModelSettings` (validated by the estimator), it opens
 the run directories (checkpoints, resume), connects to Dask, builds the row engine, computes the
-MK row and the start, runs the block stream (:func:`dkha.fit.batch.run_batches`) or the exact
+MK row and the start, runs the block stream (:func:`dkha.fit.kha_stream.run_batches`) or the exact
 solver (:func:`dkha.fit.krylov.run_krylov`) and returns one :class:`ModelFit` per model. The
 estimators set their fitted attributes from those and save them.
 """
@@ -38,10 +38,10 @@ from dkha.engine.cluster import (
 from dkha.engine.content import check_finite, on_sample
 from dkha.engine.rows import RowEngine
 from dkha.errors import RESUME_HINT, InputError, Interrupted, ParameterError, RunDirectoryError
-from dkha.fit.batch import BatchResult, run_batches
 from dkha.fit.dense import dense_fit
 from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
+from dkha.fit.kha_stream import BatchResult, run_batches
 from dkha.fit.krylov import KrylovCheckpoints, run_krylov
 from dkha.fit.plan import Plan, auto_krylov_tol, plan_fit
 from dkha.kernels import make_kernel, median_distance

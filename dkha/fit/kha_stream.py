@@ -1,4 +1,4 @@
-"""The coordinator: drives a batch solver over the block stream of centered kernel rows.
+"""The KHA iterations over one shared stream of centered kernel row blocks.
 
 It owns the schedule (``dkha.schedule``), the passes, the evaluations recorded in the history and
 the progress display. Kernel rows are computed ahead on the workers (``RowEngine.stream``); the
