@@ -1,4 +1,6 @@
-"""The one registry of fit algorithms: each name and its family.
+"""The one registry of fit algorithms: an :class:`AlgorithmSpec` per name, with its behaviour.
+
+Families:
 
 * ``batch`` — the KHA family over whole centered kernel rows, many passes
   (:mod:`dkha.solvers.batch`, driven by :func:`dkha.fit.coordinator.fit_batch`);
@@ -6,46 +8,150 @@
   batch estimator, but it streams no kernel rows and fits one model at a time);
 * ``default`` — ``auto``, the default: the exact top components by the fastest path, chosen by
   a cost model (:mod:`dkha.fit.plan`: ``K'`` held whole, or blockwise Krylov); given options of
-  the KHA iterations it falls back to ``kha-smd``. Neither exact nor streamable together: it
-  fits one model at a time, and its path is decided at fit time;
+  the KHA iterations it falls back to :data:`KHA_DEFAULT`. Neither exact nor streamable
+  together: it fits one model at a time, and its path is decided at fit time;
 * ``online`` — one sample at a time over a dictionary (:mod:`dkha.solvers.online`, driven by
   :func:`dkha.fit.online.fit_online`).
 
+A spec says what differs between the algorithms of a family, and nothing elsewhere branches on
+an algorithm's name (``tests/test_architecture.py`` checks that no name is spelled outside this
+module): a batch spec's gains (``eta0``, ``warm_eta0``, ``decays``, ``equalised``), whether it
+keeps ``C = A K'`` and has SMD's meta-gain ``μ``, and the in-block ``update`` that serves it; an
+online spec's ``update``. An update is named here and implemented in ``solvers/``, which maps
+each name to its code (:data:`dkha.solvers.batch.UPDATES`, :data:`dkha.solvers.online.UPDATES`):
+this module is the bottom floor (it imports nothing of dkha but its errors), so it names the
+code it needs and the floor that holds the code looks it up, and the import graph shows every
+dependency.
+
 Every list of allowed values (the estimators' parameter table, the command line's checks, the
-solvers' ``ALGORITHMS``) is derived from :data:`REGISTRY`; a new algorithm is one entry here.
+solvers' ``ALGORITHMS``) is derived from :data:`REGISTRY`; a new algorithm is one spec here
+(:func:`register` from outside the package).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from dkha.errors import ParameterError
 
 BATCH, EXACT, ONLINE, DEFAULT = "batch", "exact", "online", "default"
 
-#: name → family, in the order the documentation lists them
-REGISTRY: dict[str, str] = {
-    "auto": DEFAULT,
-    "kha": BATCH, "kha-t": BATCH, "kha-et": BATCH, "kha-smd": BATCH,
-    "krylov": EXACT,
-    "on-kha": ONLINE, "oo-kha": ONLINE, "okpca": ONLINE,
-}
+#: the in-block updates of the batch family (:data:`dkha.solvers.batch.UPDATES`): GHA's step
+#: in feature space with given gains, and Stochastic Meta-Descent's (Algorithm 1: the gains'
+#: log ``ρ`` adapted with the meta-gain ``μ``, its state ``B = dA/dρ``)
+GHA, SMD = "gha", "smd"
+#: the online updates (:data:`dkha.solvers.online.UPDATES`): Souza Filho & Diniz's
+#: orthonormalised (eqs. 45–50) and orthogonalised (eq. 52) KHA, and Honeine's online KPCA
+#: (eq. 19, the KHA rule over the dictionary)
+ORTHONORMALISED, ORTHOGONALISED, DICTIONARY = "orthonormalised", "orthogonalised", "dictionary"
 
-#: the exact solver's name
-KRYLOV = "krylov"
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One fit algorithm and what sets it apart.
+
+    Attributes
+    ----------
+    name : str
+        What users give as ``algorithm``.
+    family : {"batch", "exact", "default", "online"}
+    eta0 : float or None
+        Batch: the default base gain ``η0`` from the random start (units of ``κ̄``,
+        :mod:`dkha.solvers.batch`).
+    warm_eta0 : float or None
+        Batch: the default ``η0`` from a Nyström start per unit of its eigenvalue deficit
+        (:func:`dkha.solvers.batch.warm_eta0`).
+    decays : bool
+        Batch: the gains decay as ``l/(t + l)``.
+    equalised : bool
+        Batch: eq. 12's per-component gains ``λ_r/λ_i`` (eigenvalues by eq. 13 from ``C``).
+    update : str or None
+        The in-block update that serves it: :data:`GHA` or :data:`SMD` (batch),
+        :data:`ORTHONORMALISED`, :data:`ORTHOGONALISED` or :data:`DICTIONARY` (online).
+    """
+
+    name: str
+    family: str
+    eta0: float | None = None
+    warm_eta0: float | None = None
+    decays: bool = False
+    equalised: bool = False
+    update: str | None = None
+
+    @property
+    def has_mu(self) -> bool:
+        """Whether it takes SMD's meta-gain ``μ`` (and ``ξ``, ``ρ0``)."""
+        return self.update == SMD
+
+    @property
+    def keeps_c(self) -> bool:
+        """Whether its state keeps ``C = A K'`` (eq. 12's eigenvalues, SMD's Grams): started
+        with it, and tracked evaluations read it."""
+        return self.equalised or self.has_mu
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether it is the exact solver (no kernel row stream, no gains)."""
+        return self.family == EXACT
+
+    @property
+    def streams_together(self) -> bool:
+        """Whether it can share one kernel row stream with other models (the KHA family; not
+        the exact solver, which streams no rows, nor the default, whose path is decided at fit
+        time)."""
+        return self.family == BATCH
+
+
 #: the default's name (:mod:`dkha.fit.plan`)
 AUTO = "auto"
+#: the exact solver's name
+KRYLOV = "krylov"
+#: the KHA algorithm the default falls back to given options of the KHA iterations, and the
+#: one ``dkha demo`` and ``dkha tune`` fit unless told
+KHA_DEFAULT = "kha-smd"
+#: the online estimator's default
+ONLINE_DEFAULT = "on-kha"
+
+#: name → spec, in the order the documentation lists them. Default gains: on the paper's digits
+#: (l = 1000, σ = 4, r = 16, 50 passes, seed 0) these give the paper's ordering SMD 2.4e-4 <
+#: KHA/et 3.3e-4 < KHA/t 4.5e-3 < KHA 5.3e-2 (``benchmarks/digits_kpca.py --defaults``); KHA/t at
+#: 0.2 ended at 6.3e-2, worse than constant-gain KHA, and SMD at μ = 0.3 at 4.1e-4, above KHA/et.
+#: Warm gains: :func:`dkha.solvers.batch.warm_eta0`.
+REGISTRY: dict[str, AlgorithmSpec] = {s.name: s for s in (
+    AlgorithmSpec(AUTO, DEFAULT),
+    AlgorithmSpec("kha", BATCH, eta0=0.05, warm_eta0=0.001, update=GHA),
+    AlgorithmSpec("kha-t", BATCH, eta0=0.5, warm_eta0=0.001, decays=True, update=GHA),
+    AlgorithmSpec("kha-et", BATCH, eta0=1.0, warm_eta0=0.05, decays=True, equalised=True,
+                  update=GHA),
+    AlgorithmSpec(KHA_DEFAULT, BATCH, eta0=1.0, warm_eta0=0.05, decays=True, equalised=True,
+                  update=SMD),
+    AlgorithmSpec(KRYLOV, EXACT),
+    AlgorithmSpec(ONLINE_DEFAULT, ONLINE, update=ORTHONORMALISED),
+    AlgorithmSpec("oo-kha", ONLINE, update=ORTHOGONALISED),
+    AlgorithmSpec("okpca", ONLINE, update=DICTIONARY),
+)}
 
 #: the families each estimator fits (the batch estimator fits the default and the exact
 #: solver too)
 ESTIMATOR_FAMILIES = {"batch": (DEFAULT, BATCH, EXACT), "online": (ONLINE,)}
 
 
+def register(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Add ``spec`` to :data:`REGISTRY` (a new algorithm from outside the package, e.g. a batch
+    variant whose gains and update the solvers already serve); a name taken is refused."""
+    if spec.name in REGISTRY:
+        raise ParameterError(f"algorithm {spec.name!r} is registered already")
+    REGISTRY[spec.name] = spec
+    return spec
+
+
 def names(*families: str) -> tuple[str, ...]:
     """The algorithms of ``families`` (every one without arguments), in registry order."""
-    return tuple(a for a, f in REGISTRY.items() if not families or f in families)
+    return tuple(a for a, s in REGISTRY.items() if not families or s.family in families)
 
 
-def family(algorithm: str, *, option: str = "algorithm") -> str:
-    """The family of ``algorithm``; an unknown name is refused in one line listing them all
+def spec(algorithm: str, *, option: str = "algorithm") -> AlgorithmSpec:
+    """The spec of ``algorithm``; an unknown name is refused in one line listing them all
     (``option`` names what gave it, e.g. ``--algorithm``)."""
     try:
         return REGISTRY[algorithm]
@@ -54,13 +160,32 @@ def family(algorithm: str, *, option: str = "algorithm") -> str:
                              f"{', '.join(names())}") from None
 
 
+def family(algorithm: str, *, option: str = "algorithm") -> str:
+    """The family of ``algorithm`` (refused as :func:`spec` refuses it)."""
+    return spec(algorithm, option=option).family
+
+
+def _get(algorithm) -> AlgorithmSpec | None:
+    try:
+        return REGISTRY.get(algorithm)
+    except TypeError:       # unhashable: no algorithm
+        return None
+
+
 def is_exact(algorithm: str) -> bool:
     """Whether ``algorithm`` is the exact solver (no kernel row stream, no gains)."""
-    return REGISTRY.get(algorithm) == EXACT
+    s = _get(algorithm)
+    return s is not None and s.is_exact
 
 
 def streams_together(algorithm: str) -> bool:
-    """Whether ``algorithm`` can share one kernel row stream with other models (the KHA family;
-    not the exact solver, which streams no rows, nor the default, whose path is decided at fit
-    time)."""
-    return REGISTRY.get(algorithm) == BATCH
+    """Whether ``algorithm`` can share one kernel row stream with other models (see
+    :attr:`AlgorithmSpec.streams_together`)."""
+    s = _get(algorithm)
+    return s is not None and s.streams_together
+
+
+def has_mu(algorithm: str) -> bool:
+    """Whether ``algorithm`` takes SMD's meta-gain ``μ`` (an unknown name does not)."""
+    s = _get(algorithm)
+    return s is not None and s.has_mu

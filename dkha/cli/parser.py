@@ -15,6 +15,7 @@ import argparse
 import difflib
 import re
 
+from dkha.algorithms import KHA_DEFAULT
 from dkha.cli.options import add_cluster_options, add_storage_options, float_list, positive_int
 from dkha.estimators.params import BATCH, add_options
 from dkha.names import BATCH_ALGORITHMS, config_default
@@ -130,8 +131,8 @@ def _demo_parser(sub) -> None:
                         "dkha-demo-* under the system's temp folder, printed)")
     p.add_argument("--passes", type=positive_int, default=20,
                    help="passes through the digits (default 20)")
-    p.add_argument("--algorithm", default="kha-smd", choices=BATCH_ALGORITHMS,
-                   help="the batch algorithm (default kha-smd)")
+    p.add_argument("--algorithm", default=KHA_DEFAULT, choices=BATCH_ALGORITHMS,
+                   help=f"the batch algorithm (default {KHA_DEFAULT})")
     add_cluster_options(p)
 
 
@@ -207,8 +208,8 @@ def add_fit_parsers(sub) -> None:
     p.add_argument("-o", "--out", required=True, metavar="TUNE_DIR",
                    help="gets tune.json (every setting's excess error) and TUNE_DIR/<algorithm>, "
                         "the best run (resumable: continue it with dkha fit ... --resume)")
-    p.add_argument("--algorithm", default="kha-smd",
-                   help="batch algorithm(s) to tune, comma-separated (default kha-smd)")
+    p.add_argument("--algorithm", default=KHA_DEFAULT,
+                   help=f"batch algorithm(s) to tune, comma-separated (default {KHA_DEFAULT})")
     p.add_argument("--eta0", type=float_list, metavar="ETA0[,ETA0...]",
                    help="values to try (default 0.001,0.002,0.005,…,5: {1,2,5}×10^b, b = −3…0)")
     p.add_argument("--mu", type=float_list, metavar="MU[,MU...]",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dkha import config
-from dkha.algorithms import AUTO, KRYLOV, is_exact
+from dkha.algorithms import AUTO, KHA_DEFAULT, KRYLOV, has_mu, is_exact
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
@@ -400,8 +400,8 @@ def path_of(model) -> tuple[str, str | None]:
     asked = [n for n in KHA_OPTIONS if getattr(model, n) is not None]
     if str(model.algorithm) != AUTO or not asked:
         return str(model.algorithm), None
-    return "kha-smd", (f"{', '.join(asked)} given: options of the KHA iterations, so kha-smd "
-                       "(the default path takes no passes or gains)")
+    return KHA_DEFAULT, (f"{', '.join(asked)} given: options of the KHA iterations, so "
+                         f"{KHA_DEFAULT} (the default path takes no passes or gains)")
 
 
 def _square_kernel(K: np.ndarray) -> np.ndarray:
@@ -495,7 +495,7 @@ def run_names(models: Sequence[KernelHebbianPCA]) -> list[str]:
         name = str(m.algorithm)
         if len({eta0(o) for o in same}) > 1:
             name += "-eta0=" + ("auto" if eta0(m) is None else f"{eta0(m):g}")
-        if m.algorithm == "kha-smd" and len({mu(o) for o in same}) > 1:
+        if has_mu(m.algorithm) and len({mu(o) for o in same}) > 1:
             name += f"-mu={mu(m):g}"
         names.append(name)
     twice = sorted({n for n in names if names.count(n) > 1})

@@ -69,7 +69,7 @@ PARAMETERS: tuple[Param, ...] = (
           POSITIVE_INT, key="components", cli={"type": "positive_int", "aliases": ["-r"]},
           none=True, doc_type="int or None, default 8", short="number of components r (default 8)",
           saved=True, identity=True),
-    Param("algorithm", "auto",
+    Param("algorithm", algorithms.AUTO,
           "``auto``: the exact top components by the fastest path on the machine at hand "
           "(:mod:`dkha.fit.plan`: ``K'`` held whole where it fits ``dkha.dense-bytes``, "
           "otherwise blockwise Krylov from a Nyström start), the choice and its reason in the "
@@ -79,14 +79,14 @@ PARAMETERS: tuple[Param, ...] = (
           "products are blockwise passes.",
           Options(algorithms.names(*ESTIMATOR_FAMILIES[BATCH])), models=(BATCH,), shared=False,
           doc_type="{" + ", ".join(f'"{a}"' for a in algorithms.names(*ESTIMATOR_FAMILIES[BATCH]))
-          + '}, default "auto"',
+          + f'}}, default "{algorithms.AUTO}"',
           short="default auto: the fastest exact path, chosen by a cost model; or one of "
           + ", ".join(a for a in algorithms.names() if a != algorithms.AUTO)
           + "; a comma-separated list of batch algorithms (with --eta0/--mu lists) fits "
           "several models in one pass over the kernel rows, each in "
           "RUN_DIR/<algorithm>[-eta0=V][-mu=V]",
           saved=True, identity=True),
-    Param("algorithm", "on-kha",
+    Param("algorithm", algorithms.ONLINE_DEFAULT,
           "ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised, "
           "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
           Options(algorithms.names(*ESTIMATOR_FAMILIES[ONLINE])), models=(ONLINE,),

@@ -64,11 +64,12 @@ def _best(models, rows: list[dict], algorithms, eta0s, mus, tune_dir) -> dict:
             continue
         _, i = min(scored)
         m = models[i]
-        entry = {"eta0": m.eta0, "mu": m.mu if a == "kha-smd" else None,
+        smd = registry.has_mu(a)
+        entry = {"eta0": m.eta0, "mu": m.mu if smd else None,
                  "excess": rows[i]["excess"], "run_dir": None,
                  # a best value at the end of its range may be beaten outside it
                  "at_edge": [name for name, v, values in
-                             (("eta0", m.eta0, eta0s), ("mu", m.mu, mus if a == "kha-smd" else []))
+                             (("eta0", m.eta0, eta0s), ("mu", m.mu, mus if smd else []))
                              if len(values) > 1 and v in (min(values), max(values))]}
         rows[i]["best"] = True
         if tune_dir is not None:
@@ -78,9 +79,9 @@ def _best(models, rows: list[dict], algorithms, eta0s, mus, tune_dir) -> dict:
     return best
 
 
-def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] | None = None,
-         mu: Sequence[float] | None = None, passes: int = 3, tune_dir: str | None = None,
-         overwrite: bool = False, **settings) -> dict:
+def tune(X, algorithms: Sequence[str] = (registry.KHA_DEFAULT,), *,
+         eta0: Sequence[float] | None = None, mu: Sequence[float] | None = None, passes: int = 3,
+         tune_dir: str | None = None, overwrite: bool = False, **settings) -> dict:
     """Fit every ``(η0[, μ])`` of the grid for each algorithm in one kernel stream; pick the best.
 
     Parameters
@@ -108,7 +109,7 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     if not algorithms:
         raise ParameterError("no algorithm to tune")
     for a in algorithms:
-        if registry.REGISTRY.get(a) != registry.BATCH:
+        if not registry.streams_together(a):
             raise ParameterError(f"cannot tune {a!r}: tuning applies to the batch algorithms "
                                  + ", ".join(registry.names(registry.BATCH)))
     eta0s = list(ETA0_GRID if eta0 is None else eta0)
@@ -122,7 +123,7 @@ def tune(X, algorithms: Sequence[str] = ("kha-smd",), *, eta0: Sequence[float] |
     settings = dict(settings)
     settings.setdefault("evaluate_every", 0)
     models = [KernelHebbianPCA(algorithm=a, eta0=e, mu=m, passes=passes, **settings)
-              for a in algorithms for e in eta0s for m in (mus if a == "kha-smd" else [None])]
+              for a in algorithms for e in eta0s for m in (mus if registry.has_mu(a) else [None])]
     log.info("tuning %d settings in one kernel stream", len(models))
     t0 = time.perf_counter()
     # the settings are judged by their exact excess: E_min once (cached in the data store)

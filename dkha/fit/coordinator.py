@@ -23,7 +23,7 @@ import numpy as np
 from distributed import Client
 
 from dkha import config, schedule
-from dkha.algorithms import AUTO, KRYLOV, is_exact
+from dkha.algorithms import AUTO, KRYLOV, has_mu, is_exact
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
@@ -143,7 +143,7 @@ class ModelFit:
         """``algorithm (eta0=…[, mu=…]): why`` of a diverged model."""
         s = self.settings
         return (f"{s.algorithm} (eta0={s.eta0:g}"
-                + (f", mu={s.mu:g}" if s.algorithm == "kha-smd" else "")
+                + (f", mu={s.mu:g}" if has_mu(s.algorithm) else "")
                 + f"): {self.result.failure}")
 
 
@@ -441,7 +441,7 @@ def _exact_checkpoints(checkpointers, metas, cks, plan, opts: FitOptions):
         meta["plan"] = plan.attrs()
     if cks is None:
         checkpointers[0].save(0, {}, meta)
-    resume = cks[0] if cks and "krylov" in cks[0].meta else None
+    resume = cks[0] if cks and KRYLOV in cks[0].meta else None
     return ({"checkpointer": checkpointers[0], "meta": meta, "resume": resume,
              "every": int(opts.checkpoint_every or 0)}, None if resume is None else [resume])
 

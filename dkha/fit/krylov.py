@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from dkha.algorithms import KRYLOV
 from dkha.errors import RESUME_HINT, Interrupted
 from dkha.fit.evaluate import evaluate
 from dkha.fit.kha_stream import BatchResult
@@ -42,9 +43,9 @@ class KrylovCheckpoints:
     def __init__(self, checkpointer, meta: dict, engine, *, every: int = 0, resume=None):
         self.checkpointer, self.meta, self.engine = checkpointer, dict(meta), engine
         self.every = int(every or 0)
-        self.resume = resume if resume is not None and "krylov" in resume.meta else None
+        self.resume = resume if resume is not None and KRYLOV in resume.meta else None
         self.latest: KrylovState | None = None
-        self.written = -1 if self.resume is None else int(self.resume.meta["krylov"]["products"])
+        self.written = -1 if self.resume is None else int(self.resume.meta[KRYLOV]["products"])
         self.write_seconds = 0.0
         self.last_write = time.perf_counter()
         self.seconds = 0.0 if self.resume is None else float(self.resume.meta["fit_seconds"])
@@ -55,7 +56,7 @@ class KrylovCheckpoints:
         checkpoint (which would otherwise hold the first basis for the whole solve)."""
         if self.resume is None:
             return None
-        a, s = self.resume.arrays, self.resume.meta["krylov"]
+        a, s = self.resume.arrays, self.resume.meta[KRYLOV]
         log.info("resuming the Krylov solve after product %d from %s", s["products"],
                  self.resume.path)
         return KrylovState(**{k: np.ascontiguousarray(a.pop(f"krylov.{k}")) for k in _ARRAYS},
@@ -83,7 +84,7 @@ class KrylovCheckpoints:
         arrays = {f"krylov.{k}": getattr(state, k) for k in _ARRAYS}
         arrays["mk"] = self.engine.mk
         meta = dict(self.meta, mkm=self.engine.mkm, fit_seconds=self.elapsed(),
-                    krylov={k: getattr(state, k) for k in _SCALARS})
+                    **{KRYLOV: {k: getattr(state, k) for k in _SCALARS}})
         self.checkpointer.save(state.products, arrays, meta)
         self.written = state.products
         self.last_write = time.perf_counter()

@@ -33,12 +33,13 @@ import numpy as np
 from distributed import Client
 
 from dkha import config
+from dkha.algorithms import KRYLOV
 from dkha.engine.cluster import blas_limit, total_threads
 from dkha.engine.content import on_sample
 
 log = logging.getLogger(__name__)
 
-PATHS = ("dense", "krylov")
+PATHS = ("dense", KRYLOV)
 #: products a Krylov solve from the default Nyström start takes to the default residual, r = 20
 #: patches 11×11 (benchmarks/cost_model.py: 11 at l = 5 000, 9 at 20 000; 6 at 150 000 in
 #: issue 35, where the former 25 made the estimate 4× the fit)
@@ -121,7 +122,7 @@ def choose_path(l: int, r: int, *, rate: float, threads: int,
     start = (landmarks or 0) / l * 2 * per_pass
     krylov = (KRYLOV_START_SECONDS + (1 + KRYLOV_PRODUCTS) * (per_pass + KRYLOV_PASS_SECONDS)
               + start)
-    estimates = {"dense": dense, "krylov": krylov}
+    estimates = {"dense": dense, KRYLOV: krylov}
     if dense is not None and dense <= krylov:
         reason = (f"the {l}×{l} kernel matrix ({matrix_bytes / 2**20:.0f} MiB) fits within "
                   f"dkha.dense-bytes ({limit / 2**20:.0f} MiB) and the cost model gives "
@@ -135,7 +136,7 @@ def choose_path(l: int, r: int, *, rate: float, threads: int,
     else:
         reason = (f"the cost model gives {krylov:.1f} s for blockwise Krylov against {dense:.1f} s "
                   "for the dense matrix")
-    return Plan("krylov", reason, estimates, rate, threads)
+    return Plan(KRYLOV, reason, estimates, rate, threads)
 
 
 def auto_krylov_tol(tol: float | None) -> float:
