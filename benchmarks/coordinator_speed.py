@@ -31,7 +31,7 @@ from threadpoolctl import threadpool_limits
 # this checkout's dkha, not an installed copy (python puts benchmarks/, not the root, on the path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dkha.solvers import compiled
-from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
+from dkha.solvers.batch import BatchKHA, default_eta0, initial_coefficients
 
 
 def make_factor(l: int, rank: int, rng: np.random.Generator) -> np.ndarray:
@@ -55,7 +55,7 @@ def naive_projection(S, rows, out):
 
 def time_reference(algorithm, A, C, F, steps, rng):
     """Median seconds per step of the reference form (one step per block)."""
-    solver = BatchKHA(algorithm, A.shape[0], A.shape[1], eta0=DEFAULT_ETA0[algorithm],
+    solver = BatchKHA(algorithm, A.shape[0], A.shape[1], eta0=default_eta0(algorithm, warm=False),
                       engine="reference")
     solver.start(A, C=C)
     solver.begin_pass()
@@ -73,7 +73,7 @@ def time_factored(algorithm, A, C, F, block, n_blocks, rng):
     """Median seconds per step of the factored engine over ``n_blocks`` blocks of a first pass
     (the first pass from a random start folds most often), and of its GEMMs alone."""
     r, l = A.shape
-    solver = BatchKHA(algorithm, r, l, eta0=DEFAULT_ETA0[algorithm])
+    solver = BatchKHA(algorithm, r, l, eta0=default_eta0(algorithm, warm=False))
     solver.start(A, C=C)
     solver.begin_pass()
     perm = rng.permutation(l)

@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 
+from dkha import algorithms
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LONGEST = 120
 LINT = ("import sys; from importlinter.cli import lint_imports; "
@@ -271,3 +273,92 @@ def test_ruff_check_passes():
                            "--output-format", "concise", str(ROOT)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+# --- no algorithm named outside its registry ----------------------------------------------------
+
+#: string literals that spell an algorithm's name and mean something else: (file, value) → what
+NOT_ALGORITHMS = {("fit/kha_stream.py", "kha"): "a pass record's kind (a pass of the KHA family)"}
+
+
+def _context_names(node: ast.AST, const: ast.AST) -> list[str] | None:
+    """The identifiers that say what ``const`` (a literal inside ``node``) is, where ``node``
+    decides it: the other operands of a comparison, the option a call or keyword gives, the key
+    of a dict entry, the parameter it is the default of, the name an assignment binds; ``None``
+    where ``node`` does not decide (look further up)."""
+    if isinstance(node, ast.keyword):
+        return [node.arg] if node.arg and "algorithm" in node.arg else None
+    if isinstance(node, ast.Compare):
+        return [getattr(n, "id", getattr(n, "attr", "")) for n in ast.walk(node)]
+    if isinstance(node, ast.Call):
+        return [a.value for a in node.args if isinstance(a, ast.Constant)
+                and isinstance(a.value, str) and len(a.value) < 20] + [ast.unparse(node.func)]
+    if isinstance(node, ast.Dict):
+        return [k.value for k, v in zip(node.keys, node.values) if v is const
+                and isinstance(k, ast.Constant)]
+    if isinstance(node, ast.arguments):
+        pos = node.posonlyargs + node.args
+        pairs = list(zip(pos[len(pos) - len(node.defaults):], node.defaults))
+        pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+        return [a.arg for a, d in pairs if d is const]
+    if isinstance(node, ast.stmt):
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        return [ast.unparse(t) for t in targets if t is not None]
+    return None
+
+
+def bare_algorithm_names(package: pathlib.Path, algorithms: tuple[str, ...],
+                         default: str) -> list[str]:
+    """``file:line 'name'`` for each string literal of ``package`` outside ``algorithms.py``
+    that spells an algorithm's name (docstrings and other lone strings, and comments, are left
+    out; so are :data:`NOT_ALGORITHMS`). ``default`` (``auto``) also names a device, a
+    projection site and a noise rule: it counts where what decides its meaning
+    (:func:`_context_names`) mentions an algorithm."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        if name == "algorithms.py":
+            continue
+        tree = ast.parse(path.read_text())
+        parent, lone = {}, set()
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                parent[child] = node
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                lone.add(node.value)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and node.value in algorithms) or node in lone \
+                    or (name, node.value) in NOT_ALGORITHMS:
+                continue
+            if node.value == default:
+                up, names = node, None
+                while names is None and up in parent:
+                    up = parent[up]
+                    names = _context_names(up, node)
+                if not any("algorithm" in str(n) for n in names or ()):
+                    continue
+            out.append((name, node.lineno, node.col_offset, node.value))
+    return [f"{name}:{line} {value!r}" for name, line, _, value in sorted(out)]
+
+
+def test_no_algorithm_is_named_outside_its_registry(tmp_path):
+    """Issue 34: what sets an algorithm apart is its spec (:mod:`dkha.algorithms`); nothing
+    else spells its name."""
+    names = algorithms.names()
+    assert bare_algorithm_names(ROOT / "dkha", names, algorithms.AUTO) == []
+    # not vacuous: each way of naming one is seen, and what is not one is not
+    (tmp_path / "solvers").mkdir()
+    (tmp_path / "solvers" / "toy.py").write_text(
+        '"""For "kha-smd" only."""\n'                               # a docstring: left out
+        'def f(algorithm="auto", device="auto", mu=1):  # "kha"\n'
+        '    """Not "kha"."""\n'
+        '    if algorithm in ("kha-et", "kha-smd"):\n'
+        '        g(algorithm="auto", risk="auto")\n'
+        '    x = {"algorithm": "auto", "device": "auto"}\n'
+        '    p.add_argument("--algorithm", default="auto", choices=("cpu", "auto"))\n'
+        '    p.add_argument("--device", default="auto")\n'
+        '    return device == "auto" or str(self.algorithm) != "auto" or path == "krylov"\n')
+    assert bare_algorithm_names(tmp_path, names, algorithms.AUTO) == [
+        "solvers/toy.py:2 'auto'", "solvers/toy.py:4 'kha-et'", "solvers/toy.py:4 'kha-smd'",
+        "solvers/toy.py:5 'auto'", "solvers/toy.py:6 'auto'", "solvers/toy.py:7 'auto'",
+        "solvers/toy.py:7 'auto'", "solvers/toy.py:9 'auto'", "solvers/toy.py:9 'krylov'"]

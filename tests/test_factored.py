@@ -17,7 +17,7 @@ from scipy.linalg import solve_triangular
 from dkha import schedule
 from dkha.errors import NumericalError, ParameterError
 from dkha.solvers import block_loops, compiled
-from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
+from dkha.solvers.batch import BatchKHA, default_eta0, initial_coefficients
 
 R = 8
 PASSES = 3
@@ -40,7 +40,7 @@ def run(kc, algorithm, engine, block_rows=37, seed=3, passes=PASSES, fold_condit
         after_block=None):
     """``passes`` passes of ``algorithm`` over ``kc``; ``block_rows`` an int or a cycle of sizes."""
     l = kc.shape[0]
-    solver = BatchKHA(algorithm, R, l, eta0=DEFAULT_ETA0[algorithm], mu=MU, xi=XI,
+    solver = BatchKHA(algorithm, R, l, eta0=default_eta0(algorithm, warm=False), mu=MU, xi=XI,
                       engine=engine, fold_condition=fold_condition)
     A = initial_coefficients(R, l, schedule.init_generator(seed))
     solver.start(A, C=A @ kc if solver.needs_projection else None)

@@ -26,7 +26,7 @@ from dkha.engine.tasks import ReplicaDivergedError, ReplicaLostError
 from dkha.errors import BlockFailedError, ParameterError
 from dkha.fit.evaluate import projections as c_of
 from dkha.kernels import make_kernel
-from dkha.solvers.batch import DEFAULT_ETA0, BatchKHA, initial_coefficients
+from dkha.solvers.batch import BatchKHA, default_eta0, initial_coefficients
 from dkha.solvers.factored import apply_message, replay_message
 from tests.processes import local_client
 
@@ -74,8 +74,8 @@ def drive(engine, algorithm, *, passes=PASSES, seed=3, fold_condition=1e3, on_bl
           solver=None, start_step=0):
     """:func:`dkha.fit.kha_stream.run_batch`'s loop, with a hook before each block is applied."""
     if solver is None:
-        solver = BatchKHA(algorithm, R, L, eta0=DEFAULT_ETA0[algorithm], mu=0.2, xi=0.99,
-                          fold_condition=fold_condition)
+        solver = BatchKHA(algorithm, R, L, eta0=default_eta0(algorithm, warm=False), mu=0.2,
+                          xi=0.99, fold_condition=fold_condition)
         A1 = initial_coefficients(R, L, schedule.init_generator(seed))
         solver.start(A1, C=c_of(engine, A1) if solver.needs_projection else None)
     current = start_step // L if start_step % L else -1
@@ -123,7 +123,7 @@ def test_messages_keep_replicas_and_stale_projections_exact(kc, algorithm, fold_
     stale, bounds = 3, [(0, 90), (90, 217), (217, L)]
     solvers = {}
     for mode in ("rows", "messages"):
-        s = BatchKHA(algorithm, R, L, eta0=DEFAULT_ETA0[algorithm], mu=0.2, xi=0.99,
+        s = BatchKHA(algorithm, R, L, eta0=default_eta0(algorithm, warm=False), mu=0.2, xi=0.99,
                      fold_condition=fold_condition)
         A1 = initial_coefficients(R, L, schedule.init_generator(5))
         s.start(A1, C=A1 @ kc)
@@ -291,7 +291,8 @@ def test_state_saved_mid_pass_resumes_in_either_mode(digits_store, cluster_clien
     assert scalars["c_stale"] is True
     for mode in ("workers", "coordinator"):
         engine = make_engine(digits_store, cluster_client, mode)
-        solver = BatchKHA("kha-smd", R, L, eta0=DEFAULT_ETA0["kha-smd"], mu=0.2, xi=0.99)
+        solver = BatchKHA("kha-smd", R, L, eta0=default_eta0("kha-smd", warm=False), mu=0.2,
+                          xi=0.99)
         solver.start(np.zeros((R, L)), C=np.zeros((R, L)))
         solver.state = state_from_arrays(type(solver.state), arrays, scalars)
         t = solver.state.t

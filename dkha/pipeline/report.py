@@ -310,7 +310,7 @@ def settings_rows(ds, timings: dict | None) -> list[tuple[str, str]]:
         rows.append(("why this path", str(a["path_reason"])))
     if ds.sizes.get("evaluation", 0):
         last = ds.isel(evaluation=-1)
-        done = (("pass", "K'V products"),) if path == "krylov" else () if exact else (
+        done = (("pass", "K'V products"),) if registry.is_exact(path) else () if exact else (
             ("pass", "passes done"), ("step", "steps done"))
         for k, label in (*done, ("excess", "excess error E/E_min − 1"),
                          ("error", "reconstruction error E(A)"),

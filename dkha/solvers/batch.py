@@ -2,7 +2,8 @@
 
 :class:`BatchKHA` owns the small sequential state (``A``, and for SMD ``B`` and ``ρ``; ``C = A K'``
 where the gains need eigenvalue estimates) and consumes blocks of centered kernel rows
-``K'[P, :]`` in schedule order. The gains live here, in one place:
+``K'[P, :]`` in schedule order. The gains live here, in one place, each algorithm's from its
+spec (:class:`dkha.algorithms.AlgorithmSpec`: ``decays``, ``equalised``, its ``update``):
 
 * ``kha``      ``η_t = η0 / κ̄`` (eq. 8/10)
 * ``kha-t``    ``η_t = η0 / κ̄ · l / (t + l)``
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dkha import algorithms
+from dkha.algorithms import BATCH, GHA, SMD, AlgorithmSpec
 from dkha.errors import NumericalError, ParameterError
 from dkha.names import BATCH_ALGORITHMS, COLD_MU, DEFAULT_MU, DEFAULT_XI
 from dkha.solvers import reference
@@ -50,23 +53,23 @@ from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 log = logging.getLogger(__name__)
 
+#: the batch algorithms the package defines (:func:`check_algorithm` also takes those
+#: registered later)
 ALGORITHMS = BATCH_ALGORITHMS
 ENGINES = ("factored", "reference")
-#: default η0 (units of κ̄, see the module docstring) from the paper's random start ... On the
-#: paper's digits (l = 1000, σ = 4, r = 16, 50 passes, seed 0) these give the paper's ordering
-#: SMD 2.4e-4 < KHA/et 3.3e-4 < KHA/t 4.5e-3 < KHA 5.3e-2 (``benchmarks/digits_kpca.py
-#: --defaults``); KHA/t at 0.2 ended at 6.3e-2, worse than constant-gain KHA, and SMD at μ = 0.3
-#: at 4.1e-4, above KHA/et. SMD's μ: DEFAULT_MU from a Nyström start, COLD_MU from the random one.
-DEFAULT_ETA0 = {"kha": 0.05, "kha-t": 0.5, "kha-et": 1.0, "kha-smd": 1.0}
-#: ... and from a Nyström start, per unit of the start's eigenvalue deficit (:func:`warm_eta0`)
-WARM_ETA0 = {"kha": 0.001, "kha-t": 0.001, "kha-et": 0.05, "kha-smd": 0.05}
+#: the in-block updates served here (:attr:`dkha.algorithms.AlgorithmSpec.update`): GHA's with
+#: given gains (:func:`reference.step`, the factored state's GHA loop) and SMD's
+#: (:func:`reference.smd_step`, its SMD loop)
+UPDATES = (GHA, SMD)
 WARM_ETA0_MAX = 0.05
 
 
 def default_eta0(algorithm: str, *, warm: bool) -> float | None:
-    """The default ``η0`` of ``algorithm`` from a random start; ``None`` from a Nyström start,
-    where it follows from the start (:func:`warm_eta0`)."""
-    return None if warm else DEFAULT_ETA0.get(algorithm, 0.0)
+    """The default ``η0`` of ``algorithm`` from a random start (its spec's ``eta0``: units of
+    κ̄, see the module docstring; 0 for an algorithm without gains); ``None`` from a Nyström
+    start, where it follows from the start (:func:`warm_eta0`). SMD's μ: :func:`default_mu`."""
+    spec = algorithms.REGISTRY.get(algorithm)
+    return None if warm else (spec.eta0 if spec is not None and spec.eta0 is not None else 0.0)
 
 
 def default_mu(*, warm: bool) -> float:
@@ -91,7 +94,7 @@ def start_deficit(nystrom_eigenvalues: np.ndarray, eigenvalues: np.ndarray) -> f
 
 def warm_eta0(algorithm: str, deficit: float) -> float:
     """The default ``η0`` from a Nyström start with eigenvalue deficit ``δ``
-    (:func:`start_deficit`): ``WARM_ETA0[algorithm] · δ``, at most :data:`WARM_ETA0_MAX`, at
+    (:func:`start_deficit`): its spec's ``warm_eta0 · δ``, at most :data:`WARM_ETA0_MAX`, at
     least 1e-8.
 
     KHA's steps add noise in proportion to the gain: a refinement step must stay well below
@@ -102,7 +105,7 @@ def warm_eta0(algorithm: str, deficit: float) -> float:
     (4.6e-4). KHA/et and SMD take ``δ/20``; KHA and KHA/t, whose single gain is the top
     components' too (they carry most of ``E``), a fiftieth of that. (Where a pass still makes
     the state worse, the tracked evaluation keeps the better state: :mod:`dkha.fit.track`.)"""
-    return float(np.clip(WARM_ETA0[algorithm] * deficit, 1e-8, WARM_ETA0_MAX))
+    return float(np.clip(batch_spec(algorithm).warm_eta0 * deficit, 1e-8, WARM_ETA0_MAX))
 
 
 
@@ -144,11 +147,22 @@ def check_on_divergence(value: str) -> str:
     return value
 
 
+def batch_spec(algorithm: str) -> AlgorithmSpec:
+    """The spec of the batch algorithm ``algorithm``; an unknown name, or one whose update is
+    not served here (:data:`UPDATES`), is refused in one line."""
+    spec = algorithms.REGISTRY.get(algorithm) if isinstance(algorithm, str) else None
+    if spec is None or spec.family != BATCH:
+        raise ParameterError(f"unknown algorithm {algorithm!r}; choose one of "
+                             f"{', '.join(algorithms.names(BATCH))}")
+    if spec.update not in UPDATES:
+        raise ParameterError(f"algorithm {algorithm!r} asks for the in-block update "
+                             f"{spec.update!r}; the batch solvers serve {', '.join(UPDATES)}")
+    return spec
+
+
 def check_algorithm(algorithm: str) -> str:
-    if algorithm not in ALGORITHMS:
-        raise ParameterError(
-            f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-    return algorithm
+    """``algorithm`` if it is a batch algorithm (:func:`batch_spec`)."""
+    return batch_spec(algorithm).name
 
 
 def initial_coefficients(n_components: int, n_samples: int, rng: np.random.Generator, *,
@@ -268,7 +282,8 @@ class BatchKHA:
             raise ParameterError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         self.engine = engine
         self.fold_condition = float(fold_condition)
-        self.algorithm = check_algorithm(algorithm)
+        self.spec = batch_spec(algorithm)
+        self.algorithm = self.spec.name
         self.r = int(n_components)
         self.l = int(n_samples)
         self.eta0 = float(eta0)
@@ -293,7 +308,7 @@ class BatchKHA:
     @property
     def needs_projection(self) -> bool:
         """Whether the state needs ``C = A K'`` computed when it starts."""
-        return self.algorithm in ("kha-et", "kha-smd")
+        return self.spec.keeps_c
 
     def start(self, A: np.ndarray, C: np.ndarray | None = None, t: int = 0) -> None:
         """Start from coefficients ``A`` (and ``C = A K'`` where :attr:`needs_projection`)."""
@@ -304,7 +319,7 @@ class BatchKHA:
             C = np.array(C, dtype=np.float64, order="C")
         else:
             C = None
-        smd = self.algorithm == "kha-smd"
+        smd = self.spec.update == SMD
         if self.engine == "factored":
             self.state = FactoredState(A, C=C, smd=smd, rho0=self.rho0, t=t,
                                        fold_condition=self.fold_condition)
@@ -360,7 +375,7 @@ class BatchKHA:
         (``η0/κ̄``, the largest ``d_i`` before the decay ``l/(t + l)``) and, for SMD,
         ``meta_gain`` (``μ/κ̄``)."""
         out = {"feature_norm": self.feature_norm, "gain": self.eta0 / self._unit()}
-        if self.algorithm == "kha-smd":
+        if self.spec.has_mu:
             out["meta_gain"] = self.meta_gain
         return out
 
@@ -372,21 +387,21 @@ class BatchKHA:
     def component_gains(self) -> np.ndarray:
         """``η_t · (t + l)/l`` per component: the gains of step ``t`` without the decay."""
         eta0 = self.eta0 / self._unit()
-        if self.algorithm in ("kha", "kha-t"):
+        if not self.spec.equalised:
             return np.full(self.r, eta0)
         lam = self.state.lam
         return lam.min() / lam * eta0
 
     def base_gain(self, t: int) -> np.ndarray:
         """``η_t`` (before SMD's ``e^ρ``) for the step after ``t`` steps."""
-        if self.algorithm == "kha":
+        if not self.spec.decays:
             return self.component_gains()
         return self.component_gains() * (self.l / (t + self.l))
 
     def block_gains(self, t: int, n_steps: int) -> np.ndarray:
         """``base_gain`` of the ``n_steps`` steps from step ``t`` on, as an ``n_steps×r`` array."""
         gains = self.component_gains()[None, :]
-        if self.algorithm == "kha":
+        if not self.spec.decays:
             return np.repeat(gains, n_steps, axis=0)
         return (self.l / (t + np.arange(n_steps) + self.l))[:, None] * gains
 
@@ -467,7 +482,7 @@ class BatchKHA:
                 if C_tilde is not None:
                     st.set_c_tilde(C_tilde)
             return
-        smd = self.algorithm == "kha-smd"
+        smd = self.spec.update == SMD
         for j, p in enumerate(index):
             eta = self.base_gain(st.t) * st.gain_factor
             kp = rows[j]
@@ -500,7 +515,7 @@ class BatchKHA:
         exc = NumericalError(
             f"{self.algorithm} diverged at step {t + 1} (pass {t // self.l + 1}): {what}; the "
             f"step was not kept and nothing of it was checkpointed; lower eta0 (now {self.eta0})"
-            + (f" or mu (now {self.mu})" if self.algorithm == "kha-smd" else ""))
+            + (f" or mu (now {self.mu})" if self.spec.has_mu else ""))
         exc.step = t
         return exc
 
@@ -516,7 +531,7 @@ class BatchKHA:
             raise NumericalError(
                 f"{self.algorithm} diverged: non-finite values in {name} by step {st.t}; "
                 f"lower eta0 (now {self.eta0})"
-                + (f" or mu (now {self.mu})" if self.algorithm == "kha-smd" else "")
+                + (f" or mu (now {self.mu})" if self.spec.has_mu else "")
             )
 
     @property

@@ -57,6 +57,8 @@ from numba import njit
 from scipy.linalg import solve_triangular
 from scipy.linalg.blas import dtrsm
 
+from dkha import algorithms
+from dkha.algorithms import DICTIONARY, ONLINE, ORTHOGONALISED, ORTHONORMALISED
 from dkha.errors import NumericalError, ParameterError
 from dkha.kernels import Kernel
 from dkha.names import (
@@ -72,7 +74,9 @@ from dkha.solvers.online_exact import ExactSpan, sign_fixed
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ONLINE_ALGORITHMS
-_ALGORITHM_CODE = {"on-kha": 0, "oo-kha": 1, "okpca": 2}
+#: the online updates (:attr:`dkha.algorithms.AlgorithmSpec.update`) → their code in the compiled
+#: loop (:func:`online_block`'s ``algorithm``)
+UPDATES = {ORTHONORMALISED: 0, ORTHOGONALISED: 1, DICTIONARY: 2}
 RATE_EXPONENTIAL = 0  # η = η0 γ^s
 RATE_SEARCH_THEN_CONVERGE = 1  # η = η0 / (1 + s/τ)
 
@@ -106,10 +110,15 @@ def sample_scales(K: np.ndarray) -> tuple[float, float]:
 
 
 def check_algorithm(algorithm: str) -> str:
-    if algorithm not in ALGORITHMS:
-        raise ParameterError(
-            f"unknown online algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}"
-        )
+    """``algorithm`` if it is an online algorithm whose update the compiled loop serves
+    (:data:`UPDATES`), else a one-line :class:`ParameterError`."""
+    spec = algorithms.REGISTRY.get(algorithm) if isinstance(algorithm, str) else None
+    if spec is None or spec.family != ONLINE:
+        raise ParameterError(f"unknown online algorithm {algorithm!r}; choose one of "
+                             f"{', '.join(algorithms.names(ONLINE))}")
+    if spec.update not in UPDATES:
+        raise ParameterError(f"online algorithm {algorithm!r} asks for the update "
+                             f"{spec.update!r}; the online loop serves {', '.join(UPDATES)}")
     return algorithm
 
 
@@ -350,6 +359,7 @@ class OnlineKHA:
                  tau: float | None = None, center: bool = False, a_init: np.ndarray,
                  on_divergence: str = "backoff", exact_span: bool = False):
         self.algorithm = check_algorithm(algorithm)
+        self.update = algorithms.spec(algorithm).update
         self.r = int(n_components)
         self.n_features = int(n_features)
         self.kernel = kernel
@@ -498,7 +508,7 @@ class OnlineKHA:
             B0, cbar0 = st.B[:, :m0].copy(), st.cbar[:m0].copy()
         while True:
             m, count, step, n_joined, bad = online_block(
-                _ALGORITHM_CODE[self.algorithm], self.center, rate_kind,
+                UPDATES[self.update], self.center, rate_kind,
                 self.eta0 * st.gain_factor, rate_param, self.nu, m0, count0, step0, st.capacity,
                 st.B, st.L, st.cbar, self.a_init, C0, Kbb, kdiag, joined)
             if bad < 0 or not backoff:
