@@ -160,6 +160,20 @@ def spec(algorithm: str, *, option: str = "algorithm") -> AlgorithmSpec:
                              f"{', '.join(names())}") from None
 
 
+def served(algorithm: str, family: str, updates, *, label: str, by: str) -> AlgorithmSpec:
+    """The spec of ``algorithm`` where it is of ``family`` and its update is one of ``updates``
+    (what the solvers ``by`` serve); else a one-line :class:`ParameterError` (``label``: what
+    the caller calls its algorithms, e.g. ``online algorithm``)."""
+    s = _get(algorithm) if isinstance(algorithm, str) else None
+    if s is None or s.family != family:
+        raise ParameterError(f"unknown {label} {algorithm!r}; choose one of "
+                             f"{', '.join(names(family))}")
+    if s.update not in updates:
+        raise ParameterError(f"{label} {algorithm!r} asks for the update {s.update!r}; {by} "
+                             f"serve {', '.join(updates)}")
+    return s
+
+
 def family(algorithm: str, *, option: str = "algorithm") -> str:
     """The family of ``algorithm`` (refused as :func:`spec` refuses it)."""
     return spec(algorithm, option=option).family

@@ -150,14 +150,8 @@ def check_on_divergence(value: str) -> str:
 def batch_spec(algorithm: str) -> AlgorithmSpec:
     """The spec of the batch algorithm ``algorithm``; an unknown name, or one whose update is
     not served here (:data:`UPDATES`), is refused in one line."""
-    spec = algorithms.REGISTRY.get(algorithm) if isinstance(algorithm, str) else None
-    if spec is None or spec.family != BATCH:
-        raise ParameterError(f"unknown algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(algorithms.names(BATCH))}")
-    if spec.update not in UPDATES:
-        raise ParameterError(f"algorithm {algorithm!r} asks for the in-block update "
-                             f"{spec.update!r}; the batch solvers serve {', '.join(UPDATES)}")
-    return spec
+    return algorithms.served(algorithm, BATCH, UPDATES, label="algorithm",
+                             by="the batch solvers")
 
 
 def check_algorithm(algorithm: str) -> str:

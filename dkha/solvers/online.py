@@ -112,14 +112,8 @@ def sample_scales(K: np.ndarray) -> tuple[float, float]:
 def check_algorithm(algorithm: str) -> str:
     """``algorithm`` if it is an online algorithm whose update the compiled loop serves
     (:data:`UPDATES`), else a one-line :class:`ParameterError`."""
-    spec = algorithms.REGISTRY.get(algorithm) if isinstance(algorithm, str) else None
-    if spec is None or spec.family != ONLINE:
-        raise ParameterError(f"unknown online algorithm {algorithm!r}; choose one of "
-                             f"{', '.join(algorithms.names(ONLINE))}")
-    if spec.update not in UPDATES:
-        raise ParameterError(f"online algorithm {algorithm!r} asks for the update "
-                             f"{spec.update!r}; the online loop serves {', '.join(UPDATES)}")
-    return algorithm
+    return algorithms.served(algorithm, ONLINE, UPDATES, label="online algorithm",
+                             by="the online solvers").name
 
 
 def learning_rate(step: int, eta0: float, gamma: float | None, tau: float | None) -> float:
