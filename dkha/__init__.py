@@ -17,7 +17,8 @@ _EXPORTS = {
     "KernelHebbianPCA": "dkha.estimators.batch", "fit_together": "dkha.estimators.batch",
     "OnlineKernelPCA": "dkha.estimators.online", "load": "dkha.estimators.saved",
     "tune": "dkha.estimators.tune", "explained_variance": "dkha.runs.variance",
-    "Kernel": "dkha.kernels", "make_kernel": "dkha.kernels",
+    "Kernel": "dkha.kernels", "make_kernel": "dkha.kernels", "KernelSpec": "dkha.kernels",
+    "register_kernel": "dkha.kernels",
     "DataStore": "dkha.data.store", "ingest_array": "dkha.data.ingest",
     "ingest_images": "dkha.data.ingest", "open_store": "dkha.data.store",
     "fit_denoise": "dkha.apply.choose",
@@ -50,13 +51,14 @@ if TYPE_CHECKING:   # what static tools see
     from dkha.estimators.online import OnlineKernelPCA
     from dkha.estimators.saved import load
     from dkha.estimators.tune import tune
-    from dkha.kernels import Kernel, make_kernel
+    from dkha.kernels import Kernel, KernelSpec, make_kernel, register_kernel
     from dkha.runs.variance import explained_variance
 
 __all__ = [
     "DataStore",
     "Kernel",
     "KernelHebbianPCA",
+    "KernelSpec",
     "OnlineKernelPCA",
     "__version__",
     "explained_variance",
@@ -67,5 +69,6 @@ __all__ = [
     "load",
     "make_kernel",
     "open_store",
+    "register_kernel",
     "tune",
 ]

@@ -1,8 +1,9 @@
-"""The names of dkha's algorithms and kernels, and the defaults the command line shows: plain
-constants, importable in milliseconds (no numpy, numba, dask), so that ``dkha --help`` and the
-parameter table (:mod:`dkha.estimators.params`) do not load the numerical modules that define
-the algorithms (:mod:`dkha.solvers.batch`, :mod:`dkha.solvers.online`, :mod:`dkha.kernels`,
-which take these from here)."""
+"""The names of dkha's algorithms and the defaults the command line shows: plain constants,
+importable in milliseconds (no numpy, numba, dask), so that ``dkha --help`` and the parameter
+table (:mod:`dkha.estimators.params`) do not load the numerical modules that define the
+algorithms (:mod:`dkha.solvers.batch`, :mod:`dkha.solvers.online`, which take these from here).
+The kernels' names are their registry's (:mod:`dkha.kernels.spec`): ``--kernel`` takes any name,
+checked when the kernel is made."""
 
 import functools
 import os
@@ -31,12 +32,6 @@ PRECISIONS = ("float64", "float32")
 #: where the workers compute kernel tiles (:mod:`dkha.tiles`)
 DEVICES = ("cpu", "cuda", "auto")
 
-#: the kernels (:mod:`dkha.kernels`) and the other names they go by
-KERNELS = ("gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "precomputed")
-KERNEL_ALIASES = {"rbf": "gaussian", "exponential": "laplacian", "dot": "polynomial",
-                  "linear": "polynomial", "poly": "polynomial"}
-#: scikit-learn's kernel names (``KernelPCA(kernel=...)``), with its meanings and defaults
-SKLEARN_KERNELS = ("linear", "poly", "rbf", "sigmoid", "cosine", "precomputed")
 
 
 @functools.cache

@@ -168,8 +168,14 @@ def test_callable_and_precomputed_kernels(blocks):
     np.testing.assert_array_equal(pre.block(rows[:3], rows[2:]), K[:3, 2:])
     np.testing.assert_array_equal(pre.block(K[:2], rows), K[:2])      # new rows: K(x, X_train)
     np.testing.assert_array_equal(pre.diagonal(rows), np.diag(K))
-    with pytest.raises(ParameterError, match="kernel_params apply to a callable"):
+    # kernel_params of a named kernel are its parameters (a registered kernel's have no
+    # keyword of their own), checked as keywords are
+    assert make_kernel("rbf", kernel_params={"gamma": 0.5}) == make_kernel("rbf", gamma=0.5)
+    with pytest.raises(ParameterError, match="gaussian kernel takes no parameter a; its "
+                                             "parameters are sigma, gamma"):
         make_kernel("rbf", kernel_params={"a": 1})
+    with pytest.raises(ParameterError, match="gamma is given twice"):
+        make_kernel("rbf", gamma=0.1, kernel_params={"gamma": 0.5})
 
 
 @pytest.mark.parametrize("degree", [0, -2, 1.5, 2.0001])
@@ -185,11 +191,11 @@ def test_integral_float_degree_accepted():
 
 def test_sigma_none_needs_heuristic():
     k = make_kernel("gaussian")
-    assert k.needs_sigma()
+    assert k.needs_width()
     with pytest.raises(ParameterError, match="needs sigma"):
         k.block(np.zeros((2, 2)), np.zeros((2, 2)))
-    assert not make_kernel("gaussian", sigma=1.0).needs_sigma()
-    assert not make_kernel("polynomial").needs_sigma()
+    assert not make_kernel("gaussian", sigma=1.0).needs_width()
+    assert not make_kernel("polynomial").needs_width()
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8])

@@ -78,7 +78,7 @@ def wants_bands(kernel, client) -> list[str] | None:
     where the kernel's device is ``cuda`` (every worker where none declares one) or ``auto``
     (None where none declares one); every worker where ``dkha.band-passes`` is true."""
     mode = config.get("band-passes")
-    if mode is False or kernel.name in ("precomputed", "callable"):
+    if mode is False or not kernel.compiled:      # a NumPy block: the CPU's tile passes
         return None
     gpus = gpu_workers(client)
     everyone = sorted(client.scheduler_info().get("workers", {}))

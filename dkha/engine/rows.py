@@ -305,11 +305,13 @@ class RowEngine:
     def centered_diagonal(self) -> np.ndarray:
         """``K'[p, p] = k(x_p, x_p) − 2 mk_p + mkm`` for every sample: ``‖Φ'(x_p)‖²``.
 
-        For the gaussian and laplacian kernels ``k(x, x) = 1`` needs no data; otherwise one task
-        per column group reads its chunks (``O(l n)``, no kernel rows)."""
+        Where ``k(x, x)`` is constant (1 for the gaussian and laplacian kernels) it needs no
+        data; otherwise one task per column group reads its chunks (``O(l n)``, no kernel
+        rows)."""
         self.mk_future()
-        if self.kernel.name in ("gaussian", "laplacian"):
-            diagonal = np.ones(self.n_samples)
+        constant = self.kernel.constant_diagonal()
+        if constant is not None:
+            diagonal = np.full(self.n_samples, constant)
         else:
             futures = [self.client.submit(diagonal_rows, self.source, self.kernel, g,
                                           pure=False) for g in self.column_groups]

@@ -101,12 +101,14 @@ PARAMETERS: tuple[Param, ...] = (
           "``cosine``; ``precomputed``: ``X`` is the square kernel matrix (an array, symmetrised "
           "as ``(K + Kᵀ)/2``; or a dask array or data store of a symmetric one, read blockwise), "
           "``transform`` takes ``K(X_new, X_train)``; a callable ``f(x, y, **kernel_params)`` is "
-          "evaluated per pair on the workers.",
+          "evaluated per pair on the workers; a kernel registered with "
+          ":func:`dkha.register_kernel` (or a ``dkha.kernels`` entry point) by its name.",
           None, cli={"group": "kernel"},
           doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "rbf", "poly", '
-                   '"linear", "precomputed"} or callable, default "gaussian"',
+                   '"linear", "precomputed"}, a registered kernel or callable, default '
+                   '"gaussian"',
           short="gaussian, laplacian, polynomial, sigmoid, cosine; scikit-learn's rbf, poly, "
-                "linear (its gamma defaults)",
+                "linear (its gamma defaults); a kernel of a dkha.kernels entry point",
           saved=True, identity=True),
     Param("sigma", None,
           "Width of the gaussian / laplacian kernel. ``None`` uses the median distance between "
@@ -131,7 +133,9 @@ PARAMETERS: tuple[Param, ...] = (
           "``gamma_``.", models=(BATCH,), key="kernel_gamma",
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
           short="kernel coefficient gamma (rbf, poly, sigmoid)", kernel_param="gamma"),
-    Param("kernel_params", None, "Keyword arguments of a callable kernel.", dict,
+    Param("kernel_params", None, "Keyword arguments of a callable kernel; the parameters of a "
+          "named kernel (those of a registered kernel that have no keyword here, e.g. a "
+          "Matérn kernel's ``length_scale``).", dict,
           models=(BATCH,), flag=None, pipeline=False, doc_type="dict, optional"),
     Param("kernel_gamma", None,
           "Slope of the sigmoid kernel.",
@@ -413,8 +417,13 @@ def from_attrs(model: str, attrs: dict) -> dict:
     kernel = attrs.get("kernel_parameters", {})
     out = {p.name: saved_value(attrs, p.attr, p.former_attr) for p in parameters(model)
            if p.attr is not None and (p.attr in attrs or p.former_attr in attrs)}
-    out.update({p.name: kernel.get(p.kernel_param) for p in parameters(model)
-                if p.kernel_param is not None})
+    rows = {p.name: p.kernel_param for p in parameters(model) if p.kernel_param is not None}
+    out.update({name: kernel.get(key) for name, key in rows.items()})
+    # a registered kernel's parameters without a row of their own (a callable's are its name)
+    rest = {k: v for k, v in kernel.items() if k not in rows.values()}
+    if rest and any(p.name == "kernel_params" for p in parameters(model)) \
+            and attrs.get("kernel") != "callable":
+        out["kernel_params"] = rest
     return out
 
 

@@ -60,22 +60,23 @@ log = logging.getLogger(__name__)
 
 
 def resolve_kernel(store, kernel: str, seed: int, client=None, **params):
-    """The kernel with its parameters; ``sigma=None`` → the median-distance heuristic on a seeded
-    sample of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``; read and
-    measured on a worker of ``client`` where its workers are other processes), times
+    """The kernel with its parameters; a width of None (the gaussian's ``sigma``, the spec's
+    ``width``) → the median-distance heuristic on a seeded sample of ``store`` (a
+    :class:`DataStore` or any source with ``sample(n, seed)``; read and measured on a worker of
+    ``client`` where its workers are other processes), times
     ``dkha.patch-sigma-factor`` (3) for a gaussian kernel on image patches: the width that keeps
     patch denoising level with linear patch PCA (benchmarks/denoise_photo.py, README)."""
     k = make_kernel(kernel, **params)
     if getattr(store, "n_features", None) is not None:
         k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
-    if k.needs_sigma():
+    if k.needs_width():
         median = on_sample(store, client, int(config.get("median-sample")), seed,
                            median_distance)
         patches = kernel == "gaussian" and "patch" in (getattr(store, "attrs", None) or {})
         factor = float(config.get("patch-sigma-factor")) if patches else 1.0
-        k = k.with_params(sigma=factor * median)
-        log.info("sigma by the median-distance heuristic%s: %g",
-                 f" × {factor:g} (image patches)" if patches else "", k["sigma"])
+        k = k.with_width(factor * median)
+        log.info("%s by the median-distance heuristic%s: %g", k.spec.width,
+                 f" × {factor:g} (image patches)" if patches else "", k[k.spec.width])
     return k
 
 

@@ -95,7 +95,8 @@ def explained_variance(ds: xr.Dataset | Run, client, *, samples: int | None = No
         engine = run.engine(client)
         var = variance_of(projections(engine, ds["alpha"].values).T)
         kernel = run.kernel
+        constant = kernel.constant_diagonal()
         diag = sum(float(kernel.diagonal(Xc).sum()) for _, _, Xc in store.iter_chunks()) \
-            if kernel.name not in ("gaussian", "laplacian") else float(store.n_samples)
+            if constant is None else constant * store.n_samples
         total = diag / store.n_samples - float(ds.attrs["mkm"])
     return ExplainedVariance(var, total, store.n_samples, False)

@@ -1,0 +1,173 @@
+"""A kernel added from outside dkha (issue 34): the Matérn 3/2 kernel
+``k = (1 + √3 r/ℓ) exp(−√3 r/ℓ)``, registered here without a compiled tile, fits, transforms,
+saves and loads on a cluster of worker processes, against the dense oracle.
+
+The spec's functions are this module's: a Kernel pickled to a worker names its spec by name and
+module (:class:`dkha.kernels.KernelSpec`), and a worker process (spawned with this process's
+``sys.path``) imports this module, which registers the spec, the first time it unpickles one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist, pdist
+
+import dkha
+from dkha import KernelSpec, register_kernel
+from dkha.errors import ParameterError
+from dkha.kernels import make_kernel, squared_distances
+from dkha.kernels.spec import kernel_names, positive, require
+from tests.processes import dkha_command, local_client, subprocess_env
+
+SQRT3 = np.sqrt(3.0)
+R = 6
+
+
+def matern32_block(kernel, X, Y):
+    """``(1 + √3 r/ℓ) exp(−√3 r/ℓ)`` of the rows of ``X`` and ``Y`` (``r = ‖x − y‖``)."""
+    d2 = squared_distances(np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64),
+                           refine_close=True)
+    s = np.sqrt(d2) * (SQRT3 / require(kernel, "length_scale"))
+    return (1.0 + s) * np.exp(-s)
+
+
+MATERN32 = register_kernel(KernelSpec(
+    "matern32", {"length_scale": None}, "(1 + √3 r/ℓ) exp(−√3 r/ℓ)",
+    checks={"length_scale": positive}, aliases={"matern-3/2": {}},
+    block=matern32_block, diagonal=1.0, width="length_scale"))
+
+
+def oracle_kernel(X, Y, ell):
+    """The Matérn kernel by scipy's distances, independent of dkha's."""
+    s = SQRT3 * cdist(X, Y) / ell
+    return (1.0 + s) * np.exp(-s)
+
+
+def centered(K):
+    l = len(K)
+    one = np.ones((l, l)) / l
+    return K - one @ K - K @ one + one @ K @ one
+
+
+def test_the_spec_is_a_kernel_of_dkha():
+    """The registered name and alias are dkha kernels: parameters checked, width left to the
+    median heuristic, a NumPy block (no compiled tile, so no GPU band passes), diagonal 1."""
+    assert "matern32" in kernel_names() and "matern-3/2" in kernel_names()
+    k = make_kernel("Matern-3/2", kernel_params={"length_scale": 2})
+    assert k.name == "matern32" and k.param_dict == {"length_scale": 2.0}
+    assert not k.compiled and k.constant_diagonal() == 1.0 and k.cacheable
+    assert make_kernel("matern32").needs_width()
+    with pytest.raises(ParameterError, match="length_scale must be a positive number"):
+        make_kernel("matern32", kernel_params={"length_scale": -1.0})
+    with pytest.raises(ParameterError, match="matern32 kernel takes no parameter sigma"):
+        make_kernel("matern32", sigma=1.0)
+    with pytest.raises(ParameterError, match="has no compiled tile"):
+        k.tile_spec()
+    with pytest.raises(ParameterError, match="the kernel name 'matern32' is taken"):
+        register_kernel(KernelSpec("matern32", {}, block=len))
+    rng = np.random.default_rng(3)
+    X, Y = rng.normal(size=(7, 4)), rng.normal(size=(5, 4))
+    np.testing.assert_allclose(k.block(X, Y), oracle_kernel(X, Y, 2.0), rtol=1e-13)
+    np.testing.assert_array_equal(k.diagonal(X), np.ones(7))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two worker processes (spawned: they import this module to unpickle the spec)."""
+    with local_client(2, 1, processes=True) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def fitted(cluster, digits_store, seed, tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("matern") / "run")
+    model = dkha.KernelHebbianPCA(R, kernel="matern32", seed=seed, client=cluster)
+    model.fit(digits_store.path, run_dir=run_dir)
+    return model, run_dir
+
+
+def test_fit_transform_save_load_on_worker_processes(fitted, cluster, digits, seed):
+    """The default (exact) fit equals dense eigh of the centered Matérn matrix; new data's
+    projections equal the oracle's; the saved run loads and transforms to the same bits."""
+    model, run_dir = fitted
+    # a worker that unpickled the kernel imported this module (checked by a function pickled
+    # by value, which does not import it)
+    workers = cluster.run(lambda: __import__("dkha.kernels.spec", fromlist=["kernel_spec"])
+                          .kernel_spec("matern32", plugins=False) is not None)
+    assert len(workers) == 2 and any(workers.values())
+    ell = float(np.median(pdist(digits)))        # the median heuristic, on all 300 rows
+    assert model.kernel_.name == "matern32"
+    assert model.kernel_["length_scale"] == pytest.approx(ell, rel=1e-12)
+    K = oracle_kernel(digits, digits, ell)
+    w, V = np.linalg.eigh(centered(K))
+    w, V = w[::-1][:R], V[:, ::-1][:, :R]
+    np.testing.assert_allclose(model.eigenvalues_, w, rtol=1e-8)
+    # alpha_i = v_i / √λ_i up to sign
+    cos = np.abs(np.sum(model.alpha_ * V.T, axis=1)) * np.sqrt(w)
+    np.testing.assert_allclose(cos, 1.0, rtol=1e-8)
+    np.testing.assert_allclose(model.mk_, K.mean(axis=0), rtol=1e-12)
+
+    rng = np.random.default_rng(seed)
+    X_new = digits[rng.choice(len(digits), 40, replace=False)] + 0.1 * rng.normal(size=(40, 64))
+    Kx = oracle_kernel(X_new, digits, ell)
+    Kx_c = Kx - K.mean(axis=0) - Kx.mean(axis=1)[:, None] + K.mean()
+    want = Kx_c @ V / np.sqrt(w)
+    got = model.transform(X_new)
+    signs = np.sign(np.sum(got * want, axis=0))
+    np.testing.assert_allclose(got * signs, want, rtol=1e-7, atol=1e-9 * np.abs(want).max())
+
+    loaded = dkha.load(run_dir)
+    assert loaded.kernel_ == model.kernel_ and loaded.kernel_.spec is MATERN32
+    assert loaded.get_params()["kernel"] == "matern32"
+    assert loaded.get_params()["kernel_params"] == {"length_scale": model.kernel_["length_scale"]}
+    np.testing.assert_array_equal(loaded.eigenvalues_, model.eigenvalues_)
+    np.testing.assert_array_equal(loaded.transform(X_new), got)
+    # lazily, on the worker processes
+    import dask.array as da
+
+    lazy = loaded.transform(da.from_array(X_new, chunks=(16, 64))).compute()
+    np.testing.assert_allclose(lazy, got, rtol=1e-12, atol=1e-12 * np.abs(got).max())
+
+
+def test_krylov_on_the_row_engine(cluster, digits_store, digits, seed, fitted):
+    """The blockwise exact solver (tasks of kernel blocks on the workers, the NumPy block
+    instead of a compiled tile) with a set length scale, against the same oracle."""
+    model = dkha.KernelHebbianPCA(R, kernel="matern32", kernel_params={"length_scale": 6.0},
+                                  algorithm="krylov", seed=seed, client=cluster)
+    model.fit(digits_store.path)
+    w = np.linalg.eigvalsh(centered(oracle_kernel(digits, digits, 6.0)))[::-1][:R]
+    np.testing.assert_allclose(model.eigenvalues_, w, rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_cli_finds_a_kernel_by_its_entry_point(tmp_path, digits_store):
+    """``dkha fit --kernel matern32`` in a fresh process: the kernel of an installed package's
+    ``dkha.kernels`` entry point (here a dist-info on the path naming this module's spec)."""
+    dist = tmp_path / "site" / "dkha_matern-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dkha-matern\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[dkha.kernels]\nmatern32 = test_kernel_registry:MATERN32\n")
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = subprocess_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), tests_dir, env["PYTHONPATH"]])
+    run = str(tmp_path / "run")
+    out = subprocess.run(dkha_command("fit", digits_store.path, "-o", run, "--kernel",
+                                      "matern32", "--components", str(R)),
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    model = dkha.load(run)
+    assert model.kernel_.name == "matern32" and model.kernel_.spec is MATERN32
+    X = digits_store.read_rows(np.arange(digits_store.n_samples))
+    assert model.kernel_["length_scale"] == pytest.approx(float(np.median(pdist(X))), rel=1e-12)
+    w = np.linalg.eigvalsh(centered(oracle_kernel(X, X, model.kernel_["length_scale"])))
+    np.testing.assert_allclose(model.eigenvalues_, w[::-1][:R], rtol=1e-8)
+    bad = subprocess.run(dkha_command("fit", digits_store.path, "-o", str(tmp_path / "other"),
+                                      "--kernel", "matern52"),
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert bad.returncode != 0 and "unknown kernel 'matern52'" in bad.stderr
+    assert "matern32" in bad.stderr          # the registered kernels are the choices
