@@ -152,3 +152,51 @@ def test_solver_state_round_trip_continues_bit_for_bit(algorithm):
     assert np.array_equal(a.A, b.A)
     if algorithm == "kha-smd":
         assert np.array_equal(a.state.rho, b.state.rho)
+
+
+def _refuse(name):
+    raise ValueError(f"{name} is not strict JSON")
+
+
+def _strict_json_files(root) -> list[str]:
+    """The JSON files under ``root`` (hidden ones too), each parsed by a strict parser (RFC 8259:
+    a bare NaN or Infinity raises); their paths relative to ``root``."""
+    import json
+
+    found = []
+    for d, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".json"):
+                path = os.path.join(d, name)
+                with open(path) as f:
+                    json.loads(f.read(), parse_constant=_refuse)
+                found.append(os.path.relpath(path, root))
+    return found
+
+
+def test_every_json_file_a_run_writes_is_strict(tmp_path):
+    """A default fit and a checkpointed KHA fit (stopped after its second checkpoint, then
+    resumed), with dkha's default evaluation (tracked, not the suite's exact one), write only
+    strict JSON: the checkpoints' history keeps its NaNs (figures a tracked pass does not
+    measure) as tagged objects, read back as NaN."""
+    from sklearn.datasets import load_digits
+
+    from dkha.data.ingest import ingest_array
+    from tests.processes import dkha_in_process
+    from tests.test_resume import FIT, killed_after
+
+    store = str(tmp_path / "digits.zarr")
+    ingest_array(load_digits().data[:600] / 8.0 - 1.0, store, chunk_rows=150)
+    run = str(tmp_path / "kha")
+    default = {"dkha.evaluation": "tracked"}
+    with killed_after(2):
+        dkha_in_process("fit", store, "-o", run, *FIT, config=default)
+    found = _strict_json_files(tmp_path)
+    assert sum(f.startswith("kha/checkpoints/") and f.endswith("meta.json") for f in found) == 2
+    history = Checkpointer(run).latest().meta["history"]
+    assert np.isnan(history[0]["excess"]) and np.isfinite(history[-1]["captured"])
+    dkha_in_process("fit", store, "-o", run, *FIT, "--resume", config=default)
+    dkha_in_process("fit", store, "-o", str(tmp_path / "default"), "--components", "5",
+                    "--quiet", config=default)
+    found = _strict_json_files(tmp_path)
+    assert {"kha/timings.json", "default/timings.json"} <= set(found)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -457,3 +458,129 @@ def test_write_zarr_atomically_concurrent_writers(tmp_path):
     assert ds.attrs["value"] in (1.0, 2.0)
     assert np.array_equal(ds["v"].values, np.full((40, 3), ds.attrs["value"]))
     assert sorted(os.listdir(tmp_path)) == ["result.zarr"]
+
+
+def _refuse(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
+def test_write_json_atomically_strict_and_exact(tmp_path):
+    """Non-finite floats (numpy's too) are written as null, or with ``exact`` as tagged objects
+    read back as the same floats; either text parses with a strict parser (RFC 8259)."""
+    from dkha.data.atomic import write_json_atomically
+    from dkha.data.jsontext import exact_loads
+
+    obj = {"a": [1.5, float("nan"), np.float32("inf")], "b": (np.float64("-inf"), np.int64(3))}
+    out = tmp_path / "x.json"
+    assert write_json_atomically(obj, out) == str(out)
+    assert json.loads(out.read_text(), parse_constant=_refuse) == {"a": [1.5, None, None],
+                                                                    "b": [None, 3]}
+    write_json_atomically(obj, out, exact=True, indent=1)
+    text = out.read_text()
+    json.loads(text, parse_constant=_refuse)
+    back = exact_loads(text)
+    assert back["a"][0] == 1.5 and np.isnan(back["a"][1]) and back["a"][2] == np.inf
+    assert back["b"] == [-np.inf, 3]
+    assert exact_loads('{"h": [NaN, 1]}')["h"][1] == 1     # bare NaN, as files written before
+    assert sorted(os.listdir(tmp_path)) == ["x.json"]
+
+
+def test_write_json_atomically_failures_keep_the_old_file(tmp_path, monkeypatch):
+    """An object JSON cannot encode, or a write that fails after the temporary is made (the disk
+    full at fsync), leaves the old file as it was and no temporary behind."""
+    from dkha.data.atomic import write_json_atomically
+
+    out = tmp_path / "x.json"
+    write_json_atomically({"v": 1}, out)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        write_json_atomically({"v": object()}, out, default=None)
+    real_fsync = os.fsync
+
+    def full(fd):
+        real_fsync(fd)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_json_atomically({"v": 2}, out)
+    monkeypatch.undo()
+    assert json.loads(out.read_text()) == {"v": 1}
+    assert sorted(os.listdir(tmp_path)) == ["x.json"]
+
+
+def test_write_json_atomically_concurrent_writers(tmp_path, monkeypatch):
+    """Two writers of the same file, both with their text written and about to rename at once,
+    use temporaries of their own: both succeed, and the file is one of the two texts whole (with
+    one fixed ``.tmp`` name the second open truncates the first's and one rename finds nothing)."""
+    import threading
+
+    from dkha.data.atomic import write_json_atomically
+
+    out = tmp_path / "x.json"
+    barrier = threading.Barrier(2, timeout=60)
+    real_replace = os.replace
+    errors = []
+
+    def replace(src, dst):
+        barrier.wait()
+        real_replace(src, dst)
+
+    def write(value):
+        try:
+            write_json_atomically({"v": value, "pad": [value] * 1000}, out)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    monkeypatch.setattr(os, "replace", replace)
+    threads = [threading.Thread(target=write, args=(v,)) for v in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.undo()
+    assert errors == []
+    got = json.loads(out.read_text())
+    assert got["v"] in (1, 2) and got["pad"] == [got["v"]] * 1000
+    assert sorted(os.listdir(tmp_path)) == ["x.json"]
+
+
+@pytest.mark.parametrize("how", ["a file where the cache goes", "a read-only directory"])
+def test_write_spectrum_on_a_store_it_cannot_write(tmp_path, how, caplog):
+    """Where the store's spectrum cache cannot be made, ``write_spectrum`` says so and returns
+    False (it raised UnboundLocalError); the entry is not there to read."""
+    from dkha.data.spectra import SPECTRUM_GROUP, read_spectrum, write_spectrum
+
+    if how == "a read-only directory" and os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories")
+    path = tmp_path / "s.zarr"
+    store = ingest_array(np.arange(12.0).reshape(6, 2), path)
+    if how == "a file where the cache goes":
+        (path / SPECTRUM_GROUP).write_text("not a directory")
+    else:
+        os.chmod(path, 0o555)
+    key = ("entry", {"data": "x"})
+    try:
+        with caplog.at_level("WARNING", logger="dkha.data.spectra"):
+            assert write_spectrum(store, key, np.array([3.0, 2.0])) is False
+    finally:
+        os.chmod(path, 0o755)
+    assert "the spectrum is not cached" in caplog.text
+    assert read_spectrum(store, key, 2) is None
+
+
+def test_spectrum_cache_round_trip(tmp_path):
+    """What ``write_spectrum`` keeps, ``read_spectrum`` gives back (fewer values too), in strict
+    JSON, with no temporary left in the group."""
+    from dkha.data.spectra import SPECTRUM_GROUP, read_spectrum, write_spectrum
+
+    path = tmp_path / "s.zarr"
+    store = ingest_array(np.arange(12.0).reshape(6, 2), path)
+    key = ("entry", {"data": "x"})
+    values = np.array([3.0, 2.0, 0.1])
+    assert write_spectrum(store, key, values) is True
+    assert np.array_equal(read_spectrum(store, key, 3), values)
+    assert np.array_equal(read_spectrum(store, key, 2), values[:2])
+    assert read_spectrum(store, key, 4) is None
+    assert read_spectrum(store, ("entry", {"data": "y"}), 2) is None
+    assert os.listdir(path / SPECTRUM_GROUP) == ["entry.json"]
+    json.loads((path / SPECTRUM_GROUP / "entry.json").read_text(), parse_constant=_refuse)

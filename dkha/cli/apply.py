@@ -21,6 +21,7 @@ from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_m
 from dkha.apply.superresolve import superresolve
 from dkha.cli.where import cluster_kwargs
 from dkha.data import result
+from dkha.data.atomic import write_json_atomically
 from dkha.errors import ParameterError, RunDirectoryError
 
 
@@ -53,8 +54,7 @@ def cmd_denoise(args: argparse.Namespace) -> int:
     summary = {"out": args.out, **res.summary()}
     if choosing:
         summary["choice_file"] = args.out + ".choice.json"
-        with open(summary["choice_file"], "w") as f:
-            f.write(result.dumps(summary))
+        write_json_atomically(summary, summary["choice_file"])
     if args.json:
         print(result.dumps(summary))
     elif choosing:

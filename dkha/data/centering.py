@@ -13,12 +13,11 @@ import json
 import logging
 import os
 import shutil
-import uuid
 
 import numpy as np
 import zarr
 
-from dkha.data.atomic import replace_directory
+from dkha.data.atomic import aside, replace_directory
 from dkha.data.storage import is_url
 from dkha.data.store import DataStore, chunk_codecs
 
@@ -95,7 +94,7 @@ def write_centering(store: DataStore, key: tuple[str, dict], mk: np.ndarray, mkm
         log.warning("the centering row is not cached: the data store %s is read-only (it is "
                     "computed again by every fit)", store.path)
         return False
-    tmp = os.path.join(group_dir, f".{name}.{uuid.uuid4().hex}.tmp")
+    tmp = aside(os.path.join(group_dir, name))
     try:
         zarr.open_group(group_dir, mode="a")
         arr = zarr.create_array(tmp, shape=(store.n_samples,), dtype="f8",

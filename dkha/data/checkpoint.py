@@ -2,7 +2,8 @@
 
 Layout: ``RUN_DIR/checkpoints/step-<t>/`` holding ``state.npz`` (arrays only, loaded with
 ``allow_pickle=False``) and ``meta.json`` (step, pass, history, seconds, the run's identifying
-attrs and the SHA-256 of ``state.npz``).
+attrs and the SHA-256 of ``state.npz``; strict JSON, its NaNs tagged:
+:func:`dkha.data.jsontext.exact_dumps`).
 
 Writing: the files go to ``checkpoints/.tmp-<uuid>/``, are flushed and fsync'ed, the directory is
 fsync'ed, then renamed to ``step-<t>``: the rename is the only commit point, so a crash mid-write
@@ -20,7 +21,6 @@ the Gram matrices, ``λ``, the step and fold counters), so a resumed run continu
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.data import result
-from dkha.data.atomic import replace_directory
+from dkha.data.atomic import fsync_directory, replace_directory, write_json_atomically
+from dkha.data.jsontext import dumps, exact_loads
 from dkha.data.run_attrs import identity_map, saved_value
 from dkha.errors import (
     DkhaWarning,
@@ -46,17 +47,6 @@ log = logging.getLogger(__name__)
 DIRNAME = "checkpoints"
 PREFIX = "step-"
 FORMAT_VERSION = 1
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: str) -> str:
@@ -135,14 +125,11 @@ class Checkpointer:
             f.flush()
             os.fsync(f.fileno())
         meta = dict(meta, step=int(step), format_version=FORMAT_VERSION, sha256=_sha256(npz))
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f, default=_json_default)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        write_json_atomically(meta, os.path.join(tmp, "meta.json"), exact=True)
+        fsync_directory(tmp)
         final = os.path.join(self.dir, f"{PREFIX}{int(step):012d}")
         replace_directory(tmp, final)  # the same step again (a re-run) replaces it
-        _fsync_dir(self.dir)
+        fsync_directory(self.dir)
         self._prune()
         log.info("checkpoint at step %d: %s", step, final)
         return final
@@ -175,7 +162,7 @@ class Checkpointer:
 
     def _load(self, path: str) -> Checkpoint:
         with open(os.path.join(path, "meta.json")) as f:
-            meta = json.load(f)
+            meta = exact_loads(f.read())
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"format version {meta.get('format_version')}")
         npz = os.path.join(path, "state.npz")
@@ -191,7 +178,7 @@ class Checkpointer:
         for name in self._committed():
             try:
                 with open(os.path.join(self.dir, name, "meta.json")) as f:
-                    return json.load(f)
+                    return exact_loads(f.read())
             except (OSError, ValueError):
                 continue
         return None
@@ -219,14 +206,6 @@ class Checkpointer:
 
     def clear(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _json_default(o):
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if hasattr(o, "item"):
-        return o.item()
-    return str(o)
 
 
 def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
@@ -281,7 +260,6 @@ def differences(saved: dict, current: dict, keys) -> list[str]:
     out = []
     for k, former in identity_map(keys).items():
         a, b = saved_value(saved, k, former), current.get(k)
-        if (json.dumps(a, default=_json_default, sort_keys=True)
-                != json.dumps(b, default=_json_default, sort_keys=True)):
+        if dumps(a, sort_keys=True) != dumps(b, sort_keys=True):
             out.append(f"{k}: {a!r} in the checkpoint, {b!r} now")
     return out

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import write_zarr_atomically
+from dkha.data.atomic import write_json_atomically, write_zarr_atomically
+from dkha.data.jsontext import dumps
 from dkha.data.run_attrs import identity_map, saved_value
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 from dkha.progress import phase
@@ -171,29 +171,6 @@ def jsonable(d: dict) -> dict:
     return json.loads(dumps(d))
 
 
-def finite_or_none(o):
-    """``o`` with every non-finite float (NaN: not measured) replaced by None, recursively
-    through dicts, lists and tuples (tuples become lists); numpy scalars and arrays as Python
-    numbers and lists."""
-    if isinstance(o, dict):
-        return {k: finite_or_none(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [finite_or_none(v) for v in o]
-    if isinstance(o, np.ndarray):
-        return finite_or_none(o.tolist())
-    if isinstance(o, np.generic):
-        o = o.item()
-    if isinstance(o, float) and not np.isfinite(o):
-        return None
-    return o
-
-
-def dumps(obj, **kwargs) -> str:
-    """``obj`` as strict JSON (RFC 8259: no bare NaN or Infinity; non-finite numbers, the
-    figures not measured, are null); what is not JSON is written as its ``str``."""
-    return json.dumps(finite_or_none(obj), allow_nan=False, default=str, **kwargs)
-
-
 def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
     """Refuse a run directory that is a file, or that holds a different run (unless overwrite):
     one whose attrs differ in a key of ``identity`` (the estimators' parameter table says
@@ -230,12 +207,7 @@ TIMINGS = "timings.json"
 
 def save_timings(timings: dict, run_dir: str) -> str:
     """Write a fit's ``timings_`` (seconds, per-pass records) as ``RUN_DIR/timings.json``."""
-    path = os.path.join(run_dir, TIMINGS)
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w") as f:
-        f.write(dumps(timings, indent=1))
-    os.replace(tmp, path)
-    return path
+    return write_json_atomically(timings, os.path.join(run_dir, TIMINGS), indent=1)
 
 
 def load_timings(run_dir: str) -> dict | None:

@@ -11,15 +11,14 @@ entry per kernel, parameters and centering (keyed like the centering rows, with 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import shutil
-import uuid
 
 import numpy as np
 
+from dkha.data.atomic import write_json_atomically
 from dkha.data.centering import centering_key
+from dkha.data.jsontext import exact_loads
 from dkha.data.store import DataStore
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ def read_spectrum(store: DataStore, key: tuple[str, dict], r: int) -> np.ndarray
     path = os.path.join(store.path, SPECTRUM_GROUP, name + ".json")
     try:
         with open(path) as f:
-            entry = json.load(f)
+            entry = exact_loads(f.read())
     except (OSError, ValueError):
         return None
     values = np.asarray(entry.get("eigenvalues", []), dtype=np.float64)
@@ -75,13 +74,10 @@ def write_spectrum(store: DataStore, key: tuple[str, dict], eigenvalues: np.ndar
     group = os.path.join(store.path, SPECTRUM_GROUP)
     try:
         os.makedirs(group, exist_ok=True)
-        tmp = os.path.join(group, f".{name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "w") as f:
-            json.dump({"identity": identity, "eigenvalues": values.tolist(),
-                       "sha256": _checksum(values)}, f)
-        os.replace(tmp, os.path.join(group, name + ".json"))
+        write_json_atomically({"identity": identity, "eigenvalues": values,
+                               "sha256": _checksum(values)}, os.path.join(group, name + ".json"),
+                              exact=True)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True) if os.path.isdir(tmp) else None
         log.warning("the spectrum is not cached in %s (%s)", store.path, exc)
         return False
     log.info("top %d eigenvalues of K' cached in %s", len(values), group)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import uuid
 
 import numpy as np
 import zarr
 
 from dkha import config
-from dkha.data.atomic import consolidate, replace_directory
+from dkha.data.atomic import aside, consolidate, replace_directory
 from dkha.data.storage import is_url, storage_settings, url_fs
 from dkha.data.store import (
     FINITE_ATTR,
@@ -70,7 +69,7 @@ class StoreWriter:
                                         "remove it first")
         parent = os.path.dirname(os.path.abspath(self.out))
         os.makedirs(parent, exist_ok=True)
-        self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.{uuid.uuid4().hex}.tmp")
+        self.tmp = aside(self.out)
         self.group = zarr.open_group(self.tmp, mode="w")
 
     def _open_url(self, overwrite: bool) -> None:

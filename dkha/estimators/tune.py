@@ -19,7 +19,7 @@ import dask
 import numpy as np
 
 from dkha import algorithms as registry
-from dkha.data import result
+from dkha.data.atomic import write_json_atomically
 from dkha.errors import NumericalError, ParameterError, RunDirectoryError
 from dkha.estimators.batch import KernelHebbianPCA, fit_together
 from dkha.fit.track import result_entry
@@ -139,10 +139,7 @@ def tune(X, algorithms: Sequence[str] = (registry.KHA_DEFAULT,), *,
                "settings": len(models), "seconds": seconds, "grid": rows, "best": best}
     if tune_dir is not None:
         os.makedirs(tune_dir, exist_ok=True)
-        tmp = os.path.join(tune_dir, f".{SUMMARY}.tmp")
-        with open(tmp, "w") as f:
-            f.write(result.dumps(summary, indent=1))
-        os.replace(tmp, os.path.join(tune_dir, SUMMARY))
+        write_json_atomically(summary, os.path.join(tune_dir, SUMMARY), indent=1)
     if not best:
         raise NumericalError(f"every one of the {len(models)} settings diverged; try smaller "
                              "eta0 (or mu) values")

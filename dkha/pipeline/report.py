@@ -31,6 +31,7 @@ import numpy as np
 
 from dkha import algorithms as registry
 from dkha.data import result
+from dkha.data.atomic import write_file_atomically
 from dkha.data.store import open_store
 from dkha.runs.maps import response_maps
 from dkha.runs.run import Run
@@ -69,8 +70,7 @@ def _png(fig, path: str | None = None) -> str:
     plt.close(fig)
     data = buf.getvalue()
     if path is not None:
-        with open(path, "wb") as f:
-            f.write(data)
+        write_file_atomically(data, path)
     return base64.b64encode(data).decode()
 
 
@@ -339,11 +339,7 @@ def write_page(path: str, title: str, subtitle: str, sections: list[str]) -> str
             "img{max-width:100%}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
             "padding:3px 8px;text-align:left}table.maps td{padding:0}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(page)
-    os.replace(tmp, path)
-    return path
+    return write_file_atomically(page, path)
 
 
 def _convergence_section(datasets: dict, out_dir: str) -> str:

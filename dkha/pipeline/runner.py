@@ -42,6 +42,7 @@ from dkha import algorithms
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, save_image
 from dkha.data import result
+from dkha.data.atomic import write_json_atomically
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.patches import read_grey_image
@@ -236,12 +237,7 @@ class Runner:
         return {"stages": {}, "figures": {}}
 
     def _write_state(self) -> None:
-        tmp = self.state_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(result.dumps(self.state, indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_path)
+        write_json_atomically(self.state, self.state_path, indent=1)
 
     def _stage(self, key: str, settings, fn):
         h = _hash(settings)
@@ -479,8 +475,7 @@ def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
             finally:
                 summary["exit_code"] = code
                 summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-                with open(os.path.join(run_dir, "summary.json"), "w") as f:
-                    f.write(result.dumps(summary, indent=1))
+                write_json_atomically(summary, os.path.join(run_dir, "summary.json"), indent=1)
     finally:
         pkg.removeHandler(handler)
         handler.close()
