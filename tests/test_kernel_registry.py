@@ -9,19 +9,27 @@ module (:class:`dkha.kernels.KernelSpec`), and a worker process (spawned with th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 from scipy.spatial.distance import cdist, pdist
 
 import dkha
-from dkha import KernelSpec, register_kernel
+from dkha import KernelSpec, algorithms, register_kernel
 from dkha.errors import ParameterError
 from dkha.kernels import make_kernel, squared_distances
 from dkha.kernels.spec import kernel_names, positive, require
-from tests.processes import dkha_command, local_client, subprocess_env
+from tests.processes import (
+    dkha_command,
+    local_client,
+    start_dask_cluster,
+    stop_processes,
+    subprocess_env,
+)
 
 SQRT3 = np.sqrt(3.0)
 R = 6
@@ -135,10 +143,19 @@ def test_fit_transform_save_load_on_worker_processes(fitted, cluster, digits, se
 
 def test_krylov_on_the_row_engine(cluster, digits_store, digits, seed, fitted):
     """The blockwise exact solver (tasks of kernel blocks on the workers, the NumPy block
-    instead of a compiled tile) with a set length scale, against the same oracle."""
-    model = dkha.KernelHebbianPCA(R, kernel="matern32", kernel_params={"length_scale": 6.0},
-                                  algorithm="krylov", seed=seed, client=cluster)
-    model.fit(digits_store.path)
+    instead of a compiled tile) with a set length scale, against the same oracle; with the
+    band passes asked for, which take compiled tiles only, it runs the CPU's tile passes."""
+    import dask.config
+
+    from dkha.engine.bandpass import wants_bands
+
+    with dask.config.set({"dkha.band-passes": True}):
+        workers = sorted(cluster.scheduler_info()["workers"])
+        assert wants_bands(make_kernel("gaussian", sigma=1.0), cluster) == workers
+        assert wants_bands(make_kernel("matern32", length_scale=6.0), cluster) is None
+        model = dkha.KernelHebbianPCA(R, kernel="matern32", kernel_params={"length_scale": 6.0},
+                                      algorithm=algorithms.KRYLOV, seed=seed, client=cluster)
+        model.fit(digits_store.path)
     w = np.linalg.eigvalsh(centered(oracle_kernel(digits, digits, 6.0)))[::-1][:R]
     np.testing.assert_allclose(model.eigenvalues_, w, rtol=1e-8)
 
@@ -171,3 +188,49 @@ def test_cli_finds_a_kernel_by_its_entry_point(tmp_path, digits_store):
                          env=env, capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode != 0 and "unknown kernel 'matern52'" in bad.stderr
     assert "matern32" in bad.stderr          # the registered kernels are the choices
+
+
+SCRIPT = '''
+import json, sys
+import numpy as np
+from distributed import Client
+import dkha
+from dkha.kernels import squared_distances
+
+
+def block(kernel, X, Y):
+    d2 = squared_distances(np.asarray(X, dtype=float), np.asarray(Y, dtype=float))
+    return 1.0 / (1.0 + d2 / kernel["scale"] ** 2)
+
+
+dkha.register_kernel(dkha.KernelSpec("cauchy", {"scale": 1.0}, block=block, diagonal=1.0))
+
+if __name__ == "__main__":
+    X = np.load(sys.argv[1])
+    with Client(scheduler_file=sys.argv[4]) as client:
+        model = dkha.KernelHebbianPCA(int(sys.argv[2]), kernel="cauchy",
+                                      kernel_params={"scale": 3.0}, algorithm=sys.argv[3],
+                                      client=client).fit(X)
+        print(json.dumps(model.eigenvalues_.tolist()))
+'''
+
+
+@pytest.mark.slow
+def test_a_kernel_registered_by_a_script_reaches_dask_workers(tmp_path, digits):
+    """A spec registered by a script (``__main__``, which a ``dask worker`` process cannot
+    import) travels to the workers by value: a Cauchy kernel ``1/(1 + ‖x − y‖²/s²)`` fitted
+    on two of them against dense eigh."""
+    (tmp_path / "script.py").write_text(SCRIPT)
+    np.save(tmp_path / "X.npy", digits)
+    _, sched_file, scheduler, workers = start_dask_cluster(str(tmp_path), 2)
+    try:
+        out = subprocess.run([sys.executable, str(tmp_path / "script.py"),
+                              str(tmp_path / "X.npy"), str(R), algorithms.KRYLOV, sched_file],
+                             cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                             timeout=300, check=False)
+    finally:
+        stop_processes([scheduler, *workers])
+    assert out.returncode == 0, out.stderr
+    K = 1.0 / (1.0 + cdist(digits, digits, "sqeuclidean") / 9.0)
+    w = np.linalg.eigvalsh(centered(K))[::-1][:R]
+    np.testing.assert_allclose(json.loads(out.stdout.strip().splitlines()[-1]), w, rtol=1e-8)

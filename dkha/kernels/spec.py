@@ -124,11 +124,12 @@ class KernelSpec:
 
     def __reduce_ex__(self, protocol):
         # a registered spec travels by name and module: the receiving process imports the
-        # module (which registers it) where it has none of that name yet
+        # module (which registers it) where it has none of that name yet; one of a script
+        # (__main__, which a worker cannot import) or not registered travels by value
         with _LOCK:
-            registered = _SPECS.get(self.name) is self
-        if registered:
-            return _registered_spec, (self.name, _ORIGIN[self.name])
+            origin = _ORIGIN.get(self.name) if _SPECS.get(self.name) is self else None
+        if origin not in (None, "__main__"):
+            return _registered_spec, (self.name, origin)
         return super().__reduce_ex__(protocol)
 
     @property
