@@ -134,6 +134,33 @@ def test_saved_run_dir(runs, oracle, digits_store, seed, algorithm):
 
 
 
+def test_a_saved_parameter_no_fit_setting_holds_is_saved_as_asked(digits, tmp_path,
+                                                                   monkeypatch):
+    """The saved attrs come from the estimator's parameters (``get_params``), overlaid with the
+    values the fit resolved: a saved row of the table that no fit setting resolves is saved with
+    the value the estimator holds (it was saved as None, and resume could not tell runs apart
+    on it), and a resume with another value of it is refused."""
+    from dkha.data import result
+    from dkha.estimators import params
+
+    row = params.Param("note", "plain", "A note saved with the run.", str,
+                       models=(params.BATCH,), saved=True, identity=True, flag=None,
+                       pipeline=False)
+    monkeypatch.setattr(params, "PARAMETERS", params.PARAMETERS + (row,))
+    run = str(tmp_path / "run")
+    model = KernelHebbianPCA(R, algorithm="kha-et", sigma=SIGMA, passes=1, block_rows=64,
+                             init="random")
+    model.note = "asked"
+    model.fit(digits, run_dir=run, checkpoint_every=1)
+    assert model.attrs_["note"] == "asked"
+    assert result.load(run).attrs["note"] == "asked"
+    other = KernelHebbianPCA(R, algorithm="kha-et", sigma=SIGMA, passes=1, block_rows=64,
+                             init="random")
+    other.note = "another"
+    with pytest.raises(RunDirectoryError, match="note"):
+        other.fit(digits, run_dir=run)
+
+
 def test_history_is_indexed_by_pass_step_and_wall_time(runs, tmp_path):
     """``pass``, ``step``, ``wall_time`` are coordinates along ``evaluation`` (so xarray plots and
     selects by them), every history variable has units; a run saved before, with them as data

@@ -186,7 +186,8 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
 
 def stored_projections(run) -> np.ndarray | None:
     """The training projections ``Cᵀ`` (``l × r``) a batch run saved with its components (its
-    ``projection``, :mod:`dkha.estimators.pictures`), or None where it holds none of that shape."""
+    ``projection``, :func:`dkha.data.result.projection_array`), or None where it holds none of
+    that shape."""
     if "projection" not in run.ds:
         return None
     proj = run.ds["projection"]

@@ -29,15 +29,19 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import write_json_atomically, write_zarr_atomically
+from dkha.data.atomic import consolidate, write_json_atomically, write_zarr_atomically
 from dkha.data.jsontext import dumps
 from dkha.data.run_attrs import identity_map, saved_value
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 from dkha.progress import phase
+
+if TYPE_CHECKING:
+    from dkha.data.store import DataStore
 
 COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
@@ -115,6 +119,17 @@ def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
             values = np.asarray(var.values)
             out[name] = ("sample", values if values.dtype.kind in "biuf" else values.astype(object))
     return out
+
+
+def projection_array(C: np.ndarray, store: DataStore | None) -> xr.DataArray:
+    """``projection (sample, component)`` from ``C = A K'`` (component × sample), with the
+    store's provenance coordinates (image, image_name, row, col; a store written from an array
+    has none)."""
+    coords = {"component": np.arange(C.shape[0])}
+    if store is not None and store.rows is None:
+        coords.update(sample_coords(store.path))
+    return xr.DataArray(np.ascontiguousarray(np.asarray(C, dtype=np.float64).T),
+                        dims=("sample", "component"), coords=coords, name="projection")
 
 
 def with_history_coords(ds: xr.Dataset) -> xr.Dataset:
@@ -200,6 +215,18 @@ def save(ds: xr.Dataset, run_dir: str) -> str:
     """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
     phase(f"saving the run in {run_dir}")
     return write_zarr_atomically(ds, os.path.join(run_dir, COMPONENTS))
+
+
+def add_variable(run_dir: str, var: xr.DataArray) -> None:
+    """Add the variable ``var`` (named, along the run's dimensions) to the saved run in
+    ``run_dir``: its array is written beside the others, then the metadata consolidated again
+    (a reader sees the run without it, or with it whole)."""
+    path = os.path.join(run_dir, COMPONENTS)
+    ds = xr.Dataset({var.name: var}).drop_vars([c for c in var.coords if c in var.dims])
+    with xr.open_zarr(path) as saved:     # appending writes the group's attrs: the run's
+        ds.attrs = dict(saved.attrs)
+    ds.to_zarr(path, mode="a", consolidated=False, zarr_format=3)
+    consolidate(path)
 
 
 TIMINGS = "timings.json"

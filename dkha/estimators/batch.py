@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from dkha import config
-from dkha.algorithms import AUTO, KHA_DEFAULT, KRYLOV, has_mu, is_exact
+from dkha.algorithms import AUTO, KRYLOV, has_mu, is_exact
+from dkha.apply.pictures import add_component_pictures, is_patch_store
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
-from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError, NumericalError, ParameterError
 from dkha.estimators.contract import (
@@ -29,25 +29,24 @@ from dkha.estimators.params import (
     BATCH,
     declare,
     from_attrs,
+    get_params,
     identity_attrs,
     recorded_params,
-    saved_attrs,
+    saved_rows,
     shared_settings,
 )
-from dkha.estimators.pictures import component_images, is_patch_store, projection_array
 from dkha.estimators.sklearn_view import finish_fit, fit_seed
-from dkha.fit.coordinator import (
-    FitOptions,
+from dkha.fit.coordinator import fit_batch, resolve_kernel
+from dkha.fit.init import start_of
+from dkha.fit.request import (
+    FitRequest,
     ModelFit,
-    ModelSettings,
+    ModelRequest,
+    RunOptions,
     StreamSettings,
-    fit_batch,
-    resolve_kernel,
-    settings_dropped_on_failure,
+    frozen_mapping,
 )
-from dkha.fit.init import default_landmarks_for
-from dkha.fit.kha_stream import save_checkpoint
-from dkha.fit.spectrum import finalise_components
+from dkha.fit.run_dir import write_run
 from dkha.kernels import precomputed_rows
 from dkha.runs.run import kernel_of
 from dkha.runs.transform import project_rows
@@ -57,7 +56,6 @@ from dkha.solvers.batch import (
     default_eta0,
     default_mu,
 )
-from dkha.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -137,22 +135,17 @@ class KernelHebbianPCA(DkhaTransformer):
     _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
-    def _validated(self, n_samples: int) -> ModelSettings:
-        # the table checked the parameters (validated_fit, fit_together); auto may become kha-smd
-        algorithm, self._path_reason = path_of(self)
+    def _request(self, n_samples: int) -> ModelRequest:
+        """This model as the fit is asked for it: the parameters checked against ``n_samples``
+        (the table checked each alone: validated_fit, fit_together); what depends on the
+        algorithm run (``auto`` may become kha-smd) is resolved by the fit
+        (:func:`dkha.fit.plan.route`, :func:`dkha.fit.request.settings_of`)."""
         r = fitted_components(self.n_components, n_samples)
-        init_kind, init_m = start_of(self.init, algorithm, n_samples, r)
-        landmarks = init_m if init_kind == "nystrom" else None
-        support = init_m if init_kind == "random" else None
-        if landmarks is not None and landmarks < r:
-            raise ParameterError(f"init nystrom:{landmarks} needs at least as many landmarks as "
-                                 f"components ({r})")
-        # None from a Nyström start: it follows from the start (fit_together, warm_eta0)
-        eta0 = (default_eta0(algorithm, warm=bool(landmarks)) if self.eta0 is None
-                else float(self.eta0))
-        mu = default_mu(warm=bool(landmarks)) if self.mu is None else float(self.mu)
-        xi = DEFAULT_XI if self.xi is None else float(self.xi)
-        rho0 = float(self.rho0)
+        if self.init is not None:       # an explicit start: checked here, before any work
+            kind, m = start_of(self.init, str(self.algorithm), n_samples, r)
+            if kind == "nystrom" and m < r:
+                raise ParameterError(f"init nystrom:{m} needs at least as many landmarks as "
+                                     f"components ({r})")
         if self.passes is not None and self.steps is not None:
             raise ParameterError("give passes or steps, not both")
         if self.steps is not None:
@@ -166,13 +159,15 @@ class KernelHebbianPCA(DkhaTransformer):
                 raise ParameterError(f"center_sample must be an integer in 1..{n_samples} (the "
                                      f"number of samples), got {center_sample!r}")
             center_sample = int(center_sample)
-        return ModelSettings(
-            algorithm=algorithm, n_components=int(r), eta0=eta0, mu=mu, xi=xi, rho0=rho0,
-            n_steps=n_steps, landmarks=landmarks, support=support,
-            init=(f"nystrom:{landmarks}" if landmarks else
-                  f"random:{support}" if support else "random"),
-            center_sample=center_sample, tol=self.tol, on_divergence=self.on_divergence,
-            verbose=bool(self.verbose))
+        return ModelRequest(
+            algorithm=str(self.algorithm), n_components=int(r), n_steps=n_steps,
+            eta0=None if self.eta0 is None else float(self.eta0),
+            mu=None if self.mu is None else float(self.mu),
+            xi=DEFAULT_XI if self.xi is None else float(self.xi), rho0=float(self.rho0),
+            init=None if self.init is None else str(self.init), center_sample=center_sample,
+            tol=self.tol, on_divergence=self.on_divergence, verbose=bool(self.verbose),
+            params=frozen_mapping(get_params(self, BATCH)),
+            recorded=frozen_mapping(recorded_params(self, BATCH)))
 
     def _stream(self) -> StreamSettings:
         """What this model's kernel stream is made of (shared by models fitted together)."""
@@ -181,71 +176,78 @@ class KernelHebbianPCA(DkhaTransformer):
                               projections=self.projections, cache_rows=self.cache_rows,
                               precision=self.precision, device=self.device, client=self.client)
 
-    def run_attrs(self, store: DataStore, kernel, p: ModelSettings) -> dict:
-        """The attrs saved with the components (also used to compare runs)."""
-        attrs = saved_attrs(BATCH, dict(vars(p), seed=int(self.seed)), kernel)
-        attrs.update({
-            "n_steps": p.n_steps,
-            "passes": p.n_steps / store.n_samples,
-            "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
-            "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-            "dkha_version": __version__,
-            "centering": "exact" if p.center_sample is None else "sample"})
-        if getattr(self, "_path_reason", None):     # algorithm="auto" resolved to the iterations
-            attrs.update(path=p.algorithm, path_reason=self._path_reason)
-        return attrs
+    def _kernel_params(self) -> dict:
+        """The kernel's parameters as asked (resolved on the data by the fit)."""
+        return {"sigma": self.sigma, "degree": self.degree, "offset": self.offset,
+                "gamma": self.gamma, "coef0": self.coef0, "kernel_params": self.kernel_params}
 
-    def _keep(self, fit: ModelFit, kernel, store: DataStore, tmp_store, X_fit,
-              run_dir: str | None) -> None:
-        """The fitted attributes from the coordinator's result (saved in ``run_dir``, if any)."""
+    def _keep(self, fit: ModelFit, store: DataStore, tmp_store, X_fit) -> None:
+        """The fitted attributes: the fit's result, copied."""
         res = fit.result
         self._tmp_store = tmp_store
         self.timings_ = fit.timings
         self.failure_ = res.failure
         self.history_ = res.history
         self.backoffs_ = res.backoffs
-        self.kernel_ = kernel
+        self.kernel_ = fit.kernel
         self.store_ = store
         self.n_samples_ = store.n_samples
         self.n_features_in_ = store.n_features
         self.stream_stats_ = res.stream_stats
         if res.failure is not None:
             return
-        alpha, eigenvalue, projection, self.null_components_ = finalise_components(
-            res.alpha, res.eigenvalue, res.projection)
-        self.alpha_ = alpha
-        self.eigenvalues_ = eigenvalue
-        self.n_components_ = int(alpha.shape[0])
+        self.alpha_ = fit.alpha
+        self.eigenvalues_ = fit.eigenvalues
+        self.null_components_ = fit.null_components
+        self.n_components_ = int(fit.alpha.shape[0])
         self.X_fit_ = X_fit
-        self.projection_ = projection_array(projection, store)
-        self.component_image_ = fit.extra
+        self.projection_ = fit.projection
+        self.component_image_ = None
         self.mk_, self.mkm_ = fit.mk, fit.mkm
         self.attrs_ = fit.attrs
-        self._final = {"solver": fit.solver, "top_eigenvalues": res.top_eigenvalues,
-                       "fit_seconds": res.wall_time, "meta": fit.meta}
-        self._keep_complete_run(run_dir, fit.checkpointer)
+        self._final = fit
 
     @validated_fit
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
             checkpoint_every: int = 0, resume: bool = False,
             checkpoint_steps: int = 0) -> KernelHebbianPCA:
-        """Fit on ``X``: an array-like (validated as scikit-learn does), a dask array or an
-        xarray DataArray (written blockwise into a temporary store, never gathered here), or
-        a data store (path or :class:`DataStore`).
+        """Fit the components on ``X``.
 
-        With ``run_dir``, the components are saved there (``components.zarr``); a directory
-        holding a different run is refused before any work unless ``overwrite``.
-        ``checkpoint_every``: write the complete state to ``run_dir/checkpoints`` every that many
-        passes, ``checkpoint_steps``: at the first block boundary after every that many steps
-        (and on a stop, :data:`dkha.engine.stop.STOP`: SIGTERM or Ctrl-C in the CLI). The
-        exact paths (the default, ``krylov``) checkpoint by themselves in ``run_dir``: their
-        settings first, then the Krylov solve's basis and products after its products (every
-        ``checkpoint_every`` products, else at a cost of at most about 5 %,
-        :class:`dkha.fit.krylov.KrylovCheckpoints`); checkpoints never change the algorithm.
-        ``resume``: continue from the newest valid checkpoint; the result equals the
-        uninterrupted run bit for bit. Resuming with other settings or data is refused with the
-        list of differences; more passes (or steps) than the checkpointed run asked for
-        continue it.
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), dask array, xarray DataArray, str or \
+DataStore
+            An array-like is validated as scikit-learn does; a dask array or an xarray
+            DataArray (or a Dataset's ``X``) is written blockwise into a temporary store, never
+            gathered here; a data store is given by its path or as a :class:`DataStore`. With
+            ``kernel="precomputed"``: the square kernel matrix.
+        y : None
+            Ignored (scikit-learn's signature).
+        run_dir : str, optional
+            Save the run there (``components.zarr``, ``timings.json``); a directory holding a
+            different run is refused before any work unless ``overwrite``.
+        overwrite : bool, default False
+            Replace a different run in ``run_dir``.
+        checkpoint_every : int, default 0
+            Write the complete state to ``run_dir/checkpoints`` every that many passes (the
+            exact paths: every that many Krylov products). The exact paths (the default,
+            ``krylov``) checkpoint by themselves in ``run_dir``: their settings first, then the
+            Krylov solve's basis and products at a cost of at most about 5 %
+            (:class:`dkha.fit.krylov.KrylovCheckpoints`); checkpoints never change the
+            algorithm.
+        resume : bool, default False
+            Continue from the newest valid checkpoint in ``run_dir``; the result equals the
+            uninterrupted run bit for bit. Other settings or data are refused with the list of
+            differences; more passes (or steps) than the checkpointed run asked for continue
+            it.
+        checkpoint_steps : int, default 0
+            Also checkpoint at the first block boundary after every that many steps (and on
+            a stop, :data:`dkha.engine.stop.STOP`: SIGTERM or Ctrl-C in the CLI).
+
+        Returns
+        -------
+        self : KernelHebbianPCA
+            The fitted estimator.
         """
         if self.fit_inverse_transform not in (True, False, "preimage"):
             raise ParameterError("fit_inverse_transform must be True, False or 'preimage', got "
@@ -290,31 +292,43 @@ class KernelHebbianPCA(DkhaTransformer):
                                     backoffs=getattr(self, "backoffs_", []))
 
     def save(self, run_dir: str, *, resumable: bool = False) -> str:
-        """Write the components to ``run_dir/components.zarr``.
+        """Write the components to ``run_dir/components.zarr`` (and the timings beside).
 
-        ``resumable``: also write the final state as a checkpoint, so that ``fit(...,
-        resume=True)`` with more passes continues this run exactly where it ended.
+        Parameters
+        ----------
+        run_dir : str
+            The run directory (created if needed); a ``components.zarr`` there is replaced.
+        resumable : bool, default False
+            Also write the final state as a checkpoint, so that ``fit(..., resume=True)`` with
+            more passes continues this run exactly where it ended (a fit of the KHA
+            iterations, in this process).
+
+        Returns
+        -------
+        str
+            The path of the ``components.zarr`` written.
         """
-        out = result.save(self.to_dataset(), run_dir)
-        if getattr(self, "timings_", None):
-            result.save_timings(self.timings_, run_dir)
-        if resumable:
-            fin = self._final
-            checkpointer = Checkpointer(run_dir)
-            checkpointer.clear()
-            save_checkpoint(checkpointer, fin["solver"], self.mk_, self.mkm_,
-                            history=self.history_, top_eigenvalues=fin["top_eigenvalues"],
-                            fit_seconds=fin["fit_seconds"],
-                            meta=self._final["meta"],
-                            n_steps=int(self.attrs_["n_steps"]))
-        return out
+        return write_run(run_dir, self.to_dataset(), getattr(self, "timings_", None),
+                         final=self._final if resumable else None)
 
     @classmethod
     def from_dataset(cls, ds) -> KernelHebbianPCA:
-        """The fitted estimator of a saved batch run (:func:`dkha.load`): it transforms and
-        inverse-transforms against the run's training store; with more ``passes`` (or
-        ``steps``), ``fit(store, run_dir=RUN_DIR, resume=True)`` continues a run saved with
-        ``save(..., resumable=True)`` or stopped at a checkpoint."""
+        """The fitted estimator of a saved batch run (:func:`dkha.load`).
+
+        It transforms and inverse-transforms against the run's training store; with more
+        ``passes`` (or ``steps``), ``fit(store, run_dir=RUN_DIR, resume=True)`` continues a run
+        saved with ``save(..., resumable=True)`` or stopped at a checkpoint.
+
+        Parameters
+        ----------
+        ds : xarray.Dataset
+            The run's ``components.zarr`` (:func:`dkha.data.result.load`).
+
+        Returns
+        -------
+        KernelHebbianPCA
+            The estimator with the run's parameters and fitted attributes.
+        """
         return _from_dataset(cls, ds)
 
     def fit_transform(self, X, y=None, **fit_params):
@@ -389,21 +403,6 @@ def _from_dataset(cls, ds) -> KernelHebbianPCA:
     return model
 
 
-#: options of the KHA iterations: given with algorithm="auto", they make it KHA-SMD
-KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init")
-
-
-def path_of(model) -> tuple[str, str | None]:
-    """``(algorithm, reason)``: the algorithm ``model`` fits, and why where that is not its
-    ``algorithm``: ``auto`` given options of the KHA iterations (:data:`KHA_OPTIONS`) fits
-    their previous default, KHA-SMD (the default path takes no passes or gains)."""
-    asked = [n for n in KHA_OPTIONS if getattr(model, n) is not None]
-    if str(model.algorithm) != AUTO or not asked:
-        return str(model.algorithm), None
-    return KHA_DEFAULT, (f"{', '.join(asked)} given: options of the KHA iterations, so "
-                         f"{KHA_DEFAULT} (the default path takes no passes or gains)")
-
-
 def _square_kernel(K: np.ndarray) -> np.ndarray:
     """A precomputed kernel matrix: square; symmetrised as ``(K + Kᵀ)/2`` (centering and the
     solvers read one triangle; scikit-learn centers the rows and columns as given, the same
@@ -426,29 +425,6 @@ def _lazy_precomputed_rows(X):
         raise InputError(f"a precomputed kernel must be a square matrix, got shape {arr.shape}")
     index = da.arange(arr.shape[0], chunks=(arr.chunks[0],), dtype=np.float64)[:, None]
     return da.concatenate([arr.astype(np.float64), index], axis=1)
-
-
-def start_of(init, algorithm: str, n_samples: int, r: int) -> tuple[str, int | None]:
-    """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
-    (``None``: the Nyström start with :func:`default_landmarks` landmarks)."""
-    if init is None and is_exact(algorithm):
-        return "random", None
-    if init is None:
-        m = default_landmarks_for(n_samples, r)
-        return ("nystrom", m) if m else ("random", None)
-    init = str(init)
-    if init == "random":
-        return "random", None
-    kind, _, m = init.partition(":")
-    if kind in ("random", "nystrom"):
-        try:
-            m = int(m)
-        except ValueError:
-            m = -1
-        if not 0 < m < n_samples:
-            raise ParameterError(f"init {init!r}: M must be an integer in 1..{n_samples - 1}")
-        return kind, m
-    raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
 
 
 #: settings that every model of one shared kernel stream must agree on (from the table)
@@ -515,13 +491,29 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
     ``verbose``; everything that shapes the kernel stream (:data:`SHARED_SETTINGS`: data,
     kernel, number of components, schedule, evaluations, cluster) must agree. Each model ends
     as if fitted alone (the same ``alpha_``; evaluations share kernel passes, so their figures
-    agree up to rounding), and with ``run_dirs`` (one per model) each is saved as a complete run
-    directory, with checkpoints and ``resume`` as in :meth:`KernelHebbianPCA.fit` (resuming with
-    more passes than the checkpointed run continues it).
+    agree up to rounding). A model that diverges is set aside while the others go on.
 
-    A model that diverges is set aside while the others go on: with ``skip_diverged`` its
-    ``failure_`` says why and it has no ``alpha_``; otherwise, once the others are saved,
-    :class:`~dkha.errors.NumericalError` names it. Returns ``models``.
+    Parameters
+    ----------
+    models : sequence of KernelHebbianPCA
+        The models, each with the parameters it is fitted with (validated here).
+    X : array-like, dask array, xarray DataArray, str or DataStore
+        The training data, as :meth:`KernelHebbianPCA.fit` takes it.
+    run_dirs : sequence of str, optional
+        One run directory per model: each is saved as a complete run directory, with
+        checkpoints and ``resume`` as in :meth:`KernelHebbianPCA.fit`.
+    overwrite, checkpoint_every, resume, checkpoint_steps :
+        As :meth:`KernelHebbianPCA.fit`, for every model (resuming with more passes than the
+        checkpointed runs continues them).
+    skip_diverged : bool, default False
+        A diverged model's ``failure_`` says why and it has no ``alpha_``; without it,
+        :class:`~dkha.errors.NumericalError` names the diverged models once the others are
+        saved.
+
+    Returns
+    -------
+    list of KernelHebbianPCA
+        ``models``, fitted.
 
     Examples
     --------
@@ -544,11 +536,13 @@ def fit_together(models: Sequence[KernelHebbianPCA], X, *, run_dirs: Sequence[st
 def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=False,
                 checkpoint_every=0, resume=False, checkpoint_steps=0,
                 skip_diverged=False) -> list[KernelHebbianPCA]:
-    """:func:`fit_together` of models whose parameters were checked."""
+    """:func:`fit_together` of models whose parameters were checked: one request to
+    :func:`dkha.fit.coordinator.fit_batch`, then the component pictures of patch data
+    (:func:`dkha.apply.pictures.add_component_pictures`)."""
     if not models:
         raise ParameterError("no models to fit")
     if run_dirs is not None:
-        run_dirs = [os.fspath(d) for d in run_dirs]
+        run_dirs = tuple(os.fspath(d) for d in run_dirs)
         if len(run_dirs) != len(models):
             raise ParameterError(f"{len(models)} models but {len(run_dirs)} run directories")
         if len(set(map(os.path.realpath, run_dirs))) < len(run_dirs):
@@ -560,20 +554,20 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     if first.kernel == "precomputed" and store.n_features != store.n_samples + 1:
         raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
                              "appends each row's index), not fit_together")
-    settings = [m._validated(store.n_samples) for m in models]
-    kernel = resolve_kernel(store, first.kernel, first.seed, client=first.client,
-                            sigma=first.sigma,
-                            degree=first.degree, offset=first.offset, gamma=first.gamma,
-                            coef0=first.coef0, kernel_params=first.kernel_params)
-    attrs = [m.run_attrs(store, kernel, p) for m, p in zip(models, settings)]
-    with settings_dropped_on_failure(run_dirs, resume):
-        fits = fit_batch(store, kernel, settings, first._stream(), attrs, FitOptions(
-            run_dirs=run_dirs, overwrite=overwrite, checkpoint_every=checkpoint_every,
-            resume=resume, checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
-            identity=identity_attrs(), params=[recorded_params(m, BATCH) for m in models],
-            extras=_pictures if is_patch_store(store) else None))
-    for m, f, d in zip(models, fits, run_dirs or [None] * len(models)):
-        m._keep(f, kernel, store, tmp_store, X_fit, d)
+    request = FitRequest(
+        store=store, kernel=first.kernel, kernel_params=frozen_mapping(first._kernel_params()),
+        models=tuple(m._request(store.n_samples) for m in models), stream=first._stream(),
+        run=RunOptions(run_dirs=run_dirs, overwrite=overwrite,
+                       checkpoint_every=checkpoint_every, resume=resume,
+                       checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
+                       identity=frozen_mapping(identity_attrs())),
+        saved=saved_rows(BATCH))
+    fits = fit_batch(request)
+    for m, f in zip(models, fits):
+        m._keep(f, store, tmp_store, X_fit)
+        if f.failure is None and is_patch_store(store):
+            m.component_image_ = add_component_pictures(m.to_dataset(), store, client=m.client,
+                                                        run_dir=f.run_dir)
     failures = [f.describe_failure() for f in fits if f.failure is not None]
     if failures and not skip_diverged:
         if len(models) == 1:
@@ -581,21 +575,6 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
         raise NumericalError(f"{len(failures)} of {len(models)} models diverged (the others "
                              "were completed): " + "; ".join(failures))
     return models
-
-
-def _pictures(fits: list[ModelFit], engine, client) -> None:
-    """Each fitted model's component pictures, for patch data (the cluster still up)."""
-    store = engine.store
-    for f in fits:
-        if f.failure is None:
-            res = f.result
-            # the components as the model keeps them (order and signs fixed), so that a
-            # picture shows its own component, not −w
-            alpha, eigenvalue, projection, _ = finalise_components(
-                res.alpha, res.eigenvalue, res.projection)
-            ds = result.build_dataset(alpha, eigenvalue, [], f.attrs, mk=f.mk, mkm=f.mkm)
-            f.extra = component_images(ds, client, store, projection.std(axis=1),
-                                       seed=int(f.attrs["seed"]))
 
 
 __all__ = ["ALGORITHMS", "KernelHebbianPCA", "fit_together", "resolve_kernel", "resolve_store"]

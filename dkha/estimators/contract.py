@@ -194,13 +194,23 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
 
     # -- transform --
     def transform(self, X):
-        """Projections of the rows of ``X`` on the components, ``(n_samples, n_components)``.
+        """Projections of the rows of ``X`` on the components.
 
-        ``X``: an array-like (validated by scikit-learn; the result is a NumPy array, or a
-        pandas DataFrame under ``set_output(transform="pandas")``), or lazily a dask array (→ a
-        dask array), an xarray DataArray/Dataset ``X`` (→ a DataArray ``(sample, component)``
-        keeping the sample coordinates), or a data store path (→ a lazy DataArray with the
-        store's provenance coordinates).
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), dask array, xarray DataArray or \
+Dataset, or str
+            An array-like is validated by scikit-learn; lazily, a dask array, an xarray
+            DataArray (or a Dataset's ``X``) or a data store path.
+
+        Returns
+        -------
+        ndarray, DataFrame, dask array or xarray.DataArray of shape (n_samples, n_components)
+            A NumPy array for an array-like (a pandas DataFrame under
+            ``set_output(transform="pandas")``); a dask array for a dask array; a DataArray
+            ``(sample, component)`` keeping the sample coordinates for a DataArray or Dataset;
+            a lazy DataArray with the store's provenance coordinates for a store. Lazy inputs
+            are not computed.
         """
         check_is_fitted(self)
         kind = input_kind(X)

@@ -140,35 +140,7 @@ class OnlineKernelPCA(DkhaTransformer):
 
     # -- validation (the table's, once at the top of ``fit`` and a first ``partial_fit``) --
     def _validated(self) -> dict:
-        algorithm = self.algorithm      # checked by the table
-        if self.n_components is None:
-            raise ParameterError("OnlineKernelPCA needs n_components (None, all components, is "
-                                 "KernelHebbianPCA's: a stream has no fixed number of samples)")
-        r = int(self.n_components)
-        if self.gain_decay is not None and self.tau is not None:
-            raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
-        gain_decay, tau = None, None
-        if self.tau is not None:
-            tau = float(self.tau)
-        else:
-            gain_decay = DEFAULT_GAMMA if self.gain_decay is None else float(self.gain_decay)
-        mm = int(self.max_members)
-        if mm < r:
-            raise ParameterError(
-                f"max_members ({mm}) must be at least n_components ({r}): the components live "
-                "in the dictionary's span"
-            )
-        block_rows = int(config.get("block-rows", self.block_rows))
-        prefetch = int(config.get("prefetch", self.prefetch))
-        if block_rows < 1:
-            raise ParameterError(f"block_rows must be positive, got {block_rows}")
-        if prefetch < 1:
-            raise ParameterError(f"prefetch must be positive, got {prefetch}")
-        # every value of the table, with those resolved here
-        return dict(get_params(self, ONLINE), algorithm=algorithm, n_components=r,
-                    eta0=float(self.eta0), gain_decay=gain_decay, tau=tau,
-                    nu=None if self.nu is None else float(self.nu), max_members=mm,
-                    center=bool(self.center), block_rows=block_rows, prefetch=prefetch)
+        return validated_settings(self)
 
     def _kernel(self, source) -> Kernel:
         if isinstance(self.kernel, str) and self.kernel == "precomputed":
@@ -178,19 +150,6 @@ class OnlineKernelPCA(DkhaTransformer):
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
                               degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
 
-    def _attrs(self, p: dict, kernel: Kernel, store_path, n_samples: int, n_features: int,
-               n_steps: int) -> dict:
-        """The attrs saved with the components: the table's saved rows, resolved, and the run's."""
-        attrs = saved_attrs(ONLINE, dict(p, seed=int(self.seed)), kernel)
-        attrs.update({
-            "feature_norm": p["feature_norm"],
-            "gain": p["gain"],
-            "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
-            "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1), "store": store_path,
-            "n_samples": int(n_samples), "n_features": int(n_features), "init": "random",
-            "dkha_version": __version__})
-        return attrs
-
     # -- fitting --
     @validated_fit
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
@@ -199,12 +158,15 @@ class OnlineKernelPCA(DkhaTransformer):
         """Stream ``steps`` samples of ``X`` in the seeded random order, a block at a time
         through the same step as :meth:`partial_fit` (``OnlineKHA.apply_block``).
 
-        ``X``: an array-like (validated as scikit-learn does), a data store (path or
-        :class:`DataStore`), or a dask array or xarray DataArray (written blockwise into a
-        temporary store first, never gathered here).
-
         Parameters
         ----------
+        X : array-like of shape (n_samples, n_features), dask array, xarray DataArray, str or \
+DataStore
+            An array-like is validated as scikit-learn does; a data store is given by its path
+            or as a :class:`DataStore`; a dask array or an xarray DataArray is written
+            blockwise into a temporary store first, never gathered here.
+        y : None
+            Ignored (scikit-learn's signature).
         run_dir : str, optional
             Save ``components.zarr`` there; a directory holding a different run is refused
             before any work unless ``overwrite``.
@@ -221,6 +183,11 @@ class OnlineKernelPCA(DkhaTransformer):
             Continue from the newest valid checkpoint in ``run_dir``: the result (alpha,
             dictionary, history) equals the uninterrupted run's bit for bit. Resuming with other
             settings or data is refused with the list of differences.
+
+        Returns
+        -------
+        self : OnlineKernelPCA
+            The fitted estimator.
         """
         kind = input_kind(X)
         tmp = None
@@ -242,7 +209,7 @@ class OnlineKernelPCA(DkhaTransformer):
         p = scaled(self._validated(), source, kernel, self.seed)
         l, n = source.n_samples, source.n_features
         n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
-        attrs = self._attrs(p, kernel, _store_path(source), l, n, n_steps)
+        attrs = run_attrs(self, p, kernel, _store_path(source), l, n, n_steps)
         fit = fit_online(source, kernel, p, attrs, seed=self.seed, n_steps=n_steps,
                          every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
                          verbose=self.verbose, ac_reference=ac_reference, run_dir=run_dir,
@@ -272,6 +239,18 @@ class OnlineKernelPCA(DkhaTransformer):
         The first call validates the parameters, resolves the kernel on ``X`` and creates the
         state; later calls (also after :meth:`fit`) continue it. ``member_index_`` then counts
         positions in the whole stream, and the history gets one entry per call.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            The next samples of the stream, in their order.
+        y : None
+            Ignored (scikit-learn's signature).
+
+        Returns
+        -------
+        self : OnlineKernelPCA
+            The estimator, continued.
         """
         first_call = not hasattr(self, "solver_")
         X = self._validate_array(X, reset=first_call, min_samples=1)
@@ -311,7 +290,7 @@ class OnlineKernelPCA(DkhaTransformer):
         self.n_samples_seen_ = seen + len(X)
         self._record(None)
         self.eigenvalues_ = eigenvalues_of(self._read_solver(), self._variance_sample_)
-        self.attrs_ = self._attrs(p, self.kernel_, "<stream>", self.n_samples_seen_,
+        self.attrs_ = run_attrs(self, p, self.kernel_, "<stream>", self.n_samples_seen_,
                                   self.n_features_in_, self.n_samples_seen_)
         return self
 
@@ -366,13 +345,36 @@ class OnlineKernelPCA(DkhaTransformer):
         return online_run.dataset_of(self)
 
     def save(self, run_dir: str) -> str:
-        """Write ``RUN_DIR/components.zarr``."""
+        """Write the run (its dictionary, coefficients and history) as
+        ``RUN_DIR/components.zarr``.
+
+        Parameters
+        ----------
+        run_dir : str
+            The run directory (created if needed); a ``components.zarr`` there is replaced.
+
+        Returns
+        -------
+        str
+            The path of the ``components.zarr`` written.
+        """
         return result.save(self.to_dataset(), run_dir)
 
     @classmethod
     def from_dataset(cls, ds) -> OnlineKernelPCA:
         """The fitted estimator of a saved online run (:func:`dkha.load`): it transforms,
-        inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended."""
+        inverse-transforms and continues with :meth:`partial_fit` exactly where the run ended.
+
+        Parameters
+        ----------
+        ds : xarray.Dataset
+            The run's ``components.zarr`` (:func:`dkha.data.result.load`).
+
+        Returns
+        -------
+        OnlineKernelPCA
+            The estimator with the run's parameters, dictionary and state.
+        """
         return online_run.estimator_of(cls, ds)
 
     components_ = property(lambda self: input_axes(self), doc="The linear kernel's principal "
@@ -388,6 +390,54 @@ class OnlineKernelPCA(DkhaTransformer):
         self.mean_coefficient_ = s.mean_coefficients()
         self.n_steps_ = s.state.step
         return s
+
+
+def validated_settings(model: OnlineKernelPCA) -> dict:
+    """The online settings: every value of the table, with those that depend on several
+    parameters resolved and checked."""
+    algorithm = model.algorithm      # checked by the table
+    if model.n_components is None:
+        raise ParameterError("OnlineKernelPCA needs n_components (None, all components, is "
+                             "KernelHebbianPCA's: a stream has no fixed number of samples)")
+    r = int(model.n_components)
+    if model.gain_decay is not None and model.tau is not None:
+        raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
+    gain_decay, tau = None, None
+    if model.tau is not None:
+        tau = float(model.tau)
+    else:
+        gain_decay = DEFAULT_GAMMA if model.gain_decay is None else float(model.gain_decay)
+    mm = int(model.max_members)
+    if mm < r:
+        raise ParameterError(
+            f"max_members ({mm}) must be at least n_components ({r}): the components live "
+            "in the dictionary's span"
+        )
+    block_rows = int(config.get("block-rows", model.block_rows))
+    prefetch = int(config.get("prefetch", model.prefetch))
+    if block_rows < 1:
+        raise ParameterError(f"block_rows must be positive, got {block_rows}")
+    if prefetch < 1:
+        raise ParameterError(f"prefetch must be positive, got {prefetch}")
+    # every value of the table, with those resolved here
+    return dict(get_params(model, ONLINE), algorithm=algorithm, n_components=r,
+                eta0=float(model.eta0), gain_decay=gain_decay, tau=tau,
+                nu=None if model.nu is None else float(model.nu), max_members=mm,
+                center=bool(model.center), block_rows=block_rows, prefetch=prefetch)
+
+
+def run_attrs(model: OnlineKernelPCA, p: dict, kernel: Kernel, store_path, n_samples: int,
+              n_features: int, n_steps: int) -> dict:
+    """The attrs saved with the components: the table's saved rows, resolved, and the run's."""
+    attrs = saved_attrs(ONLINE, dict(p, seed=int(model.seed)), kernel)
+    attrs.update({
+        "feature_norm": p["feature_norm"],
+        "gain": p["gain"],
+        "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
+        "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1), "store": store_path,
+        "n_samples": int(n_samples), "n_features": int(n_features), "init": "random",
+        "dkha_version": __version__})
+    return attrs
 
 
 def input_axes(model: OnlineKernelPCA) -> np.ndarray:

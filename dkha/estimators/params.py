@@ -399,15 +399,23 @@ def identity_attrs(*models: str) -> dict[str, str | None]:
 
 
 def saved_attrs(model: str, values, kernel) -> dict:
-    """``{attr: value}`` of every saved row of ``model``, ``values`` the resolved settings (an
-    object with the rows' names as attributes, or a dict), and the resolved ``kernel``: its
-    name (the row ``kernel``) and its parameters (the ``kernel_param`` rows, e.g. the
-    median-distance ``sigma``; a callable's ``kernel_params``) once, as ``kernel_parameters``."""
-    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+    """``{attr: value}`` of every saved row of ``model``, ``values`` the resolved settings (a
+    dict: the estimator's ``get_params`` with the values resolved; a row it lacks is refused
+    with a ``KeyError``, never saved as ``None``), and the resolved ``kernel``: its name (the
+    row ``kernel``) and its parameters (the ``kernel_param`` rows, e.g. the median-distance
+    ``sigma``; a callable's ``kernel_params``) once, as ``kernel_parameters``."""
+    get = values.__getitem__
     attrs = {p.attr: kernel.name if p.name == "kernel" else get(p.name)
              for p in parameters(model) if p.attr is not None}
     attrs["kernel_parameters"] = kernel.param_dict
     return attrs
+
+
+def saved_rows(model: str) -> tuple[tuple[str, str], ...]:
+    """``(parameter, attr)`` of every saved row of ``model``: what a fit saves, each under its
+    attr, with its value as the fit resolved it or, where it resolves none, as the estimator's
+    ``get_params`` holds it (:func:`dkha.fit.run_dir.run_attrs`)."""
+    return tuple((p.name, p.attr) for p in parameters(model) if p.attr is not None)
 
 
 def from_attrs(model: str, attrs: dict) -> dict:

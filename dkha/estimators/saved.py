@@ -15,6 +15,16 @@ def load(run_dir: str | os.PathLike) -> KernelHebbianPCA | OnlineKernelPCA:
     ``partial_fit`` exactly where the run ended; :class:`~dkha.KernelHebbianPCA` continues with
     more passes through ``fit(store, run_dir=RUN_DIR, resume=True)`` (see its ``from_dataset``).
 
+    Parameters
+    ----------
+    run_dir : str or os.PathLike
+        The run directory (holding ``components.zarr``).
+
+    Returns
+    -------
+    KernelHebbianPCA or OnlineKernelPCA
+        The fitted estimator (a batch run's with its ``timings_``).
+
     Examples
     --------
     >>> import dkha                                  # doctest: +SKIP

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 from sklearn.utils import check_random_state
 
+from dkha.data.result import projection_array
 from dkha.errors import NullComponentWarning
-from dkha.estimators.pictures import projection_array
 from dkha.fit.ridge import learned_preimage as fit_learned_preimage
 
 

@@ -19,6 +19,7 @@ import logging
 
 import numpy as np
 
+from dkha.algorithms import is_exact
 from dkha.engine.budget import configured_budget
 from dkha.errors import ParameterError
 from dkha.fit.spectrum import clip_eigenvalues
@@ -32,6 +33,30 @@ log = logging.getLogger(__name__)
 def default_landmarks_for(n_samples: int, n_components: int) -> int | None:
     """:func:`~dkha.solvers.batch.default_landmarks` within ``dkha.memory-budget``."""
     return default_landmarks(n_samples, n_components, budget=configured_budget())
+
+
+def start_of(init, algorithm: str, n_samples: int, r: int) -> tuple[str, int | None]:
+    """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
+    (``None``: the Nyström start with :func:`default_landmarks_for` landmarks, the random start
+    for the exact solver)."""
+    if init is None and is_exact(algorithm):
+        return "random", None
+    if init is None:
+        m = default_landmarks_for(n_samples, r)
+        return ("nystrom", m) if m else ("random", None)
+    init = str(init)
+    if init == "random":
+        return "random", None
+    kind, _, m = init.partition(":")
+    if kind in ("random", "nystrom"):
+        try:
+            m = int(m)
+        except ValueError:
+            m = -1
+        if not 0 < m < n_samples:
+            raise ParameterError(f"init {init!r}: M must be an integer in 1..{n_samples - 1}")
+        return kind, m
+    raise ParameterError(f"unknown init {init!r}; use 'random', 'random:M' or 'nystrom:M'")
 
 
 def landmark_rows(engine, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

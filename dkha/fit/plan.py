@@ -20,6 +20,10 @@ its reason and the estimates are recorded with the run (:meth:`Plan.attrs`).
 
 The paper's algorithms stay one option away (``algorithm="kha-smd"`` etc.), with their own
 Nyström or random starts and gains.
+
+:func:`route` is the one place ``auto`` is resolved: asked with options of the KHA iterations
+it runs KHA-SMD, with no component or all of them the exact solver, else the path of the
+cost model's :class:`Plan`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 from distributed import Client
 
 from dkha import config
-from dkha.algorithms import KRYLOV
+from dkha.algorithms import AUTO, KHA_DEFAULT, KRYLOV
 from dkha.engine.cluster import blas_limit, total_threads
 from dkha.engine.content import on_sample
 
@@ -56,6 +60,52 @@ DENSE_PRODUCT_BYTES_PER_SECOND = 4e9
 AUTO_KRYLOV_TOL = 1e-6
 #: the probe tile: rows × columns of kernel entries timed here
 PROBE_ROWS, PROBE_COLUMNS = 256, 2048
+
+
+#: options of the KHA iterations: given with ``algorithm="auto"``, they make it KHA-SMD
+KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init")
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a batch model asked for runs (:func:`route`)."""
+
+    #: the algorithm the run is saved under and takes its defaults from: the one asked,
+    #: or KHA-SMD for ``auto`` given options of the KHA iterations
+    named: str
+    #: what runs: a KHA algorithm, ``krylov``, ``dense``, or ``auto`` while the cost model is
+    #: still to be asked (:func:`route` again with the :class:`Plan`)
+    runs: str
+    #: why ``auto`` was resolved so, where it was (``None``: the algorithm asked, or the plan's)
+    reason: str | None = None
+    plan: Plan | None = None
+
+    def attrs(self) -> dict:
+        """The choice as run attrs: the plan's, or the path and its reason."""
+        if self.plan is not None:
+            return self.plan.attrs()
+        return {} if self.reason is None else {"path": self.runs, "path_reason": self.reason}
+
+
+def route(asked: str, params, n_components: int, n_samples: int,
+          plan: Plan | None = None) -> Route:
+    """The one resolution of ``algorithm="auto"`` (any other ``asked`` runs as it is), without
+    changing anything: with options of the KHA iterations given (:data:`KHA_OPTIONS` not
+    ``None`` in ``params``, the estimator's parameters) KHA-SMD, their default before ``auto``
+    (the default path takes no passes or gains); with no component or all ``l − 1`` of them the
+    exact solver; else the path of ``plan``, the cost model's (``runs="auto"`` until it is
+    given: it needs the data and the workers, :func:`plan_fit`)."""
+    if asked != AUTO:
+        return Route(asked, asked)
+    given = [n for n in KHA_OPTIONS if params.get(n) is not None]
+    if given:
+        return Route(KHA_DEFAULT, KHA_DEFAULT, f"{', '.join(given)} given: options of the KHA "
+                     f"iterations, so {KHA_DEFAULT} (the default path takes no passes or gains)")
+    if not 0 < n_components < n_samples - 1:
+        return Route(AUTO, KRYLOV)
+    if plan is None:
+        return Route(AUTO, AUTO)
+    return Route(AUTO, plan.path, plan=plan)
 
 
 @dataclass

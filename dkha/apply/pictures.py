@@ -1,13 +1,15 @@
-"""What a run's components look like and where they respond, for patch data.
+"""What a run's components look like, for patch data: the named step after a batch fit of
+image patches (:func:`add_component_pictures`).
 
 * :func:`component_images` — each component's pre-image as a picture
   ``component_image (component, patch_row, patch_col)``: the input-space patch whose image in
   feature space is closest to the point two standard deviations along the component from the
-  mean (:class:`dkha.apply.preimage.RunPreimages`, the pre-images dkha denoises with);
-* :func:`projection_array` — the training samples' projections ``projection (sample,
-  component)`` with the data store's provenance coordinates (image, image_name, row, col), so
-  ``projection.set_index(sample=["image", "row", "col"]).unstack()`` is a response map per
-  image and component.
+  mean (:class:`dkha.apply.preimage.RunPreimages`, the pre-images dkha denoises with).
+
+Where the components respond is the run's ``projection (sample, component)`` with the data
+store's provenance coordinates (:func:`dkha.data.result.projection_array`), so
+``projection.set_index(sample=["image", "row", "col"]).unstack()`` is a response map per image
+and component.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import numpy as np
 import xarray as xr
 
 from dkha.apply.preimage import RunPreimages
-from dkha.data.result import sample_coords
+from dkha.data import result
 from dkha.data.store import DataStore
+from dkha.engine.cluster import client_for
 from dkha.progress import phase
 
 log = logging.getLogger(__name__)
@@ -32,16 +35,6 @@ def is_patch_store(store: DataStore) -> bool:
     """Whether the store holds square image patches (``dkha ingest images``)."""
     patch = store.attrs.get("patch")
     return patch is not None and int(patch) ** 2 == store.n_features
-
-
-def projection_array(C: np.ndarray, store: DataStore | None) -> xr.DataArray:
-    """``projection (sample, component)`` from ``C = A K'`` (component × sample), with the
-    store's provenance coordinates."""
-    coords = {"component": np.arange(C.shape[0])}
-    if store is not None and store.rows is None:    # (written from an array: no provenance)
-        coords.update(sample_coords(store.path))
-    return xr.DataArray(np.ascontiguousarray(np.asarray(C, dtype=np.float64).T),
-                        dims=("sample", "component"), coords=coords, name="projection")
 
 
 def component_images(ds: xr.Dataset, client, store: DataStore, spread: np.ndarray, *,
@@ -66,3 +59,19 @@ def component_images(ds: xr.Dataset, client, store: DataStore, spread: np.ndarra
                         attrs={"meaning": f"pre-image of the mean + {PICTURE_DEVIATIONS:g} "
                                           "standard deviations along the component",
                                "method": pre.method})
+
+
+def add_component_pictures(ds: xr.Dataset, store: DataStore, *, client=None,
+                           run_dir: str | None = None) -> xr.DataArray:
+    """The step after a batch fit of image patches: the pictures of the fitted run ``ds`` (its
+    ``components.zarr`` dataset, with the training ``projection``), on the cluster ``client``
+    names (:func:`dkha.engine.cluster.client_for`; none for at most ``dkha.inline-samples``
+    samples), added to the saved run in ``run_dir`` if given. The spread of each component is
+    its training projections' standard deviation; the seed is the run's."""
+    # the projections as the fit computed them (component × sample): the same bits of spread
+    spread = np.ascontiguousarray(ds["projection"].values.T).std(axis=1)
+    with client_for(client, samples=store.n_samples) as c:
+        pictures = component_images(ds, c, store, spread, seed=int(ds.attrs["seed"]))
+    if run_dir is not None:
+        result.add_variable(run_dir, pictures)
+    return pictures

@@ -1,0 +1,194 @@
+"""The run directory of a batch fit, owned here end to end: the attrs it is saved with (built
+once, :func:`run_attrs`, and completed once the model is fitted, :func:`finished_attrs`), its
+checks before any work (:func:`check_run_dirs`), its checkpoints (opened and resumed,
+:func:`open_runs`; dropped when a fresh fit fails for good), and the run written at the end
+(:func:`write_run`: ``components.zarr``, ``timings.json``, the spent checkpoints cleared).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+
+from dkha.data import result
+from dkha.data.checkpoint import Checkpointer, open_fit
+from dkha.data.store import DataStore
+from dkha.engine.budget import block_rows_for
+from dkha.errors import InputError, ParameterError, RunDirectoryError
+from dkha.fit.kha_stream import save_checkpoint
+from dkha.fit.plan import Route
+from dkha.fit.request import (
+    FitRequest,
+    ModelFit,
+    ModelRequest,
+    ModelSettings,
+    RunOptions,
+    StreamSettings,
+)
+from dkha.version import __version__
+
+
+def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelSettings, route: Route,
+              kernel) -> dict:
+    """The attrs a model's run is saved with (they also tell runs apart): every saved row of
+    the estimator's table (``request.saved``) with its value as resolved (``settings``, the
+    seed, the kernel's name) or, where the fit resolves none, as asked (``model.params``, the
+    estimator's ``get_params``), the kernel's parameters as resolved, the data and the length,
+    and why ``auto`` ran what it ran."""
+    store = request.store
+    resolved = dict(vars(settings), seed=int(request.stream.seed), kernel=kernel.name)
+    attrs = {}
+    for name, attr in request.saved:
+        if name in resolved:
+            attrs[attr] = resolved[name]
+        elif name in model.params:
+            attrs[attr] = model.params[name]
+        else:
+            raise KeyError(f"the saved parameter {name!r} is neither resolved by the fit nor "
+                           "among the estimator's parameters")
+    attrs["kernel_parameters"] = kernel.param_dict
+    attrs.update({
+        "n_steps": settings.n_steps,
+        "passes": settings.n_steps / store.n_samples,
+        "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
+        "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
+        "dkha_version": __version__,
+        "centering": "exact" if settings.center_sample is None else "sample"})
+    attrs.update(route.attrs())
+    return attrs
+
+
+def finished_attrs(attrs: dict, res, solver, meta: dict) -> dict:
+    """A fitted model's attrs: ``attrs`` with the top eigenvalues, the state kept where an
+    earlier pass was better than the end, and the KHA gains as applied."""
+    if res.failure is not None:
+        return attrs
+    a = dict(attrs, top_eigenvalues=None if res.top_eigenvalues is None
+             else [float(v) for v in res.top_eigenvalues])
+    if res.kept is not None:    # an earlier pass was better than the end: its state
+        a["kept_state"] = dict(res.kept)
+    if solver is not None:      # the gains as applied (eta0 and mu in units of κ̄)
+        a.update(solver.effective_gains(), eta0_applied=solver.eta0,
+                 start_deficit=meta.get("start_deficit"))
+    return a
+
+
+def check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, resume: bool,
+                   overwrite: bool, identity) -> None:
+    """Refuse run directories inside the data store, and (unless resuming) every directory
+    that may not be written, before any is cleared."""
+    if "://" not in store.path:
+        real_store = os.path.realpath(store.path)
+        for run_dir in run_dirs:
+            real_run = os.path.realpath(run_dir)
+            if real_run == real_store or real_run.startswith(real_store + os.sep):
+                raise RunDirectoryError(f"the run directory {run_dir} is inside the data "
+                                        f"store {store.path} being read; write the run elsewhere")
+    if not resume:
+        for run_dir, a in zip(run_dirs, attrs):
+            result.check_run_dir(run_dir, a, overwrite, identity)
+
+
+def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> list:
+    """The checkpoints to resume several models from: the newest step that all of them hold (a
+    stop between two models' checkpoints leaves some a step ahead), at most ``n_steps``."""
+    step = min(ck.step for ck in cks)
+    out = []
+    for c, ck in zip(checkpointers, cks):
+        if ck.step != step:
+            ck = c.at_step(step)
+            if ck is None:
+                raise InputError(f"cannot resume {c.run_dir}: the models' checkpoints are at "
+                                 f"different steps and none at step {step} is left")
+        if ck.step > n_steps:
+            raise ParameterError(f"cannot resume {c.run_dir}: its checkpoint is at step {ck.step}, "
+                                 f"beyond the {n_steps} steps asked for; ask for more passes")
+        out.append(ck)
+    return out
+
+
+def open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSettings,
+              attrs: list[dict], asked: str, opts: RunOptions, recorded: list):
+    """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
+    # what else a bit-identical continuation needs: the blocks and where they are projected
+    exact = {"block_rows": block_rows_for(store.n_samples, stream.block_rows),
+             "projections": asked, "evaluate_every": int(stream.evaluate_every)}
+    # a longer run continues a shorter one exactly: the step count does not identify a run
+    resume_identity = {**{k: f for k, f in opts.identity.items() if k != "n_steps"},
+                       "n_samples": None, "n_features": None}
+    run_dirs = opts.run_dirs
+    if run_dirs is not None:
+        check_run_dirs(run_dirs, store, attrs, resume=opts.resume, overwrite=opts.overwrite,
+                       identity=opts.identity)
+    opened = [open_fit(d, a, overwrite=opts.overwrite, resume=opts.resume,
+                       checkpoint_every=opts.checkpoint_every or opts.checkpoint_steps,
+                       exact=exact, identity=opts.identity, resume_identity=resume_identity)
+              for d, a in zip(run_dirs or [None] * len(settings), attrs)]
+    checkpointers = None if run_dirs is None else [o[0] for o in opened]
+    metas = [o[2] for o in opened]
+    for i, meta in enumerate(metas):    # what a bare resume repeats
+        meta.update(params=dict(recorded[i]),
+                    checkpoint_every=opts.checkpoint_every, checkpoint_steps=opts.checkpoint_steps)
+    cks = None
+    if opts.resume:
+        cks = common_step(checkpointers, [o[1] for o in opened], settings[0].n_steps)
+    return checkpointers, metas, cks
+
+
+@contextlib.contextmanager
+def settings_dropped_on_failure(run_dirs: Sequence[str] | None, resume: bool):
+    """A fresh fit that fails for good (not stopped and not a lost cluster: exit code 75) leaves
+    no checkpoint of its settings alone (step 0, which the exact paths write before any work):
+    there is nothing to resume, and a fit into the run directory again is not refused."""
+    try:
+        yield
+    except Exception as exc:
+        if run_dirs and not resume and getattr(exc, "exit_code", None) != 75:
+            for d in run_dirs:
+                if Checkpointer(d).steps() == [0]:
+                    Checkpointer(d).clear()
+        raise
+
+
+def dataset_of(fit: ModelFit):
+    """The ``components.zarr`` dataset of a fitted model."""
+    return result.build_dataset(fit.alpha, fit.eigenvalues, fit.result.history, fit.attrs,
+                                mk=fit.mk, mkm=fit.mkm, extra={"projection": fit.projection},
+                                backoffs=fit.result.backoffs)
+
+
+def write_run(run_dir: str, ds, timings: dict | None, *, spent: Checkpointer | None = None,
+              final: ModelFit | None = None) -> str:
+    """Write a run directory: ``ds`` as ``components.zarr``, the ``timings`` as
+    ``timings.json``; then clear its ``spent`` checkpoints (in that order: a stop between the
+    two leaves a run that still resumes) or, with ``final``, write that fit's last state as its
+    one checkpoint (a fit with more passes continues it exactly where it ended). Returns the
+    path of ``components.zarr``."""
+    out = result.save(ds, run_dir)
+    if timings:
+        result.save_timings(timings, run_dir)
+    if spent is not None:
+        spent.clear()
+    if final is not None:
+        checkpointer = Checkpointer(run_dir)
+        checkpointer.clear()
+        res = final.result
+        save_checkpoint(checkpointer, final.solver, final.mk, final.mkm, history=res.history,
+                        top_eigenvalues=res.top_eigenvalues, fit_seconds=res.wall_time,
+                        meta=final.meta, n_steps=int(final.attrs["n_steps"]))
+    return out
+
+
+def write_runs(fits: list[ModelFit], run_dirs: Sequence[str] | None) -> list[ModelFit]:
+    """Each completed model saved in its run directory (if any), its checkpoints cleared."""
+    if run_dirs is None:
+        return fits
+    out = []
+    for f, d in zip(fits, run_dirs):
+        if f.failure is None:
+            write_run(d, dataset_of(f), f.timings, spent=f.checkpointer)
+            f = replace(f, run_dir=d)
+        out.append(f)
+    return out
