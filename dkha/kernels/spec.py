@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -125,10 +126,11 @@ class KernelSpec:
     def __reduce_ex__(self, protocol):
         # a registered spec travels by name and module: the receiving process imports the
         # module (which registers it) where it has none of that name yet; one of a script
-        # (__main__, which a worker cannot import) or not registered travels by value
+        # (__main__, which a worker cannot import), of no module, or not registered travels
+        # by value
         with _LOCK:
             origin = _ORIGIN.get(self.name) if _SPECS.get(self.name) is self else None
-        if origin not in (None, "__main__"):
+        if origin in sys.modules and origin != "__main__":
             return _registered_spec, (self.name, origin)
         return super().__reduce_ex__(protocol)
 
@@ -219,6 +221,8 @@ def register_kernel(spec: KernelSpec) -> KernelSpec:
 def _origin_of(spec: KernelSpec) -> str:
     """The module that defines the spec's functions (where its workers find it)."""
     fn = spec.tile or spec.block
+    while isinstance(getattr(fn, "func", None), Callable):      # functools.partial
+        fn = fn.func
     return getattr(fn, "__module__", None) or "?"
 
 
