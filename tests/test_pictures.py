@@ -286,3 +286,29 @@ def test_runs_hold_and_report_only_what_was_measured():
                 "excess error E/E_min − 1"} & set(rows)
     kha = dict(settings_rows(ritz, None))
     assert kha["μ (meta-gain)"] == "0.3" and kha["passes done"] == "2"
+
+
+def test_maps_and_transform_send_no_large_graph(sampled_run, photo_run):
+    """``dkha maps`` and ``dkha transform`` send the images and the run's ``alpha`` and ``mk`` to
+    the workers once, as data, and read the run without the cluster: no graph carries data.
+    Distributed's large-graph warning lowered to sizes these small runs reach only with data
+    inside (maps: 16 kB, the images' patches are 69 kB, the run read through dask 27 kB;
+    transform: 8 kB, ``alpha`` and ``mk`` are 11 kB): no warning, and the same results."""
+    d, _ = sampled_run
+
+    def quiet(*argv, threshold):
+        with contextlib.chdir(d):
+            p = dkha_in_process(*argv, config={
+                "distributed.admin.large-graph-warning-threshold": threshold})
+        assert p.returncode == 0, p.stderr
+        assert not [str(w.message) for w in p.warnings if "large graph" in str(w.message)]
+        assert "large graph" not in p.stderr
+
+    quiet("maps", "sampled", "camera.png", "coins.png", "-o", "quiet.zarr", threshold="16kB")
+    quiet("transform", "run", "patches.zarr", "-o", "quiet-projected.zarr", threshold="8kB")
+    maps = xr.open_zarr(d / "maps.zarr")["response"].values
+    assert np.array_equal(xr.open_zarr(d / "quiet.zarr")["response"].values, maps,
+                          equal_nan=True)
+    projected = xr.open_zarr(d / "projected.zarr")["projection"].values
+    assert np.array_equal(xr.open_zarr(d / "quiet-projected.zarr")["projection"].values,
+                          projected)

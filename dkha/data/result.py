@@ -256,7 +256,8 @@ def load(run_dir: str) -> xr.Dataset:
         raise InputError(f"{run_dir} is not a dkha run directory (no {COMPONENTS}); "
                          "fit one with `dkha fit`")
     try:
-        ds = xr.open_zarr(comp, consolidated=False).load()
+        # read here, not through dask: no graph for the cluster (27 kB for a small run)
+        ds = xr.open_zarr(comp, consolidated=False, chunks=None).load()
     except Exception as exc:  # noqa: BLE001 - unreadable in any way: one line
         raise InputError(f"cannot read {comp}: {exc}") from None
     if "alpha" not in ds:

@@ -239,6 +239,16 @@ def _active_client():
     return c if c.status == "running" else None
 
 
+def shared(client, *values, broadcast: bool = False) -> list:
+    """``values``, arguments that many tasks use, as the cluster should get them: scattered once
+    as data (futures, copied to every worker with ``broadcast``), so that no graph carries them
+    (10 MB in a graph: distributed's "Sending large graph" warning, and the scheduler's time);
+    as they are where no cluster runs the tasks (``client`` None, or tasks run inline)."""
+    if client is None or isinstance(client, InlineClient):
+        return list(values)
+    return client.scatter(list(values), broadcast=broadcast, hash=False)
+
+
 def shares_process(client) -> bool:
     """Whether the workers of ``client`` are this process (the in-process cluster, or tasks run
     inline): their tasks see this process's memory and settings, nothing is copied."""

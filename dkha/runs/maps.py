@@ -3,9 +3,9 @@
 A run fitted on image patches (``dkha ingest images``, possibly a ``--max-samples`` draw of the
 positions) holds the training projections only at the positions it kept. A response map is the
 projection of *every* position of an image's patch grid (the training store's ``patch`` and
-``step``): the images are cut into patches exactly as ingest cuts them
-(:func:`dkha.data.patches.extract_patches`) and projected blockwise on the workers by the
-transform's tasks (:func:`dkha.runs.transform.project_blocks`: the same kernel rows, the same
+``step``): the images are sent to the workers once, each task cuts its block of patches
+exactly as ingest cuts them (:func:`dkha.data.patches.extract_patches`), and the blocks are
+projected by the transform's tasks (:func:`dkha.runs.transform.project_blocks`: the same kernel rows, the same
 centering with the training ``mk``, ``mkm``). The result is
 ``response (component, image, row, col)`` with the images' names as the ``image`` coordinate;
 grid positions outside a smaller image's grid are NaN, every patch position of an image is a
@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
 
 from dkha.data.ingest import grey_values
-from dkha.data.patches import extract_patches, patch_grid
-from dkha.engine.cluster import client_for
+from dkha.data.patches import patch_grid, patch_windows
+from dkha.engine.cluster import client_for, shared
 from dkha.errors import InputError, RunDirectoryError
 from dkha.progress import phase
 from dkha.runs.run import Run, as_run
@@ -99,13 +100,13 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
         labels.append(_display_name(name) if names is None else str(names[i]))
     if len(set(labels)) != len(labels):
         labels = [f"{i}: {n}" for i, n in enumerate(labels)]
-    # the patches as a dask array, a task per block, projected on the workers
-    parts = [da.from_array(extract_patches(img, patch, step), chunks=(int(block), -1))
-             for img in pictures]
-    phase(f"response maps: projecting {sum(len(p) for p in parts)} patches of {len(pictures)} "
-          "images on the workers")
-    with client_for(client):
-        flat = project_blocks(run, da.concatenate(parts, axis=0)).compute()
+    phase(f"response maps: projecting {sum(g[0] * g[1] for g in grids)} patches of "
+          f"{len(pictures)} images on the workers")
+    with client_for(client) as c:
+        # the images go to the workers once, as data; each task cuts its block of patches
+        parts = [_patch_blocks(img, src, patch, step, int(block))
+                 for img, src in zip(pictures, shared(c, *pictures))]
+        flat = project_blocks(run, da.concatenate(parts, axis=0), client=c).compute()
     r = run.n_components
     rows, cols = max(g[0] for g in grids), max(g[1] for g in grids)
     out = np.full((r, len(pictures), rows, cols), np.nan)
@@ -122,6 +123,28 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
         attrs={"long_name": "projection on the component", "units": "1", "patch": patch,
                "step": step, "algorithm": run.attrs.get("algorithm"),
                "run_store": run.store_path})
+
+
+def _patch_blocks(img: np.ndarray, src, patch: int, step: int, block: int) -> da.Array:
+    """The patches of ``img`` (:func:`~dkha.data.patches.extract_patches`' rows) as a dask
+    array of ``block`` rows a chunk, each chunk cut by its task from ``src`` (the image, or its
+    future on the cluster)."""
+    rows, cols = patch_grid(img.shape, patch, step)
+    n = rows * cols
+    cut = dask.delayed(_cut_patches, pure=True)
+    return da.concatenate([
+        da.from_delayed(cut(src, patch, step, a, min(a + block, n), cols),
+                        shape=(min(a + block, n) - a, patch * patch), dtype=img.dtype)
+        for a in range(0, n, block)], axis=0)
+
+
+def _cut_patches(img: np.ndarray, patch: int, step: int, a: int, b: int, cols: int
+                 ) -> np.ndarray:
+    """Rows ``a:b`` of ``extract_patches(img, patch, step)``, cutting only the grid rows they
+    lie on (the grid ``cols`` wide)."""
+    first, last = a // cols, (b - 1) // cols + 1
+    band = patch_windows(img, patch, step)[first:last].reshape(-1, patch * patch)
+    return band[a - first * cols:b - first * cols]
 
 
 def _display_name(name: str) -> str:

@@ -17,7 +17,7 @@ import xarray as xr
 from dkha.data.atomic import write_zarr_atomically
 from dkha.data.result import sample_coords
 from dkha.data.store import open_store
-from dkha.engine.cluster import client_for
+from dkha.engine.cluster import client_for, shared
 from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, RunDirectoryError
 from dkha.progress import phase
@@ -55,18 +55,19 @@ def project(ds: xr.Dataset | Run, X: np.ndarray, *, client=None) -> np.ndarray:
         return run.engine(c).transform(X, run.ds["alpha"].values)
 
 
-def transform_lazy(ds: xr.Dataset | Run, new_store: str) -> xr.DataArray:
+def transform_lazy(ds: xr.Dataset | Run, new_store: str, *, client=None) -> xr.DataArray:
     """Projections of a data store's samples as a lazy, blockwise ``(sample, component)`` array.
 
     One dask task per chunk of the new store; each reads its chunk and the training chunks
     (cached per worker process) and projects them. Compute it under any Dask scheduler, or write
-    it with ``.to_zarr``.
+    it with ``.to_zarr``; with the ``client`` that will compute it, the run's coefficients are
+    sent to its workers once, not inside the graph (:func:`project_blocks`).
     """
     run = as_run(ds)
     ds = run.ds
     new = open_store(new_store, check_finite=True)
     run.check_features(new.n_features, new_store)
-    proj = project_blocks(run, da.from_zarr(new.array()))
+    proj = project_blocks(run, da.from_zarr(new.array()), client=client)
     return xr.DataArray(proj, dims=("sample", "component"),
                         coords={"component": ds["component"].values, **sample_coords(new.path)},
                         name="projection",
@@ -75,20 +76,27 @@ def transform_lazy(ds: xr.Dataset | Run, new_store: str) -> xr.DataArray:
                                "algorithm": ds.attrs["algorithm"]})
 
 
-def project_blocks(run: Run, X: da.Array) -> da.Array:
+def project_blocks(run: Run, X: da.Array, *, client=None) -> da.Array:
     """The lazy ``(n, n_components)`` projections of the rows of the dask array ``X``: one task
     per block of rows, each projecting against the training chunks (cached per worker process)
-    or an online run's dictionary."""
+    or an online run's dictionary. With the ``client`` that will compute it, the run's ``alpha``
+    and ``mk`` (or the dictionary) go to its workers once, as data
+    (:func:`~dkha.engine.cluster.shared`), not inside every task of the graph."""
     r = run.n_components
     if run.is_dictionary:
-        small = run.dictionary_part()
-        return X.map_blocks(lambda b: project_dictionary(small, b), dtype=np.float64,
+        (small,) = shared(client, run.dictionary_part(), broadcast=True)
+        return X.map_blocks(_project_dictionary_block, small, dtype=np.float64,
                             chunks=(X.chunks[0], (r,)))
     train = run.training_store()
     groups = tuple((a, b) for a, b in (train.chunk_bounds(i) for i in range(train.n_chunks)))
-    return X.map_blocks(_project_chunk, train.path, run.kernel, run.ds["mk"].values,
-                        float(run.ds.attrs["mkm"]), groups, run.alpha, dtype=np.float64,
+    mk, alpha = shared(client, run.ds["mk"].values, run.alpha, broadcast=True)
+    return X.map_blocks(_project_chunk, train.path, run.kernel, mk,
+                        float(run.ds.attrs["mkm"]), groups, alpha, dtype=np.float64,
                         chunks=(X.chunks[0], (r,)))
+
+
+def _project_dictionary_block(Xb, small):
+    return project_dictionary(small, Xb)
 
 
 def _project_chunk(Xc, path, kernel, mk, mkm, groups, alpha):
@@ -105,10 +113,11 @@ def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     if os.path.abspath(out) in (os.path.abspath(new_store), os.path.abspath(run.store_path)):
         raise RunDirectoryError(f"{out} is an input of this transform; write elsewhere")
-    proj = transform_lazy(run, new_store)
-    res = proj.to_dataset()
-    res.attrs = dict(proj.attrs)
-    return write_dataset(res, out, client=client)
+    with client_for(client) as c:
+        proj = transform_lazy(run, new_store, client=c)
+        res = proj.to_dataset()
+        res.attrs = dict(proj.attrs)
+        return write_dataset(res, out, client=c)
 
 
 def write_dataset(res: xr.Dataset, out: str, *, client=None) -> xr.Dataset:

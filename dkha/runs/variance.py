@@ -86,7 +86,7 @@ def explained_variance(ds: xr.Dataset | Run, client, *, samples: int | None = No
             total = float(np.mean(run.kernel.diagonal(X))) - float(ds.attrs["mkm"])
         return ExplainedVariance(var, total, n, True)
     if online:
-        Y = transform_lazy(run, store.path).data
+        Y = transform_lazy(run, store.path, client=client).data
         s1, s2 = client.gather(client.compute([Y.sum(axis=0), (Y * Y).sum(axis=0)]))
         l = store.n_samples
         mean = s1 / l
