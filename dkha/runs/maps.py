@@ -5,8 +5,8 @@ positions) holds the training projections only at the positions it kept. A respo
 projection of *every* position of an image's patch grid (the training store's ``patch`` and
 ``step``): the images are sent to the workers once, each task cuts its block of patches
 exactly as ingest cuts them (:func:`dkha.data.patches.extract_patches`), and the blocks are
-projected by the transform's tasks (:func:`dkha.runs.transform.project_blocks`: the same kernel rows, the same
-centering with the training ``mk``, ``mkm``). The result is
+projected by the transform's tasks (:func:`dkha.runs.transform.project_blocks`: the same
+kernel rows, the same centering with the training ``mk``, ``mkm``). The result is
 ``response (component, image, row, col)`` with the images' names as the ``image`` coordinate;
 grid positions outside a smaller image's grid are NaN, every patch position of an image is a
 number.
