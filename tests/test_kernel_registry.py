@@ -162,8 +162,9 @@ def test_krylov_on_the_row_engine(cluster, digits_store, digits, seed, fitted):
 
 @pytest.mark.slow
 def test_cli_finds_a_kernel_by_its_entry_point(tmp_path, digits_store):
-    """``dkha fit --kernel matern32`` in a fresh process: the kernel of an installed package's
-    ``dkha.kernels`` entry point (here a dist-info on the path naming this module's spec)."""
+    """``dkha fit --kernel matern32 --kernel-params length_scale=5.5`` in a fresh process: the
+    kernel of an installed package's ``dkha.kernels`` entry point (here a dist-info on the path
+    naming this module's spec), against dense eigh; an unknown name lists the registered ones."""
     dist = tmp_path / "site" / "dkha_matern-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dkha-matern\nVersion: 0.1\n")
@@ -174,20 +175,25 @@ def test_cli_finds_a_kernel_by_its_entry_point(tmp_path, digits_store):
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), tests_dir, env["PYTHONPATH"]])
     run = str(tmp_path / "run")
     out = subprocess.run(dkha_command("fit", digits_store.path, "-o", run, "--kernel",
-                                      "matern32", "--components", str(R)),
+                                      "matern32", "--kernel-params", "length_scale=5.5",
+                                      "--components", str(R)),
                          env=env, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     model = dkha.load(run)
     assert model.kernel_.name == "matern32" and model.kernel_.spec is MATERN32
+    assert model.kernel_.param_dict == {"length_scale": 5.5}
     X = digits_store.read_rows(np.arange(digits_store.n_samples))
-    assert model.kernel_["length_scale"] == pytest.approx(float(np.median(pdist(X))), rel=1e-12)
-    w = np.linalg.eigvalsh(centered(oracle_kernel(X, X, model.kernel_["length_scale"])))
+    w = np.linalg.eigvalsh(centered(oracle_kernel(X, X, 5.5)))
     np.testing.assert_allclose(model.eigenvalues_, w[::-1][:R], rtol=1e-8)
     bad = subprocess.run(dkha_command("fit", digits_store.path, "-o", str(tmp_path / "other"),
                                       "--kernel", "matern52"),
                          env=env, capture_output=True, text=True, timeout=300, check=False)
     assert bad.returncode != 0 and "unknown kernel 'matern52'" in bad.stderr
     assert "matern32" in bad.stderr          # the registered kernels are the choices
+    bad = subprocess.run(dkha_command("fit", digits_store.path, "-o", str(tmp_path / "other"),
+                                      "--kernel", "matern32", "--kernel-params", "length_scale"),
+                         env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert bad.returncode == 2 and "expected NAME=VALUE" in bad.stderr
 
 
 SCRIPT = '''

@@ -240,6 +240,9 @@ def cmd_tune(args) -> int:
                "gamma": "--kernel-gamma"}
     kernel = " ".join(f"{options[k]} {v!r}" for k, v in summary["kernel_parameters"].items()
                       if k in options)
+    rest = ",".join(f"{k}={v}" for k, v in summary["kernel_parameters"].items()
+                    if k not in options)
+    kernel += f" --kernel-params {rest}" if rest else ""
     for a, b in summary["best"].items():
         gains = f"--eta0 {b['eta0']:g}" + ("" if b["mu"] is None else f" --mu {b['mu']:g}")
         print(f"chosen {a}: {gains} (excess {b['excess']:.3e}), kept in {b['run_dir']}")

@@ -33,6 +33,21 @@ def float_list(s: str) -> list[float]:
                                          f"numbers, got {s!r}") from None
 
 
+def name_values(s: str) -> dict:
+    """``length_scale=2,nu=1.5`` → ``{"length_scale": 2.0, "nu": 1.5}`` (a value that is not a
+    number stays a string)."""
+    out = {}
+    for item in s.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE[,NAME=VALUE...], got {s!r}")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            out[name.strip()] = value.strip()
+    return out
+
+
 def storage_option(s: str) -> tuple[str, object]:
     try:
         return parse_storage_option(s)

@@ -16,12 +16,18 @@ import difflib
 import re
 
 from dkha.algorithms import KHA_DEFAULT
-from dkha.cli.options import add_cluster_options, add_storage_options, float_list, positive_int
+from dkha.cli.options import (
+    add_cluster_options,
+    add_storage_options,
+    float_list,
+    name_values,
+    positive_int,
+)
 from dkha.estimators.params import BATCH, add_options
 from dkha.names import BATCH_ALGORITHMS, config_default
 from dkha.version import __version__
 
-TYPES = {"positive_int": positive_int, "float_list": float_list}
+TYPES = {"positive_int": positive_int, "float_list": float_list, "name_values": name_values}
 
 
 class Parser(argparse.ArgumentParser):
