@@ -157,13 +157,6 @@ class DkhaTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEst
         tags.non_deterministic = False          # the seed fixes every random choice
         return tags
 
-    def _keep_complete_run(self, run_dir: str | None, checkpointer) -> None:
-        """Save a completed fit in ``run_dir`` (if any), then drop its checkpoints: they are
-        spent (in that order: a stop between the two leaves a run that still resumes)."""
-        if run_dir is not None:
-            self.save(run_dir)
-            checkpointer.clear()
-
     def _validate_params(self):
         """The parameter table's one check (scikit-learn's wording), raised as
         :class:`~dkha.estimators.params.InvalidParameter`: a :class:`~dkha.errors.ParameterError`

@@ -229,7 +229,6 @@ DataStore
         _check_dictionary(self._read_solver())
         self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs
-        self._keep_complete_run(run_dir, fit.checkpointer)
         return self
 
     @validated_fit

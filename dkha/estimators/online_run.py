@@ -3,44 +3,19 @@ fitted estimator back from it (see :mod:`dkha.estimators.online` for the schema)
 
 from __future__ import annotations
 
-import numpy as np
 import xarray as xr
 
 from dkha.data import result
 from dkha.errors import InputError
 from dkha.estimators.params import ONLINE, from_attrs
-from dkha.fit.online import new_solver
+from dkha.fit.online import new_solver, online_dataset
 from dkha.kernels import make_kernel
 
 
 def dataset_of(model) -> xr.Dataset:
     """A fitted :class:`~dkha.estimators.online.OnlineKernelPCA` as its ``components.zarr``
-    dataset, with the solver's complete state (so that :func:`dkha.load` continues it)."""
-    hist = model.history_
-    extra = {
-        "dictionary": (("member", "feature"), model.dictionary_),
-        "member_index": ("member", model.member_index_),
-        "member_step": ("member", model.member_step_),
-        "mean_coefficient": ("member", model.mean_coefficient_),
-        "ac_index": ("evaluation", np.array([h["ac_index"] for h in hist], dtype=np.float64)),
-        "members": ("evaluation", np.array([h["members"] for h in hist], dtype=np.int64)),
-        "explained_variance": (("evaluation", "component"), np.array(
-            [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
-                len(hist), model.solver_.r)),
-    }
-    # the solver's complete state, so that dkha.load continues the run (partial_fit)
-    arrays, scalars = model.solver_.snapshot()
-    extra.update({"state_B": (("component", "member"), arrays["B"]),
-                  "state_L": (("member", "member_column"), arrays["L"]),
-                  "state_cbar": ("member", arrays["cbar"]),
-                  "state_a_init": ("component", arrays["a_init"])})
-    if "exact_S" in arrays:         # the exact span's sums (dkha.solvers.online_exact)
-        extra.update({"state_exact_S": (("member", "member_column"), arrays["exact_S"]),
-                      "state_exact_s": ("member", arrays["exact_s"])})
-    attrs = dict(model.attrs_, members=int(model.dictionary_.shape[0]), state_scalars=scalars)
-    return result.build_dataset(model.alpha_, model.eigenvalues_, hist, attrs,
-                                member_dim="member", extra=extra,
-                                backoffs=getattr(model, "backoffs_", []))
+    dataset (:func:`dkha.fit.online.online_dataset`)."""
+    return online_dataset(model.solver_, model.history_, model.eigenvalues_, model.attrs_)
 
 
 def estimator_of(cls, ds: xr.Dataset):

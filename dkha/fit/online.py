@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 import dask.config
 import numpy as np
+import xarray as xr
 
 from dkha import config, schedule
+from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.sources import stream_blocks
 from dkha.data.store import DataStore
@@ -23,6 +25,7 @@ from dkha.errors import ParameterError
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import variance_of
+from dkha.fit.run_dir import write_run
 from dkha.kernels import Kernel
 from dkha.solvers.online import INIT_STD, NU_RELATIVE, OnlineKHA, sample_scales
 
@@ -232,4 +235,41 @@ def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_ste
         driver.close()
         fit.wall_time = driver.seconds
     fit.eigenvalues = eigenvalues_of(solver, source.sample(p["eigenvalue_samples"], seed))
+    if run_dir is not None:     # the run written, its spent checkpoints cleared
+        write_run(run_dir, online_dataset(solver, fit.history, fit.eigenvalues, attrs), None,
+                  spent=checkpointer)
     return fit
+
+
+def online_dataset(solver: OnlineKHA, history: list[dict], eigenvalues: np.ndarray,
+                   attrs: dict) -> xr.Dataset:
+    """A dictionary run's ``components.zarr`` dataset: ``solver``'s components and dictionary,
+    the ``history``, ``eigenvalues`` and ``attrs``, with the solver's complete state (so that
+    :func:`dkha.load` continues it)."""
+    hist = history
+    member_index, member_step = solver.members()
+    dictionary = solver.dictionary()
+    extra = {
+        "dictionary": (("member", "feature"), dictionary),
+        "member_index": ("member", member_index),
+        "member_step": ("member", member_step),
+        "mean_coefficient": ("member", solver.mean_coefficients()),
+        "ac_index": ("evaluation", np.array([h["ac_index"] for h in hist], dtype=np.float64)),
+        "members": ("evaluation", np.array([h["members"] for h in hist], dtype=np.int64)),
+        "explained_variance": (("evaluation", "component"), np.array(
+            [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
+                len(hist), solver.r)),
+    }
+    # the solver's complete state, so that dkha.load continues the run (partial_fit)
+    arrays, scalars = solver.snapshot()
+    extra.update({"state_B": (("component", "member"), arrays["B"]),
+                  "state_L": (("member", "member_column"), arrays["L"]),
+                  "state_cbar": ("member", arrays["cbar"]),
+                  "state_a_init": ("component", arrays["a_init"])})
+    if "exact_S" in arrays:         # the exact span's sums (dkha.solvers.online_exact)
+        extra.update({"state_exact_S": (("member", "member_column"), arrays["exact_S"]),
+                      "state_exact_s": ("member", arrays["exact_s"])})
+    attrs = dict(attrs, members=int(dictionary.shape[0]), state_scalars=scalars)
+    return result.build_dataset(solver.alpha(), eigenvalues, hist, attrs,
+                                member_dim="member", extra=extra,
+                                backoffs=list(solver.backoffs))
