@@ -9,7 +9,7 @@ import pytest
 
 from dkha import KernelHebbianPCA
 from dkha.data.result import history_of, load
-from dkha.fit.plan import AUTO_KRYLOV_TOL, auto_krylov_tol, choose_path
+from dkha.fit.plan import AUTO_KRYLOV_TOL, Plan, auto_krylov_tol, choose_path, route
 from tests.conftest import centered_kernel_oracle
 
 R, SIGMA = 4, 4.0
@@ -30,6 +30,34 @@ def residuals(alpha, Kc):
     KV = Kc @ V
     lam = np.einsum("ij,ij->j", V, KV)
     return np.linalg.norm(KV - V * lam, axis=0) / lam
+
+
+def test_auto_is_resolved_by_route_alone():
+    """``fit.plan.route`` is the one resolution of ``auto``: another algorithm runs as asked;
+    options of the KHA iterations make it KHA-SMD (saved so, with the reason); no or all
+    components, the exact solver (saved as auto); else the cost model's path once its plan is
+    given. It changes nothing it is given (a frozen Route)."""
+    import dataclasses
+
+    params = {"passes": None, "steps": None, "eta0": 0.5, "mu": None, "xi": None, "init": None}
+    asked = dict(params)
+    r = route("auto", params, 4, 100)
+    assert (r.named, r.runs) == ("kha-smd", "kha-smd") and r.reason.startswith("eta0 given")
+    assert r.attrs() == {"path": "kha-smd", "path_reason": r.reason}
+    assert params == asked
+    none = dict.fromkeys(params)
+    assert (route("kha-t", params, 4, 100).named, route("kha-t", params, 4, 100).runs) == (
+        "kha-t", "kha-t")
+    assert (route("auto", none, 99, 100).named, route("auto", none, 99, 100).runs) == (
+        "auto", "krylov")
+    waiting = route("auto", none, 4, 100)
+    assert (waiting.runs, waiting.plan, waiting.attrs()) == ("auto", None, {})
+    plan = Plan("dense", "small", {"dense": 1.0, "krylov": 2.0})
+    planned = route("auto", none, 4, 100, plan=plan)
+    assert (planned.named, planned.runs, planned.plan) == ("auto", "dense", plan)
+    assert planned.attrs() == plan.attrs()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        planned.runs = "krylov"
 
 
 def test_cost_model_chooses_by_memory_and_time():

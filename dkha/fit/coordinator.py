@@ -53,6 +53,7 @@ from dkha.fit.request import (
 from dkha.fit.run_dir import (
     finished_attrs,
     open_runs,
+    routed_attrs,
     run_attrs,
     settings_dropped_on_failure,
     write_runs,
@@ -228,7 +229,7 @@ def _fit(request: FitRequest, kernel, settings: list[ModelSettings], first: Rout
     # would be repeated by the heartbeat of a long-lived process)
     with stages, contextlib.ExitStack() as entering:
         first = _planned(request, kernel, first, p0, cks)
-        attrs[0] = {**attrs[0], **(first.plan.attrs() if first.plan is not None else {})}
+        attrs[0] = routed_attrs(attrs[0], first)
         checkpoints, cks = _exact_checkpoints(first, p0, checkpointers, metas, cks, opts)
         if first.runs == "dense":
             stages.close()

@@ -56,8 +56,12 @@ def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelSettings,
         "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
         "dkha_version": __version__,
         "centering": "exact" if settings.center_sample is None else "sample"})
-    attrs.update(route.attrs())
-    return attrs
+    return routed_attrs(attrs, route)
+
+
+def routed_attrs(attrs: dict, route: Route) -> dict:
+    """``attrs`` with what ``auto`` ran and why (:meth:`dkha.fit.plan.Route.attrs`)."""
+    return {**attrs, **route.attrs()}
 
 
 def finished_attrs(attrs: dict, res, solver, meta: dict) -> dict:
