@@ -240,3 +240,16 @@ def test_a_kernel_registered_by_a_script_reaches_dask_workers(tmp_path, digits):
     K = 1.0 / (1.0 + cdist(digits, digits, "sqeuclidean") / 9.0)
     w = np.linalg.eigvalsh(centered(K))[::-1][:R]
     np.testing.assert_allclose(json.loads(out.stdout.strip().splitlines()[-1]), w, rtol=1e-8)
+
+
+def test_the_online_estimator_takes_its_parameters(tmp_path, digits):
+    """OnlineKernelPCA fits with the registered kernel and its kernel_params, saves and loads
+    them (the parameters read back into kernel_params) and transforms to the same bits."""
+    model = dkha.OnlineKernelPCA(4, kernel="matern32", kernel_params={"length_scale": 5.5},
+                                 seed=1).fit(digits)
+    assert model.kernel_.param_dict == {"length_scale": 5.5}
+    model.save(str(tmp_path / "run"))
+    loaded = dkha.load(str(tmp_path / "run"))
+    assert loaded.get_params()["kernel_params"] == {"length_scale": 5.5}
+    assert loaded.kernel_ == model.kernel_
+    np.testing.assert_array_equal(loaded.transform(digits[:20]), model.transform(digits[:20]))

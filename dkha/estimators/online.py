@@ -148,7 +148,8 @@ class OnlineKernelPCA(DkhaTransformer):
                                  "dictionary needs the kernel of each new sample against the "
                                  "members); use KernelHebbianPCA")
         return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
-                              degree=self.degree, offset=self.offset, gamma=self.kernel_gamma)
+                              degree=self.degree, offset=self.offset, gamma=self.kernel_gamma,
+                              kernel_params=self.kernel_params)
 
     # -- fitting --
     @validated_fit

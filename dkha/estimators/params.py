@@ -136,7 +136,7 @@ PARAMETERS: tuple[Param, ...] = (
     Param("kernel_params", None, "Keyword arguments of a callable kernel; the parameters of a "
           "named kernel (those of a registered kernel that have no keyword here, e.g. a "
           "Matérn kernel's ``length_scale``).", dict,
-          models=(BATCH,), pipeline=False, doc_type="dict, optional",
+          pipeline=False, doc_type="dict, optional",
           cli={"type": "name_values", "metavar": "NAME=VALUE[,NAME=VALUE...]",
                "group": "kernel"},
           short="parameters of a kernel that have no option of their own (a registered "
