@@ -293,6 +293,29 @@ def test_checkpoint_right_after_a_pass_resumes_with_that_pass_evaluated(digits_s
     assert [h["excess"] for h in resumed.history_] == [h["excess"] for h in full.history_]
 
 
+def test_a_resumable_save_continues_bit_identical(digits_store, client, tmp_path):
+    """``save(RUN, resumable=True)`` writes the run and its final state as its one checkpoint
+    (through the fit's own writer, :func:`dkha.fit.run_dir.write_run`): a fit with more passes
+    resumed from it equals the uninterrupted fit bit for bit. A fit that keeps no solver state
+    (the default's exact paths) is refused in one line."""
+    from dkha import KernelHebbianPCA
+    from dkha.data.checkpoint import Checkpointer
+    from dkha.errors import ParameterError
+
+    kw = dict(algorithm="kha-smd", sigma=4.0, block_rows=40, evaluate_every=1, client=client)
+    full = KernelHebbianPCA(3, passes=3, **kw).fit(digits_store)
+    run = str(tmp_path / "run")
+    KernelHebbianPCA(3, passes=2, **kw).fit(digits_store).save(run, resumable=True)
+    assert Checkpointer(run).steps() == [2 * digits_store.n_samples]
+    resumed = KernelHebbianPCA(3, passes=3, **kw).fit(digits_store, run_dir=run, resume=True)
+    assert np.array_equal(resumed.alpha_, full.alpha_)
+    assert [h["excess"] for h in resumed.history_] == [h["excess"] for h in full.history_]
+    assert Checkpointer(run).steps() == []          # spent once the run is written
+    exact = KernelHebbianPCA(3, sigma=4.0).fit(digits_store)
+    with pytest.raises(ParameterError, match=r"resumable=True\) needs a fit of the KHA"):
+        exact.save(str(tmp_path / "exact"), resumable=True)
+
+
 # the default fit's Krylov path on the in-process cluster (3 000 samples: above
 # dkha.inline-samples), its products cut into 210 tiles so that each lasts a while
 KRYLOV_ENV = {"DASK_DKHA__DENSE_BYTES": "1e6", "DASK_DKHA__TILE_ROWS": "150"}

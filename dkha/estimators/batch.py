@@ -309,7 +309,7 @@ DataStore
             The path of the ``components.zarr`` written.
         """
         return write_run(run_dir, self.to_dataset(), getattr(self, "timings_", None),
-                         final=self._final if resumable else None)
+                         resumable=resumable, final=getattr(self, "_final", None))
 
     @classmethod
     def from_dataset(cls, ds) -> KernelHebbianPCA:

@@ -39,7 +39,6 @@ import numpy as np
 
 from dkha import config
 from dkha.apply.preimage import RunPreimages
-from dkha.data import result
 from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore
 from dkha.errors import DictionaryWarning, InputError, ParameterError
@@ -64,6 +63,7 @@ from dkha.fit.online import (
     scaled,
     seeded_rows,
 )
+from dkha.fit.run_dir import write_run
 from dkha.kernels import Kernel
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
 from dkha.version import __version__
@@ -358,7 +358,7 @@ DataStore
         str
             The path of the ``components.zarr`` written.
         """
-        return result.save(self.to_dataset(), run_dir)
+        return write_run(run_dir, self.to_dataset(), None)
 
     @classmethod
     def from_dataset(cls, ds) -> OnlineKernelPCA:

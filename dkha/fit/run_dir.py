@@ -164,12 +164,19 @@ def dataset_of(fit: ModelFit):
 
 
 def write_run(run_dir: str, ds, timings: dict | None, *, spent: Checkpointer | None = None,
-              final: ModelFit | None = None) -> str:
+              resumable: bool = False, final: ModelFit | None = None) -> str:
     """Write a run directory: ``ds`` as ``components.zarr``, the ``timings`` as
     ``timings.json``; then clear its ``spent`` checkpoints (in that order: a stop between the
-    two leaves a run that still resumes) or, with ``final``, write that fit's last state as its
-    one checkpoint (a fit with more passes continues it exactly where it ended). Returns the
-    path of ``components.zarr``."""
+    two leaves a run that still resumes) or, ``resumable``, write the ``final`` fit's last
+    state as its one checkpoint (a fit with more passes continues it exactly where it ended;
+    refused where there is none: the exact paths, a loaded run). Returns the path of
+    ``components.zarr``."""
+    if resumable and (final is None or final.solver is None):
+        raise ParameterError("save(resumable=True) needs a fit of the KHA iterations in this "
+                             "process (the exact paths and a loaded run keep no solver state "
+                             "to continue)")
+    if not resumable:
+        final = None
     out = result.save(ds, run_dir)
     if timings:
         result.save_timings(timings, run_dir)
