@@ -55,6 +55,7 @@ from dkha.estimators.params import (
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
 from dkha.fit.coordinator import resolve_kernel
 from dkha.fit.online import (
+    OnlineRequest,
     coordinator_threads,
     eigenvalues_of,
     fit_online,
@@ -63,6 +64,7 @@ from dkha.fit.online import (
     scaled,
     seeded_rows,
 )
+from dkha.fit.request import RunOptions, frozen_mapping
 from dkha.fit.run_dir import write_run
 from dkha.kernels import Kernel
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
@@ -211,22 +213,24 @@ DataStore
         l, n = source.n_samples, source.n_features
         n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
         attrs = run_attrs(self, p, kernel, _store_path(source), l, n, n_steps)
-        fit = fit_online(source, kernel, p, attrs, seed=self.seed, n_steps=n_steps,
-                         every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
-                         verbose=self.verbose, ac_reference=ac_reference, run_dir=run_dir,
-                         overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
-                         identity=IDENTITY, params=recorded_params(self, ONLINE))
+        fit = fit_online(OnlineRequest(
+            source=source, kernel=kernel, settings=frozen_mapping(p),
+            attrs=frozen_mapping(attrs), seed=self.seed, n_steps=n_steps,
+            every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
+            verbose=self.verbose, ac_reference=ac_reference,
+            run=RunOptions(run_dirs=None if run_dir is None else (os.fspath(run_dir),),
+                           overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
+                           identity=frozen_mapping(IDENTITY)),
+            params=frozen_mapping(recorded_params(self, ONLINE))))
         self.solver_ = fit.solver
         self.kernel_ = kernel
         self.n_features_in_ = n
-        self.history_ = fit.history
-        self.wall_time_ = fit.wall_time
+        self.history_, self.wall_time_ = fit.history, fit.wall_time
         self.stream_stats_ = fit.stream_stats
         self._reference_ = fit.reference
         self._params_ = p
         self._variance_sample_ = fit.variance_sample
-        self.n_samples_seen_ = n_steps
-        self.n_components_ = p["n_components"]
+        self.n_samples_seen_, self.n_components_ = n_steps, p["n_components"]
         _check_dictionary(self._read_solver())
         self.eigenvalues_ = fit.eigenvalues
         self.attrs_ = attrs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import dask.config
@@ -25,6 +25,7 @@ from dkha.errors import ParameterError
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, ACReference
 from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import variance_of
+from dkha.fit.request import RunOptions, frozen_mapping
 from dkha.fit.run_dir import write_run
 from dkha.kernels import Kernel
 from dkha.solvers.online import INIT_STD, NU_RELATIVE, OnlineKHA, sample_scales
@@ -177,24 +178,48 @@ class OnlineFit:
     checkpointer: Checkpointer | None = field(default=None, repr=False)
 
 
-def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_steps: int,
-               every: int, verbose: bool = False, ac_reference=None, run_dir=None,
-               overwrite: bool = False, checkpoint_every: int = 0,
-               resume: bool = False, identity=(), params: dict | None = None) -> OnlineFit:
-    """Stream ``n_steps`` samples of ``source`` in the seeded order through a new solver of the
-    resolved (and :func:`scaled`) settings ``p``, a history entry every ``every`` steps; with
-    ``run_dir`` checkpoints (every ``checkpoint_every`` steps) and ``resume`` as the batch fit's.
-    ``attrs``: the run's saved attrs, of which the keys ``identity`` tell runs apart;
-    ``params``: the estimator's parameters as asked for, recorded in the checkpoints (a bare
-    resume repeats them)."""
+@dataclass(frozen=True)
+class OnlineRequest:
+    """Everything one online fit is asked for, as its estimator validated it."""
+
+    source: object
+    kernel: Kernel
+    #: the resolved settings, with the scales read off the data (:func:`scaled`)
+    settings: Mapping
+    #: the run's saved attrs, of which the keys ``run.identity`` tell runs apart
+    attrs: Mapping
+    seed: int
+    n_steps: int
+    #: steps between history entries
+    every: int
+    verbose: bool = False
+    ac_reference: object = None
+    #: ``run_dirs``: the one run directory (or ``None``); checkpoints and resume as the batch
+    #: fit's (``checkpoint_every`` in steps)
+    run: RunOptions = field(default_factory=RunOptions)
+    #: the estimator's parameters as asked for, recorded in the checkpoints (a bare resume
+    #: repeats them)
+    params: Mapping = field(default_factory=frozen_mapping)
+
+
+def fit_online(request: OnlineRequest) -> OnlineFit:
+    """Stream ``request.n_steps`` samples of its source in the seeded order through a new
+    solver of its settings, a history entry every ``request.every`` steps, with checkpoints and
+    resume in its run directory, which is written at the end (:func:`online_dataset`,
+    :func:`dkha.fit.run_dir.write_run`)."""
+    source, kernel, p, seed = request.source, request.kernel, request.settings, request.seed
+    n_steps, every, opts = request.n_steps, request.every, request.run
+    run_dir = opts.run_dirs[0] if opts.run_dirs else None
+    attrs = dict(request.attrs)
+    checkpoint_every = int(opts.checkpoint_every or 0)
     # the block boundaries (hence the rounding) depend on these too
     exact = {"block_rows": p["block_rows"], "evaluate_every": every,
-             "ac_reference": describe_reference(ac_reference)}
-    checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=overwrite, resume=resume,
-                                         checkpoint_every=checkpoint_every, exact=exact,
-                                         identity=identity)
-    ck_meta.update(params=params, checkpoint_steps=int(checkpoint_every or 0))
-    reference = ac_reference_for(ac_reference, source, kernel, p["n_components"], seed)
+             "ac_reference": describe_reference(request.ac_reference)}
+    checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=opts.overwrite,
+                                         resume=opts.resume, checkpoint_every=checkpoint_every,
+                                         exact=exact, identity=opts.identity)
+    ck_meta.update(params=dict(request.params), checkpoint_steps=checkpoint_every)
+    reference = ac_reference_for(request.ac_reference, source, kernel, p["n_components"], seed)
     solver = new_solver(p, source.n_features, kernel, seed)
     solver.stream_length = source.n_samples
     fit = OnlineFit(solver, [], 0.0, {}, reference,
@@ -224,9 +249,10 @@ def fit_online(source, kernel: Kernel, p: dict, attrs: dict, *, seed: int, n_ste
         fit.history.append(entry)
         return entry
 
-    driver = BlockDriver(n_steps, solver.state.step, desc=p["algorithm"], verbose=verbose,
+    driver = BlockDriver(n_steps, solver.state.step, desc=p["algorithm"],
+                         verbose=request.verbose,
                          save=None if checkpointer is None else save,
-                         checkpoint_steps=int(checkpoint_every or 0), seconds=fit.wall_time)
+                         checkpoint_steps=checkpoint_every, seconds=fit.wall_time)
     try:
         run_online(solver, source, driver, seed=seed, n_steps=n_steps, every=every,
                    block_rows=p["block_rows"], prefetch=p["prefetch"],
