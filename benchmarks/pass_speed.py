@@ -40,7 +40,7 @@ from _data import load_average, patch_store, peak_rss_mb
 from dkha import KernelHebbianPCA
 from dkha.data.writer import StoreWriter
 from dkha.engine.tasks import center_block
-from dkha.solvers import reference
+from dkha.solvers.updates import smd
 
 
 def fit_seconds(store, r, *, passes=None, steps=None, workers=None, sigma=None, block=None,
@@ -79,7 +79,7 @@ def per_step_pass(X, kernel, mk, mkm, r, n_steps=40, seed=0):
     eta = np.full(r, 1e-3)
     t0 = time.perf_counter()
     for j, p in enumerate(P):
-        reference.smd_step(A, B, C, rho, int(p), rows[j], eta, 0.01, 0.99)
+        smd.per_step(A, B, C, rho, int(p), rows[j], eta, 0.01, 0.99)
     return (time.perf_counter() - t0) / n_steps * l
 
 

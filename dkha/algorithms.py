@@ -18,7 +18,8 @@ an algorithm's name (``tests/test_architecture.py`` checks that no name is spell
 module): a batch spec's gains (``eta0``, ``warm_eta0``, ``decays``, ``equalised``), whether it
 keeps ``C = A K'`` and has SMD's meta-gain ``μ``, and the in-block ``update`` that serves it; an
 online spec's ``update``. An update is named here and implemented in ``solvers/``, which maps
-each name to its code (:data:`dkha.solvers.batch.UPDATES`, :data:`dkha.solvers.online.UPDATES`):
+each name to its code (:data:`dkha.solvers.updates.TABLE`, one module per batch update;
+:data:`dkha.solvers.online.UPDATES`):
 this module is the bottom floor (it imports nothing of dkha but its errors), so it names the
 code it needs and the floor that holds the code looks it up, and the import graph shows every
 dependency.
@@ -36,7 +37,7 @@ from dkha.errors import ParameterError
 
 BATCH, EXACT, ONLINE, DEFAULT = "batch", "exact", "online", "default"
 
-#: the in-block updates of the batch family (:data:`dkha.solvers.batch.UPDATES`): GHA's step
+#: the in-block updates of the batch family (:data:`dkha.solvers.updates.TABLE`): GHA's step
 #: in feature space with given gains, and Stochastic Meta-Descent's (Algorithm 1: the gains'
 #: log ``ρ`` adapted with the meta-gain ``μ``, its state ``B = dA/dρ``)
 GHA, SMD = "gha", "smd"

@@ -30,24 +30,40 @@ def registered(monkeypatch):
     return algorithms.register(CONSTANT_ET)
 
 
-def per_step(Kc: np.ndarray, A: np.ndarray, order: np.ndarray, eta0: float) -> np.ndarray:
-    """GHA in feature space, ``w_i ← w_i + η_i y_i (Φ'(x_p) − Σ_{j≤i} y_j w_j)``, one sample
-    of ``order`` at a time, with ``η_i = η0/κ̄ · λ_r/λ_i`` and ``λ`` by eq. 13 from ``A K'`` at
-    each pass's start."""
+def per_step(Kc: np.ndarray, A: np.ndarray, order, eta0: float, *, decays: bool = False,
+             rule=None) -> np.ndarray:
+    """GHA in feature space, ``w_i ← w_i + d_i y_i (Φ'(x_p) − Σ_{j≤i} y_j w_j)``, one sample
+    of ``order`` at a time, with ``d = η``, ``η_i = η0/κ̄ · λ_r/λ_i`` (times ``l/(t + l)`` where
+    the gains ``decays``) and ``λ`` by eq. 13 from ``A K'`` at each pass's start; ``rule``:
+    ``d = rule(η, y)`` instead (``y = A k'_p``)."""
     l = len(Kc)
-    d = np.diag(Kc)
-    kappa = float(np.sum(d * d) / np.sum(d))
+    diag = np.diag(Kc)
+    kappa = float(np.sum(diag * diag) / np.sum(diag))
     A = A.copy()
     for t, p in enumerate(order):
         if t % l == 0:
             C = A @ Kc
             lam = np.sqrt(np.sum(C * C, axis=1) / np.sum(A * A, axis=1))
-            eta = eta0 / kappa * lam.min() / lam
+        eta = eta0 / kappa * lam.min() / lam * (l / (t + l) if decays else 1.0)
         y = A @ Kc[p]
-        new = A - eta[:, None] * (np.tril(np.outer(y, y)) @ A)
-        new[:, p] += eta * y
+        d = eta if rule is None else rule(eta, y)
+        new = A - d[:, None] * (np.tril(np.outer(y, y)) @ A)
+        new[:, p] += d * y
         A = new
     return A
+
+
+def fit_blocks(solver: BatchKHA, Kc: np.ndarray, seed: int, passes: int) -> list:
+    """``passes`` passes of ``solver`` over ``Kc`` in the seed's blocks of 40; the order of the
+    samples."""
+    l = len(Kc)
+    order = []
+    for _, t, idx in schedule.blocks(seed, l, passes * l, 40):
+        if t % l == 0:
+            solver.begin_pass()
+        solver.apply_block(idx, Kc[idx])
+        order.extend(idx)
+    return order
 
 
 @pytest.mark.parametrize("engine", ["factored", "reference"])
@@ -64,14 +80,9 @@ def test_a_batch_algorithm_registered_from_outside_fits_as_its_gains_say(digits,
     assert solver.needs_projection and solver.effective_gains().keys() == {"feature_norm", "gain"}
     A1 = initial_coefficients(R, l, schedule.init_generator(SEED))
     solver.start(A1, C=A1 @ Kc)
-    order = []
-    for _, t, idx in schedule.blocks(SEED, l, PASSES * l, 40):
-        if t % l == 0:
-            solver.begin_pass()
-        solver.apply_block(idx, Kc[idx])
-        order.extend(idx)
+    order = fit_blocks(solver, Kc, SEED, PASSES)
     assert solver.backoffs == []
-    want = per_step(Kc, A1, np.array(order), CONSTANT_ET.eta0)
+    want = per_step(Kc, A1, order, CONSTANT_ET.eta0)
     assert np.abs(want - A1).max() > 0.1 * np.abs(A1).max()       # the steps moved it
     np.testing.assert_allclose(solver.A, want, rtol=1e-8, atol=1e-10 * np.abs(want).max())
     # its warm gain too, from the spec

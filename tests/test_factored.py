@@ -16,8 +16,10 @@ from scipy.linalg import solve_triangular
 
 from dkha import schedule
 from dkha.errors import NumericalError, ParameterError
-from dkha.solvers import block_loops, compiled
+from dkha.solvers import compiled
 from dkha.solvers.batch import BatchKHA, default_eta0, initial_coefficients
+from dkha.solvers.updates.gha import kha_block
+from dkha.solvers.updates.smd import smd_block
 
 R = 8
 PASSES = 3
@@ -344,9 +346,9 @@ def test_block_loops_match_twin(kc, mid_run, rng, smd, cond_limit, fresh):
     args_t = [x.copy() if isinstance(x, np.ndarray) else x for x in args_c]
     want = twin_block(*args_t)
     if smd:
-        got = block_loops.smd_block(*args_c)
+        got = smd_block(*args_c)
     else:
-        got = block_loops.kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit)
+        got = kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit)
     assert got == want
     if cond_limit == 1.5:
         assert got[1]                   # a fold was asked for

@@ -85,12 +85,13 @@ def test_the_check_sees_an_undeclared_module():
 
 _CACHE_PROBE = """
 import numpy as np
-from dkha.solvers import block_loops, warmup
+from dkha.solvers import warmup
+from dkha.solvers.updates import smd
 from dkha import tiles
 warmup.tiny_fit("kha-smd")
 tiles.compile_sweeps()
-print(block_loops.__file__)
-for f in (block_loops.smd_block_logged, tiles.fused_sweep):
+print(smd.__file__)
+for f in (smd.smd_block_logged, tiles.fused_sweep):
     print(f.__name__, sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values()))
 """
 
@@ -107,7 +108,7 @@ def test_an_installed_wheel_ships_the_compiled_loops(tmp_path):
     if '"editable": true' in direct.replace(" ", "").replace('":true', '": true'):
         pytest.skip("an editable install compiles on first use, into the source tree's cache")
     shipped = [str(f) for f in dist.files or []]
-    for name in ("block_loops.smd_block_logged", "block_loops.kha_block_logged",
+    for name in ("smd.smd_block_logged", "gha.kha_block_logged",
                  "tiles.fused_sweep"):
         assert any(re.search(rf"__pycache__/{re.escape(name)}-\d+\.py\d+\.nbi$", f)
                    for f in shipped), f"{name} is not in the wheel's numba cache"

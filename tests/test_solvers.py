@@ -14,8 +14,8 @@ import pytest
 
 from dkha import schedule
 from dkha.errors import NumericalError
-from dkha.solvers import reference
 from dkha.solvers.batch import BatchKHA
+from dkha.solvers.updates import gha, smd
 
 R = 4
 MU = 1.0
@@ -107,7 +107,7 @@ def test_reference_step_is_eq_11(problem, A0, seed):
     eta = np.array([0.9, 0.5, 0.3, 0.2])
     A_ref, C_ref, A_lit = A0.copy(), A0 @ Kc, A0.copy()
     for p in rng.integers(0, l, size=40):
-        y = reference.step(A_ref, int(p), Kc[p].copy(), eta, C_ref)
+        y = gha.per_step(A_ref, int(p), Kc[p].copy(), eta, C_ref)
         np.testing.assert_allclose(y, A_lit @ Kc[:, p], rtol=1e-12)
         A_lit = paper_kha_step(A_lit, Kc, p, eta)
     assert rel_err(A_lit, A0) > 0.1  # it moved
@@ -117,7 +117,7 @@ def test_reference_step_is_eq_11(problem, A0, seed):
     A2 = A0.copy()
     for p in rng.integers(0, l, size=5):
         A_lit2 = paper_kha_step(A2, Kc, p, eta)
-        reference.step(A2, int(p), Kc[p].copy(), eta)
+        gha.per_step(A2, int(p), Kc[p].copy(), eta)
         assert rel_err(A2, A_lit2) < 1e-13
 
 
@@ -129,7 +129,7 @@ def test_reference_smd_step_is_algorithm_1(problem, A0, seed, rho0):
     A, B, C, rho = A0.copy(), np.zeros_like(A0), A0 @ Kc, np.full(R, rho0)
     A_lit, B_lit, rho_lit = A0.copy(), np.zeros_like(A0), np.full(R, rho0)
     for p in rng.integers(0, l, size=60):
-        d = reference.smd_step(A, B, C, rho, int(p), Kc[p].copy(), eta, MU, XI)
+        d = smd.per_step(A, B, C, rho, int(p), Kc[p].copy(), eta, MU, XI)
         A_lit, B_lit, rho_lit, d_lit = paper_smd_step(A_lit, B_lit, rho_lit, Kc, p, eta, MU, XI)
         np.testing.assert_allclose(d, d_lit, rtol=1e-11)
     assert np.abs(rho_lit - rho0).max() > 0.05  # SMD's log-gains moved
@@ -223,9 +223,9 @@ def reference_run(algorithm, A0, Kc, n_steps, run_seed, *, eta0, rho0=0.0, kappa
         else:
             eta = et_gain(lam, t, l, eta0, kappa)
         if algorithm == "kha-smd":
-            reference.smd_step(A, B, C, rho, int(p), Kc[p].copy(), eta, MU / kappa, XI)
+            smd.per_step(A, B, C, rho, int(p), Kc[p].copy(), eta, MU / kappa, XI)
         else:
-            reference.step(A, int(p), Kc[p].copy(), eta, C)
+            gha.per_step(A, int(p), Kc[p].copy(), eta, C)
     return A, rho
 
 

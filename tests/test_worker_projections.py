@@ -143,8 +143,7 @@ def test_messages_keep_replicas_and_stale_projections_exact(kc, algorithm, fold_
                 history.append(np.array(st.S_tilde))
                 for (lo, hi), (S, C) in zip(bounds, replicas):
                     apply_message(S, C, lo, hi, None, messages[-1][1], None)
-            if s.state.smd:
-                s.state.resync_grams()
+            s.state.resync()
             s.state.lam = np.sqrt(np.einsum("ij,ij->i", s.state.C, s.state.C)
                                   / np.einsum("ij,ij->i", s.state.A, s.state.A))
         for a in range(0, L, 41):

@@ -30,7 +30,7 @@ component within the step condition where ``‖λ‖ / λ_r`` reaches 10–100 a
 
 Two engines apply the steps: ``"factored"`` (the default), the exact factored form of
 coordinator-math.md §3 with its in-block loop compiled (:mod:`dkha.solvers.factored`), and
-``"reference"``, the straightforward ``O(r² l)`` per-step form (:mod:`dkha.solvers.reference`),
+``"reference"``, the straightforward ``O(r² l)`` per-step form (each update's ``reference_step``),
 kept as the oracle the tests compare against.
 
 The factored engine also takes blocks whose projections were computed on the workers
@@ -45,10 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha import algorithms
-from dkha.algorithms import BATCH, GHA, SMD, AlgorithmSpec
+from dkha.algorithms import BATCH, AlgorithmSpec
 from dkha.errors import NumericalError, ParameterError
 from dkha.names import BATCH_ALGORITHMS, COLD_MU, DEFAULT_MU, DEFAULT_XI
-from dkha.solvers import reference
+from dkha.solvers import reference, updates
 from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,6 @@ log = logging.getLogger(__name__)
 #: registered later)
 ALGORITHMS = BATCH_ALGORITHMS
 ENGINES = ("factored", "reference")
-#: the in-block updates served here (:attr:`dkha.algorithms.AlgorithmSpec.update`): GHA's with
-#: given gains (:func:`reference.step`, the factored state's GHA loop) and SMD's
-#: (:func:`reference.smd_step`, its SMD loop)
-UPDATES = (GHA, SMD)
 WARM_ETA0_MAX = 0.05
 
 
@@ -149,8 +145,8 @@ def check_on_divergence(value: str) -> str:
 
 def batch_spec(algorithm: str) -> AlgorithmSpec:
     """The spec of the batch algorithm ``algorithm``; an unknown name, or one whose update is
-    not served here (:data:`UPDATES`), is refused in one line."""
-    return algorithms.served(algorithm, BATCH, UPDATES, label="algorithm",
+    not served here (:data:`dkha.solvers.updates.TABLE`), is refused in one line."""
+    return algorithms.served(algorithm, BATCH, updates.names(), label="algorithm",
                              by="the batch solvers")
 
 
@@ -313,21 +309,28 @@ class BatchKHA:
             C = np.array(C, dtype=np.float64, order="C")
         else:
             C = None
-        smd = self.spec.update == SMD
         if self.engine == "factored":
-            self.state = FactoredState(A, C=C, smd=smd, rho0=self.rho0, t=t,
+            self.state = FactoredState(A, C=C, update=self.spec.update, rho0=self.rho0, t=t,
                                        fold_condition=self.fold_condition)
             return
         st = BatchState(A=A, C=C, t=int(t))
-        if smd:
+        u = self.update
+        if u.stacked > 1:
             st.B = np.zeros_like(A)
-            st.rho = np.full(self.r, self.rho0)
+        for name, value in (u.start(self.r, self.rho0) if u.start is not None else {}).items():
+            setattr(st, name, value)
         self.state = st
+
+    @property
+    def update(self) -> updates.Update:
+        """The in-block update of its spec (:mod:`dkha.solvers.updates`)."""
+        return updates.get(self.spec.update)
 
     def begin_pass(self) -> None:
         """Refresh the eigenvalue estimates (eq. 13) from the exact ``C`` (once per pass).
 
-        The factored engine also folds ``T`` here, and SMD re-synchronises its Grams from ``C``.
+        The factored engine also folds ``T`` here, and the update does its own pass-start work
+        (:meth:`FactoredState.resync`: SMD re-synchronises its Grams from ``C``).
         """
         st = self.state
         if isinstance(st, FactoredState):
@@ -336,8 +339,7 @@ class BatchKHA:
             folded = st.fold()
             if folded is not None and self.replicas is not None:
                 self.replicas.record_fold(folded)
-            if st.smd:
-                st.resync_grams()
+            st.resync()
         if st.C is not None:
             st.lam = eigenvalue_estimate(st.A, st.C)
 
@@ -476,20 +478,10 @@ class BatchKHA:
                 if C_tilde is not None:
                     st.set_c_tilde(C_tilde)
             return
-        smd = self.spec.update == SMD
+        step = self.update.reference_step
         for j, p in enumerate(index):
             eta = self.base_gain(st.t) * st.gain_factor
-            kp = rows[j]
-            y = st.A @ kp
-            if smd:
-                z = st.B @ kp
-                d = reference.smd_step(st.A, st.B, st.C, st.rho, int(p), kp, eta, self.meta_gain,
-                                       self.xi)
-                bad = reference.guard(y, st.A @ kp, kp[p], d, rho=st.rho, z=z,
-                                      state=(("A", st.A), ("B", st.B)))
-            else:
-                reference.step(st.A, int(p), kp, eta, st.C)
-                bad = reference.guard(y, st.A @ kp, kp[p], eta, state=(("A", st.A),))
+            bad = step(st, int(p), rows[j], eta, self.meta_gain, self.xi)
             if bad is not None:
                 raise self.diverged(st.t, *bad)
             st.t += 1

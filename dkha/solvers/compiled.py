@@ -1,13 +1,14 @@
 """The compiled pieces of the factored batch engine's in-block loops (coordinator-math.md §3).
 
-This module and :mod:`dkha.solvers.block_loops` (the loops, written from these pieces) own the
-batch engine's compiled code. The engine (:mod:`dkha.solvers.factored`) keeps the stacked
+This module, :mod:`dkha.solvers.block_loops` (the pieces the loops share) and the updates' block
+loops (:mod:`dkha.solvers.updates`, written from these pieces) own the batch engine's compiled
+code. The engine (:mod:`dkha.solvers.factored`) keeps the stacked
 state ``S = [A; B]`` (``m = 2r`` rows for KHA-SMD, ``m = r`` rows of ``A`` for the other gains) as
 ``S = T · S̃`` with a small lower-triangular ``m×m`` matrix ``T``, so that each step changes one
 column of ``S̃``. For a block of ``b`` rows ``P`` it computes, in NumPy/BLAS,
 ``Y₀ = S̃ K'_Pᵀ`` (one GEMM) and afterwards the deferred ``C̃ += U_Aᵀ K'_P`` (one more GEMM); what
 lies between, the ``b`` sequential steps of ``O(r² + b r)`` work each, is one call of
-:func:`~dkha.solvers.block_loops.kha_block` or :func:`~dkha.solvers.block_loops.smd_block`.
+:func:`~dkha.solvers.updates.gha.kha_block` or :func:`~dkha.solvers.updates.smd.smd_block`.
 Measured (benchmarks/coordinator_speed.py): BLAS computes ``Y₀`` some 20× faster than a compiled
 naive loop, while NumPy's per-call overhead would dominate the small per-step products: hence
 this split.
@@ -24,12 +25,13 @@ Every product with ``M`` or ``N_A`` is a prefix sum over rows (or columns), ``O(
 All arrays are float64 and C-contiguous (``index`` int64), as normalised by the caller; results are
 written into the arrays passed in. Every function has a plain NumPy twin in tests/test_factored.py.
 
-Numerical guards. Each step is checked before its results are kept (``kha_step_problem``,
-``smd_step_problem``, ``keep_factored_step`` of :mod:`dkha.solvers.block_loops`; ``O(m²)`` next
-to the step's ``O(m³)`` conditioning test): the projections ``y = A k'_p`` before and
-``y⁺ = A' k'_p = M y + κ a`` after the step (``κ = K'[p, p]``), ``z = B k'_p``, the new
-log-gains and gains, the new ``T`` and column update. A step is bad when any of them is not
-finite, when ``|y_i| > RUNAWAY·√κ`` (then component ``i``'s feature-space norm ``‖w_i‖ ≥ |y_i|/√κ``
+Numerical guards. Each step is checked before its results are kept (the updates'
+``kha_step_problem``, ``smd_step_problem``, and ``keep_factored_step`` of
+:mod:`dkha.solvers.block_loops`; ``O(m²)`` next to the step's ``O(m³)`` conditioning test):
+the projections ``y = A k'_p`` before and ``y⁺ = A' k'_p = M y + κ a`` after the step
+(``κ = K'[p, p]``), ``z = B k'_p``, the new log-gains and gains, the new ``T`` and column
+update. A step is bad when any of them is not finite, when ``|y_i| > RUNAWAY·√κ`` (then
+component ``i``'s feature-space norm ``‖w_i‖ ≥ |y_i|/√κ``
 exceeds ``RUNAWAY``; KHA converges to unit norms) or when a gain factor ``e^{ρ_i}`` exceeds
 ``RUNAWAY``. The block loops stop at the first bad step and report it (``GUARD_*`` codes);
 :mod:`dkha.solvers.reference` applies the same definition to the per-step form.

@@ -1,6 +1,7 @@
 """The exact factored engine of the batch KHA family (coordinator-math.md §3).
 
-The stacked state ``S = [A; B]`` (``2r×l`` for KHA-SMD, just ``A`` otherwise) is held as
+The stacked state ``S = [A; B]`` (``2r×l`` for KHA-SMD, just ``A`` otherwise: its update's
+``stacked``, :mod:`dkha.solvers.updates`) is held as
 ``S = T · S̃`` with a small lower-triangular ``T``; a step multiplies ``T`` by the step's ``G`` and
 changes one column of ``S̃``. ``C = A K'`` (kept for KHA/et and KHA-SMD) is held as
 ``C = T_AA · C̃``. Per block of centered rows ``K'_P`` (``b×l``) the work is
@@ -8,7 +9,7 @@ changes one column of ``S̃``. ``C = A K'`` (kept for KHA/et and KHA-SMD) is hel
 1. ``Y₀ = S̃ K'_Pᵀ``                         one GEMM (NumPy/BLAS); where ``C̃`` is kept, its
                                              ``A`` rows are ``C̃[:, P]`` (``K'`` is symmetric):
                                              SMD multiplies ``S̃_B`` alone, KHA/et nothing
-2. the ``b`` steps, ``O(r² + b r)`` each     one compiled call (:mod:`dkha.solvers.block_loops`)
+2. the ``b`` steps, ``O(r² + b r)`` each     one compiled call (the update's ``block``)
 3. ``C̃ += U_A K'_P``                         one more GEMM, the deferred eq. 18 (row ``j`` of
                                              ``U_A`` the ``A`` part of step ``j``'s column update)
 
@@ -25,8 +26,10 @@ from an earlier version of ``S̃`` (:func:`replay_message`):
 
 * ``("cols", j0, j1, Δ)``     ``S̃[:, p_j] += Δ[j - j0]`` for the block positions ``j0 ≤ j < j1``
 * ``("fold", F)``             ``S̃ ← F S̃``, ``C̃ ← F_AA C̃`` (``F`` lower triangular)
-* ``("direct", j, a, y, c_B, z, ξ)``  a step taken directly: ``S̃ ← G S̃ + c e_pᵀ``,
-                              ``C̃ ← M C̃ + a k'_pᵀ`` (``c_B``, ``z`` are ``None`` for KHA)
+* ``("direct", j, u, payload)``  a step taken directly: ``S̃ ← G S̃ + c e_pᵀ``,
+                              ``C̃ ← M C̃ + a k'_pᵀ``, ``G`` and ``c`` by the update named
+                              ``u`` from ``payload`` (its ``direct``, :mod:`dkha.solvers.updates`;
+                              ``payload`` begins ``(a, y)``, which define ``M``)
 * ``("c", U_A)``              the deferred eq. 18, ``C̃ += U_Aᵀ K'_P``
 
 ``C̃`` then lives with the replicas during a pass: the coordinator's copy is the last one brought
@@ -39,7 +42,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dkha.solvers import block_loops, compiled
+from dkha.algorithms import GHA, SMD
+from dkha.solvers import compiled, updates
+from dkha.solvers.updates.base import Update
 
 DEFAULT_FOLD_CONDITION = 1e3
 _EMPTY = np.zeros((0, 0))
@@ -143,7 +148,8 @@ class FactoredState(QueuedFactors):
     """The coordinator's state in the factored form ``S = T · S̃``.
 
     Attributes read by callers: ``A``, ``B`` (SMD), ``C`` (KHA/et, SMD) as read-only snapshots of
-    the true values; ``rho`` (SMD), ``lam``, ``t``; ``folds``, the number of folds so far;
+    the true values; ``rho`` (SMD), ``lam``, ``t``; ``update``, the name of the in-block update
+    (:attr:`step_update` the update itself); ``folds``, the number of folds so far;
     ``c_stale``, true while the current ``C̃`` is held by worker replicas (blocks applied from
     worker-side projections) and the local ``C_tilde`` is only the last copy brought home.
     """
@@ -154,21 +160,22 @@ class FactoredState(QueuedFactors):
     # checkpointed, saved for a rollback or restored
     TRANSIENT = frozenset({"_cache", "_pending", "_c_pending"})
 
-    def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None, smd: bool = False,
-                 rho0: float = 0.0, t: int = 0, fold_condition: float = DEFAULT_FOLD_CONDITION):
+    def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None,
+                 update: str = GHA, rho0: float = 0.0, t: int = 0,
+                 fold_condition: float = DEFAULT_FOLD_CONDITION):
         A = np.asarray(A, dtype=np.float64)
         r, l = A.shape
         self.r = r
-        self.smd = bool(smd)
-        m = 2 * r if smd else r
+        u = updates.get(update)
+        self.update = u.name
+        m = u.stacked * r
         self.S_tilde = np.zeros((m, l))
         self.S_tilde[:r] = A
         self.T = np.eye(m)
         self.C_tilde = None if C is None else np.array(C, dtype=np.float64, order="C")
-        if smd and self.C_tilde is None:
-            raise ValueError("kha-smd needs C = A K' to start")
-        self.rho = np.full(r, float(rho0)) if smd else None
-        self.gram_aa = self.gram_ab = None
+        self.rho = None
+        for name, value in (u.start(r, rho0) if u.start is not None else {}).items():
+            setattr(self, name, value)
         self.lam: np.ndarray | None = None
         self.t = int(t)
         self.fold_condition = float(fold_condition)
@@ -177,8 +184,21 @@ class FactoredState(QueuedFactors):
         self._fresh = True       # T is exactly the identity
         self.cond_bound = np.full(1, np.inf)
         self._cache: dict[str, np.ndarray] = {}
-        if smd:
-            self.resync_grams()
+        self.resync()
+
+    @property
+    def step_update(self) -> Update:
+        """The in-block update (:mod:`dkha.solvers.updates`; a state checkpointed before the
+        updates had names says ``smd``)."""
+        name = self.__dict__.get("update")
+        if name is None:
+            name = SMD if self.__dict__.get("smd") else GHA
+        return updates.get(name)
+
+    @property
+    def fresh(self) -> bool:
+        """Whether ``T`` is exactly the identity."""
+        return self._fresh
 
     # -- true values --------------------------------------------------------------------------
 
@@ -209,7 +229,7 @@ class FactoredState(QueuedFactors):
     @property
     def B(self) -> np.ndarray | None:
         """SMD's ``B = ∂A/∂ρ`` (``r×l``), a read-only snapshot; ``None`` for the other gains."""
-        return self._value("B") if self.smd else None
+        return self._value("B") if self.T.shape[0] > self.r else None
 
     @property
     def C(self) -> np.ndarray | None:
@@ -250,7 +270,7 @@ class FactoredState(QueuedFactors):
             lower_times_inplace(F[:self.r, :self.r], self.C_tilde)
         return self._fold_t()
 
-    def _cond_bound(self) -> np.ndarray:
+    def condition_bound(self) -> np.ndarray:
         """``cond_bound`` (1,): an upper bound on ``cond(T)`` the block loops keep, so that they
         compute the exact condition only near ``fold_condition`` (their decisions are those of
         an exact test at every step). Saved and rolled back with ``T``; ``inf`` (unknown) in a
@@ -271,11 +291,12 @@ class FactoredState(QueuedFactors):
         self._cache.clear()     # snapshots taken before the fold differ in rounding
         return F
 
-    def resync_grams(self) -> None:
-        """SMD: ``G_AA = C Aᵀ``, ``G_AB = C Bᵀ`` from the kept ``C`` (no recurrence drift)."""
-        C = self.C
-        self.gram_aa = np.ascontiguousarray(C @ self.A.T)
-        self.gram_ab = np.ascontiguousarray(C @ self.B.T)
+    def resync(self) -> None:
+        """The update's own work at a pass start (:attr:`~dkha.solvers.updates.base.Update.resync`;
+        SMD: its Grams from ``C``, without the recurrences' drift)."""
+        u = self.step_update
+        if u.resync is not None:
+            u.resync(self)
 
     def nonfinite(self) -> str | None:
         """The name of a state component holding non-finite values, or ``None``."""
@@ -290,7 +311,7 @@ class FactoredState(QueuedFactors):
             S = self.S_tilde
         if not (np.isfinite(self.T[:r]).all() and (S is None or np.isfinite(S[:r]).all())):
             return "A"
-        if self.smd and not (np.isfinite(self.T[r:]).all()
+        if self.T.shape[0] > r and not (np.isfinite(self.T[r:]).all()
                              and (S is None or np.isfinite(S[r:]).all())):
             return "B"
         return None
@@ -356,6 +377,7 @@ class FactoredState(QueuedFactors):
             return
         r = self.r
         keeps_c = self.keeps_c
+        u = self.step_update
         if projections is not None:
             if ops is None or kpp is None:
                 raise ValueError("a block of projections needs kpp and an ops list")
@@ -364,7 +386,7 @@ class FactoredState(QueuedFactors):
             rows = np.zeros((b, 0))
             S_arg = np.zeros((self.T.shape[0], 0))       # S̃ follows the message (_defer)
             C_arg = np.zeros((r, 0)) if keeps_c else _EMPTY      # carry U, C̃ lives elsewhere
-            direct_log = np.zeros((b, 1 + (4 if self.smd else 2) * r))
+            direct_log = np.zeros((b, 1 + u.direct_vectors * r))
         else:
             if self.c_stale:
                 raise RuntimeError("C̃ is held by worker replicas; bring it home "
@@ -380,19 +402,12 @@ class FactoredState(QueuedFactors):
         U = np.empty_like(Y)                          # row j: the column update Δ_j of step j
         start = 0
         while start < b:
-            if self.smd:
-                stop, fold, self._fresh, guard, comp = block_loops.smd_block_logged(
-                    self.T, S_arg, C_arg, self.gram_aa, self.gram_ab, self.rho, rows, Y, U,
-                    Kpp, index, eta, float(mu), float(xi), start, self._fresh, self.fold_condition,
-                    direct_log, self._cond_bound())
-            else:
-                stop, fold, self._fresh, guard, comp = block_loops.kha_block_logged(
-                    self.T, S_arg, C_arg, rows, Y, U, Kpp, index, eta, start,
-                    self._fresh, self.fold_condition, direct_log, self._cond_bound())
+            stop, fold, self._fresh, guard, comp = u.block(
+                self, S_arg, C_arg, rows, Y, U, Kpp, index, eta, mu, xi, start, direct_log)
             if guard != compiled.GUARD_OK:
                 raise BadStep(stop, GUARD_NAMES[guard], comp)
             if ops is not None:
-                _record_steps(ops, U, direct_log, start, stop, r, self.smd, float(xi))
+                _record_steps(ops, U, direct_log, start, stop, r, u, float(xi))
             if fold:
                 # carry what is still pending into the new basis: the projections of the steps
                 # to come, and the deferred C̃ updates of the steps taken
@@ -442,7 +457,7 @@ def _apply_to_s(S: np.ndarray, index: np.ndarray | None, ops: list, before) -> b
 
 
 def _record_steps(ops: list, U: np.ndarray, direct_log: np.ndarray, start: int, stop: int,
-                  r: int, smd: bool, xi: float) -> None:
+                  r: int, update: Update, xi: float) -> None:
     """Append the operations of steps ``start..stop-1`` (column updates, direct steps) to ``ops``.
 
     ``U[start:stop]`` must still hold the column updates as taken (copied here, before any later
@@ -453,25 +468,15 @@ def _record_steps(ops: list, U: np.ndarray, direct_log: np.ndarray, start: int, 
     for j in np.flatnonzero(flags) + start:
         if j > j0:
             ops.append(("cols", j0, int(j), np.array(U[j0:j])))
-        row = direct_log[j]
-        a = np.array(row[1:1 + r])
-        if smd:
-            cb, y, z = (np.array(row[1 + k * r:1 + (k + 1) * r]) for k in (1, 2, 3))
-        else:
-            y, cb, z = np.array(row[1 + r:1 + 2 * r]), None, None
-        ops.append(("direct", int(j), a, y, cb, z, xi))
+        ops.append(("direct", int(j), update.name, update.direct_payload(direct_log[j], r, xi)))
         j0 = int(j) + 1
     if stop > j0:
         ops.append(("cols", j0, stop, np.array(U[j0:stop])))
 
 
-def _direct_transform(X: np.ndarray, a, y, cb, z, xi) -> np.ndarray:
-    """``X ← G X`` in place for a direct step's ``G`` (``M`` for KHA); returns ``c``."""
-    if cb is None:
-        compiled.apply_m(X, a, y, X)
-        return a
-    compiled.apply_g(X, a, cb, y, z, xi, X)
-    return np.concatenate([a, cb])
+def _direct_transform(X: np.ndarray, update: str, payload: tuple) -> np.ndarray:
+    """``X ← G X`` in place for a direct step's ``G`` (by its ``update``); returns ``c``."""
+    return updates.get(update).direct(X, payload)
 
 
 def replay_message(Y: np.ndarray, ops, cols: np.ndarray | None) -> None:
@@ -488,8 +493,8 @@ def replay_message(Y: np.ndarray, ops, cols: np.ndarray | None) -> None:
         elif kind == "fold":
             Y[...] = Y @ op[1].T
         elif kind == "direct":
-            _, j, a, y, cb, z, xi = op
-            c = _direct_transform(Y.T, a, y, cb, z, xi)
+            _, j, update, payload = op
+            c = _direct_transform(Y.T, update, payload)
             Y += np.outer(cols[:, j], c)
         elif kind != "c":
             raise ValueError(f"unknown operation {kind!r} in a message")
@@ -515,12 +520,13 @@ def apply_message(S: np.ndarray, C: np.ndarray | None, lo: int, hi: int,
             if C is not None:
                 lower_times_inplace(F[:C.shape[0], :C.shape[0]], C)
         elif kind == "direct":
-            _, j, a, y, cb, z, xi = op
-            c = _direct_transform(S, a, y, cb, z, xi)
+            _, j, update, payload = op
+            c = _direct_transform(S, update, payload)
             p = int(index[j])
             if lo <= p < hi:
                 S[:, p - lo] += c
             if C is not None:
+                a, y = payload[:2]
                 compiled.apply_m(C, a, y, C)
                 C += np.outer(a, K[j])
         elif kind == "c":
