@@ -15,6 +15,8 @@ import pytest
 from scipy.linalg import solve_triangular
 
 from dkha import schedule
+from dkha.algorithms import SMD
+from dkha.data.checkpoint import state_from_arrays, state_to_arrays
 from dkha.errors import NumericalError, ParameterError
 from dkha.solvers import compiled
 from dkha.solvers.batch import BatchKHA, default_eta0, initial_coefficients
@@ -413,3 +415,23 @@ def test_the_condition_bound_changes_no_decision(kc, algorithm):
         want = getattr(forgot.state, name)
         if want is not None:
             np.testing.assert_array_equal(getattr(kept.state, name), want, err_msg=name)
+
+
+@pytest.mark.parametrize("algorithm", ["kha-et", "kha-smd"])
+def test_a_state_checkpointed_before_updates_had_names_goes_on_the_same(kc, algorithm):
+    """A factored state saved with ``smd`` (a bool) and no ``update`` name, as states were
+    checkpointed before :mod:`dkha.solvers.updates`, reads back as its update and takes the
+    next pass to the same bits as the state it was saved from."""
+    first, again = (run(kc, algorithm, "factored", passes=1) for _ in range(2))
+    arrays, scalars = state_to_arrays(again.state)
+    scalars["smd"] = scalars.pop("update") == SMD
+    again.state = state_from_arrays(type(again.state), arrays, scalars)
+    assert again.state.step_update.name == first.state.step_update.name
+    for solver in (first, again):
+        solver.begin_pass()
+        perm = schedule.pass_permutation(3, 1, kc.shape[0])
+        for pos in range(0, len(perm), 37):
+            solver.apply_block(perm[pos:pos + 37], kc[perm[pos:pos + 37]])
+    for name in ("A", "B", "C", "rho"):
+        want, got = getattr(first.state, name), getattr(again.state, name)
+        assert (want is None and got is None) or np.array_equal(want, got), name

@@ -1,6 +1,7 @@
 """Compile ahead: the factored solver's loops compiled in a background thread while a fit starts.
 
-The batch solvers' per-step loops are numba functions (:mod:`dkha.solvers.block_loops` over
+The batch solvers' per-step loops are numba functions (each update's block loop,
+:mod:`dkha.solvers.updates`, over :mod:`dkha.solvers.block_loops` and
 :mod:`dkha.solvers.compiled`, ``cache=True``: compiled once per environment, then loaded from
 numba's cache in a fraction of a second). In a fresh environment the first fit compiles them at
 its first block — ~20 s for KHA-SMD on 2 cores, the most of a first ``dkha demo``.
