@@ -165,26 +165,43 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
         yield c
     finally:
         with quiet_shutdown():
+            if workers:     # worker processes: their own loggers, quieted there
+                with contextlib.suppress(Exception):
+                    c.run(_quiet_loggers, on_error="ignore")
             c.close()
             cluster.close()
 
 
-@contextlib.contextmanager
-def quiet_shutdown() -> Iterator[None]:
-    """While dkha closes a cluster it started: its workers' complaints that the scheduler went
-    away (a heartbeat in flight as the in-process scheduler closes: "Failed to communicate with
-    scheduler during heartbeat" and its traceback, seen after a stop) are not errors of the
-    run, so distributed's worker and nanny loggers stay quiet until the cluster is closed."""
-    names = ("distributed.worker", "distributed.nanny", "distributed.core")
-    loggers = [logging.getLogger(n) for n in names]
+#: distributed's loggers that speak while a cluster dkha started closes under them
+_SHUTDOWN_LOGGERS = ("distributed.worker", "distributed.nanny", "distributed.core",
+                     "distributed.scheduler")
+
+
+def _quiet_loggers() -> list[int]:
+    """Silence :data:`_SHUTDOWN_LOGGERS` in this process (above CRITICAL: the scheduler reports
+    a message to a client whose comm has closed at CRITICAL); their levels before."""
+    loggers = [logging.getLogger(n) for n in _SHUTDOWN_LOGGERS]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
+        lg.setLevel(logging.CRITICAL + 1)
+    return levels
+
+
+@contextlib.contextmanager
+def quiet_shutdown() -> Iterator[None]:
+    """While dkha closes a cluster it started, the complaints of its parts that another went
+    away are not errors of the run: a worker's heartbeat in flight as the scheduler removes it
+    ("Failed to communicate with scheduler during heartbeat" and its traceback), the scheduler
+    reporting a finished task to the client that has just closed ("Closed comm … while trying
+    to write", at CRITICAL, with a traceback), both seen after a stop. distributed's loggers of
+    this process stay silent until the cluster is closed (those of worker processes are
+    silenced there by :func:`_quiet_loggers`, as the cluster closes with them)."""
+    levels = _quiet_loggers()
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        for name, level in zip(_SHUTDOWN_LOGGERS, levels):
+            logging.getLogger(name).setLevel(level)
 
 
 def local_gpus() -> int:
