@@ -164,12 +164,18 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
     try:
         yield c
     finally:
-        with quiet_shutdown():
-            if workers:     # worker processes: their own loggers, quieted there
-                with contextlib.suppress(Exception):
-                    c.run(_quiet_loggers, on_error="ignore")
-            c.close()
-            cluster.close()
+        _close_started(c, cluster, processes=bool(workers))
+
+
+def _close_started(client, cluster, *, processes: bool) -> None:
+    """Close a cluster dkha started, and its client, quietly (:func:`quiet_shutdown`); worker
+    processes have their own loggers, quieted there first."""
+    with quiet_shutdown():
+        if processes:
+            with contextlib.suppress(Exception):
+                client.run(_quiet_loggers, on_error="ignore")
+        client.close()
+        cluster.close()
 
 
 #: distributed's loggers that speak while a cluster dkha started closes under them
