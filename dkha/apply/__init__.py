@@ -8,8 +8,8 @@ clustering.
   the store's grid, project, pre-image, average the overlapping patches; SNR.
 * :mod:`dkha.apply.choose` — denoise an image with no run: kernel PCA of its own patches, the
   width, rank, pre-image and aggregation chosen by a risk estimate on the noisy image
-  (:mod:`dkha.apply.risk`: the noise level, SURE, the held-out-pixel loss);
-  :func:`fit_denoise`.
+  (:mod:`dkha.apply.risk`: the noise level, SURE, the held-out-pixel loss;
+  :mod:`dkha.apply.noise`: the noise model, the Anscombe transform); :func:`fit_denoise`.
 * :mod:`dkha.apply.clustering` — spectral clustering (Ng, Jordan & Weiss) on the projections of
   the training samples; the variation of information.
 """

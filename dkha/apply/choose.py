@@ -28,21 +28,37 @@ conformal pre-image has the lowest risk.
 Windows are averaged where they overlap, uniformly or weighted by their estimated reliability:
 ``1 / max(‖y_p − z_p‖² − (d − 2r)σ̂², rσ̂²)``, the inverse of the window's own risk estimate for
 a rank-``r`` projection (BM3D's aggregation weighs its estimates by their inverse variance). The
-result is clipped to [0, 1].
+result is clipped to [0, 1], and SURE is that of the clipped result (the clip's divergence
+included: :func:`dkha.apply.risk.sure_parts`).
 
 As the width grows the gaussian kernel's PCA tends to linear PCA: the candidates include that
 limit (``σ → ∞``: linear PCA of the same windows, the same ranks and aggregations). A gaussian
 width is used only when its best candidate's estimated risk is below the limit's best by at
 least :data:`MARGIN` (5 %) of it and :data:`Z_SCORE` (2) standard errors of the difference,
-measured from how the difference spreads over the image's 16×16 regions (:func:`settle`);
-otherwise the limit is, and the image gets linear patch PCA's own result: a kernel setting is
-taken where the image shows it pays, not where the estimates' errors (σ̂, the probe, clipping)
-could make it look so.
+measured from how the difference spreads over the image's 16×16 regions, and for SURE at each
+noise level ``σ̂ (1 ± NOISE_DOUBT)`` as well as at ``σ̂`` (:func:`settle`); otherwise the limit
+is, and the image gets linear patch PCA's own result: a kernel setting is taken where the image
+shows it pays, not where the estimates' errors (σ̂, the probe, pixels clipped in the noisy
+image) could make it look so.
+
+Poisson noise
+-------------
+When the image's noise grows with its intensity as photon counts do (:mod:`dkha.apply.noise`),
+the rule is ``anscombe``: the whole choice runs on the generalised Anscombe transform of the
+image, where the noise is gaussian of one level (σ̂ estimated there), and the chosen result is
+mapped back by the exact unbiased inverse; its estimated risk is carried back through the
+inverse's slope. Linear patch PCA (``model="linear"``) takes the same path.
 
 Every candidate's risk is estimated on the same two evaluations of the whole denoiser (fits
 included): ``y`` and ``y + εb`` for SURE (``ε = σ̂/10``), or the two held-out images for the
 held-out rule (then the chosen candidate is run once more on ``y``). The chosen candidate, its
-estimated risk and the whole table are returned (:class:`Choice`) and written by ``dkha denoise``.
+estimated risk and the whole table are returned (:class:`Choice`) and written by ``dkha denoise``;
+the table's risks are in the stabilised space for ``anscombe``.
+
+No parameter of this path was chosen by looking at a clean image: the candidate grids, MARGIN,
+NOISE_DOUBT and the noise models' thresholds were set on the development photographs
+(scikit-image's astronaut, camera and coins, :mod:`benchmarks.denoise_photo`), and each image's
+own choice is made from its noisy pixels alone.
 """
 
 from __future__ import annotations
@@ -68,6 +84,8 @@ from dkha.apply.risk import (
     noise_report,
     probe,
     region_sums,
+    stabiliser,
+    sure_parts,
     sure_terms,
 )
 from dkha.errors import InputError, ParameterError
@@ -90,6 +108,10 @@ LEARNED_WIDTH = 2.0
 MARGIN = 0.05
 #: ... and by this many standard errors of the difference
 Z_SCORE = 2.0
+#: the relative error of the noise level σ̂ a gaussian width's gain must survive (on the
+#: development photographs σ̂ of the finest diagonal Haar MAD was 0.98-1.14 × the standard
+#: deviation of the noise actually added at σ = 0.05-0.2; 1.37 on the grass texture at 0.05)
+NOISE_DOUBT = 0.15
 #: the side of the square regions over which the risk's noise is measured (pixels)
 REGION = 16
 
@@ -156,7 +178,7 @@ class Windows:
         count = np.zeros(self.image.shape)
         accumulate_patches(total, count, self.corners, Z.reshape(-1, self.patch, self.patch),
                            weights)
-        return np.clip(total / count, 0.0, 1.0)
+        return total / count
 
 
 class Evaluation:
@@ -210,7 +232,8 @@ class Evaluation:
         return ridge_kernel.block(beta[:, :r], P_train) @ coef
 
     def images(self, cands: list[Candidate]) -> dict:
-        """The denoised image of every candidate (uniform and weighted share their windows)."""
+        """The denoised image of every candidate before the clip to [0, 1] (uniform and weighted
+        share their windows)."""
         out: dict = {}
         for c in cands:
             key = (c.width, c.rank, c.preimage, c.ridge)
@@ -258,8 +281,9 @@ class RiskRule:
     """The two evaluations a rule needs and its risk of each candidate from their outputs."""
 
     def __init__(self, y: np.ndarray, rule: str, sigma_hat: float, seed: int):
-        self.y, self.rule, self.sigma_hat = y, rule, sigma_hat
-        if rule == "sure":
+        self.y, self.sigma_hat = y, sigma_hat
+        self.rule = "sure" if rule == "anscombe" else rule
+        if self.rule == "sure":
             self.b = probe(y.shape, seed)
             self.epsilon = max(sigma_hat, 1e-3) / 10.0
             self.inputs = [y, y + self.epsilon * self.b]
@@ -270,16 +294,33 @@ class RiskRule:
     def risk(self, outputs: list[np.ndarray]) -> tuple[float, float | None, np.ndarray]:
         """``(estimated MSE per pixel, held-out loss or None, the estimate's sums over the
         image's :data:`REGION`-pixel tiles divided by the pixels it is over)``: the regions'
-        shares add up to the estimate, and their spread measures its noise (:func:`settle`)."""
+        shares add up to the estimate, and their spread measures its noise (:func:`settle`).
+        For SURE the shares have one row for each noise level of :attr:`levels` (``σ̂`` less and
+        more :data:`NOISE_DOUBT`, and ``σ̂``), the held-out loss one row."""
         if self.rule == "sure":
-            terms = sure_terms(self.y, outputs[0], outputs[1], self.b, self.epsilon,
-                               self.sigma_hat)
-            return float(np.mean(terms)), None, region_sums(terms, REGION) / terms.size
-        terms = held_out_terms(self.y, outputs, self.masks)
+            residual, divergence = sure_parts(self.y, outputs[0], outputs[1], self.b,
+                                              self.epsilon, clip=(0.0, 1.0))
+            rows = [region_sums(residual - s * s + 2.0 * s * s * divergence, REGION)
+                    / residual.size for s in self.levels]
+            return float(np.sum(rows[-1])), None, np.array(rows)
+        terms = held_out_terms(self.y, [np.clip(o, 0.0, 1.0) for o in outputs], self.masks)
         count = sum(self.masks)
         loss = float(np.sum(terms) / count.sum())
         shares = region_sums(terms - self.sigma_hat ** 2 * count, REGION) / count.sum()
-        return loss - self.sigma_hat ** 2, loss, shares
+        return loss - self.sigma_hat ** 2, loss, shares[None, :]
+
+    @property
+    def levels(self) -> tuple[float, float, float]:
+        """The noise levels SURE is evaluated at: the gain of a kernel width must hold at each
+        (``σ̂`` is off by up to :data:`NOISE_DOUBT` on textured photographs); ``σ̂`` last."""
+        s = self.sigma_hat
+        return (s * (1.0 - NOISE_DOUBT), s * (1.0 + NOISE_DOUBT), s)
+
+    def sure_terms(self, outputs: list[np.ndarray]) -> np.ndarray:
+        """SURE's terms pixel by pixel for the clipped output, from the unclipped ``f(y)`` and
+        ``f(y + εb)`` (:func:`dkha.apply.risk.sure_terms`)."""
+        return sure_terms(self.y, outputs[0], outputs[1], self.b, self.epsilon, self.sigma_hat,
+                          clip=(0.0, 1.0))
 
 
 def check_choice_options(model, patch, step, samples, widths, ranks, ridges, shape):
@@ -321,11 +362,12 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
         Numbers of components tried.
     ridges : sequence of float
         The learned pre-image's ridges tried.
-    risk : {"auto", "sure", "held-out"}
-        The risk estimate (:mod:`dkha.apply.risk`); ``auto`` decides from the image.
+    risk : {"auto", "sure", "held-out", "anscombe"}
+        The risk estimate (:mod:`dkha.apply.risk`); ``auto`` decides from the image's noise
+        model; ``anscombe``: SURE after the generalised Anscombe transform (Poisson noise).
     noise_sigma : float, optional
-        The noise's standard deviation when it is known; default: estimated from the image
-        (:func:`dkha.apply.risk.noise_level`).
+        The noise's standard deviation when it is known (for ``anscombe``, in the stabilised
+        space); default: estimated from the image (:func:`dkha.apply.risk.noise_level`).
     fixed_point : bool
         Also try the fixed-point pre-image on the shortlisted (width, rank) pairs.
     seed : int
@@ -347,7 +389,9 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     widths, ranks, ridges = tuple(widths), tuple(sorted(set(ranks))), tuple(ridges)
     check_choice_options(model, patch, step, samples, widths, ranks, ridges, y.shape)
     report = noise_report(y, risk, sigma=noise_sigma)
-    rule = RiskRule(y, report.rule, report.sigma, seed)
+    stab = stabiliser(report.model) if report.rule == "anscombe" else None
+    work = y if stab is None else stab.forward(y)
+    rule = RiskRule(work, report.rule, report.sigma, seed)
     n_windows = len(Windows(y, patch, step).corners)
     rng = random_stream(seed, Stream.DENOISE_CHOICE, 0)
     train = np.sort(rng.choice(n_windows, min(samples, n_windows), replace=False))
@@ -359,11 +403,16 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
         scored += _score(evals, rule, shortlist(scored, ridges, fixed_point))
     scored.sort(key=lambda t: t[1])
     best, best_risk = settle(scored)
-    if report.rule == "sure":
-        out = evals[0].images([best])[best]
+    if rule.rule == "sure":
+        outputs = [e.images([best])[best] for e in evals]
+        out = np.clip(outputs[0], 0.0, 1.0)
     else:
-        final = Evaluation(y, patch, step, train, report.sigma, max(ranks))
-        out = final.images([best])[best]
+        final = Evaluation(work, patch, step, train, report.sigma, max(ranks))
+        out = np.clip(final.images([best])[best], 0.0, 1.0)
+    if stab is not None:
+        # the risk carried back to the image's space through the inverse's slope (delta method)
+        best_risk = float(np.mean(rule.sure_terms(outputs) * stab.inverse_slope(out) ** 2))
+        out = np.clip(stab.inverse(out), 0.0, 1.0)
     table = [{"candidate": c.label(), "risk": r, **({} if h is None else {"held_out_loss": h})}
              for c, r, h, _ in scored]
     choice = Choice(noise=report.summary(), rule=report.rule, chosen=best, risk=best_risk,
@@ -378,20 +427,28 @@ def settle(scored: list) -> tuple[Candidate, float]:
     """The candidate to use from ``scored`` (best first): the best gaussian-kernel candidate when
     its estimated risk is below that of the best ``σ → ∞`` one (linear PCA, the kernel's limit)
     by at least :data:`MARGIN` of it and :data:`Z_SCORE` standard errors of the difference
-    (from the spread of the two estimates' differences over the image's regions); else that
-    one. The estimates' errors (σ̂'s, the probe's, clipping's) are of that order, and a kernel
-    setting that is not clearly better is not taken."""
+    (from the spread of the two estimates' differences over the image's regions), the
+    difference measured at every noise level of :attr:`RiskRule.levels` (one row of shares
+    each) against the margin of the risk at ``σ̂``; else that one. The estimates'
+    errors (σ̂'s, the probe's, clipped pixels') are of that order, and a kernel setting that is
+    not clearly better is not taken."""
     limit = [t for t in scored if t[0].width is None]
     kernel = [t for t in scored if t[0].width is not None]
     if not limit:
         return scored[0][0], scored[0][1]
-    if kernel:
-        (c, r, _, shares), (_, r0, _, shares0) = kernel[0], limit[0]
-        diff = shares - shares0
-        error = float(np.sqrt(len(diff)) * np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
-        if r0 - r > max(MARGIN * r0, Z_SCORE * error):
-            return c, r
+    if kernel and all(_wins(k, l, limit[0][1]) for k, l in zip(np.atleast_2d(kernel[0][3]),
+                                                               np.atleast_2d(limit[0][3]))):
+        return kernel[0][0], kernel[0][1]
     return limit[0][0], limit[0][1]
+
+
+def _wins(shares: np.ndarray, shares0: np.ndarray, risk0: float) -> bool:
+    """Whether the risk of regional shares ``shares`` is below that of ``shares0`` by
+    :data:`MARGIN` of ``risk0`` (the limit's risk at ``σ̂``) and :data:`Z_SCORE` standard errors
+    of the difference."""
+    diff = shares - shares0
+    error = float(np.sqrt(len(diff)) * np.std(diff, ddof=1)) if len(diff) > 1 else 0.0
+    return -float(np.sum(diff)) > max(MARGIN * risk0, Z_SCORE * error)
 
 
 def _score(evals: list[Evaluation], rule: RiskRule, cands: list[Candidate]) -> list:

@@ -9,7 +9,8 @@ The noise level
 ``σ̂ = median(|HH|) / 0.6745`` over the finest diagonal Haar coefficients
 ``HH = (y[2i, 2j] − y[2i, 2j+1] − y[2i+1, 2j] + y[2i+1, 2j+1]) / 2`` (Donoho & Johnstone 1994):
 for white noise of standard deviation ``σ`` each coefficient carries noise of the same ``σ``, and
-a photograph's own diagonal detail at the finest scale is sparse, so the median ignores it.
+a photograph's own diagonal detail at the finest scale is sparse, so the median ignores it
+(:func:`noise_level`, kept with the noise model in :mod:`dkha.apply.noise`).
 
 Stein's unbiased risk estimate (gaussian noise)
 -----------------------------------------------
@@ -36,13 +37,27 @@ when the noise is independent from pixel to pixel and has zero mean: the loss ra
 their error does, whatever the noise's distribution. The risk reported beside it is the loss less
 ``σ̂²`` (an estimate: ``σ̂`` is the gaussian one).
 
+Stein's unbiased risk estimate of a clipped output
+--------------------------------------------------
+The denoised image is clipped to [0, 1], the range of the images dkha reads: ``g = clip(f)``.
+Its divergence is ``Σ_i 1[0 < f_i < 1] ∂f_i/∂y_i`` (the clip is piecewise linear), so SURE of what
+is returned takes the residual of ``g`` and the Monte-Carlo divergence of ``f`` over the pixels
+``f`` leaves inside (0, 1) (:func:`sure_terms` with ``clip``); taking the finite difference of
+two clipped outputs instead errs at pixels within ``ε`` of a bound.
+
 Which rule (``auto``)
 ---------------------
-SURE needs gaussian noise of one level. ``auto`` takes SURE unless the image shows impulses
-(more than :data:`IMPULSE_FRACTION` of its pixels isolated extremes: at exactly 0 with all eight
-neighbours above 0.3, or at 1 with all below 0.7) or a noise level that depends on the
-intensity (``σ̂`` of the brighter half of the mid-grey 2×2 blocks over that of the darker half
-outside ``1/LEVEL_RATIO .. LEVEL_RATIO``): then the held-out-pixel loss.
+SURE needs gaussian noise of one level. ``auto`` fits three models of how the noise's variance
+depends on the intensity (:func:`dkha.apply.noise.fit_noise_model`: one level, Poisson-gaussian,
+multiplicative; the clip to [0, 1] part of each) and takes
+
+* the held-out-pixel loss when the image shows impulses (more than :data:`IMPULSE_FRACTION` of
+  its pixels isolated extremes: at exactly 0 with all eight neighbours above 0.3, or at 1 with
+  all below 0.7) or multiplicative noise (speckle);
+* ``anscombe`` for Poisson-gaussian noise: SURE in the space of the generalised Anscombe
+  transform, where the noise is gaussian of one level (σ̂ estimated there), the result mapped
+  back by the exact unbiased inverse (:class:`dkha.apply.noise.Stabiliser`);
+* ``sure`` otherwise.
 """
 
 from __future__ import annotations
@@ -51,53 +66,40 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dkha.apply.noise import (  # noqa: F401 - haar_diagonal, noise_level: re-exported
+    NoiseModel,
+    Stabiliser,
+    fit_noise_model,
+    haar_diagonal,
+    noise_level,
+)
 from dkha.errors import ParameterError
 from dkha.schedule import Stream, random_stream
 
 #: the rules :func:`dkha.apply.choose.fit_denoise` takes (``risk=``)
-RULES = ("auto", "sure", "held-out")
-MAD_TO_SIGMA = 0.6745
+RULES = ("auto", "sure", "held-out", "anscombe")
 #: more impulse pixels than this fraction: the noise is not gaussian
 IMPULSE_FRACTION = 0.005
-#: a ratio of noise levels between bright and dark regions beyond this: signal-dependent noise
-LEVEL_RATIO = 1.25
 HOLD_STRIDE = 4
 HOLD_OFFSETS = ((0, 0), (2, 2))
 
 
-def haar_diagonal(image: np.ndarray) -> np.ndarray:
-    """The finest diagonal Haar coefficients of ``image`` (its even-sized part)."""
-    y = np.asarray(image, dtype=np.float64)
-    h, w = (y.shape[0] // 2) * 2, (y.shape[1] // 2) * 2
-    y = y[:h, :w]
-    return (y[0::2, 0::2] - y[0::2, 1::2] - y[1::2, 0::2] + y[1::2, 1::2]) / 2.0
-
-
-def noise_level(image: np.ndarray) -> float:
-    """``σ̂``: the median absolute finest diagonal Haar coefficient over 0.6745 (module
-    docstring); an estimate of the standard deviation of white noise in ``image``."""
-    hh = haar_diagonal(image)
-    if hh.size == 0:
-        raise ParameterError(f"an image of shape {np.shape(image)} is too small to estimate "
-                             "its noise level")
-    return float(np.median(np.abs(hh)) / MAD_TO_SIGMA)
-
-
 @dataclass(frozen=True)
 class NoiseReport:
-    """What the image says about its noise: ``sigma`` (``σ̂``), the fraction of impulse pixels,
-    the ratio of the noise levels of its bright and dark regions, and the rule ``auto`` takes
-    (``rule``) with why (``reason``)."""
+    """What the image says about its noise: ``sigma`` (``σ̂``; in the stabilised space for the
+    ``anscombe`` rule), the fraction of impulse pixels, the fitted noise model
+    (:class:`dkha.apply.noise.NoiseModel`), the rule ``auto`` takes (``rule``) with why
+    (``reason``)."""
 
     sigma: float
     impulses: float
-    level_ratio: float
+    model: NoiseModel
     rule: str
     reason: str
 
     def summary(self) -> dict:
         return {"noise_sigma": self.sigma, "impulse_fraction": self.impulses,
-                "level_ratio": self.level_ratio, "rule": self.rule, "rule_reason": self.reason}
+                **self.model.summary(), "rule": self.rule, "rule_reason": self.reason}
 
 
 def impulse_fraction(image: np.ndarray) -> float:
@@ -114,45 +116,42 @@ def impulse_fraction(image: np.ndarray) -> float:
     return float(np.mean(((y == 0.0) & (low > 0.3)) | ((y == 1.0) & (high < 0.7))))
 
 
-def level_ratio(image: np.ndarray) -> float:
-    """``σ̂`` of the brighter half of the 2×2 blocks whose mean lies in [0.2, 0.8] over ``σ̂`` of
-    the darker half (1 for noise of one level; about √2 for Poisson noise, 2 for speckle)."""
-    y = np.asarray(image, dtype=np.float64)
-    h, w = (y.shape[0] // 2) * 2, (y.shape[1] // 2) * 2
-    means = (y[0:h:2, 0:w:2] + y[0:h:2, 1:w:2] + y[1:h:2, 0:w:2] + y[1:h:2, 1:w:2]) / 4.0
-    hh = np.abs(haar_diagonal(y))
-    mid = (means >= 0.2) & (means <= 0.8)
-    if mid.sum() < 64:
-        return 1.0
-    split = np.median(means[mid])
-    dark = hh[mid & (means <= split)]
-    bright = hh[mid & (means > split)]
-    lo, hi = np.median(dark), np.median(bright)
-    return float(hi / lo) if lo > 0 else float("inf")
-
-
 def noise_report(image: np.ndarray, rule: str = "auto", *, sigma: float | None = None
                  ) -> NoiseReport:
-    """The noise level (``sigma`` when known, else :func:`noise_level`) and the rule to use
-    (``rule``: one of :data:`RULES`; ``auto`` decides from the image, module docstring)."""
+    """The noise model, the rule to use (``rule``: one of :data:`RULES`; ``auto`` decides from
+    the image, module docstring) and the noise level (``sigma`` when known, else
+    :func:`noise_level`; for ``anscombe``, of the stabilised image)."""
     if rule not in RULES:
         raise ParameterError(f"unknown risk rule {rule!r}; choose one of {', '.join(RULES)}")
     if sigma is not None and not (np.isfinite(sigma) and sigma > 0):
         raise ParameterError(f"the noise level must be a positive number, got {sigma}")
-    sigma = noise_level(image) if sigma is None else float(sigma)
-    imp, ratio = impulse_fraction(image), level_ratio(image)
-    if rule != "auto":
-        return NoiseReport(sigma, imp, ratio, rule, "asked")
+    imp, model = impulse_fraction(image), fit_noise_model(image)
+    if rule == "auto":
+        rule, reason = _auto_rule(imp, model)
+    else:
+        reason = "asked"
+    if rule == "anscombe" and model.a <= 0:
+        raise ParameterError("the anscombe rule needs noise whose variance grows with the "
+                             "intensity; this image's does not")
+    if sigma is None:
+        sigma = noise_level(stabiliser(model).forward(image) if rule == "anscombe" else image)
+    return NoiseReport(float(sigma), imp, model, rule, reason)
+
+
+def _auto_rule(imp: float, model: NoiseModel) -> tuple[str, str]:
     if imp > IMPULSE_FRACTION:
-        return NoiseReport(sigma, imp, ratio, "held-out",
-                           f"{imp:.1%} of the pixels are isolated extremes (over "
-                           f"{IMPULSE_FRACTION:.1%}): impulses")
-    if not 1.0 / LEVEL_RATIO <= ratio <= LEVEL_RATIO:
-        return NoiseReport(sigma, imp, ratio, "held-out",
-                           f"the noise level of bright regions is {ratio:.2f}× that of dark ones: "
-                           "signal-dependent")
-    return NoiseReport(sigma, imp, ratio, "sure",
-                       f"no impulses, one noise level (bright/dark {ratio:.2f}): gaussian")
+        return "held-out", (f"{imp:.1%} of the pixels are isolated extremes (over "
+                            f"{IMPULSE_FRACTION:.1%}): impulses")
+    if model.kind == "multiplicative":
+        return "held-out", model.describe()
+    if model.kind == "poisson-gaussian":
+        return "anscombe", model.describe() + ": SURE after the generalised Anscombe transform"
+    return "sure", model.describe() + ": gaussian"
+
+
+def stabiliser(model: NoiseModel) -> Stabiliser:
+    """The generalised Anscombe transform of the model's Poisson-gaussian fit."""
+    return Stabiliser(model.a, model.b)
 
 
 def probe(shape: tuple, seed: int) -> np.ndarray:
@@ -161,18 +160,34 @@ def probe(shape: tuple, seed: int) -> np.ndarray:
 
 
 def sure(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.ndarray,
-         epsilon: float, sigma: float) -> float:
+         epsilon: float, sigma: float, clip: tuple[float, float] | None = None) -> float:
     """Monte-Carlo SURE per pixel (module docstring): ``denoised = f(y)``,
-    ``perturbed = f(y + ε b)``."""
-    return float(np.mean(sure_terms(noisy, denoised, perturbed, b, epsilon, sigma)))
+    ``perturbed = f(y + ε b)``; with ``clip``, of ``clip(f(y))``."""
+    return float(np.mean(sure_terms(noisy, denoised, perturbed, b, epsilon, sigma, clip)))
 
 
 def sure_terms(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.ndarray,
-               epsilon: float, sigma: float) -> np.ndarray:
-    """SURE's terms pixel by pixel, ``(y − f)² − σ² + 2σ² b (f(y + εb) − f) / ε``: their mean is
-    :func:`sure`, their sums over regions show how much of it each region carries."""
-    return (noisy - denoised) ** 2 - sigma**2 + (2.0 * sigma**2 / epsilon) * b * (
-        perturbed - denoised)
+               epsilon: float, sigma: float, clip: tuple[float, float] | None = None
+               ) -> np.ndarray:
+    """SURE's terms pixel by pixel, ``(y − g)² − σ² + 2σ² m b (f(y + εb) − f) / ε`` with
+    ``g = f``, ``m = 1``, or for ``clip = (lo, hi)`` ``g = clip(f)`` and ``m = 1[lo < f < hi]``
+    (the clip's derivative): their mean is :func:`sure`, their sums over regions show how much
+    of it each region carries."""
+    residual, divergence = sure_parts(noisy, denoised, perturbed, b, epsilon, clip)
+    return residual - sigma**2 + 2.0 * sigma**2 * divergence
+
+
+def sure_parts(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.ndarray,
+               epsilon: float, clip: tuple[float, float] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The two parts of :func:`sure_terms` that do not depend on the noise level: the squared
+    residual ``(y − g)²`` and the divergence's Monte-Carlo terms ``m b (f(y + εb) − f) / ε``
+    (SURE at any ``σ`` is ``residual − σ² + 2σ² divergence``)."""
+    denoised_out, inside = denoised, 1.0
+    if clip is not None:
+        inside = (denoised > clip[0]) & (denoised < clip[1])
+        denoised_out = np.clip(denoised, *clip)
+    return (noisy - denoised_out) ** 2, inside * b * (perturbed - denoised) / epsilon
 
 
 def hold_mask(shape: tuple, offset: tuple[int, int]) -> np.ndarray:

@@ -388,11 +388,12 @@ def _choice_options(p: argparse.ArgumentParser) -> None:
     """``dkha denoise IMAGE`` without a run: the candidates and the rule
     (:func:`dkha.apply.choose.fit_denoise`)."""
     g = p.add_argument_group("choice from the noisy image (no RUN_DIR)")
-    g.add_argument("--risk", choices=("auto", "sure", "held-out"),
+    g.add_argument("--risk", choices=("auto", "sure", "held-out", "anscombe"),
                    help="the risk estimate that chooses: SURE with the noise level estimated "
                         "from the image (gaussian noise), the held-out-pixel loss (any "
-                        "pixel-independent noise), or auto (default: SURE unless the image shows "
-                        "impulses or a noise level that depends on the intensity)")
+                        "pixel-independent noise), SURE after the generalised Anscombe "
+                        "transform (Poisson noise), or auto (default: from the noise model the "
+                        "image shows: impulses or speckle held-out, Poisson anscombe, else SURE)")
     g.add_argument("--model", choices=("kernel", "linear"),
                    help="kernel PCA (default) or linear patch PCA under the same rule")
     g.add_argument("--widths", type=float, nargs="+", metavar="W",
