@@ -46,8 +46,8 @@ Poisson noise
 When the image's noise grows with its intensity as photon counts do (:mod:`dkha.apply.noise`),
 the rule is ``anscombe``: the whole choice runs on the generalised Anscombe transform of the
 image, where the noise is gaussian of one level (σ̂ estimated there), and the chosen result is
-mapped back by the exact unbiased inverse; its estimated risk is carried back through the
-inverse's slope. Linear patch PCA (``model="linear"``) takes the same path.
+mapped back by the exact unbiased inverse; the risks are those of the stabilised space
+(:attr:`Choice.space`). Linear patch PCA (``model="linear"``) takes the same path.
 
 Every candidate's risk is estimated on the same two evaluations of the whole denoiser (fits
 included): ``y`` and ``y + εb`` for SURE (``ε = σ̂/10``), or the two held-out images for the
@@ -136,9 +136,11 @@ class Candidate:
 
 @dataclass
 class Choice:
-    """The choice and how it was made: the noise report (``σ̂``, the rule and why), the chosen
-    candidate, its estimated risk (MSE per pixel; for the held-out rule also its loss) and the
-    risk of every candidate tried, best first."""
+    """The choice and how it was made: the noise report (``σ̂``, the noise model, the rule and
+    why), the chosen candidate, its estimated risk (MSE per pixel; for the held-out rule also its
+    loss) and the risk of every candidate tried, best first; ``space``: where the risks are
+    measured, ``image`` or ``anscombe`` (the stabilised space, where the noise's standard
+    deviation is ``σ̂``; no PSNR is implied there)."""
 
     noise: dict
     rule: str
@@ -146,11 +148,13 @@ class Choice:
     risk: float
     table: list = field(default_factory=list)
     seconds: float = 0.0
+    space: str = "image"
 
     def summary(self) -> dict:
+        psnr = psnr_of_risk(self.risk) if self.space == "image" else None
         return {**self.noise, "rule": self.rule, "chosen": asdict(self.chosen),
                 "chosen_label": self.chosen.label(), "estimated_risk": self.risk,
-                "estimated_psnr": psnr_of_risk(self.risk), "candidates": self.table,
+                "risk_space": self.space, "estimated_psnr": psnr, "candidates": self.table,
                 "choice_seconds": self.seconds}
 
 
@@ -403,20 +407,16 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
         scored += _score(evals, rule, shortlist(scored, ridges, fixed_point))
     scored.sort(key=lambda t: t[1])
     best, best_risk = settle(scored)
-    if rule.rule == "sure":
-        outputs = [e.images([best])[best] for e in evals]
-        out = np.clip(outputs[0], 0.0, 1.0)
-    else:
-        final = Evaluation(work, patch, step, train, report.sigma, max(ranks))
-        out = np.clip(final.images([best])[best], 0.0, 1.0)
+    final = evals[0] if rule.rule == "sure" else Evaluation(work, patch, step, train,
+                                                            report.sigma, max(ranks))
+    out = np.clip(final.images([best])[best], 0.0, 1.0)
     if stab is not None:
-        # the risk carried back to the image's space through the inverse's slope (delta method)
-        best_risk = float(np.mean(rule.sure_terms(outputs) * stab.inverse_slope(out) ** 2))
         out = np.clip(stab.inverse(out), 0.0, 1.0)
     table = [{"candidate": c.label(), "risk": r, **({} if h is None else {"held_out_loss": h})}
              for c, r, h, _ in scored]
     choice = Choice(noise=report.summary(), rule=report.rule, chosen=best, risk=best_risk,
-                    table=table, seconds=time.perf_counter() - t0)
+                    table=table, seconds=time.perf_counter() - t0,
+                    space="image" if stab is None else "anscombe")
     return DenoiseResult(image=out, noisy=y, n_patches=n_windows, patch=patch, step=step,
                          iterations=0, converged=n_windows, undefined=0,
                          seconds=time.perf_counter() - t0, method=best.preimage, choice=choice,

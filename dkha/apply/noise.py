@@ -254,11 +254,3 @@ class Stabiliser:
     def inverse(self, d: np.ndarray) -> np.ndarray:
         """The exact unbiased inverse: the ``x`` whose expected transform is ``d``."""
         return np.interp(d, self.expected, self.x_grid)
-
-    def inverse_slope(self, d: np.ndarray) -> np.ndarray:
-        """``dx/dd`` of :meth:`inverse` at ``d`` (to carry a risk in the stabilised space back
-        to the image's)."""
-        d_x, d_e = np.diff(self.x_grid), np.diff(self.expected)
-        mid = (self.expected[1:] + self.expected[:-1]) / 2
-        rising = d_e > 0
-        return np.interp(d, mid[rising], d_x[rising] / d_e[rising])

@@ -102,8 +102,9 @@ def _print_choice(res, out: str, choice_file: str) -> None:
     space = ", of the Anscombe-transformed image" if c.rule == "anscombe" else ""
     print(f"noise σ̂ {c.noise['noise_sigma']:.4f} (finest diagonal Haar MAD{space}); rule "
           f"{c.rule}: {c.noise['rule_reason']}")
-    print(f"chosen: {c.chosen.label()}; estimated MSE {c.risk:.3g} "
-          f"(PSNR ≈ {10 * np.log10(1 / c.risk) if c.risk > 0 else float('inf'):.2f} dB), "
+    implied = (f"PSNR ≈ {10 * np.log10(1 / c.risk) if c.risk > 0 else float('inf'):.2f} dB"
+               if c.space == "image" else "in the Anscombe-transformed image")
+    print(f"chosen: {c.chosen.label()}; estimated MSE {c.risk:.3g} ({implied}), "
           f"best of {len(c.table)} candidates in {c.seconds:.1f} s")
     _print_figures(res)
     print(f"saved {out} and the choice in {choice_file}")
