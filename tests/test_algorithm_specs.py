@@ -119,3 +119,27 @@ def test_the_specs_carry_what_the_family_did_by_name():
                    "kha-et": (True, True, True, False), "kha-smd": (True, True, True, True)}
     assert [a for a in algorithms.names() if algorithms.is_exact(a)] == [algorithms.KRYLOV]
     assert not algorithms.streams_together(algorithms.AUTO)
+
+
+def test_the_estimator_fits_an_algorithm_registered_after_import(digits, registered, monkeypatch):
+    """The estimator's parameter table asks the registry when it validates (not a list frozen
+    at import): a clone of KHA/et's spec under a new name, registered here, fits through
+    ``KernelHebbianPCA`` to KHA/et's bits; the spec's gains reach the fit (the registered
+    non-decaying variant ends elsewhere); an unknown name's message lists the registered
+    ones."""
+    from dataclasses import replace
+
+    from dkha import KernelHebbianPCA
+
+    clone = algorithms.register(replace(algorithms.spec("kha-et"), name="kha-et-clone"))
+    X = np.array(digits)[:150]
+
+    def fit(name):
+        return KernelHebbianPCA(R, algorithm=name, sigma=4.0, passes=PASSES, init="random",
+                                eta0=0.4, seed=SEED).fit(X).alpha_
+
+    built_in = fit("kha-et")
+    np.testing.assert_array_equal(fit(clone.name), built_in)
+    assert np.abs(fit(CONSTANT_ET.name) - built_in).max() > 1e-3 * np.abs(built_in).max()
+    with pytest.raises(ParameterError, match="kha-et-clone"):
+        KernelHebbianPCA(R, algorithm="kha-nope").fit(X)

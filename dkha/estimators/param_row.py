@@ -5,6 +5,7 @@ how a value is checked against it: :class:`Param`, the accepted values (:class:`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any
@@ -57,15 +58,21 @@ class Interval:
 
 @dataclass(frozen=True)
 class Options:
-    """One of ``values``."""
+    """One of ``values``; with ``live``, one of what ``live()`` returns when asked (a registry
+    that may grow after import: an algorithm registered by :func:`dkha.algorithms.register`)."""
 
-    values: tuple
+    values: tuple = ()
+    live: Callable[[], tuple] | None = None
+
+    @property
+    def choices(self) -> tuple:
+        return tuple(self.live()) if self.live is not None else self.values
 
     def __contains__(self, value) -> bool:
-        return value in self.values
+        return value in self.choices
 
     def message(self, name: str, value) -> str:
-        return f"unknown {name} {value!r}; choose one of {', '.join(map(str, self.values))}"
+        return f"unknown {name} {value!r}; choose one of {', '.join(map(str, self.choices))}"
 
 
 @dataclass(frozen=True)
@@ -188,8 +195,8 @@ def _sklearn_words(a) -> str:
         rb = "]" if a.right is not None and a.closed in ("right", "both") else ")"
         return f"{'an int' if integral else 'a float'} in the range {lb}{lo}, {hi}{rb}"
     if isinstance(a, Options):
-        if all(isinstance(v, str) for v in a.values):
-            return "a str among {" + ", ".join(repr(v) for v in sorted(a.values)) + "}"
-        return "one of {" + ", ".join(repr(v) for v in a.values) + "}"
+        if all(isinstance(v, str) for v in a.choices):
+            return "a str among {" + ", ".join(repr(v) for v in sorted(a.choices)) + "}"
+        return "one of {" + ", ".join(repr(v) for v in a.choices) + "}"
     types = a if isinstance(a, tuple) else (a,)
     return " or ".join(f"an instance of {t.__name__!r}" for t in types)

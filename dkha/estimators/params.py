@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import warnings
+from functools import partial
 from numbers import Integral, Real
 
 from dkha import algorithms
@@ -77,7 +78,8 @@ PARAMETERS: tuple[Param, ...] = (
           "(eq. 8), ``η0 l/(t+l)``, eq. 12 gains, Stochastic Meta-Descent (Algorithm 1) on top "
           "of eq. 12; or the exact top eigenvectors by a block Krylov method (LOBPCG) whose "
           "products are blockwise passes.",
-          Options(algorithms.names(*ESTIMATOR_FAMILIES[BATCH])), models=(BATCH,), shared=False,
+          Options(live=partial(algorithms.names, *ESTIMATOR_FAMILIES[BATCH])), models=(BATCH,),
+          shared=False,
           doc_type="{" + ", ".join(f'"{a}"' for a in algorithms.names(*ESTIMATOR_FAMILIES[BATCH]))
           + f'}}, default "{algorithms.AUTO}"',
           short="default auto: the fastest exact path, chosen by a cost model; or one of "
@@ -89,7 +91,7 @@ PARAMETERS: tuple[Param, ...] = (
     Param("algorithm", algorithms.ONLINE_DEFAULT,
           "ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised, "
           "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
-          Options(algorithms.names(*ESTIMATOR_FAMILIES[ONLINE])), models=(ONLINE,),
+          Options(live=partial(algorithms.names, *ESTIMATOR_FAMILIES[ONLINE])), models=(ONLINE,),
           shared=False,
           saved=True, identity=True),
     Param("kernel", "gaussian",
@@ -467,7 +469,7 @@ def _doc_type(p: Param) -> str:
     """The docstring type of a row without one: its options and default."""
     if isinstance(p.accepts, Options):
         values = "{" + ", ".join(f'"{v}"' if isinstance(v, str) else repr(v)
-                                 for v in p.accepts.values) + "}"
+                                 for v in p.accepts.choices) + "}"
         return values + (", optional" if p.default is None else f', default "{p.default}"'
                          if isinstance(p.default, str) else f", default {p.default!r}")
     return "optional"
@@ -591,7 +593,7 @@ def add_options(parser, model_kinds=BOTH, *, types: dict, skip=(), defaults: dic
         if isinstance(extra.get("type"), str):
             extra["type"] = types[extra["type"]]
         if extra.get("choices") is True:        # the table's options, never re-listed
-            extra["choices"] = p.accepts.values
+            extra["choices"] = p.accepts.choices
         extra.setdefault("default", p.default)
         if p.dest in defaults:
             extra["default"] = defaults[p.dest]
