@@ -16,10 +16,13 @@ training sample):
 * ``linear``: linear patch PCA, ``dkha.apply.choose.fit_denoise(model="linear")``: rank and
   aggregation (uniform or weighted) chosen by the same risk estimate as dkha's;
 * ``dkha``: ``fit_denoise()`` (``dkha denoise NOISY.png -o OUT.png``): kernel width, rank,
-  pre-image and aggregation chosen by the risk estimate (SURE with the noise level estimated
-  from the image, or the held-out-pixel loss where the image shows non-gaussian noise); where
-  no gaussian width beats the kernel's σ → ∞ limit clearly (5 % and 2 standard errors of the
-  estimated risk) that limit, which is linear patch PCA's own result (Δ = 0);
+  pre-image and aggregation chosen by the risk estimate the image's noise model calls for (SURE
+  of the clipped result with the noise level estimated from the image; SURE after the
+  generalised Anscombe transform, with its exact unbiased inverse, where the variance grows with
+  the intensity as photon counts do; the held-out-pixel loss for impulses or speckle); where no
+  gaussian width beats the kernel's σ → ∞ limit clearly (5 % and 2 standard errors of the
+  estimated risk, at σ̂ and at σ̂ ± 15 %) that limit, which is linear patch PCA's own result
+  (Δ = 0);
 * ``BM3D``: the ``bm3d`` package (``pip install 'dkha[bench]'``) given the true noise level (the
   standard deviation of the noise actually added): an oracle setting, for reference.
 
