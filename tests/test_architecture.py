@@ -14,7 +14,8 @@ import shutil
 import subprocess
 import sys
 
-from dkha import algorithms
+from dkha import algorithms, kernels
+from dkha.kernels import builtin
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LONGEST = 120
@@ -307,17 +308,13 @@ def _context_names(node: ast.AST, const: ast.AST) -> list[str] | None:
     return None
 
 
-def bare_algorithm_names(package: pathlib.Path, algorithms: tuple[str, ...],
-                         default: str) -> list[str]:
-    """``file:line 'name'`` for each string literal of ``package`` outside ``algorithms.py``
-    that spells an algorithm's name (docstrings and other lone strings, and comments, are left
-    out; so are :data:`NOT_ALGORITHMS`). ``default`` (``auto``) also names a device, a
-    projection site and a noise rule: it counts where what decides its meaning
-    (:func:`_context_names`) mentions an algorithm."""
-    out = []
+def _named_literals(package: pathlib.Path, names, skip):
+    """``(file, node, parent)`` for each string literal of ``package`` (files ``skip(file)``
+    left out) that spells one of ``names``: docstrings and other lone strings, and comments,
+    are left out; ``parent`` maps each node of the file's tree to the node above it."""
     for path in sorted(package.rglob("*.py")):
         name = path.relative_to(package).as_posix()
-        if name == "algorithms.py":
+        if skip(name):
             continue
         tree = ast.parse(path.read_text())
         parent, lone = {}, set()
@@ -327,18 +324,36 @@ def bare_algorithm_names(package: pathlib.Path, algorithms: tuple[str, ...],
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 lone.add(node.value)
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Constant) and node.value in algorithms) or node in lone \
-                    or (name, node.value) in NOT_ALGORITHMS:
+            if isinstance(node, ast.Constant) and node.value in names and node not in lone:
+                yield name, node, parent
+
+
+def _listed(found) -> list[str]:
+    """``file:line 'name'`` of ``(file, node)`` pairs, in file and line order."""
+    out = sorted((name, node.lineno, node.col_offset, node.value) for name, node in found)
+    return [f"{name}:{line} {value!r}" for name, line, _, value in out]
+
+
+def bare_algorithm_names(package: pathlib.Path, algorithms: tuple[str, ...],
+                         default: str) -> list[str]:
+    """``file:line 'name'`` for each string literal of ``package`` outside ``algorithms.py``
+    that spells an algorithm's name (:func:`_named_literals`; :data:`NOT_ALGORITHMS` left
+    out). ``default`` (``auto``) also names a device, a projection site and a noise rule: it
+    counts where what decides its meaning (:func:`_context_names`) mentions an algorithm."""
+    out = []
+    for name, node, parent in _named_literals(package, algorithms,
+                                              lambda name: name == "algorithms.py"):
+        if (name, node.value) in NOT_ALGORITHMS:
+            continue
+        if node.value == default:
+            up, names = node, None
+            while names is None and up in parent:
+                up = parent[up]
+                names = _context_names(up, node)
+            if not any("algorithm" in str(n) for n in names or ()):
                 continue
-            if node.value == default:
-                up, names = node, None
-                while names is None and up in parent:
-                    up = parent[up]
-                    names = _context_names(up, node)
-                if not any("algorithm" in str(n) for n in names or ()):
-                    continue
-            out.append((name, node.lineno, node.col_offset, node.value))
-    return [f"{name}:{line} {value!r}" for name, line, _, value in sorted(out)]
+        out.append((name, node))
+    return _listed(out)
 
 
 def test_no_algorithm_is_named_outside_its_registry(tmp_path):
@@ -362,3 +377,50 @@ def test_no_algorithm_is_named_outside_its_registry(tmp_path):
         "solvers/toy.py:2 'auto'", "solvers/toy.py:4 'kha-et'", "solvers/toy.py:4 'kha-smd'",
         "solvers/toy.py:5 'auto'", "solvers/toy.py:6 'auto'", "solvers/toy.py:7 'auto'",
         "solvers/toy.py:7 'auto'", "solvers/toy.py:9 'auto'", "solvers/toy.py:9 'krylov'"]
+
+
+# --- no kernel's name tested outside its registry ------------------------------------------------
+
+#: dkha's own kernels' names and aliases (:mod:`dkha.kernels.builtin`; the callable kernel is
+#: made from a function, not by name)
+KERNEL_NAMES = (*kernels.KERNELS, *kernels.KERNEL_ALIASES, builtin.CALLABLE.name)
+#: literals compared against that spell a kernel's name and mean something else: (file, value)
+NOT_KERNELS = {("apply/choose.py", "linear"): "linear patch PCA (a model and its pre-image)",
+               ("apply/noise.py", "gaussian"): "a noise model",
+               ("tiles.py", "gaussian"): "the cache key of the gaussian tile's CUDA function"}
+
+
+def compared_kernel_names(package: pathlib.Path, names: tuple[str, ...]) -> list[str]:
+    """``file:line 'name'`` for each string literal of ``package`` outside ``kernels/`` that
+    spells a kernel's name (:func:`_named_literals`; :data:`NOT_KERNELS` left out) as an
+    operand of a comparison (``==``, ``!=``, ``in``, ...) or an item of a tuple, list or set
+    that is one: a decision on a kernel's name, which belongs in its spec. Using a name
+    (``make_kernel("gaussian")``, a default) is not one."""
+    def compared(node, parent) -> bool:
+        up = parent.get(node)
+        if isinstance(up, (ast.Tuple, ast.List, ast.Set)):
+            up = parent.get(up)
+        return isinstance(up, ast.Compare)
+
+    return _listed((name, node) for name, node, parent in _named_literals(
+        package, names, lambda name: name.startswith("kernels/"))
+        if (name, node.value) not in NOT_KERNELS and compared(node, parent))
+
+
+def test_no_kernel_name_is_tested_outside_its_registry(tmp_path):
+    """Issue 34: what a kernel does differently is a field of its spec
+    (:class:`dkha.kernels.KernelSpec`), so a registered kernel gets it; nothing outside
+    :mod:`dkha.kernels` decides on a kernel's name."""
+    assert compared_kernel_names(ROOT / "dkha", KERNEL_NAMES) == []
+    # not vacuous: each way of testing one is seen, and a use of one is not
+    (tmp_path / "fit").mkdir()
+    (tmp_path / "fit" / "toy.py").write_text(
+        '"""Only if kernel == "gaussian"."""\n'                   # a docstring: left out
+        'def f(kernel="gaussian", model="linear"):\n'
+        '    k = make_kernel("gaussian", sigma=1.0)\n'
+        '    if kernel == "rbf" or k.name != "precomputed":\n'
+        '        return kernel.lower() in ("poly", "sigmoid") or "laplacian" not in names\n'
+        '    return {"cosine": 1}[kernel], model == "linear"\n')
+    assert compared_kernel_names(tmp_path, KERNEL_NAMES) == [
+        "fit/toy.py:4 'rbf'", "fit/toy.py:4 'precomputed'", "fit/toy.py:5 'poly'",
+        "fit/toy.py:5 'sigmoid'", "fit/toy.py:5 'laplacian'", "fit/toy.py:6 'linear'"]

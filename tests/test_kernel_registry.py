@@ -253,3 +253,89 @@ def test_the_online_estimator_takes_its_parameters(tmp_path, digits):
     assert loaded.get_params()["kernel_params"] == {"length_scale": 5.5}
     assert loaded.kernel_ == model.kernel_
     np.testing.assert_array_equal(loaded.transform(digits[:20]), model.transform(digits[:20]))
+
+
+# --- what sets a kernel apart outside dkha.kernels is a field of its spec (issue 34) ----------
+
+
+def heat_block(kernel, X, Y):
+    """The gaussian ``exp(−‖x − y‖² / (2σ²))`` by NumPy, as a kernel of another name."""
+    d2 = squared_distances(np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64))
+    return np.exp(d2 / (-2.0 * require(kernel, "sigma") ** 2))
+
+
+def heat_gamma(kernel):
+    return 0.5 / require(kernel, "sigma") ** 2
+
+
+def gram_block(kernel, X, Y):
+    """A block of a square kernel matrix whose rows carry their index last."""
+    return np.ascontiguousarray(np.asarray(X)[:, np.asarray(Y)[:, -1].astype(np.int64)])
+
+
+HEAT = register_kernel(KernelSpec(
+    "heat", {"sigma": None}, "exp(-||x - y||² / (2 sigma²))", checks={"sigma": positive},
+    block=heat_block, diagonal=1.0, width="sigma", widen_on_patches=True,
+    gaussian_width="sigma", sklearn_gamma=heat_gamma))
+GRAM = register_kernel(KernelSpec("gram", {}, "K[x, y]", block=gram_block, pairwise=True))
+
+
+def test_a_registered_kernel_takes_the_gaussians_behaviour_from_its_spec(digits, seed):
+    """The patch width, the fixed-point and gradient pre-images and scikit-learn's ``gamma_``
+    follow the spec's fields, not the name ``gaussian``: a gaussian registered as ``heat``
+    gets them (the gaussian's values), the Matérn kernel, without them, does not."""
+    from types import SimpleNamespace
+
+    from dkha.apply.preimage import check_method, default_method, preimages
+    from dkha.estimators.sklearn_view import sklearn_gamma
+    from dkha.fit.coordinator import resolve_kernel
+    from dkha.kernels import median_distance
+
+    X = np.asarray(digits[:120], dtype=np.float64)
+    patches = SimpleNamespace(n_features=X.shape[1], attrs={"patch": [8, 8]},
+                              sample=lambda n, s: X)
+    median = median_distance(X)
+    assert resolve_kernel(patches, "heat", seed)["sigma"] == 3.0 * median
+    assert resolve_kernel(patches, "gaussian", seed)["sigma"] == 3.0 * median
+    assert resolve_kernel(patches, "matern32", seed)["length_scale"] == median
+
+    heat, gaussian = make_kernel("heat", sigma=2.5), make_kernel("gaussian", sigma=2.5)
+    matern = make_kernel("matern32", length_scale=2.5)
+    assert default_method(heat) == "fixed-point" and default_method(matern) == "conformal"
+    assert check_method("gradient", heat) == "gradient"
+    with pytest.raises(ParameterError, match="needs a gaussian kernel"):
+        check_method("fixed-point", matern)
+    # the fixed point of heat is the gaussian's (the oracle: the built-in's compiled tile)
+    K = centered(gaussian.block(X, X))
+    w, V = np.linalg.eigh(K)
+    alpha = (V[:, ::-1][:, :5] / np.sqrt(w[::-1][:5])).T
+    y = (alpha @ K)[:, :10].T
+    got = [preimages(X, k, alpha, y, X[:10], iterations=20).Z for k in (heat, gaussian)]
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-9, atol=1e-12)
+
+    def gamma_(name, kernel):
+        return sklearn_gamma(SimpleNamespace(kernel=name, kernel_=kernel, gamma=None,
+                                             n_features_in_=64))
+    assert gamma_("heat", heat) == 0.5 / 2.5**2 == gamma_("gaussian", gaussian)
+    assert gamma_("matern32", matern) == 1 / 64
+    assert gamma_("rbf", make_kernel("rbf").with_defaults(64)) == 1 / 64
+
+
+def test_a_registered_pairwise_kernel_takes_the_kernel_matrix(digits, seed):
+    """A spec with ``pairwise`` is fitted from the square kernel matrix as ``precomputed`` is
+    (same projections), and refused where ``precomputed`` is."""
+    from dkha.estimators.batch import KernelHebbianPCA
+    from dkha.estimators.online import OnlineKernelPCA
+
+    X = np.asarray(digits[:150], dtype=np.float64)
+    K = make_kernel("gaussian", sigma=3.0).block(X, X)
+    fits = [KernelHebbianPCA(4, kernel=name, seed=seed).fit(K) for name in ("gram", "precomputed")]
+    assert fits[0].__sklearn_tags__().input_tags.pairwise
+    np.testing.assert_allclose(np.abs(fits[0].transform(K[:20])),
+                               np.abs(fits[1].transform(K[:20])), rtol=1e-9, atol=1e-9)
+    lam = np.linalg.eigvalsh(centered(K))[::-1][:4] / len(K)
+    np.testing.assert_allclose(np.sort(fits[0].eigenvalues_)[::-1] / len(K), lam, rtol=1e-6)
+    with pytest.raises(ParameterError, match="precomputed"):
+        KernelHebbianPCA(4, kernel="gram", fit_inverse_transform=True).fit(K)
+    with pytest.raises(ParameterError, match="cannot take a precomputed"):
+        OnlineKernelPCA(4, kernel="gram").fit(K)

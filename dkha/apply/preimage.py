@@ -182,8 +182,9 @@ def dictionary_expansion(alpha: np.ndarray, mean_coefficient: np.ndarray, projec
 
 
 def default_method(kernel: Kernel) -> str:
-    """``fixed-point`` for the gaussian kernel, ``conformal`` (the one that applies) otherwise."""
-    return "fixed-point" if kernel.name == "gaussian" else "conformal"
+    """``fixed-point`` for a gaussian kernel (its spec's ``gaussian_width``), ``conformal``
+    (the one that applies) otherwise."""
+    return "fixed-point" if kernel.spec.gaussian_width is not None else "conformal"
 
 
 def check_method(method: str | None, kernel: Kernel) -> str:
@@ -194,7 +195,7 @@ def check_method(method: str | None, kernel: Kernel) -> str:
     if method not in METHODS:
         raise ParameterError(f"unknown pre-image method {method!r}; choose one of "
                              f"{', '.join(METHODS)}")
-    if method in ("fixed-point", "gradient") and kernel.name != "gaussian":
+    if method in ("fixed-point", "gradient") and kernel.spec.gaussian_width is None:
         what = ("the fixed-point pre-image (Mika et al.)" if method == "fixed-point"
                 else "the gradient pre-image (Honeine §5.3)")
         raise ParameterError(f"{what} needs a gaussian kernel; this run used {kernel.describe()}. "
@@ -577,7 +578,8 @@ def solve(method: str | None, training: Training, expansion_: Expansion, start: 
     if method == "conformal":
         return conformal(training, expansion_, eta=0.0 if eta is None else eta)
     if method == "gradient":
-        return gradient(training.sums, expansion_, start, training.kernel["sigma"],
+        kernel = training.kernel
+        return gradient(training.sums, expansion_, start, kernel[kernel.spec.gaussian_width],
                         iterations=iterations, tol=tol, step=step, nonnegative=nonnegative)
     return fixed_point(training.sums, expansion_, start, iterations=iterations, tol=tol)
 

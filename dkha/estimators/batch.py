@@ -47,7 +47,7 @@ from dkha.fit.request import (
     frozen_mapping,
 )
 from dkha.fit.run_dir import write_run
-from dkha.kernels import precomputed_rows
+from dkha.kernels import kernel_names, pairwise, precomputed_rows, spec_of
 from dkha.runs.run import kernel_of
 from dkha.runs.transform import project_rows
 from dkha.solvers.batch import (
@@ -73,7 +73,7 @@ def fitted_components(n_components: int | None, n_samples: int) -> int:
     return min(int(n_components), max(n_samples - 1, 0))
 
 
-@declare(BATCH)
+@declare(BATCH, kernel_names(plugins=False))
 class KernelHebbianPCA(DkhaTransformer):
     """Kernel principal components by the Kernel Hebbian Algorithm family.
 
@@ -252,7 +252,7 @@ DataStore
         if self.fit_inverse_transform not in (True, False, "preimage"):
             raise ParameterError("fit_inverse_transform must be True, False or 'preimage', got "
                                  f"{self.fit_inverse_transform!r}")
-        precomputed = isinstance(self.kernel, str) and self.kernel == "precomputed"
+        precomputed = pairwise(self.kernel)
         if precomputed and self.fit_inverse_transform is True:
             raise ParameterError("Cannot fit_inverse_transform with a precomputed kernel.")
         if input_kind(X) == "array":
@@ -276,7 +276,7 @@ DataStore
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.pairwise = isinstance(self.kernel, str) and self.kernel == "precomputed"
+        tags.input_tags.pairwise = pairwise(self.kernel)
         return tags
 
     def to_dataset(self):
@@ -381,7 +381,8 @@ def _from_dataset(cls, ds) -> KernelHebbianPCA:
     a = ds.attrs
     l = int(a["n_samples"])
     n_steps = int(a["n_steps"])
-    kw = dict({"init": "random"}, **from_attrs(BATCH, a))  # older runs: no init attr
+    # older runs: no init attr
+    kw = dict({"init": "random"}, **from_attrs(BATCH, a, spec_of(a.get("kernel"))))
     model = cls(**kw, passes=n_steps // l if n_steps % l == 0 else None,
                 steps=None if n_steps % l == 0 else n_steps)
     model.alpha_ = ds["alpha"].values.copy()
@@ -551,7 +552,7 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     first = models[0]
     store, tmp, X_fit = resolve_store(X)
     tmp_store = None if tmp is None else _TemporaryStore(tmp)
-    if first.kernel == "precomputed" and store.n_features != store.n_samples + 1:
+    if pairwise(first.kernel) and store.n_features != store.n_samples + 1:
         raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
                              "appends each row's index), not fit_together")
     request = FitRequest(

@@ -66,7 +66,7 @@ from dkha.fit.online import (
 )
 from dkha.fit.request import RunOptions, frozen_mapping
 from dkha.fit.run_dir import write_run
-from dkha.kernels import Kernel
+from dkha.kernels import Kernel, kernel_names, pairwise
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
 from dkha.version import __version__
 
@@ -94,7 +94,7 @@ def _check_dictionary(solver: OnlineKHA) -> None:
 # --- the estimator -------------------------------------------------------------------------------
 
 
-@declare(ONLINE)
+@declare(ONLINE, kernel_names(plugins=False))
 class OnlineKernelPCA(DkhaTransformer):
     """Kernel principal components online, over a dictionary chosen by the ALD criterion.
 
@@ -145,7 +145,7 @@ class OnlineKernelPCA(DkhaTransformer):
         return validated_settings(self)
 
     def _kernel(self, source) -> Kernel:
-        if isinstance(self.kernel, str) and self.kernel == "precomputed":
+        if pairwise(self.kernel):
             raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
                                  "dictionary needs the kernel of each new sample against the "
                                  "members); use KernelHebbianPCA")

@@ -9,7 +9,7 @@ from dkha.data import result
 from dkha.errors import InputError
 from dkha.estimators.params import ONLINE, from_attrs
 from dkha.fit.online import new_solver, online_dataset
-from dkha.kernels import make_kernel
+from dkha.kernels import make_kernel, spec_of
 
 
 def dataset_of(model) -> xr.Dataset:
@@ -23,7 +23,7 @@ def estimator_of(cls, ds: xr.Dataset):
     run, its solver restored from the saved state."""
     a = ds.attrs
     kp = dict(a.get("kernel_parameters", {}))
-    model = cls(**from_attrs(ONLINE, a))
+    model = cls(**from_attrs(ONLINE, a, spec_of(a.get("kernel"))))
     # the scales the run was fitted with (the unit of eta0, read off its data then)
     p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
     kernel = make_kernel(a["kernel"], **kp)

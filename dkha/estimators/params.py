@@ -106,9 +106,7 @@ PARAMETERS: tuple[Param, ...] = (
           "evaluated per pair on the workers; a kernel registered with "
           ":func:`dkha.register_kernel` (or a ``dkha.kernels`` entry point) by its name.",
           None, cli={"group": "kernel"},
-          doc_type='{"gaussian", "laplacian", "polynomial", "sigmoid", "cosine", "rbf", "poly", '
-                   '"linear", "precomputed"}, a registered kernel or callable, default '
-                   '"gaussian"',
+          doc_type='{kernels}, a registered kernel or callable, default "gaussian"',
           short="gaussian, laplacian, polynomial, sigmoid, cosine; scikit-learn's rbf, poly, "
                 "linear (its gamma defaults); a kernel of a dkha.kernels entry point",
           saved=True, identity=True),
@@ -424,19 +422,22 @@ def saved_rows(model: str) -> tuple[tuple[str, str], ...]:
     return tuple((p.name, p.attr) for p in parameters(model) if p.attr is not None)
 
 
-def from_attrs(model: str, attrs: dict) -> dict:
+def from_attrs(model: str, attrs: dict, spec) -> dict:
     """The estimator's keywords of ``model`` back from a saved run's ``attrs`` (what
     :func:`saved_attrs` wrote): the saved rows (under their former names in runs saved before a
-    rename; attrs an older run lacks are left to the defaults) and the kernel's parameters."""
+    rename; attrs an older run lacks are left to the defaults) and the kernel's parameters.
+    ``spec``: the :class:`~dkha.kernels.KernelSpec` of the run's kernel (``None`` where none
+    is registered here); one made from a function, not by name, keeps its parameters (the
+    function's name and keywords) out of ``kernel_params``."""
     kernel = attrs.get("kernel_parameters", {})
     out = {p.name: saved_value(attrs, p.attr, p.former_attr) for p in parameters(model)
            if p.attr is not None and (p.attr in attrs or p.former_attr in attrs)}
     rows = {p.name: p.kernel_param for p in parameters(model) if p.kernel_param is not None}
     out.update({name: kernel.get(key) for name, key in rows.items()})
-    # a registered kernel's parameters without a row of their own (a callable's are its name)
+    # a registered kernel's parameters without a row of their own
     rest = {k: v for k, v in kernel.items() if k not in rows.values()}
     if rest and any(p.name == "kernel_params" for p in parameters(model)) \
-            and attrs.get("kernel") != "callable":
+            and (spec is None or spec.by_name):
         out["kernel_params"] = rest
     return out
 
@@ -475,10 +476,11 @@ def _doc_type(p: Param) -> str:
     return "optional"
 
 
-def _docs(model: str) -> str:
+def _docs(model: str, kernels: tuple[str, ...]) -> str:
     out = []
+    names = "{" + ", ".join(f'"{k}"' for k in kernels) + "}"
     for p in parameters(model):
-        out.append(f"    {p.name} : {p.doc_type or _doc_type(p)}")
+        out.append(f"    {p.name} : {(p.doc_type or _doc_type(p)).replace('{kernels}', names)}")
         words, line = p.help.split(), "       "
         for w in words:
             if len(line) + 1 + len(w) > 96:
@@ -489,10 +491,12 @@ def _docs(model: str) -> str:
     return "\n".join(out)
 
 
-def declare(model: str):
+def declare(model: str, kernels: tuple[str, ...]):
     """Class decorator: the estimator's ``__init__`` (it only stores the parameters, as
     scikit-learn's do; ``n_components`` may be positional, the rest are keyword-only) and the
-    ``{parameters}`` of its docstring, from :data:`PARAMETERS`."""
+    ``{parameters}`` of its docstring, from :data:`PARAMETERS`; ``kernels``: the kernel names
+    it lists (:func:`dkha.kernels.kernel_names`, which this module, imported by the command
+    line's light paths, does not import)."""
     sig = _signature(model)
 
     def __init__(self, *args, **kwargs):
@@ -508,7 +512,7 @@ def declare(model: str):
         cls.__init__ = __init__
         cls._table = model
         if cls.__doc__ and "{parameters}" in cls.__doc__:
-            cls.__doc__ = cls.__doc__.replace("{parameters}", _docs(model).lstrip())
+            cls.__doc__ = cls.__doc__.replace("{parameters}", _docs(model, kernels).lstrip())
         return cls
 
     return wrap

@@ -11,6 +11,7 @@ from sklearn.utils import check_random_state
 from dkha.data.result import projection_array
 from dkha.errors import NullComponentWarning
 from dkha.fit.ridge import learned_preimage as fit_learned_preimage
+from dkha.kernels import kernel_spec
 
 
 def finish_fit(model, precomputed: bool) -> None:
@@ -41,20 +42,28 @@ def finish_fit(model, precomputed: bool) -> None:
     model.projection_ = projection_array(P.T, model.store_)
     model.n_components_ = width
     model.eigenvectors_ = (model.alpha_ * np.sqrt(model.eigenvalues_)[:, None]).T
-    k = model.kernel_
-    params = k.param_dict
-    if model.gamma is not None:
-        model.gamma_ = model.gamma
-    elif isinstance(model.kernel, str) and model.kernel.lower() in ("rbf", "poly", "sigmoid"):
-        model.gamma_ = 1 / int(model.n_features_in_)      # scikit-learn's, exactly
-    elif params.get("gamma") is not None:
-        model.gamma_ = params["gamma"]
-    elif k.name == "gaussian":
-        model.gamma_ = 1.0 / (2.0 * params["sigma"] ** 2)
-    else:
-        model.gamma_ = 1.0 / int(model.n_features_in_)
+    model.gamma_ = sklearn_gamma(model)
     if model.fit_inverse_transform is True:
         learned_preimage(model)
+
+
+def sklearn_gamma(model) -> float:
+    """scikit-learn's ``gamma_``: the ``gamma`` asked; ``1/n_features`` under a name whose
+    ``gamma`` defaults to ``None`` (scikit-learn's ``rbf``, ``poly``, ``sigmoid``: exactly its
+    value, not one carried through the gaussian's ``sigma``); else the kernel's ``gamma``, or
+    its spec's ``sklearn_gamma`` (the gaussian's ``1/(2σ²)``), or ``1/n_features``."""
+    k = model.kernel_
+    got = kernel_spec(model.kernel) if isinstance(model.kernel, str) else None
+    defaults = got[0].defaults(got[1]) if got is not None else {}
+    if model.gamma is not None:
+        return model.gamma
+    if "gamma" in defaults and defaults["gamma"] is None:
+        return 1 / int(model.n_features_in_)      # scikit-learn's, exactly
+    if k.param_dict.get("gamma") is not None:
+        return k.param_dict["gamma"]
+    if k.spec.sklearn_gamma is not None:
+        return k.spec.sklearn_gamma(k)
+    return 1.0 / int(model.n_features_in_)
 
 
 def learned_preimage(model) -> None:

@@ -78,15 +78,16 @@ def resolve_kernel(store, kernel: str, seed: int, client=None, **params):
     ``width``) → the median-distance heuristic on a seeded sample of ``store`` (a
     :class:`DataStore` or any source with ``sample(n, seed)``; read and measured on a worker of
     ``client`` where its workers are other processes), times
-    ``dkha.patch-sigma-factor`` (3) for a gaussian kernel on image patches: the width that keeps
-    patch denoising level with linear patch PCA (benchmarks/denoise_photo.py, README)."""
+    ``dkha.patch-sigma-factor`` (3) on image patches for a kernel whose spec widens it there
+    (``widen_on_patches``: the gaussian, the width that keeps patch denoising level with linear
+    patch PCA; benchmarks/denoise_photo.py, README)."""
     k = make_kernel(kernel, **params)
     if getattr(store, "n_features", None) is not None:
         k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
     if k.needs_width():
         median = on_sample(store, client, int(config.get("median-sample")), seed,
                            median_distance)
-        patches = kernel == "gaussian" and "patch" in (getattr(store, "attrs", None) or {})
+        patches = k.spec.widen_on_patches and "patch" in (getattr(store, "attrs", None) or {})
         factor = float(config.get("patch-sigma-factor")) if patches else 1.0
         k = k.with_width(factor * median)
         log.info("%s by the median-distance heuristic%s: %g", k.spec.width,

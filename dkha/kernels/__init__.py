@@ -32,13 +32,15 @@ from dkha.kernels.spec import (
     KernelSpec,
     kernel_names,
     kernel_spec,
+    pairwise,
     register_kernel,
     spec_named,
+    spec_of,
 )
 
 __all__ = ["KERNELS", "KERNEL_ALIASES", "SKLEARN_DEFAULTS", "SKLEARN_KERNELS", "Kernel",
-           "KernelSpec", "kernel_names", "make_kernel", "median_distance", "precomputed_rows",
-           "register_kernel", "squared_distances"]
+           "KernelSpec", "kernel_names", "kernel_spec", "make_kernel", "median_distance",
+           "pairwise", "precomputed_rows", "register_kernel", "spec_of", "squared_distances"]
 
 _BUILTIN = (builtin.GAUSSIAN, builtin.LAPLACIAN, builtin.POLYNOMIAL, builtin.SIGMOID,
             builtin.COSINE, builtin.PRECOMPUTED)

@@ -49,6 +49,11 @@ def _gaussian_gamma(values: dict) -> dict:
     return values
 
 
+def _gaussian_sklearn_gamma(kernel) -> float:
+    """scikit-learn's ``gamma = 1/(2 sigma²)``."""
+    return 1.0 / (2.0 * require(kernel, "sigma") ** 2)
+
+
 def _gaussian_tile(kernel):
     sigma = require(kernel, "sigma")
     return tiles.GAUSSIAN, 1.0 / (2.0 * sigma * sigma), 0.0, 0.0
@@ -133,7 +138,8 @@ GAUSSIAN = register_kernel(KernelSpec(
     "gaussian", {"sigma": None}, "exp(-||x - y||² / (2 sigma²))",
     checks={"sigma": positive}, validate=_gaussian_gamma, accepts=("gamma",),
     aliases={"rbf": {"gamma": None}}, sklearn=("rbf",),
-    tile=_gaussian_tile, diagonal=1.0, width="sigma"))
+    tile=_gaussian_tile, diagonal=1.0, width="sigma", widen_on_patches=True,
+    gaussian_width="sigma", sklearn_gamma=_gaussian_sklearn_gamma))
 LAPLACIAN = register_kernel(KernelSpec(
     "laplacian", {"sigma": None}, "exp(-||x - y|| / sigma)",
     checks={"sigma": positive}, aliases={"exponential": {}},
@@ -154,7 +160,7 @@ COSINE = register_kernel(KernelSpec(
     tile=_cosine_tile, inputs=_unit_rows, diagonal=_cosine_diagonal))
 PRECOMPUTED = register_kernel(KernelSpec(
     "precomputed", {}, "K[x, y] of a square kernel matrix", sklearn=("precomputed",),
-    block=_precomputed_block, diagonal=_precomputed_diagonal))
+    block=_precomputed_block, diagonal=_precomputed_diagonal, pairwise=True))
 CALLABLE = register_kernel(KernelSpec(
     "callable", {"function": None, "kernel_params": ()}, "f(x, y, **kernel_params)",
     block=_callable_block, cacheable=False, by_name=False))

@@ -88,7 +88,24 @@ class KernelSpec:
         Whether its values may be cached under its name and parameters.
     by_name : bool
         Whether :func:`~dkha.kernels.make_kernel` takes it by name (not the ``callable``
-        kernel, made from a function).
+        kernel, made from a function, whose parameters are the function's name and keywords).
+    widen_on_patches : bool
+        Whether the median-distance ``width`` is multiplied by ``dkha.patch-sigma-factor`` (3)
+        on image patches (the gaussian: the width that keeps patch denoising level with linear
+        patch PCA, :func:`dkha.fit.coordinator.resolve_kernel`).
+    gaussian_width : str, optional
+        The parameter ``σ`` where ``k(x, y) = exp(−‖x − y‖² / (2σ²))``: the fixed-point and
+        gradient pre-images (:mod:`dkha.apply.preimage`) apply, the fixed point by default
+        (else the conformal pre-image).
+    sklearn_gamma : callable, optional
+        ``sklearn_gamma(kernel) -> float``: scikit-learn's ``gamma`` (``KernelPCA.gamma_``)
+        of a kernel that takes it as another parameter (the gaussian's ``1/(2σ²)``); a kernel
+        with a ``gamma`` parameter reports that.
+    pairwise : bool
+        Whether the data are the rows of a square kernel matrix (``precomputed``): the
+        estimators take the matrix as ``X`` and append each row's index
+        (:func:`~dkha.kernels.precomputed_rows`), scikit-learn's ``pairwise`` tag is set, and
+        neither an online fit nor a learned pre-image takes it.
     """
 
     name: str
@@ -107,6 +124,10 @@ class KernelSpec:
     input_scale: Callable | None = None
     cacheable: bool = True
     by_name: bool = True
+    widen_on_patches: bool = False
+    gaussian_width: str | None = None
+    sklearn_gamma: Callable | None = None
+    pairwise: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or self.name != self.name.lower():
@@ -115,9 +136,10 @@ class KernelSpec:
         if (self.tile is None) == (self.block is None):
             raise ParameterError(f"the {self.name} kernel needs a compiled tile or a block "
                                  "function (one of them)")
-        if self.width is not None and self.width not in self.params:
-            raise ParameterError(f"the {self.name} kernel's width {self.width!r} is not one of "
-                                 f"its parameters ({', '.join(self.params) or 'none'})")
+        for what, param in (("width", self.width), ("gaussian width", self.gaussian_width)):
+            if param is not None and param not in self.params:
+                raise ParameterError(f"the {self.name} kernel's {what} {param!r} is not one of "
+                                     f"its parameters ({', '.join(self.params) or 'none'})")
         unknown = sorted(set(self.checks) - set(self.params) - set(self.accepts))
         if unknown:
             raise ParameterError(f"the {self.name} kernel checks parameters it does not take: "
@@ -251,6 +273,20 @@ def _registered_spec(name: str, origin: str) -> KernelSpec:
     return got[0]
 
 
+def spec_of(kernel) -> KernelSpec | None:
+    """The registered spec a kernel argument names (a name or alias, any case); ``None`` for a
+    callable, or a name none registers."""
+    got = kernel_spec(kernel) if isinstance(kernel, str) else None
+    return None if got is None else got[0]
+
+
+def pairwise(kernel) -> bool:
+    """Whether a kernel argument (a name, or a callable) names a kernel whose data are the rows
+    of a square kernel matrix (its spec's ``pairwise``: ``precomputed``)."""
+    spec = spec_of(kernel)
+    return spec is not None and spec.pairwise
+
+
 def spec_named(name: str) -> KernelSpec:
     """The registered spec called ``name`` (a kernel value's own name, never an alias)."""
     got = kernel_spec(name)
@@ -260,10 +296,12 @@ def spec_named(name: str) -> KernelSpec:
     return got[0]
 
 
-def kernel_names(*, aliases: bool = True) -> tuple[str, ...]:
+def kernel_names(*, aliases: bool = True, plugins: bool = True) -> tuple[str, ...]:
     """The names :func:`~dkha.kernels.make_kernel` takes: the kernels (in the order they were
-    registered), then their aliases."""
-    load_plugins()
+    registered), then their aliases (those of the ``dkha.kernels`` entry points loaded first
+    where ``plugins``)."""
+    if plugins:
+        load_plugins()
     with _LOCK:
         names = [n for n, s in _SPECS.items() if s.by_name]
         if aliases:
