@@ -5,9 +5,10 @@ what differs between file formats): its parameters and their defaults, their che
 names it goes by (scikit-learn's among them, with their defaults), the compiled tile that
 evaluates it (:mod:`dkha.tiles`) and the transform of the rows before it, or else a NumPy block
 function, its diagonal ``k(x, x)``, the parameter the median-distance heuristic sets, the
-input-space scale of a linear kernel, and whether its values may be cached by name.
-:class:`dkha.kernels.Kernel` dispatches every evaluation to its spec; nothing else asks which
-kernel it is.
+input-space scale of a linear kernel, whether its values may be cached by name, and what the
+rest of dkha does differently for it (the width on image patches, the gaussian pre-images,
+scikit-learn's ``gamma_``, a kernel matrix as the data). :class:`dkha.kernels.Kernel`
+dispatches every evaluation to its spec; nothing else asks which kernel it is.
 
 A kernel is added by :func:`register_kernel` (``dkha.register_kernel``), from any module; a
 kernel of an installed package is found through the entry point group ``dkha.kernels`` (each
