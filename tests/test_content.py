@@ -123,3 +123,13 @@ def test_non_finite_rows_are_named_by_the_workers(processes, tmp_path, reads_of_
         KernelHebbianPCA(3, sigma=2.0, client=processes).fit(store.path)
     assert str(there.value) == str(here.value)
     assert "rows 217..217" in str(there.value) and reads_of_x == []
+
+
+def test_a_fit_given_a_scheduler_address_measures_sigma_on_its_workers(digits_store, processes):
+    # the address, not a client: the cluster is reached for σ's sample, and closed after
+    from dkha import config
+
+    address = processes.scheduler.address
+    model = KernelHebbianPCA(n_components=4, seed=0, client=address).fit(digits_store.path)
+    sample = digits_store.sample(int(config.get("median-sample")), 0)
+    assert model.kernel_["sigma"] == pytest.approx(median_distance(sample), rel=1e-12)

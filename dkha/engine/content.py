@@ -44,19 +44,17 @@ def remote(client) -> bool:
 @contextlib.contextmanager
 def _workers_of(client, path: str):
     """A client of the workers that would read the store at ``path``: ``client`` where it is
-    connected, the cluster the user named (reached now), else None (read in this process)."""
-    if isinstance(client, Client):
-        c, close = client, contextlib.nullcontext()
-    elif client is not None and names_a_cluster(client):
-        close = client_for(client)
-        c = close.__enter__()
-    else:
-        yield None
-        return
-    with close:
-        if remote(c):
-            share_storage_options(c, path)
-            yield c
+    connected, the cluster the user named (reached now, closed after), else None (read in this
+    process)."""
+    with contextlib.ExitStack() as reached:
+        if not isinstance(client, Client):
+            if client is None or not names_a_cluster(client):
+                yield None
+                return
+            client = reached.enter_context(client_for(client))
+        if remote(client):
+            share_storage_options(client, path)
+            yield client
         else:
             yield None
 
