@@ -312,3 +312,39 @@ def test_maps_and_transform_send_no_large_graph(sampled_run, photo_run):
     projected = xr.open_zarr(d / "projected.zarr")["projection"].values
     assert np.array_equal(xr.open_zarr(d / "quiet-projected.zarr")["projection"].values,
                           projected)
+
+
+def test_a_stop_during_the_component_pictures_leaves_the_saved_run(photo_run, client, tmp_path,
+                                                                   monkeypatch, caplog):
+    """The pictures are the step after the fit, which has saved the run and cleared its
+    checkpoints: a stop during them (SIGTERM a moment late) ends that step only: the fit
+    returns with the run as saved, bit for bit the run of the same fit, said in one line; a
+    ``--resume`` of it says the fit is complete. Before, it exited 75 (resumable) into a run
+    that held nothing to resume."""
+    from dkha.data.checkpoint import Checkpointer
+    from dkha.engine.stop import STOP
+    from dkha.errors import InputError
+    from dkha.estimators import batch
+
+    d, _, model = photo_run
+    steps_before = []
+
+    def stopped(*args, **kwargs):      # the signal arrives as the pictures begin
+        steps_before.append(Checkpointer(kwargs["run_dir"]).steps())
+        STOP.set()
+        try:
+            return add(*args, **kwargs)
+        finally:
+            STOP.clear()
+
+    add = batch.add_component_pictures
+    monkeypatch.setattr(batch, "add_component_pictures", stopped)
+    run = str(tmp_path / "run")
+    again = KernelHebbianPCA(**model.get_params()).fit(str(d / "patches.zarr"), run_dir=run)
+    assert steps_before == [[]] and again.component_image_ is None
+    assert "without its component pictures" in caplog.text
+    saved, whole = result.load(run), result.load(d / "run")
+    assert "component_image" not in saved
+    np.testing.assert_array_equal(saved["alpha"].values, whole["alpha"].values)
+    with pytest.raises(InputError, match="its fit is complete"):
+        Checkpointer(run).require_latest()

@@ -200,6 +200,10 @@ class Checkpointer:
             if self._committed():
                 raise InputError(f"cannot resume {self.run_dir}: every checkpoint is damaged; "
                                  "start again without --resume (with --overwrite)")
+            if os.path.isdir(os.path.join(self.run_dir, result.COMPONENTS)):
+                raise InputError(f"cannot resume {self.run_dir}: it holds no checkpoint, its "
+                                 f"fit is complete ({result.COMPONENTS}); fit again with "
+                                 "--overwrite to replace it")
             raise InputError(f"cannot resume {self.run_dir}: it holds no checkpoint (fit with "
                              "--checkpoint-every N or --checkpoint-steps N to write them)")
         return ck

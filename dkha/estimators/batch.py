@@ -16,7 +16,7 @@ from dkha.apply.pictures import add_component_pictures, is_patch_store
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.store import DataStore, open_store
-from dkha.errors import InputError, NumericalError, ParameterError
+from dkha.errors import InputError, Interrupted, NumericalError, ParameterError
 from dkha.estimators.contract import (
     START_CANDIDATES,
     DkhaTransformer,
@@ -567,8 +567,7 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     for m, f in zip(models, fits):
         m._keep(f, store, tmp_store, X_fit)
         if f.failure is None and is_patch_store(store):
-            m.component_image_ = add_component_pictures(m.to_dataset(), store, client=m.client,
-                                                        run_dir=f.run_dir)
+            m.component_image_ = _pictures(m, store, f.run_dir)
     failures = [f.describe_failure() for f in fits if f.failure is not None]
     if failures and not skip_diverged:
         if len(models) == 1:
@@ -576,6 +575,20 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
         raise NumericalError(f"{len(failures)} of {len(models)} models diverged (the others "
                              "were completed): " + "; ".join(failures))
     return models
+
+
+def _pictures(model: KernelHebbianPCA, store: DataStore, run_dir: str | None):
+    """The component pictures of a fitted patch model, the step after the fit; ``None`` where a
+    stop comes during them: the run is saved whole already (``fit/`` wrote it and cleared its
+    checkpoints), so the stop ends this step only, said in one line, and the fit returns fitted
+    (exit 0: there is nothing to resume)."""
+    try:
+        return add_component_pictures(model.to_dataset(), store, client=model.client,
+                                      run_dir=run_dir)
+    except Interrupted as exc:
+        where = f"the run in {run_dir} is saved" if run_dir else "the fit is complete"
+        log.warning("%s: %s, without its component pictures", exc, where)
+        return None
 
 
 __all__ = ["ALGORITHMS", "KernelHebbianPCA", "fit_together", "resolve_kernel", "resolve_store"]
