@@ -72,7 +72,7 @@ from dkha.apply.denoise import (
     DenoiseResult,
     accumulate_patches,
     as_image,
-    patch_positions,
+    patch_corners,
     reference_figures,
 )
 from dkha.apply.preimage import Training, conformal, expansion, fixed_point
@@ -86,7 +86,6 @@ from dkha.apply.risk import (
     region_sums,
     stabiliser,
     sure_parts,
-    sure_terms,
 )
 from dkha.errors import InputError, ParameterError
 from dkha.fit.dense import dense_fit
@@ -170,9 +169,7 @@ class Windows:
         from skimage.util import view_as_windows
 
         self.image, self.patch = image, patch
-        rows = patch_positions(image.shape[0], patch, step)
-        cols = patch_positions(image.shape[1], patch, step)
-        self.corners = np.stack(np.meshgrid(rows, cols, indexing="ij"), axis=-1).reshape(-1, 2)
+        self.corners = patch_corners(image.shape, patch, step)
         w = view_as_windows(np.ascontiguousarray(image), (patch, patch))
         self.Y = np.ascontiguousarray(
             w[self.corners[:, 0], self.corners[:, 1]].reshape(len(self.corners), -1))
@@ -320,12 +317,6 @@ class RiskRule:
         s = self.sigma_hat
         return (s * (1.0 - NOISE_DOUBT), s * (1.0 + NOISE_DOUBT), s)
 
-    def sure_terms(self, outputs: list[np.ndarray]) -> np.ndarray:
-        """SURE's terms pixel by pixel for the clipped output, from the unclipped ``f(y)`` and
-        ``f(y + εb)`` (:func:`dkha.apply.risk.sure_terms`)."""
-        return sure_terms(self.y, outputs[0], outputs[1], self.b, self.epsilon, self.sigma_hat,
-                          clip=(0.0, 1.0))
-
 
 def check_choice_options(model, patch, step, samples, widths, ranks, ridges, shape):
     if model not in MODELS:
@@ -396,7 +387,7 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     stab = stabiliser(report.model) if report.rule == "anscombe" else None
     work = y if stab is None else stab.forward(y)
     rule = RiskRule(work, report.rule, report.sigma, seed)
-    n_windows = len(Windows(y, patch, step).corners)
+    n_windows = len(patch_corners(y.shape, patch, step))
     rng = random_stream(seed, Stream.DENOISE_CHOICE, 0)
     train = np.sort(rng.choice(n_windows, min(samples, n_windows), replace=False))
     ranks = tuple(r for r in ranks if r < len(train)) or (min(len(train) - 1, patch * patch),)

@@ -140,6 +140,14 @@ def patch_positions(length: int, patch: int, step: int) -> np.ndarray:
     return pos
 
 
+def patch_corners(shape: tuple[int, int], patch: int, step: int) -> np.ndarray:
+    """The top-left corners ``(row, col)`` of an image's windows, row-major: every pair of
+    :func:`patch_positions` along the two axes."""
+    rows = patch_positions(shape[0], patch, step)
+    cols = patch_positions(shape[1], patch, step)
+    return np.stack(np.meshgrid(rows, cols, indexing="ij"), axis=-1).reshape(-1, 2)
+
+
 def patch_geometry(run_ds: xr.Dataset) -> tuple[int, int]:
     """``(patch, step)`` from the attrs of the run's training store."""
     store = open_store(run_ds.attrs["store"])
@@ -187,7 +195,7 @@ def preimage_patches(ds, image: np.ndarray, patch: int, grid: int, *, desc: str,
 def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *,
                         block: int | None = None, desc: str = "patches", verbose: bool = False
                         ) -> tuple[np.ndarray, dict]:
-    """Cut ``image`` into ``patch×patch`` windows on the grid of ``step`` (:func:`patch_positions`),
+    """Cut ``image`` into ``patch×patch`` windows on the grid of ``step`` (:func:`patch_corners`),
     map each block of windows through ``reconstruct`` and average the overlaps.
 
     ``reconstruct(P)`` takes ``(n, patch²)`` windows and returns a
@@ -199,9 +207,7 @@ def reconstruct_patches(image: np.ndarray, patch: int, step: int, reconstruct, *
     block = DEFAULT_BLOCK_PATCHES if block is None else int(block)
     if block < 1:
         raise ParameterError(f"block must be positive, got {block}")
-    rows = patch_positions(image.shape[0], patch, step)
-    cols = patch_positions(image.shape[1], patch, step)
-    corners = np.stack(np.meshgrid(rows, cols, indexing="ij"), axis=-1).reshape(-1, 2)
+    corners = patch_corners(image.shape, patch, step)
     windows = view_as_windows(np.ascontiguousarray(image), (patch, patch))
     total = np.zeros_like(image, dtype=np.float64)
     count = np.zeros_like(total)
