@@ -67,11 +67,13 @@ def explained_variance(ds: xr.Dataset | Run, client, *, samples: int | None = No
     seed : int
         Seeds the sample.
 
-    Notes ----- Batch runs, whole data set: ``C = A K'`` in one blockwise pass
-    (:func:`projections`), the values of the principal functions on every training sample.
-    Dictionary (online) runs: the store's chunks are projected on the workers
-    (:func:`dkha.runs.transform.transform_lazy`) and only the per-component sums ``Σ ψ`` and
-    ``Σ ψ²`` come back."""
+    Notes
+    -----
+    Batch runs, whole data set: ``C = A K'`` in one blockwise pass (:func:`projections`), the
+    values of the principal functions on every training sample. Dictionary (online) runs: the
+    store's chunks are projected on the workers (:func:`dkha.runs.transform.transform_lazy`)
+    and only the per-component sums ``Σ ψ`` and ``Σ ψ²`` come back.
+    """
     run = as_run(ds)
     ds = run.ds
     store = run.training_store()
