@@ -54,8 +54,7 @@ def per_step(A: np.ndarray, p: int, kp: np.ndarray, d: np.ndarray,
 def reference_step(st, p: int, kp: np.ndarray, eta: np.ndarray, mu: float, xi: float):
     """The reference engine's step (:attr:`Update.reference_step`): :func:`per_step`, then
     :func:`~dkha.solvers.reference.guard` on it."""
-    y = st.A @ kp
-    per_step(st.A, p, kp, eta, st.C)
+    y = per_step(st.A, p, kp, eta, st.C)      # A k'_p before the step
     return guard(y, st.A @ kp, kp[p], eta, state=(("A", st.A),))
 
 
