@@ -33,7 +33,6 @@ PRECISIONS = ("float64", "float32")
 DEVICES = ("cpu", "cuda", "auto")
 
 
-
 @functools.cache
 def package_config() -> dict:
     """dkha's package configuration defaults, ``{"dkha": {...}}`` from ``dkha.yaml`` (registered

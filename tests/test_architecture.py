@@ -39,7 +39,6 @@ def test_import_linter_contracts_are_kept():
     assert "Contracts: 7 kept, 0 broken." in proc.stdout
 
 
-
 def test_every_module_and_folder_is_on_a_floor():
     """The floors contract names every top-level module and folder of dkha (one left out, as
     ``tiles.py`` was, is free to import anything)."""
@@ -52,6 +51,7 @@ def test_every_module_and_folder_is_on_a_floor():
                or (p.is_dir() and (p / "__init__.py").exists())}
     assert present - named == set()
     assert named - present == set()
+
 
 #: one forbidden import per rule: (module, the line added, the contract it breaks, the import as
 #: import-linter reports it)
@@ -261,7 +261,6 @@ def test_every_floor_keeps_the_size_limits(tmp_path):
         f"solvers/big.py: f {SIZE_LIMITS['class'] + 1} lines",
         f"solvers/loops.py: {SIZE_LIMITS['function'] + 6 + SIZE_LIMITS['file']} lines",
         f"solvers/loops.py: kernel {SIZE_LIMITS['function'] + 2} lines"]
-
 
 
 # --- ruff ---------------------------------------------------------------------------------------

@@ -312,7 +312,7 @@ class FactoredState(QueuedFactors):
         if not (np.isfinite(self.T[:r]).all() and (S is None or np.isfinite(S[:r]).all())):
             return "A"
         if self.T.shape[0] > r and not (np.isfinite(self.T[r:]).all()
-                             and (S is None or np.isfinite(S[r:]).all())):
+                                        and (S is None or np.isfinite(S[r:]).all())):
             return "B"
         return None
 

@@ -223,7 +223,6 @@ def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi
     return b, False, fresh, GUARD_OK, -1
 
 
-
 def block(st, S, C, rows, Y, U, Kpp, index, eta, mu, xi, start, direct_log):
     """The factored engine's block (:attr:`Update.block`): :func:`smd_block_logged`."""
     return smd_block_logged(st.T, S, C, st.gram_aa, st.gram_ab, st.rho, rows, Y, U, Kpp, index,
