@@ -109,18 +109,14 @@ class ClusterPasses:
         (measured: the other of 2 workers idle for 0.8 s of a 0.9 s ``K'V`` pass); with a copy
         on every worker, each tile goes to the least busy one.
         """
-        if shares_process(self.client):
-            # the workers are this process (nothing to rebuild: they live and die with it): the
-            # array handed over as data, never inside a task's graph (a K'V pass's V at
-            # l = 50 000: 12 MB, "Sending large graph" in every product's log)
+        if everywhere or shares_process(self.client):
+            # as data, never inside a task's graph (a K'V pass's V at l = 50 000: 12 MB,
+            # "Sending large graph" in every product's log, and the scheduler's time per pass):
+            # a pass's input (V, the C of the residuals) to every worker, so losing one leaves
+            # the others'; workers in this process have nothing to rebuild (they live and die
+            # with it)
             return self.client.scatter([array], broadcast=everywhere, hash=False)[0]
-        if everywhere:
-            # a pass's input (V, the C of the residuals): sent to the workers once, as data, not
-            # inside a task's graph (12 MB in a graph: "Sending large graph", and the scheduler's
-            # time per pass); every worker gets a copy, so losing one leaves the others'
-            return self.client.scatter([array], broadcast=True, hash=False)[0]
-        future = self.client.submit(identity, array, pure=False)
-        return self.spread(future) if everywhere else future
+        return self.client.submit(identity, array, pure=False)
 
     def spread(self, future):
         """``future``'s result copied to every worker (:meth:`put`'s ``everywhere``)."""
