@@ -168,14 +168,23 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
 
 
 def _close_started(client, cluster, *, processes: bool) -> None:
-    """Close a cluster dkha started, and its client, quietly (:func:`quiet_shutdown`); worker
-    processes have their own loggers, quieted there first."""
-    with quiet_shutdown():
+    """Close a cluster dkha started, and its client, quietly: the complaints of its parts that
+    another went away are not errors of the run (a worker's heartbeat in flight as the scheduler
+    removes it, "Failed to communicate with scheduler during heartbeat" and its traceback; the
+    scheduler reporting a finished task to the client that has just closed, "Closed comm …
+    while trying to write", at CRITICAL, with a traceback; both seen after a stop).
+    distributed's loggers stay silent until the cluster is closed: this process's here, those
+    of worker ``processes`` there first (:func:`_quiet_loggers`)."""
+    levels = _quiet_loggers()
+    try:
         if processes:
             with contextlib.suppress(Exception):
                 client.run(_quiet_loggers, on_error="ignore")
         client.close()
         cluster.close()
+    finally:
+        for name, level in zip(_SHUTDOWN_LOGGERS, levels):
+            logging.getLogger(name).setLevel(level)
 
 
 #: distributed's loggers that speak while a cluster dkha started closes under them
@@ -191,23 +200,6 @@ def _quiet_loggers() -> list[int]:
     for lg in loggers:
         lg.setLevel(logging.CRITICAL + 1)
     return levels
-
-
-@contextlib.contextmanager
-def quiet_shutdown() -> Iterator[None]:
-    """While dkha closes a cluster it started, the complaints of its parts that another went
-    away are not errors of the run: a worker's heartbeat in flight as the scheduler removes it
-    ("Failed to communicate with scheduler during heartbeat" and its traceback), the scheduler
-    reporting a finished task to the client that has just closed ("Closed comm … while trying
-    to write", at CRITICAL, with a traceback), both seen after a stop. distributed's loggers of
-    this process stay silent until the cluster is closed (those of worker processes are
-    silenced there by :func:`_quiet_loggers`, as the cluster closes with them)."""
-    levels = _quiet_loggers()
-    try:
-        yield
-    finally:
-        for name, level in zip(_SHUTDOWN_LOGGERS, levels):
-            logging.getLogger(name).setLevel(level)
 
 
 def local_gpus() -> int:
