@@ -87,6 +87,7 @@ from dkha.apply.risk import (
     stabiliser,
     sure_parts,
 )
+from dkha.engine.tasks import center_block
 from dkha.errors import InputError, ParameterError
 from dkha.fit.dense import dense_fit
 from dkha.fit.ridge import learned_preimage
@@ -207,8 +208,7 @@ class Evaluation:
                 kernel = make_kernel("gaussian", sigma=width * self.median)
                 res, mk, mkm, _ = dense_fit(self.T, kernel, self.max_rank)
                 K = kernel.block(self.windows.Y, self.T)
-                K -= mk[None, :]
-                K -= (K.mean(axis=1) - mkm)[:, None]
+                center_block(K, K.mean(axis=1), mk, mkm)
                 self.fits[width] = (kernel, res.alpha, K @ res.alpha.T)
         return self.fits[width]
 
