@@ -112,6 +112,33 @@ def test_component_pictures_are_preimages(photo_run, client):
         np.testing.assert_allclose(w @ X / w.sum(), z, atol=1e-3)
 
 
+def test_models_fitted_together_get_their_own_pictures(photo_run, client):
+    """fit_together on patches draws every model's pictures on one cluster: each model gets
+    the pictures the same model fitted alone gets, in memory and in its saved run."""
+    from dkha import fit_together
+
+    d, _, _ = photo_run
+    store = str(d / "patches.zarr")
+
+    def model(eta0):
+        # a random start: the Nyström start is already exact here, and every gain would keep it
+        return KernelHebbianPCA(3, algorithm="kha-et", sigma=1.5, passes=1, eta0=eta0,
+                                init="random", block_rows=64, projections="coordinator",
+                                client=client)
+
+    gains = (0.02, 2.0)
+    runs = [str(d / f"together-{g}") for g in gains]
+    together = fit_together([model(g) for g in gains], store, run_dirs=runs)
+    pics = [m.component_image_.values for m in together]
+    assert not np.allclose(pics[0], pics[1], atol=1e-6)      # two models, two sets
+    for m, g, run in zip(together, gains, runs):
+        alone = model(g).fit(store)
+        np.testing.assert_allclose(m.component_image_.values, alone.component_image_.values,
+                                   atol=1e-8)
+        np.testing.assert_array_equal(result.load(run)["component_image"].values,
+                                      m.component_image_.values)
+
+
 @pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (.ci/run installs it)")
 def test_report_page_decodes_in_chromium(photo_run):
     d, _, _ = photo_run

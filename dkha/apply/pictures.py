@@ -61,6 +61,13 @@ def component_images(ds: xr.Dataset, client, store: DataStore, spread: np.ndarra
                                "method": pre.method})
 
 
+def pictures_cluster(store: DataStore, client=None):
+    """The cluster the pictures of fits on ``store`` are drawn on, one for all the models fitted
+    together (:func:`dkha.engine.cluster.client_for` of ``client``: an open one as it is; none
+    for at most ``dkha.inline-samples`` samples), closed on exit if started here."""
+    return client_for(client, samples=store.n_samples)
+
+
 def add_component_pictures(ds: xr.Dataset, store: DataStore, *, client=None,
                            run_dir: str | None = None) -> xr.DataArray:
     """The step after a batch fit of image patches: the pictures of the fitted run ``ds`` (its

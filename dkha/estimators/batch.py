@@ -12,7 +12,7 @@ import numpy as np
 
 from dkha import config
 from dkha.algorithms import AUTO, KRYLOV, has_mu, is_exact
-from dkha.apply.pictures import add_component_pictures, is_patch_store
+from dkha.apply.pictures import add_component_pictures, is_patch_store, pictures_cluster
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.store import DataStore, open_store
@@ -566,8 +566,11 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     fits = fit_batch(request)
     for m, f in zip(models, fits):
         m._keep(f, store, tmp_store, X_fit)
-        if f.failure is None and is_patch_store(store):
-            m.component_image_ = _pictures(m, store, f.run_dir)
+    fitted = [(m, f) for m, f in zip(models, fits) if f.failure is None]
+    if fitted and is_patch_store(store):    # one cluster for every model (they share a client)
+        with pictures_cluster(store, first.client) as client:
+            for m, f in fitted:
+                m.component_image_ = _pictures(m, store, f.run_dir, client)
     failures = [f.describe_failure() for f in fits if f.failure is not None]
     if failures and not skip_diverged:
         if len(models) == 1:
@@ -577,13 +580,14 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     return models
 
 
-def _pictures(model: KernelHebbianPCA, store: DataStore, run_dir: str | None):
-    """The component pictures of a fitted patch model, the step after the fit; ``None`` where a
+def _pictures(model: KernelHebbianPCA, store: DataStore, run_dir: str | None, client):
+    """The component pictures of a fitted patch model, the step after the fit, on ``client``
+    (:func:`dkha.apply.pictures.pictures_cluster`); ``None`` where a
     stop comes during them: the run is saved whole already (``fit/`` wrote it and cleared its
     checkpoints), so the stop ends this step only, said in one line, and the fit returns fitted
     (exit 0: there is nothing to resume)."""
     try:
-        return add_component_pictures(model.to_dataset(), store, client=model.client,
+        return add_component_pictures(model.to_dataset(), store, client=client,
                                       run_dir=run_dir)
     except Interrupted as exc:
         where = f"the run in {run_dir} is saved" if run_dir else "the fit is complete"
