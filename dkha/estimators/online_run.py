@@ -9,7 +9,8 @@ from dkha.data import result
 from dkha.errors import InputError
 from dkha.estimators.params import ONLINE, from_attrs
 from dkha.fit.online import new_solver, online_dataset
-from dkha.kernels import make_kernel, spec_of
+from dkha.kernels import spec_of
+from dkha.runs.run import kernel_of
 
 
 def dataset_of(model) -> xr.Dataset:
@@ -22,11 +23,10 @@ def estimator_of(cls, ds: xr.Dataset):
     """The fitted ``cls`` (:class:`~dkha.estimators.online.OnlineKernelPCA`) of a saved online
     run, its solver restored from the saved state."""
     a = ds.attrs
-    kp = dict(a.get("kernel_parameters", {}))
     model = cls(**from_attrs(ONLINE, a, spec_of(a.get("kernel"))))
     # the scales the run was fitted with (the unit of eta0, read off its data then)
     p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
-    kernel = make_kernel(a["kernel"], **kp)
+    kernel = kernel_of(ds)
     model.solver_ = new_solver(p, int(a["n_features"]), kernel, model.seed)
     if "state_B" not in ds:
         raise InputError("this run was saved without the solver's state (dkha before "
