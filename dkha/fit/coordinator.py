@@ -167,9 +167,10 @@ def _asked_projections(stream: StreamSettings, n_models: int, opts: RunOptions) 
         raise ParameterError("projections on the workers follow one model per stream; fit "
                              "several models together with projections='coordinator'")
     if opts.resume and asked == "auto" and opts.run_dirs:     # where the run projected before
-        ck = Checkpointer(opts.run_dirs[0]).latest()
-        if ck is not None:
-            asked = str(ck.meta.get("exact", {}).get("projections", asked))
+        # its meta only: open_runs reads and verifies the checkpoint's arrays (once)
+        meta = Checkpointer(opts.run_dirs[0]).newest_meta()
+        if meta is not None:
+            asked = str(meta.get("exact", {}).get("projections", asked))
     return asked
 
 
