@@ -50,7 +50,7 @@ from dkha.estimators.params import (
     get_params,
     identity_attrs,
     recorded_params,
-    saved_attrs,
+    saved_rows,
 )
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
 from dkha.fit.coordinator import resolve_kernel
@@ -65,7 +65,7 @@ from dkha.fit.online import (
     seeded_rows,
 )
 from dkha.fit.request import RunOptions, frozen_mapping
-from dkha.fit.run_dir import write_run
+from dkha.fit.run_dir import saved_attrs, write_run
 from dkha.kernels import Kernel, kernel_names, pairwise
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
 from dkha.version import __version__
@@ -433,7 +433,7 @@ def validated_settings(model: OnlineKernelPCA) -> dict:
 def run_attrs(model: OnlineKernelPCA, p: dict, kernel: Kernel, store_path, n_samples: int,
               n_features: int, n_steps: int) -> dict:
     """The attrs saved with the components: the table's saved rows, resolved, and the run's."""
-    attrs = saved_attrs(ONLINE, dict(p, seed=int(model.seed)), kernel)
+    attrs = saved_attrs(saved_rows(ONLINE), dict(p, seed=int(model.seed)), {}, kernel)
     attrs.update({
         "feature_norm": p["feature_norm"],
         "gain": p["gain"],

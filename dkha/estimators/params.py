@@ -402,30 +402,18 @@ def identity_attrs(*models: str) -> dict[str, str | None]:
     return {**out, **dict.fromkeys(k for k in RUN_IDENTITY if k not in out)}
 
 
-def saved_attrs(model: str, values, kernel) -> dict:
-    """``{attr: value}`` of every saved row of ``model``, ``values`` the resolved settings (a
-    dict: the estimator's ``get_params`` with the values resolved; a row it lacks is refused
-    with a ``KeyError``, never saved as ``None``), and the resolved ``kernel``: its name (the
-    row ``kernel``) and its parameters (the ``kernel_param`` rows, e.g. the median-distance
-    ``sigma``; a callable's ``kernel_params``) once, as ``kernel_parameters``."""
-    get = values.__getitem__
-    attrs = {p.attr: kernel.name if p.name == "kernel" else get(p.name)
-             for p in parameters(model) if p.attr is not None}
-    attrs["kernel_parameters"] = kernel.param_dict
-    return attrs
-
-
 def saved_rows(model: str) -> tuple[tuple[str, str], ...]:
     """``(parameter, attr)`` of every saved row of ``model``: what a fit saves, each under its
     attr, with its value as the fit resolved it or, where it resolves none, as the estimator's
-    ``get_params`` holds it (:func:`dkha.fit.run_dir.run_attrs`)."""
+    ``get_params`` holds it (:func:`dkha.fit.run_dir.saved_attrs`)."""
     return tuple((p.name, p.attr) for p in parameters(model) if p.attr is not None)
 
 
 def from_attrs(model: str, attrs: dict, spec) -> dict:
     """The estimator's keywords of ``model`` back from a saved run's ``attrs`` (what
-    :func:`saved_attrs` wrote): the saved rows (under their former names in runs saved before a
-    rename; attrs an older run lacks are left to the defaults) and the kernel's parameters.
+    :func:`dkha.fit.run_dir.saved_attrs` wrote): the saved rows (under their former names in
+    runs saved before a rename; attrs an older run lacks are left to the defaults) and the
+    kernel's parameters.
     ``spec``: the :class:`~dkha.kernels.KernelSpec` of the run's kernel (``None`` where none
     is registered here); one made from a function, not by name, keeps its parameters (the
     function's name and keywords) out of ``kernel_params``."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from dkha.data import result
@@ -30,6 +30,29 @@ from dkha.fit.request import (
 from dkha.version import __version__
 
 
+def saved_attrs(saved: Sequence[tuple[str, str]], resolved: Mapping, asked: Mapping,
+                kernel) -> dict:
+    """``{attr: value}`` of every saved row ``(parameter, attr)`` of an estimator's table
+    (``saved``), with its value as the fit resolved it (``resolved``; the row ``kernel``: the
+    resolved kernel's name) or, where it resolves none, as asked (``asked``: the estimator's
+    ``get_params``), a row in neither refused with a ``KeyError`` (never saved as ``None``);
+    and the resolved ``kernel``'s parameters (e.g. the median-distance ``sigma``; a callable's
+    ``kernel_params``) once, as ``kernel_parameters``. The one builder of both estimators'
+    saved rows."""
+    resolved = dict(resolved, kernel=kernel.name)
+    attrs = {}
+    for name, attr in saved:
+        if name in resolved:
+            attrs[attr] = resolved[name]
+        elif name in asked:
+            attrs[attr] = asked[name]
+        else:
+            raise KeyError(f"the saved parameter {name!r} is neither resolved by the fit nor "
+                           "among the estimator's parameters")
+    attrs["kernel_parameters"] = kernel.param_dict
+    return attrs
+
+
 def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelSettings, route: Route,
               kernel) -> dict:
     """The attrs a model's run is saved with (they also tell runs apart): every saved row of
@@ -38,17 +61,8 @@ def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelSettings,
     estimator's ``get_params``), the kernel's parameters as resolved, the data and the length,
     and why ``auto`` ran what it ran."""
     store = request.store
-    resolved = dict(vars(settings), seed=int(request.stream.seed), kernel=kernel.name)
-    attrs = {}
-    for name, attr in request.saved:
-        if name in resolved:
-            attrs[attr] = resolved[name]
-        elif name in model.params:
-            attrs[attr] = model.params[name]
-        else:
-            raise KeyError(f"the saved parameter {name!r} is neither resolved by the fit nor "
-                           "among the estimator's parameters")
-    attrs["kernel_parameters"] = kernel.param_dict
+    attrs = saved_attrs(request.saved, dict(vars(settings), seed=int(request.stream.seed)),
+                        model.params, kernel)
     attrs.update({
         "n_steps": settings.n_steps,
         "passes": settings.n_steps / store.n_samples,
