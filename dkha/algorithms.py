@@ -11,7 +11,10 @@ Families:
   the KHA iterations it falls back to :data:`KHA_DEFAULT`. Neither exact nor streamable
   together: it fits one model at a time, and its path is decided at fit time;
 * ``online`` — one sample at a time over a dictionary (:mod:`dkha.solvers.online`, driven by
-  :func:`dkha.fit.online.fit_online`).
+  :func:`dkha.fit.online.fit_online`): each named algorithm runs its paper's update from the
+  first sample; the online estimator's default ``auto`` (:data:`ONLINE_AUTO`, the one name
+  registered for a second family: :data:`SCOPED`) is the exact kernel PCA of what was seen while
+  it lies in the dictionary's span (:mod:`dkha.solvers.online_exact`), then ON-KHA's update.
 
 A spec says what differs between the algorithms of a family, and nothing elsewhere branches on
 an algorithm's name (``tests/test_architecture.py`` checks that no name is spelled outside this
@@ -69,6 +72,10 @@ class AlgorithmSpec:
     update : str or None
         The in-block update that serves it: :data:`GHA` or :data:`SMD` (batch),
         :data:`ORTHONORMALISED`, :data:`ORTHOGONALISED` or :data:`DICTIONARY` (online).
+    exact_span : bool
+        Online: the state is the exact kernel PCA of the samples seen while they all lie in the
+        dictionary's span (:mod:`dkha.solvers.online_exact`), the ``update`` from the first
+        sample outside it; off (every named online algorithm): the update from the first sample.
     """
 
     name: str
@@ -78,6 +85,7 @@ class AlgorithmSpec:
     decays: bool = False
     equalised: bool = False
     update: str | None = None
+    exact_span: bool = False
 
     @property
     def has_mu(self) -> bool:
@@ -110,7 +118,7 @@ KRYLOV = "krylov"
 #: the KHA algorithm the default falls back to given options of the KHA iterations, and the
 #: one ``dkha demo`` and ``dkha tune`` fit unless told
 KHA_DEFAULT = "kha-smd"
-#: the online estimator's default
+#: the online algorithm whose update the online estimator's default streams with
 ONLINE_DEFAULT = "on-kha"
 
 #: name → spec, in the order the documentation lists them. Default gains: on the paper's digits
@@ -132,6 +140,14 @@ REGISTRY: dict[str, AlgorithmSpec] = {s.name: s for s in (
     AlgorithmSpec("okpca", ONLINE, update=DICTIONARY),
 )}
 
+#: the online estimator's default, ``auto``: exact while the samples lie in the dictionary's
+#: span, then ON-KHA's update (:attr:`AlgorithmSpec.exact_span`)
+ONLINE_AUTO = AlgorithmSpec(AUTO, ONLINE, update=ORTHONORMALISED, exact_span=True)
+#: (family, name) → spec: a name that means another algorithm in one family than in
+#: :data:`REGISTRY` (``auto``: the batch estimator's default there, :data:`ONLINE_AUTO` for the
+#: online estimator). :func:`spec`, :func:`served` and :func:`names` given a family read it first
+SCOPED: dict[tuple[str, str], AlgorithmSpec] = {(ONLINE, AUTO): ONLINE_AUTO}
+
 #: the families each estimator fits (the batch estimator fits the default and the exact
 #: solver too)
 ESTIMATOR_FAMILIES = {"batch": (DEFAULT, BATCH, EXACT), "online": (ONLINE,)}
@@ -147,25 +163,42 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
 
 
 def names(*families: str) -> tuple[str, ...]:
-    """The algorithms of ``families`` (every one without arguments), in registry order."""
-    return tuple(a for a, s in REGISTRY.items() if not families or s.family in families)
+    """The algorithms of ``families`` (every one without arguments), in registry order (a
+    name of :data:`SCOPED` first in its family)."""
+    scoped = tuple(a for (f, a) in SCOPED if families and f in families)
+    return scoped + tuple(a for a, s in REGISTRY.items()
+                          if (not families or s.family in families) and a not in scoped)
 
 
-def spec(algorithm: str, *, option: str = "algorithm") -> AlgorithmSpec:
-    """The spec of ``algorithm``; an unknown name is refused in one line listing them all
-    (``option`` names what gave it, e.g. ``--algorithm``)."""
-    try:
-        return REGISTRY[algorithm]
-    except (KeyError, TypeError):
+def spec(algorithm: str, *, option: str = "algorithm", family: str | None = None
+         ) -> AlgorithmSpec:
+    """The spec of ``algorithm`` (``family``: as that family's estimator reads the name,
+    :data:`SCOPED`); an unknown name is refused in one line listing them all (``option`` names
+    what gave it, e.g. ``--algorithm``)."""
+    s = _get(algorithm, family)
+    if s is None:
         raise ParameterError(f"unknown {option} {algorithm!r}; choose one of "
-                             f"{', '.join(names())}") from None
+                             f"{', '.join(names())}")
+    return s
+
+
+def exact_span_twin(algorithm: str, family: str) -> str | None:
+    """The algorithm of ``family`` that runs ``algorithm``'s update after the exact span (the
+    name a run saved before the named online algorithms ran their papers' updates from the first
+    sample meant, where its saved state still held the exact span); ``None`` if none does."""
+    s = _get(algorithm, family)
+    if s is None or s.exact_span:
+        return None if s is None else s.name
+    twins = [t.name for t in (*SCOPED.values(), *REGISTRY.values())
+             if t.family == family and t.exact_span and t.update == s.update]
+    return twins[0] if twins else None
 
 
 def served(algorithm: str, family: str, updates, *, label: str, by: str) -> AlgorithmSpec:
     """The spec of ``algorithm`` where it is of ``family`` and its update is one of ``updates``
     (what the solvers ``by`` serve); else a one-line :class:`ParameterError` (``label``: what
     the caller calls its algorithms, e.g. ``online algorithm``)."""
-    s = _get(algorithm) if isinstance(algorithm, str) else None
+    s = _get(algorithm, family) if isinstance(algorithm, str) else None
     if s is None or s.family != family:
         raise ParameterError(f"unknown {label} {algorithm!r}; choose one of "
                              f"{', '.join(names(family))}")
@@ -180,9 +213,9 @@ def family(algorithm: str, *, option: str = "algorithm") -> str:
     return spec(algorithm, option=option).family
 
 
-def _get(algorithm) -> AlgorithmSpec | None:
+def _get(algorithm, family: str | None = None) -> AlgorithmSpec | None:
     try:
-        return REGISTRY.get(algorithm)
+        return SCOPED.get((family, algorithm)) or REGISTRY.get(algorithm)
     except TypeError:       # unhashable: no algorithm
         return None
 

@@ -172,24 +172,20 @@ def test_default_gains_from_the_random_start_converge(data_kinds, client, algori
 # --- online: ν and η0 scaled to the kernel ----------------------------------------------------
 
 
-def test_online_default_nu_keeps_the_dictionary_small(monkeypatch):
+def test_online_default_nu_keeps_the_dictionary_small():
     """All 1797 digits, one pass of ON-KHA: ν = 1e-3 puts nearly every digit into the
     dictionary; the default (0.1 × the variance in feature space) keeps under a quarter of them
-    at about the same AC index as the papers' streaming updates with ν = 1e-3. (With every digit
-    joining, ν = 1e-3 stays in the dictionary's span throughout, so OnlineKernelPCA returns the
-    exact solution there, AC 0.97: the streaming reference is the solver without its exact
-    span.)"""
+    at about the same AC index as the papers' streaming updates with ν = 1e-3 (ON-KHA named).
+    (With every digit joining, ν = 1e-3 stays in the dictionary's span throughout, so the
+    default ``auto`` returns the exact solution there, AC 0.97.)"""
     from sklearn.datasets import load_digits
-
-    import dkha.solvers.online as online_solver
 
     X = load_digits().data / 8.0 - 1.0
     sigma = 6.0
     ref = ACReference.from_data(X, make_kernel("gaussian", sigma=sigma), 16)
     exact = OnlineKernelPCA(16, sigma=sigma, nu=1e-3).fit(X, ac_reference=ref)
-    with monkeypatch.context() as m:
-        m.setattr(online_solver, "ExactSpan", lambda: None)     # the papers' updates only
-        small = OnlineKernelPCA(16, sigma=sigma, nu=1e-3).fit(X, ac_reference=ref)
+    small = OnlineKernelPCA(16, algorithm="on-kha", sigma=sigma, nu=1e-3).fit(
+        X, ac_reference=ref)
     assert exact.history_[-1]["ac_index"] > small.history_[-1]["ac_index"]
     default = OnlineKernelPCA(16, sigma=sigma).fit(X, ac_reference=ref)
     sample = X[np.sort(np.random.default_rng(0).choice(len(X), size=1000, replace=False))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import xarray as xr
 
+from dkha import algorithms
 from dkha.data import result
 from dkha.errors import InputError
 from dkha.estimators.params import ONLINE, from_attrs
@@ -23,7 +24,13 @@ def estimator_of(cls, ds: xr.Dataset):
     """The fitted ``cls`` (:class:`~dkha.estimators.online.OnlineKernelPCA`) of a saved online
     run, its solver restored from the saved state."""
     a = ds.attrs
-    model = cls(**from_attrs(ONLINE, a, spec_of(a.get("kernel"))))
+    kwargs = from_attrs(ONLINE, a, spec_of(a.get("kernel")))
+    if "state_exact_S" in ds and "algorithm" in kwargs:
+        # saved before the named algorithms ran their updates from the first sample: a state
+        # still exact in the span meant the exact start, then the named update (on-kha: auto)
+        kwargs["algorithm"] = algorithms.exact_span_twin(kwargs["algorithm"],
+                                                         algorithms.ONLINE) or kwargs["algorithm"]
+    model = cls(**kwargs)
     # the scales the run was fitted with (the unit of eta0, read off its data then)
     p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
     kernel = kernel_of(ds)
@@ -50,5 +57,7 @@ def estimator_of(cls, ds: xr.Dataset):
     model._read_solver()
     model.eigenvalues_ = ds["eigenvalue"].values.copy()
     model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
+    if "algorithm" in a:
+        model.attrs_["algorithm"] = model.algorithm
     return model
 

@@ -88,9 +88,13 @@ PARAMETERS: tuple[Param, ...] = (
           "several models in one pass over the kernel rows, each in "
           "RUN_DIR/<algorithm>[-eta0=V][-mu=V]",
           saved=True, identity=True),
-    Param("algorithm", algorithms.ONLINE_DEFAULT,
-          "ON-KHA (orthonormalised, Souza Filho & Diniz eqs. 45–50), OO-KHA (orthogonalised, "
-          "eq. 52) or Honeine's online KPCA (eq. 19, the KHA rule over the dictionary).",
+    Param("algorithm", algorithms.AUTO,
+          "``auto``: the exact kernel PCA of the samples seen while they all lie in the "
+          "dictionary's span (scikit-learn's ``partial_fit`` answers on small streams), then "
+          "ON-KHA's update from that state; or one of the papers' algorithms, each running its "
+          "update from the first sample: ON-KHA (orthonormalised, Souza Filho & Diniz eqs. "
+          "45–50), OO-KHA (orthogonalised, eq. 52) or Honeine's online KPCA (eq. 19, the KHA "
+          "rule over the dictionary).",
           Options(live=partial(algorithms.names, *ESTIMATOR_FAMILIES[ONLINE])), models=(ONLINE,),
           shared=False,
           saved=True, identity=True),
@@ -632,7 +636,9 @@ def estimator_kwargs(values: dict, model: str, algorithm: str, *, where: str = "
         other = [p for p in PARAMETERS if key in (p.dest, p.old)]
         if other and value is not None and value != other[0].default:
             if model == BATCH:
-                kinds = f"online algorithms ({', '.join(algorithms.names(algorithms.ONLINE))})"
+                online = (a for a in algorithms.names(algorithms.ONLINE)    # auto: batch here
+                          if algorithms.family(a) == algorithms.ONLINE)
+                kinds = f"online algorithms ({', '.join(online)})"
             else:
                 kinds = "batch algorithms"
             name = where + (key.replace("_", "-") if where == "--" else key)

@@ -89,14 +89,15 @@ def scaled(p: dict, source, kernel: Kernel, seed: int) -> dict:
 
 
 def new_solver(p: dict, n_features: int, kernel: Kernel, seed: int) -> OnlineKHA:
-    """The online solver of resolved settings ``p`` (its seeded initial coefficients), exact
-    on what it has seen while that lies in its dictionary's span
-    (:mod:`dkha.solvers.online_exact`), the streaming algorithm from the first sample outside."""
+    """The online solver of resolved settings ``p`` (its seeded initial coefficients): a named
+    algorithm runs its paper's update from the first sample; ``auto`` is exact on what it has
+    seen while that lies in its dictionary's span (:mod:`dkha.solvers.online_exact`), ON-KHA
+    from the first sample outside (:attr:`dkha.algorithms.AlgorithmSpec.exact_span`)."""
     a_init = INIT_STD * schedule.init_generator(seed).standard_normal(p["n_components"])
     return OnlineKHA(p["algorithm"], p["n_components"], n_features, kernel, nu=p["nu"],
                      max_members=p["max_members"], eta0=p["gain"], gamma=p["gain_decay"],
                      tau=p["tau"], center=p["center"], a_init=a_init,
-                     on_divergence=p["on_divergence"], exact_span=True)
+                     on_divergence=p["on_divergence"])
 
 
 def ac_reference_for(ac_reference, source, kernel: Kernel, r: int,

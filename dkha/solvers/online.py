@@ -112,8 +112,14 @@ def sample_scales(K: np.ndarray) -> tuple[float, float]:
 def check_algorithm(algorithm: str) -> str:
     """``algorithm`` if it is an online algorithm whose update the compiled loop serves
     (:data:`UPDATES`), else a one-line :class:`ParameterError`."""
+    return online_spec(algorithm).name
+
+
+def online_spec(algorithm: str) -> algorithms.AlgorithmSpec:
+    """The spec of the online ``algorithm`` (its update, whether it starts exact in the span),
+    refused as :func:`check_algorithm` refuses it."""
     return algorithms.served(algorithm, ONLINE, UPDATES, label="online algorithm",
-                             by="the online solvers").name
+                             by="the online solvers")
 
 
 def learning_rate(step: int, eta0: float, gamma: float | None, tau: float | None) -> float:
@@ -317,13 +323,23 @@ class OnlineState:
     def capacity(self) -> int:
         return self.L.shape[0]
 
+    @classmethod
+    def empty(cls, r: int, capacity: int, n_features: int) -> OnlineState:
+        """A state of ``r`` components with room for ``capacity`` members, none in use."""
+        return cls(B=np.zeros((r, capacity)), L=np.zeros((capacity, capacity)),
+                   cbar=np.zeros(capacity), dictionary=np.zeros((capacity, n_features)),
+                   member_index=np.zeros(capacity, dtype=np.int64),
+                   member_step=np.zeros(capacity, dtype=np.int64))
+
 
 class OnlineKHA:
     """One online algorithm's state and updates, fed blocks of samples in stream order.
 
     Parameters
     ----------
-    algorithm : {"on-kha", "oo-kha", "okpca"}
+    algorithm : str
+        An online algorithm of :mod:`dkha.algorithms` (its spec's ``update``, and whether it
+        starts exact in the dictionary's span: ``exact_span``).
     n_components, n_features : int
     kernel : dkha.kernels.Kernel
         With all parameters set (``sigma`` resolved).
@@ -338,9 +354,6 @@ class OnlineKHA:
         Track the running mean in the dictionary's span (Honeine §5.2).
     a_init : ndarray (n_components,)
         The first member's coefficients (``A(1)`` of Table I).
-    exact_span : bool
-        The exact solution of what was seen while it lies in the dictionary's span, then the
-        papers' updates (:mod:`dkha.solvers.online_exact`); off: the papers' from the start.
     on_divergence : {"backoff", "stop"}
         A bad step (the guard of :func:`online_block`): ``"backoff"`` (default) rolls the state
         back to the start of its slice of samples, halves the step size (the state's
@@ -351,15 +364,11 @@ class OnlineKHA:
     def __init__(self, algorithm: str, n_components: int, n_features: int, kernel: Kernel, *,
                  nu: float, max_members: int, eta0: float, gamma: float | None = None,
                  tau: float | None = None, center: bool = False, a_init: np.ndarray,
-                 on_divergence: str = "backoff", exact_span: bool = False):
-        self.algorithm = check_algorithm(algorithm)
-        self.update = algorithms.spec(algorithm).update
-        self.r = int(n_components)
-        self.n_features = int(n_features)
-        self.kernel = kernel
-        self.nu = float(nu)
-        self.max_members = int(max_members)
-        self.eta0 = float(eta0)
+                 on_divergence: str = "backoff"):
+        spec = online_spec(algorithm)
+        self.algorithm, self.update = spec.name, spec.update
+        self.r, self.n_features, self.kernel = int(n_components), int(n_features), kernel
+        self.nu, self.max_members, self.eta0 = float(nu), int(max_members), float(eta0)
         if gamma is not None and tau is not None:
             raise ParameterError("give gamma or tau, not both")
         self.gamma = None if gamma is None else float(gamma)
@@ -375,18 +384,15 @@ class OnlineKHA:
         #: one dict per backoff, as :attr:`dkha.solvers.batch.BatchKHA.backoffs` (gains: η0)
         self.backoffs: list[dict] = []
         self.log_level = logging.WARNING
-        #: the exact solution of what was seen while it all lies in the dictionary's span
-        #: (:mod:`dkha.solvers.online_exact`); None once a sample fell outside it
-        self.exact: ExactSpan | None = ExactSpan() if exact_span else None
+        #: the exact solution while all seen lies in the span (:mod:`~dkha.solvers.online_exact`;
+        #: the spec's ``exact_span``), None past it; ``exact_steps``: the samples it covered
+        self.exact: ExactSpan | None = ExactSpan() if spec.exact_span else None
+        self.exact_steps: int | None = None
         self._settled = True
 
     # -- storage --
     def _allocate(self, capacity: int) -> OnlineState:
-        return OnlineState(B=np.zeros((self.r, capacity)), L=np.zeros((capacity, capacity)),
-                           cbar=np.zeros(capacity),
-                           dictionary=np.zeros((capacity, self.n_features)),
-                           member_index=np.zeros(capacity, dtype=np.int64),
-                           member_step=np.zeros(capacity, dtype=np.int64))
+        return OnlineState.empty(self.r, capacity, self.n_features)
 
     def _reserve(self, extra: int) -> None:
         st = self.state
@@ -424,6 +430,8 @@ class OnlineKHA:
         if self.exact is not None:
             arrays.update(self.exact.arrays())
             scalars["exact_n"] = int(self.exact.n)
+        if self.exact_steps is not None:
+            scalars["exact_steps"] = int(self.exact_steps)
         return arrays, scalars
 
     def restore(self, arrays: dict[str, np.ndarray], scalars: dict) -> None:
@@ -451,6 +459,7 @@ class OnlineKHA:
         # runs saved before the exact span, or past it: streaming only
         self.exact = (ExactSpan.restored(arrays, scalars["exact_n"])
                       if "exact_S" in arrays and "exact_n" in scalars else None)
+        self.exact_steps = scalars.get("exact_steps")
         self._settled = True
 
     # -- the block step --
@@ -535,7 +544,8 @@ class OnlineKHA:
             if self.exact.add(self.coordinates(X), kdiag):
                 self._settled = False
             else:       # a sample outside the span: this slice streamed from the exact
-                self.exact = None       # solution of what came before it; streaming from here
+                self.exact_steps = self.exact.n     # solution of what came before it;
+                self.exact = None                   # streaming from here
         return int(n_joined)
 
     def _settle(self) -> None:
