@@ -29,7 +29,22 @@ def _fit_summary(model, run_dir: str) -> dict:
                 last.get("error_min"), model.attrs_.get("top_eigenvalues"), model.n_samples_)
             if last else None,
             "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
-            **centering_summary(model.attrs_)}
+            **kept_summary(model.attrs_), **centering_summary(model.attrs_)}
+
+
+def kept_summary(attrs: dict) -> dict:
+    """A fit that kept an earlier state: the pass kept and why (``kept_pass``, ``kept_reason``;
+    nothing when the last state is the result)."""
+    kept = attrs.get("kept_state")
+    return {"kept_pass": kept["pass"], "kept_reason": attrs.get("kept_reason")} if kept else {}
+
+
+def _print_kept(attrs: dict) -> None:
+    """One line where the fit kept an earlier state than its last: which, and why."""
+    kept = attrs.get("kept_state")
+    if kept:
+        print(f"kept the state of pass {kept['pass']}, not the last: "
+              f"{attrs.get('kept_reason', 'an earlier pass was better')}")
 
 
 def _print_backoffs(backoffs: list[dict]) -> None:
@@ -158,13 +173,14 @@ def cmd_fit(args) -> int:
             print(f"{after}: tracked Σθ² = {last['captured']:.10g}, the span moved "
                   f"{last.get('change', float('nan')):.1e} in the last pass (the exact excess: "
                   "dkha evaluate RUN_DIR --exact, or fit with --tol)"
-                  + (f"; kept the better state of pass {kept['pass']}" if kept else ""))
+                  + (f"; the result is pass {kept['pass']}'s state" if kept else ""))
         elif last:
             kept = model.attrs_.get("kept_state")
             print(f"{after}: " + errors_text(summary["error"], summary["error_min"],
                                              summary["excess"], summary["excess_precision"])
                   + (f" (the state of pass {kept['pass']}, better than the last pass's excess "
                      f"{last['excess']:.3e})" if kept else ""))
+        _print_kept(model.attrs_)
         _print_backoffs(model.backoffs_)
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
     return 0
@@ -204,7 +220,9 @@ def _fit_many(args, settings: list[dict], metas: list[dict] | None = None) -> in
             shown = ("diverged" if "diverged" in s else
                      f"excess {excess_text(s['excess'], s['excess_precision'])}"
                      if s.get("excess") is not None else "saved")
-            print(f"  {s['run_dir']}: {shown}{_backed_off(s.get('backoffs'))}")
+            print(f"  {s['run_dir']}: {shown}{_backed_off(s.get('backoffs'))}"
+                  + (f"; kept the state of pass {s['kept_pass']}, not the last: "
+                     f"{s['kept_reason']}" if "kept_pass" in s else ""))
     failed = [s for s in summaries if "diverged" in s]
     if failed:
         raise NumericalError(f"{len(failed)} of {len(models)} models diverged ("

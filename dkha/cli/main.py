@@ -196,7 +196,12 @@ def cmd_run(args) -> int:
         print(f"run {summary['run_id']} in {summary['run_dir']}: exit {code}")
         for name, figs in summary.get("figures", {}).items():
             shown = ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
-                              for k, v in figs.items() if v is not None)
+                              for k, v in figs.items()
+                              if v is not None and not isinstance(v, dict)
+                              and k != "paper_source")
+            along = [k for k, v in figs.items() if isinstance(v, dict)]
+            if along:       # the figures along the fit: in summary.json and the report
+                shown += f" ({', '.join(along)} in summary.json)"
             print(f"  {name}: {shown}")
         print(f"  report: {os.path.join(summary['run_dir'], 'report.html')}")
     return code
@@ -230,8 +235,8 @@ def cmd_demo(args) -> int:
         print(f"{h['pass']:4d}   {h['excess']:.3e}")
     kept = model.attrs_.get("kept_state")
     if kept:
-        print(f"kept the state of pass {kept['pass']} (excess {kept['excess']:.3e}): "
-              "better than the last pass's")
+        print(f"kept the state of pass {kept['pass']} (excess {kept['excess']:.3e}), not the "
+              f"last: {model.attrs_.get('kept_reason')}")
     print(f"saved {run_dir}/components.zarr (open it with xarray.open_zarr)")
     return 0
 

@@ -27,6 +27,7 @@ from dkha.fit.request import (
     RunOptions,
     StreamSettings,
 )
+from dkha.fit.track import kept_reason
 from dkha.version import __version__
 
 
@@ -85,8 +86,9 @@ def finished_attrs(attrs: dict, res, solver, meta: dict) -> dict:
         return attrs
     a = dict(attrs, top_eigenvalues=None if res.top_eigenvalues is None
              else [float(v) for v in res.top_eigenvalues])
-    if res.kept is not None:    # an earlier pass was better than the end: its state
+    if res.kept is not None:    # an earlier pass was better than the end: its state, and why
         a["kept_state"] = dict(res.kept)
+        a["kept_reason"] = kept_reason(res.kept, attrs)
     if solver is not None:      # the gains as applied (eta0 and mu in units of κ̄)
         a.update(solver.effective_gains(), eta0_applied=solver.eta0,
                  start_deficit=meta.get("start_deficit"))

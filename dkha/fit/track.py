@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dkha import algorithms
+
 #: the history's ``measure`` of a tracked entry
 MEASURE = "ritz"
 
@@ -108,3 +110,50 @@ def result_entry(history: list, kept: dict | None) -> dict:
     if kept and "error" in kept and last and "measure" not in last:
         last.update({k: kept[k] for k in ("error", "error_min", "excess")})
     return last
+
+
+#: the reasons a fit keeps an earlier state than its last (the start of ``kept_reason``)
+GAINS_TOO_LARGE = "the gains are too large for the start"
+NOISE_FLOOR = "the start is already at the algorithm's noise floor"
+#: ... and where a later pass than the start was the best: the passes went no lower
+FLUCTUATED = "the passes reached the noise floor of their gains"
+
+
+def _decaying() -> list[str]:
+    """The batch algorithms whose gains decay (:attr:`dkha.algorithms.AlgorithmSpec.decays`)."""
+    return [a for a in algorithms.names(algorithms.BATCH) if algorithms.spec(a).decays]
+
+
+def kept_reason(kept: dict, attrs: dict) -> str:
+    """Why a fit kept the earlier state ``kept`` (its ``kept_state``) and what to try: one
+    sentence, saved as the run's ``kept_reason`` and shown by the summary, the report and a
+    pipeline's ``summary.json``. ``attrs``: the run's (``init`` as resolved, ``eta0`` as asked:
+    ``None`` for the default gains).
+
+    From a Nyström start at the default gains (chosen small for its deficit,
+    :func:`dkha.solvers.batch.warm_eta0`) a worse end means the start is already as good as the
+    passes can make it: the steps' noise at any gain that moves the state exceeds the start's
+    error. Otherwise the gains were too large for the state they started from."""
+    figure = "captured" if "captured" in kept else "error"
+    what = "tracked Σθ²" if figure == "captured" else "the error E"
+    n = kept["pass"]
+    state = "the start (pass 0)" if n == 0 else f"the state of pass {n}"
+    last = kept.get(f"{figure}_last", float("nan"))
+    lost = f"{what} {kept[figure]:.10g} at pass {n}, {last:.10g} at the end"
+    init = str(attrs.get("init") or "")
+    warm = init.startswith("nystrom")
+    if n == 0 and warm and attrs.get("eta0") is None:
+        return (f"{NOISE_FLOOR}: the passes at the default gains for the Nyström start "
+                f"({init}) did not improve on it ({lost}), so {state} is the result and the "
+                "passes were spent for nothing; the start is as good as these passes can make "
+                "it: take it as it is, or fit algorithm='krylov' (or the default, auto) for "
+                "the exact components")
+    if n > 0:
+        return (f"{FLUCTUATED} by pass {n}: the later passes fluctuated above it ({lost}), so "
+                f"{state} is the result and the later passes were thrown away; try a smaller "
+                f"eta0 or a decaying gain ({', '.join(_decaying())}) to go lower")
+    advice = "a smaller eta0 (a tenth)"
+    if warm and attrs.get("eta0") is not None:
+        advice += ", or leave eta0 unset for the gains that suit a Nyström start"
+    return (f"{GAINS_TOO_LARGE}: every pass left it worse than the start ({lost}), so {state} "
+            f"is the result and the passes were thrown away; try {advice}")

@@ -126,11 +126,13 @@ def _measured(ds, name: str) -> bool:
     return name in ds and bool(np.isfinite(ds[name].values).any())
 
 
-def convergence_figure(datasets: dict):
+def convergence_figure(datasets: dict, paper: dict | None = None):
     """Convergence of each run against the axis of the algorithm that ran, in the figure it
     measured: excess error (or, tracked, the span's movement) per pass for the iterative batch
     algorithms; excess error (or, unevaluated, the residual) per ``K'V`` product for the exact
-    ones; AC index per step for the online ones. A panel per kind and figure."""
+    ones; AC index per step for the online ones. A panel per kind and figure. ``paper``:
+    ``{run name: {x: value}}``, a paper's figures for the runs, drawn as crosses beside them."""
+    paper = paper or {}
     plt = _matplotlib()
     panels: dict = {}
     for name, ds in datasets.items():
@@ -152,8 +154,12 @@ def convergence_figure(datasets: dict):
         for name, ds in runs:
             y = ds[var].values
             ok = np.isfinite(y) & (y > 0 if var != "ac_index" else True)
-            (ax.plot if var == "ac_index" else ax.semilogy)(ds[x].values[ok], y[ok],
-                                                            marker=marker, label=name)
+            line, = (ax.plot if var == "ac_index" else ax.semilogy)(
+                ds[x].values[ok], y[ok], marker=marker, label=name)
+            if paper.get(name):
+                px = np.array([float(k) for k in paper[name]])
+                ax.plot(px, list(paper[name].values()), "x", markersize=10, mew=2,
+                        color=line.get_color(), label=f"{name} (paper)")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
         ax.set_title(title)
@@ -323,6 +329,10 @@ def settings_rows(ds, timings: dict | None) -> list[tuple[str, str]]:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             name = k.replace("_", " ").removesuffix(" seconds")
             rows.append((f"time: {name} (s)", _number(float(v))))
+    kept = ds.attrs.get("kept_state")
+    if kept:     # the result is an earlier state than the last: which, and why
+        rows.append(("state kept (not the last)", f"pass {kept['pass']}: "
+                     + str(ds.attrs.get("kept_reason", "an earlier pass was better"))))
     backoffs = ds.sizes.get("backoff", 0)
     if backoffs:
         rows.append(("backoffs (step guard)", str(backoffs)))
@@ -342,9 +352,48 @@ def write_page(path: str, title: str, subtitle: str, sections: list[str]) -> str
     return write_file_atomically(page, path)
 
 
-def _convergence_section(datasets: dict, out_dir: str) -> str:
-    b64 = _png(convergence_figure(datasets), os.path.join(out_dir, "convergence.png"))
+def _convergence_section(datasets: dict, out_dir: str, paper: dict | None = None) -> str:
+    b64 = _png(convergence_figure(datasets, paper), os.path.join(out_dir, "convergence.png"))
     return "<h2>Convergence</h2>" + _img(b64, "convergence", "convergence")
+
+
+#: the figures along a fit that a pipeline's summary holds (:func:`dkha.pipeline.runner.along`)
+ALONG = (("excess_per_pass", "pass", "excess error E/E_min − 1"),
+         ("ac_index_per_step", "step", "AC index"))
+
+
+def along_section(figures: dict) -> str:
+    """HTML tables of each fit's figure along the fit (excess per pass, AC per step), at a few
+    points (1, 5, 10, 20, 50… passes; every evaluation of an online fit up to 12), with the
+    paper's figures beside them where the pipeline gives them, and the state a fit kept."""
+    out = []
+    for key, axis, label in ALONG:
+        fits = {name: f for name, f in figures.items() if isinstance(f.get(key), dict)}
+        if not fits:
+            continue
+        xs = sorted({int(x) for f in fits.values() for x in f[key]}
+                    | {int(x) for f in fits.values() for x in f.get("paper", {})})
+        if axis == "pass":
+            xs = [x for x in xs if x in (1, 2, 5, 10, 20, 50, 100) or x == xs[-1]]
+        elif len(xs) > 12:
+            xs = sorted(set(xs[::-(-len(xs) // 12)]) | {xs[-1]})
+        rows = []
+        for name, f in fits.items():
+            rows.append((name, *(_number(f[key].get(str(x))) if str(x) in f[key] else ""
+                                 for x in xs)))
+            if "paper" in f:
+                rows.append((f"{name} (paper)", *(_number(f["paper"].get(str(x)))
+                                                  if str(x) in f["paper"] else "" for x in xs)))
+        sources = {f["paper_source"] for f in fits.values() if "paper_source" in f}
+        out.append(f"<h2>{html.escape(label)} by {axis}</h2>"
+                   + _table(("fit", *(f"{axis} {x}" for x in xs)), rows)
+                   + "".join(f"<p>paper: {html.escape(s)}</p>" for s in sorted(sources)))
+    kept = [(name, f"pass {f['kept_pass']}", f["kept_reason"]) for name, f in figures.items()
+            if "kept_pass" in f]
+    if kept:
+        out.append("<h2>Fits that kept an earlier state than their last</h2>"
+                   + _table(("fit", "state kept", "why, and what to try"), kept))
+    return "".join(out)
 
 
 def report_run(run_dir: str, *, components: int = DEFAULT_COMPONENTS, maps: str | None = None,
@@ -382,7 +431,9 @@ def write_report(runner) -> str:
             datasets[f["name"]] = result.load(runner.fit_dir(f["name"]))
         except Exception:  # noqa: BLE001, S112 - a fit not run (or unreadable) is left out
             continue
-    sections = [_convergence_section(datasets, out_dir)]
+    paper = {name: f["paper"] for name, f in runner.figures.items()
+             if isinstance(f, dict) and isinstance(f.get("paper"), dict)}
+    sections = [_convergence_section(datasets, out_dir, paper), along_section(runner.figures)]
     data = runner.state["stages"].get("data", {}).get("result", {}) or {}
     n_show = int(runner.p.report.get("components", DEFAULT_COMPONENTS))
     if datasets:
@@ -419,7 +470,8 @@ def write_report(runner) -> str:
     rows = []
     for stage, figs in runner.figures.items():
         for k, v in figs.items():
-            rows.append((stage, k.replace("_", " "), _number(v)))
+            if not isinstance(v, dict):     # figures along a fit: the tables above
+                rows.append((stage, k.replace("_", " "), _number(v)))
     sections.append("<h2>Figures</h2>" + _table(("stage", "figure", "value"), rows))
     path = os.path.join(runner.run_dir, "report.html")
     write_page(path, title, f"pipeline {runner.p.path} — run {runner.run_dir}", sections)

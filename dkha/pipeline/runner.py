@@ -36,6 +36,7 @@ import tomllib
 import warnings
 from dataclasses import dataclass, field
 
+import dask.config
 import numpy as np
 
 from dkha import algorithms
@@ -68,10 +69,16 @@ DATA_KINDS = ("digits", "array", "images", "store")
 FIT_RUN_KEYS = {"name", "checkpoint_every", "checkpoint_steps"}
 #: a [[fit]] table: the keys above and the fit parameters (from the one table)
 FIT_KEYS = FIT_RUN_KEYS | pipeline_keys()
-EVALUATE_KEYS = {"enabled", "ac_index"}
+#: [evaluate]: ``enabled``; ``ac_index`` (the online fits' reference, True: exact KPCA of the
+#: data); ``exact``: every evaluation of the batch fits exact (eq. 22 with E_min, the papers'
+#: excess E/E_min − 1; ``dkha.evaluation: exact`` while they fit), not tracked
+EVALUATE_KEYS = {"enabled", "ac_index", "exact"}
 APPLY_KEYS = {"kind", "fit", "k", "seed", "iterations", "exact"}
 APPLY_KINDS = ("denoise", "cluster")
-REPORT_KEYS = {"enabled", "title", "components"}
+#: [report]: ``paper``, a table of the figures a paper reports beside the fits' own:
+#: ``source`` (a line naming them) and, per fit name, ``{step or pass = value}`` of the figure the
+#: fit measures (the AC index of an online fit, the excess of a batch one)
+REPORT_KEYS = {"enabled", "title", "components", "paper"}
 TOP_KEYS = {"pipeline": PIPELINE_KEYS, "data": DATA_KEYS, "fit": FIT_KEYS,
             "evaluate": EVALUATE_KEYS, "apply": APPLY_KEYS, "report": REPORT_KEYS}
 
@@ -268,7 +275,9 @@ class Runner:
                         lambda f=f: self.fit(store, f))
         if self.p.evaluate.get("enabled", True):
             for f in self.p.fits:
-                self._stage(f"evaluate:{f['name']}", {"fit": f}, lambda f=f: self.evaluate(f))
+                self._stage(f"evaluate:{f['name']}",
+                            {"fit": f, "paper": self.p.report.get("paper", {}).get(f["name"])},
+                            lambda f=f: self.evaluate(f))
         for i, a in enumerate(self.p.apply):
             self._stage(f"apply:{i}:{a['kind']}", {"apply": a, "fit": self._fit(a["fit"])},
                         lambda a=a, i=i: self.apply(a, i))
@@ -366,9 +375,11 @@ class Runner:
                           "in pipelines (passes on the command line); write checkpoint_steps "
                           "(checkpoint_every will count passes)", FutureWarning, stacklevel=2)
             every, steps = None, steps or every
-        fit_run(model, store["store"], run, overwrite=not resume, resume=resume,
-                checkpoint_every=every, checkpoint_steps=steps,
-                ac_reference=self.p.evaluate.get("ac_index", True))
+        exact = {"dkha.evaluation": "exact"} if self.p.evaluate.get("exact") else {}
+        with dask.config.set(exact):
+            fit_run(model, store["store"], run, overwrite=not resume, resume=resume,
+                    checkpoint_every=every, checkpoint_steps=steps,
+                    ac_reference=self.p.evaluate.get("ac_index", True))
         if online:
             ds = model.to_dataset()
             res = {"run_dir": run, "members": int(ds.sizes.get("member", 0)),
@@ -376,17 +387,23 @@ class Runner:
             if "ac_index" in ds and ds.sizes.get("evaluation", 0):
                 res["ac_index"] = float(ds["ac_index"].values[-1])
             return res
-        last = result_entry(model.history_, model.attrs_.get("kept_state"))
+        kept = model.attrs_.get("kept_state")
+        last = result_entry(model.history_, kept)
         return {"run_dir": run, "excess": last.get("excess"), "pass": last.get("pass"),
-                "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_)}
+                "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
+                **kept_figures(model.attrs_)}
 
     def evaluate(self, f: dict) -> dict:
+        """The fit's figures for ``summary.json``: its last evaluation, the state it kept and
+        why (:func:`kept_figures`), and every evaluation along the way (:func:`along`)."""
         ds = result.load(self.fit_dir(f["name"]))
         out = {}
         for key in ("pass", "excess", "error", "error_min", "ac_index", "wall_time"):
             if key in ds and ds.sizes.get("evaluation", 0):
                 v = ds[key].values[-1]
                 out[key] = None if not np.isfinite(v) else float(v)
+        out.update(kept_figures(ds.attrs), **along(ds),
+                   **paper_figures(self.p.report, f["name"]))
         self.figures[f["name"]] = out
         return out
 
@@ -410,6 +427,41 @@ class Runner:
                                     if isinstance(v, (int, float, str)) or v is None}}
         self.figures[f"apply-{i}-{a['kind']}"] = out
         return out
+
+
+def kept_figures(attrs) -> dict:
+    """Where a fit kept an earlier state than its last: ``kept_pass`` and ``kept_reason`` (the
+    run's attrs, :func:`dkha.fit.track.kept_reason`); nothing otherwise."""
+    kept = attrs.get("kept_state")
+    if not kept:
+        return {}
+    return {"kept_pass": int(kept["pass"]),
+            "kept_reason": str(attrs.get("kept_reason", "an earlier pass was better"))}
+
+
+def along(ds) -> dict:
+    """Every evaluation of a run, as lists: ``excess_per_pass`` (``{pass: E/E_min − 1}`` of
+    the exact evaluations, the paper's measure), ``ac_index_per_step`` (``{step: AC}`` of an
+    online run); only those the run measured."""
+    out = {}
+    if not ds.sizes.get("evaluation", 0):
+        return out
+    for var, axis, key in (("excess", "pass", "excess_per_pass"),
+                           ("ac_index", "step", "ac_index_per_step")):
+        if var in ds and np.isfinite(ds[var].values).any():
+            out[key] = {str(int(x)): (float(v) if np.isfinite(v) else None)
+                        for x, v in zip(ds[axis].values, ds[var].values)}
+    return out
+
+
+def paper_figures(report: dict, name: str) -> dict:
+    """The paper's figures for the fit ``name`` from ``[report] paper`` (``paper``: ``{step or
+    pass: value}``, ``paper_source``); nothing where the file gives none."""
+    paper = report.get("paper") or {}
+    if not isinstance(paper.get(name), dict):
+        return {}
+    return {"paper": {str(k): float(v) for k, v in paper[name].items()},
+            "paper_source": str(paper.get("source", "the paper"))}
 
 
 def _exit_code(exc: BaseException) -> int:
