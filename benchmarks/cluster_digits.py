@@ -27,7 +27,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.apply.clustering import cluster_run, score, spectral_clustering
 from dkha.data.ingest import ingest_array
 from dkha.engine.cluster import client_for
@@ -38,7 +38,7 @@ from dkha.kernels import make_kernel
 
 def exact(store, sigma, r, client):
     """Projections C = √λ u (r × l) and the top eigenvalues of the dense K'."""
-    engine = RowEngine(store, make_kernel("gaussian", sigma=sigma), client)
+    engine = RowEngine(store, make_kernel("gaussian", sigma=sigma), client, config.settings())
     w, V = np.linalg.eigh(engine.dense())
     w, V = w[::-1][:r], V[:, ::-1][:, :r]
     return (V * np.sqrt(w)).T, w, engine
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     store = ingest_array(X, os.path.join(work, "digits.zarr"), labels=y, chunk_rows=512)
     r, k = args.components, args.clusters
     print(f"load_digits: {store.n_samples} samples, pixels x/8 − 1; r = {r}, k = {k}", flush=True)
-    with client_for() as client:   # the in-process cluster
+    with client_for(settings=config.settings()) as client:   # the in-process cluster
         for sigma in args.sigma:
             C, lam, engine = exact(store, sigma, r, client)
             s = score(spectral_clustering(C.T, k, seed=0), y)

@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha, not an in
 import dask.config
 import numpy as np
 
+from dkha import config
 from dkha.data.ingest import ingest_array
 from dkha.data.patches import extract_patches, read_grey_image
 from dkha.data.store import open_store
@@ -201,7 +202,7 @@ def exact_ends(path: str, defaults: list, client) -> list[dict]:
     out = [None] * len(defaults)
     if not done:
         return out
-    engine = RowEngine(open_store(path), done[0].kernel_, client)
+    engine = RowEngine(open_store(path), done[0].kernel_, client, config.settings())
     engine.compute_mk()
     evs = iter(evaluate_many(engine, [d.alpha_ for d in done], announce=False))
     for i, d in enumerate(defaults):
@@ -282,7 +283,8 @@ def timing(args, workdir: str) -> dict:
     proc.kill()
     proc.wait()
     # the fit pays its own centering row, as scikit-learn pays its kernel (no cached MK row)
-    with client_for() as client, dask.config.set({"dkha.mk-cache": False}):
+    with dask.config.set({"dkha.mk-cache": False}), \
+            client_for(settings=config.settings()) as client:
         t0 = time.perf_counter()
         m = KernelHebbianPCA(r, tol=TARGET, client=client).fit(path)
         out["dkha_call_seconds"] = time.perf_counter() - t0
@@ -326,7 +328,7 @@ def main() -> None:
         print(f"excess E/E_min − 1 after {args.passes} passes, r = {R}: the default fit against "
               f"the best of the {'coarse ' if args.coarse else ''}{{1,2,5}}×10^b grid (same start)")
         print_header()
-        with client_for() as client:
+        with client_for(settings=config.settings()) as client:
             result["panel"] = run_panel(names, args, client, args.workdir)
         verdict(result["panel"])
     if args.timing or args.timing_only:

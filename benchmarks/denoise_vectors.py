@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 import dkha
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.apply.denoise import denoise_store, store_mse
 from dkha.apply.preimage import preimages
 from dkha.data import result
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     t_exact = time.perf_counter() - t0
     mse_exact = float(np.mean((exact - clean_test) ** 2))
 
-    with client_for() as client:   # the in-process cluster
+    with client_for(settings=config.settings()) as client:   # the in-process cluster
         t0 = time.perf_counter()
         run_dir = os.path.join(work, "run")
         model = KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, passes=args.passes,

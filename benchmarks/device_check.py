@@ -334,6 +334,7 @@ def independent_check(xp, store: str, fit: dict, dmon: Dmon):
 def dkha_passes(xp, device: str, store_path: str, sigma: float, dmon: Dmon, r: int = 20):
     from distributed import Client, LocalCluster
 
+    from dkha import config
     from dkha.data.store import open_store
     from dkha.engine.cluster import local_gpus
     from dkha.engine.rows import RowEngine
@@ -350,7 +351,7 @@ def dkha_passes(xp, device: str, store_path: str, sigma: float, dmon: Dmon, r: i
         kernel = make_kernel("gaussian", sigma=sigma)
         mk = None
         for precision in ("float32", "float64"):
-            eng = RowEngine(store, kernel, cl, precision=precision, device=device)
+            eng = RowEngine(store, kernel, cl, config.settings(precision=precision, device=device))
             if eng.bands is not None:
                 say(eng.bands.describe())
             a = time.time()

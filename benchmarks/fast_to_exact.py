@@ -66,6 +66,7 @@ CHILD = textwrap.dedent("""
     eig = np.asarray(extra["eigenvalues"])
     if method == "sklearn":
         from sklearn.decomposition import KernelPCA
+        from dkha import config
         from dkha.data.store import open_store
         X = open_store(store).read()
         t0 = time.perf_counter()
@@ -90,8 +91,9 @@ CHILD = textwrap.dedent("""
         secs = time.perf_counter() - t0
         del Z
         rss = peak_mb()
-        with client_for() as client, blas_threads_for(client):
-            engine = RowEngine(st, make_kernel("gaussian", sigma=sigma), client)
+        settings = config.settings()
+        with client_for(settings=settings) as client, blas_threads_for(client, settings):
+            engine = RowEngine(st, make_kernel("gaussian", sigma=sigma), client, settings)
             engine.set_mk(np.asarray(extra["mk"]), extra["mkm"])
             frob2, res2 = engine.residual(np.ascontiguousarray(P.T))
         emin = np.sqrt(frob2 - np.sum(eig[:r] ** 2))
@@ -105,8 +107,10 @@ CHILD = textwrap.dedent("""
         from dkha.engine.rows import RowEngine
         from dkha.fit.init import nystrom_coefficients
         from dkha.data.store import open_store
-        with client_for() as client, blas_threads_for(client):
-            engine = RowEngine(open_store(store), make_kernel("gaussian", sigma=sigma), client)
+        settings = config.settings()
+        with client_for(settings=settings) as client, blas_threads_for(client, settings):
+            engine = RowEngine(open_store(store), make_kernel("gaussian", sigma=sigma), client,
+                               settings)
             t0 = time.perf_counter()
             engine.compute_mk()
             A, _ = nystrom_coefficients(engine, r, int(method.split(":")[1]), seed=0)
@@ -162,6 +166,7 @@ def child(method, store, r, sigma, passes, extra_file, env=None):
 
 
 def main():
+    from dkha import config
     sys.path.insert(0, HERE)
     sys.path.insert(0, ROOT)
     from _data import patch_store
@@ -202,8 +207,9 @@ def main():
             ref = json.load(f)
         how = f"reused from {ref_file}"
     else:
-        with client_for() as client, blas_threads_for(client):
-            engine = RowEngine(store, make_kernel("gaussian", sigma=sigma), client, cache_rows=True)
+        settings = config.settings(row_cache=True)
+        with client_for(settings=settings) as client, blas_threads_for(client, settings):
+            engine = RowEngine(store, make_kernel("gaussian", sigma=sigma), client, settings)
             mk, mkm = engine.compute_mk()
             eig, _ = krylov_eigenpairs(engine, r, tol=args.reference_tol, maxiter=1000)
             engine.release_cache()

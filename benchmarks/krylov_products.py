@@ -37,10 +37,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha
 sys.path.insert(0, HERE)
 
-import dask.config
 from _data import load_average, patch_store
 from scipy.sparse.linalg import LinearOperator, lobpcg
 
+from dkha import config
 from dkha.engine.cluster import blas_threads_for, client_for
 from dkha.engine.rows import RowEngine
 from dkha.fit.init import nystrom_coefficients
@@ -140,9 +140,9 @@ def main() -> int:
         print(f"\nl = {l}, n = {X.shape[1]}, sigma = {sigma:.4g} (median)")
         print(f"{'method':14s} {'products':>8s} {'columns':>8s} {'seconds':>8s} "
               f"{'residual (NumPy)':>16s}  eigenvalue error")
-        with dask.config.set({"dkha.mk-cache": False}), client_for() as client, \
-                blas_threads_for(client):
-            engine = RowEngine(store, make_kernel("gaussian", sigma=sigma), client)
+        settings = config.settings(mk_cache=False)
+        with client_for(settings=settings) as client, blas_threads_for(client, settings):
+            engine = RowEngine(store, make_kernel("gaussian", sigma=sigma), client, settings)
             engine.compute_mk()
             lam_r, ref = None, None
             methods = sorted(args.methods, key=lambda m: m == "lobpcg")   # lobpcg needs λ_r

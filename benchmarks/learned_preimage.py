@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     from distributed import Client, LocalCluster
 
-    from dkha import KernelHebbianPCA
+    from dkha import KernelHebbianPCA, config
     from dkha.fit.ridge import learned_preimage
 
     X = patches(args.samples)
@@ -53,7 +53,8 @@ def main() -> None:
         print(f"krylov fit on {m} samples and the projections P: "
               f"{time.perf_counter() - t0:.1f} s")
         tracemalloc.start()
-        ridge = learned_preimage(P, X, model.kernel_, args.alpha, client, dense_limit=0)
+        ridge = learned_preimage(P, X, model.kernel_, args.alpha, client, config.settings(),
+                                 dense_limit=0)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     dense = l * l * 8

@@ -33,7 +33,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]     # this checkout's dkha, then th
 from _data import patch_store, peak_rss_mb
 
 import dkha
-from dkha import KernelHebbianPCA, fit_together
+from dkha import KernelHebbianPCA, config, fit_together
 from dkha.engine.cluster import client_for
 
 ALGORITHMS = {"kha-t": {"eta0": 0.5}, "kha-et": {"eta0": 0.2}, "kha-smd": {"eta0": 0.2, "mu": 0.2}}
@@ -63,7 +63,7 @@ def main() -> int:
     load0 = os.getloadavg()
     times = {"together": [], "apart": []}
     alphas = {}
-    with client_for() as client:
+    with client_for(settings=config.settings()) as client:
         KernelHebbianPCA(2, algorithm="kha-smd", steps=64, evaluate_every=-1,
                          client=client).fit(store)          # warm up: numba, chunk cache
         for rep in range(args.repeat):

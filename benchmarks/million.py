@@ -94,7 +94,7 @@ def child_fit(a: dict) -> dict:
     """The million fit: centering (timed, then from the cache), then KHA-SMD for a fixed number
     of steps; the peak RSS of every process."""
     import dkha
-    from dkha import KernelHebbianPCA
+    from dkha import KernelHebbianPCA, config
     from dkha.data.centering import CENTERING_GROUP
     from dkha.data.store import open_store
     from dkha.engine.cluster import blas_threads_for, client_for
@@ -105,12 +105,14 @@ def child_fit(a: dict) -> dict:
     kernel = make_kernel("gaussian", sigma=a["sigma"])
     shutil.rmtree(os.path.join(store.path, CENTERING_GROUP), ignore_errors=True)  # time it fresh
     out = {"dkha": dkha.__file__}
-    with client_for(a["workers"]) as client, blas_threads_for(client):
+    settings = config.settings()
+    with client_for(a["workers"], settings=settings) as client, blas_threads_for(client, settings):
         t0 = time.perf_counter()
-        RowEngine(store, kernel, client).compute_mk(center_sample=a["center_sample"], seed=0)
+        RowEngine(store, kernel, client, settings).compute_mk(center_sample=a["center_sample"],
+                                                              seed=0)
         out["center_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        again = RowEngine(store, kernel, client)
+        again = RowEngine(store, kernel, client, config.settings())
         again.compute_mk(center_sample=a["center_sample"], seed=0)
         out["center_cached_seconds"] = time.perf_counter() - t0
         out["center_cached"] = again.centering["cached"]
@@ -197,6 +199,7 @@ class _Timed:
 def child_compare(a: dict) -> dict:
     """dkha for ``budget`` seconds on a subset (snapshots of A at multiples of it), then the
     excess error of each snapshot and of the baseline's projections."""
+    from dkha import config
     from dkha.data.store import open_store
     from dkha.engine.cluster import blas_threads_for, client_for
     from dkha.engine.rows import RowEngine
@@ -209,10 +212,11 @@ def child_compare(a: dict) -> dict:
     kernel = make_kernel("gaussian", sigma=a["sigma"])
     r, l = a["components"], store.n_samples
     out = {}
-    with client_for() as client, blas_threads_for(client):
-        engine = RowEngine(store, kernel, client)
+    settings = config.settings()
+    with client_for(settings=settings) as client, blas_threads_for(client, settings):
+        engine = RowEngine(store, kernel, client, settings)
         engine.compute_mk(cache=False)      # warm-up: numba, the chunk cache, the cluster
-        engine = RowEngine(store, kernel, client)
+        engine = RowEngine(store, kernel, client, config.settings())
         t0 = time.perf_counter()
         engine.compute_mk(cache=False)
         solver = _Timed(BatchKHA("kha-smd", r, l, eta0=a["eta0"], mu=a["mu"]), t0,
@@ -224,7 +228,7 @@ def child_compare(a: dict) -> dict:
         solver_mk = (engine.mk, engine.mkm)
         # the evaluations (not timed) keep the kernel's tiles in memory: Krylov products and
         # residuals without recomputing kernels (--cache-rows)
-        engine = RowEngine(store, kernel, client, cache_rows=True)
+        engine = RowEngine(store, kernel, client, config.settings(row_cache=True))
         engine.set_mk(*solver_mk)
         t0 = time.perf_counter()
         eig = top_eigenvalues(engine, r, seed=0)
@@ -302,6 +306,7 @@ def compare(name: str, args, sigma: float, big: str, n: int, method: str) -> Non
 
 
 def main() -> None:
+    from dkha import config
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=10_240)
@@ -340,7 +345,7 @@ def main() -> None:
     os.makedirs(args.work, exist_ok=True)
     big = os.path.join(args.work, f"patches-{args.samples}.zarr")
     ensure_store(big, args.samples)
-    sigma = resolve_kernel(open_store(big), "gaussian", 0)["sigma"]
+    sigma = resolve_kernel(open_store(big), "gaussian", 0, config.settings())["sigma"]
     print(f"gaussian kernel, sigma = {sigma:.4f} (median distance of 1000 seeded samples)")
 
     if not args.skip_million:

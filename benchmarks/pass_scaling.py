@@ -32,6 +32,7 @@ def main():
     from _data import patch_store
     from distributed import Client, LocalCluster
 
+    from dkha import config
     from dkha.engine.rows import RowEngine
     from dkha.kernels import make_kernel
 
@@ -56,7 +57,7 @@ def main():
         with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                           dashboard_address=":0", silence_logs=logging.WARNING) as cluster, \
                 Client(cluster) as client:
-            engine = RowEngine(store, kernel, client, column_groups=n)
+            engine = RowEngine(store, kernel, client, config.settings(column_groups=n))
             engine.compute_mk()   # warm-up: imports and chunk reads on every worker
             t0 = time.perf_counter()
             engine.compute_mk()

@@ -148,6 +148,7 @@ def krylov_fit(engine, r):
 def main():
     from _data import patch_store
 
+    from dkha import config
     from dkha.engine.mkrow import exact_mk_row
     from dkha.engine.rows import RowEngine
     from dkha.kernels import make_kernel
@@ -188,8 +189,8 @@ def main():
     for n in counts:
         with cluster(n, args.scheduler_file, args.by_hand, args.workdir) as client:
             nw = len(client.scheduler_info()["workers"])
-            engines = {p: RowEngine(store, kernel, client, block_rows=args.block,
-                                    prefetch=args.prefetch, projections=p)
+            engines = {p: RowEngine(store, kernel, client, config.settings(projections=p),
+                                    block_rows=args.block, prefetch=args.prefetch)
                        for p in ("coordinator", "workers")}
             eng = engines["coordinator"]
             print(f"{nw} workers: {eng.memory.describe()}", flush=True)

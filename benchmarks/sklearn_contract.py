@@ -26,7 +26,7 @@ import dask.array as da
 from sklearn.datasets import load_digits
 from sklearn.utils.estimator_checks import check_estimator
 
-from dkha import KernelHebbianPCA, OnlineKernelPCA
+from dkha import KernelHebbianPCA, OnlineKernelPCA, config
 from dkha.engine.cluster import client_for
 
 
@@ -83,7 +83,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=200_000)
     args = ap.parse_args()
-    with client_for():        # one in-process cluster, used by every fit (the active client)
+    # one in-process cluster, used by every fit (the active client)
+    with client_for(settings=config.settings()):
         checks()
         lazy_transform(args.rows)
 

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import dkha
 from dkha import KernelHebbianPCA
 from dkha.apply.denoise import reconstruct_patches
-from dkha.apply.superresolve import downscale, psnr, superresolve, upscale
+from dkha.apply.superresolve import config, downscale, psnr, superresolve, upscale
 from dkha.data.ingest import ingest_images
 from dkha.data.patches import read_grey_image
 from dkha.engine.cluster import client_for
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     figures = {"pixel replication": psnr(orig, rep), "bicubic": psnr(orig, bicubic),
                "linear PCA": psnr(orig, np.clip(pca, 0, 1))}
 
-    with client_for() as client:   # the in-process cluster
+    with client_for(settings=config.settings()) as client:   # the in-process cluster
         t0 = time.perf_counter()
         run_dir = os.path.join(work, "run")
         KernelHebbianPCA(r, algorithm=args.algorithm, sigma=sigma, passes=args.passes,

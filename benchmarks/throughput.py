@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import load_average, patch_store
 
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.engine.cluster import blas_threads_for, client_for
 from dkha.engine.rows import RowEngine
 from dkha.kernels import make_kernel, median_distance
@@ -151,7 +151,7 @@ def dkha_passes(store, kernel, client, r: int, precision: str, projections: str)
     l = store.n_samples
     out = {}
     with dask.config.set({"dkha.precision": precision}):
-        engine = RowEngine(store, kernel, client)
+        engine = RowEngine(store, kernel, client, config.settings())
         t0 = time.perf_counter()
         engine.compute_mk(cache=False)
         out["MK"] = time.perf_counter() - t0
@@ -200,7 +200,8 @@ def main():
     best_dkha: dict = {}
     print(f"l = {l}, n = {X.shape[1]}, r = {r}, sigma = {sigma:.3f}, {cores} cores, KHA-SMD "
           f"projections on the {args.projections}", flush=True)
-    with client_for() as client, blas_threads_for(client):
+    settings = config.settings()
+    with client_for(settings=settings) as client, blas_threads_for(client, settings):
         for p in precisions:            # warm-up: compilation, the cached centering rows
             with dask.config.set({"dkha.precision": p}):
                 KernelHebbianPCA(r, algorithm="kha-smd", sigma=sigma, steps=256, evaluate_every=-1,

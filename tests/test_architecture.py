@@ -263,6 +263,59 @@ def test_every_floor_keeps_the_size_limits(tmp_path):
         f"solvers/loops.py: kernel {SIZE_LIMITS['function'] + 2} lines"]
 
 
+# --- the configuration, read at the edge ---------------------------------------------------------
+
+#: the floors that read their settings from the request (dkha.config.Settings), never the config
+CONFIG_FREE = ("fit", "engine", "solvers", "kernels")
+
+
+def config_reads(package: pathlib.Path) -> list[str]:
+    """Where a module of :data:`CONFIG_FREE` reads the global configuration: ``config.get`` or
+    ``dask.config.get`` called, ``dask.config`` or ``dkha.config``'s module imported (only
+    its ``Settings`` type may be: the value travels in the request, resolved once at the edge
+    by ``dkha.config.settings``)."""
+    out = []
+    for floor in CONFIG_FREE:
+        for path in sorted((package / floor).rglob("*.py")):
+            name = path.relative_to(package).as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                line = f"{name}:{getattr(node, 'lineno', 0)}"
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                        node.func.attr == "get" and "config" in ast.unparse(node.func.value):
+                    out.append(f"{line} calls {ast.unparse(node.func)}")
+                elif isinstance(node, ast.Import):
+                    out += [f"{line} imports {a.name}" for a in node.names
+                            if a.name.startswith("dask.config") or a.name.endswith("dkha.config")]
+                elif isinstance(node, ast.ImportFrom):
+                    module = node.module or ""
+                    names = [a.name for a in node.names]
+                    if module.startswith("dask.config") or (module in ("dask", package.name)
+                                                            and "config" in names) or \
+                            (module == f"{package.name}.config" and names != ["Settings"]):
+                        out.append(f"{line} imports {', '.join(names)} from {module}")
+    return out
+
+
+def test_fit_engine_solvers_kernels_never_read_the_configuration(tmp_path):
+    """Every ``dkha.*`` setting is read once at the edge (an estimator's fit, a command, a
+    public function of runs/ or apply/: ``dkha.config.settings``) and travels down with the
+    request: ``fit_batch(request)`` is a function of its request."""
+    assert config_reads(ROOT / "dkha") == []
+    # not vacuous: each way of reading it is seen
+    pkg = tmp_path / "dkha"
+    for floor in CONFIG_FREE:
+        (pkg / floor).mkdir(parents=True)
+    (pkg / "fit" / "a.py").write_text("from dkha import config\n\nx = config.get('tile-rows')\n")
+    (pkg / "engine" / "b.py").write_text("import dask.config\n\ny = dask.config.get('dkha.x')\n")
+    (pkg / "solvers" / "c.py").write_text("from dkha.config import Settings, settings\n")
+    (pkg / "kernels" / "d.py").write_text("from dask import config\n")
+    assert config_reads(pkg) == [
+        "fit/a.py:1 imports config from dkha", "fit/a.py:3 calls config.get",
+        "engine/b.py:1 imports dask.config", "engine/b.py:3 calls dask.config.get",
+        "solvers/c.py:1 imports Settings, settings from dkha.config",
+        "kernels/d.py:1 imports config from dask"]
+
+
 # --- ruff ---------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ import dask.config
 import numpy as np
 import pytest
 
+from dkha import config
 from dkha.data.ingest import ingest_array
 from dkha.engine.bandpass import BandPlan, band_side
 from dkha.engine.device import device_info, drop_resident
@@ -38,7 +39,7 @@ def bands():
 
 
 def _engine(store, client, **kw):
-    return RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client, **kw)
+    return RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client, config.settings(**kw))
 
 
 def _close(got, want, tol):

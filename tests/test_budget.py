@@ -11,7 +11,7 @@ import dask.config
 import numpy as np
 import pytest
 
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.engine.budget import MIN_BLOCK_ROWS, Hardware, block_rows_for, memory_plan
 
 MiB = 2**20
@@ -32,7 +32,7 @@ def test_block_rows_and_prefetch_shrink_as_l_grows():
     sizes = (1_000, 20_000, 113_270, 200_000, 1_000_000, 10_000_000)
     with dask.config.set({"dkha.memory-budget": "512MiB", "dkha.block-rows": 256,
                           "dkha.prefetch": 4}):
-        plans = [memory_plan(l, threads=2) for l in sizes]
+        plans = [memory_plan(l, config.settings(), threads=2) for l in sizes]
     rows = [p.block_rows for p in plans]
     ahead = [p.prefetch for p in plans]
     assert rows[:2] == [256, 256] and ahead[:2] == [4, 4]       # small l: the caps
@@ -50,16 +50,16 @@ def test_block_rows_and_prefetch_shrink_as_l_grows():
 
 def test_given_sizes_are_used_as_given():
     with dask.config.set({"dkha.memory-budget": "64MiB"}):
-        p = memory_plan(200_000, block_rows=300, prefetch=6)
+        p = memory_plan(200_000, config.settings(), block_rows=300, prefetch=6)
         assert (p.block_rows, p.prefetch) == (300, 6)
-        assert block_rows_for(200_000, 300) == 300
-        assert block_rows_for(200_000) < 256
+        assert block_rows_for(200_000, config.settings(), 300) == 300
+        assert block_rows_for(200_000, config.settings()) < 256
 
 
 def test_workers_memory_limits_lower_the_budget_but_not_the_blocks():
     with dask.config.set({"dkha.memory-budget": "1GiB"}):
-        roomy = memory_plan(150_000, FakeClient(8 * 2**30, 8 * 2**30), threads=2)
-        tight = memory_plan(150_000, FakeClient(400 * MiB, 400 * MiB), threads=2)
+        roomy = memory_plan(150_000, config.settings(), FakeClient(8 * 2**30, 8 * 2**30), threads=2)
+        tight = memory_plan(150_000, config.settings(), FakeClient(400 * MiB, 400 * MiB), threads=2)
     assert roomy.budget == 2**30 and "dkha.memory-budget" in roomy.reason
     assert tight.budget == 200 * MiB and "workers" in tight.reason
     # the blocks group the steps: they follow the configured budget (a resume elsewhere matches)
@@ -87,17 +87,19 @@ def bands_by_the_rule(l, threads, memory, n_features=121, cap=16384):
     (1, 16, 128 * GiB), (16, 16, 128 * GiB), (1, 2, 24 * GiB), (1, 64, None), (4, 64, 16 * GiB)])
 def test_the_tiles_at_a_million_samples_follow_the_workers(workers, threads, memory):
     hardware = Hardware.described(workers, threads, memory)
-    p = memory_plan(L, hardware=hardware, n_features=121)
+    p = memory_plan(L, config.settings(), hardware=hardware, n_features=121)
     n = bands_by_the_rule(L, threads, memory)
     assert p.bands == n and p.tiles == p.tasks == n * (n + 1) // 2
     assert p.tile_rows == math.ceil(L / n) and (n - 1) * p.tile_rows < L
     assert p.worker_budget == (max(GiB, memory // 4) if memory else GiB)
-    assert (p.block_rows, p.prefetch, p.budget) == (memory_plan(L).block_rows, 4, GiB)
+    bare = memory_plan(L, config.settings())
+    assert (p.block_rows, p.prefetch, p.budget) == (bare.block_rows, 4, GiB)
     assert hardware.threads == threads
 
 
 def test_the_plan_at_a_million_samples_in_one_line():
-    p = memory_plan(L, hardware=Hardware.described(1, 16, 128 * GiB), n_features=121)
+    p = memory_plan(L, config.settings(), hardware=Hardware.described(1, 16, 128 * GiB),
+                    n_features=121)
     assert p.tiles == 1953 and p.tile_rows == 16130 and p.worker_budget == 32 * GiB
     line = p.describe()
     # the blocks (the steps' grouping) stay those of the floor: (4 + 2)·b·l·8 ≤ 1 GiB
@@ -105,23 +107,24 @@ def test_the_plan_at_a_million_samples_in_one_line():
     assert line.startswith("plan: 16 CPU threads in 1 worker (128 GiB), 1 953 tiles of 16 130 "
                            "rows in 1 953 tasks, blocks of 22 rows, 4 ahead"), line
     assert "tiles within 32 GiB (a quarter of the workers' memory)" in line
-    many = memory_plan(L, hardware=Hardware.described(16, 16, 128 * GiB), n_features=121)
+    many = memory_plan(L, config.settings(), hardware=Hardware.described(16, 16, 128 * GiB),
+                       n_features=121)
     assert "16 CPU threads in 16 workers (128 GiB)" in many.describe()
     d = p.as_dict()
     assert (d["tiles"], d["tasks"], d["hardware"]["threads"], d["device"]) == (1953, 1953, 16,
                                                                                "cpu")
     # threads, not memory, set the tiles of a smaller pass: 276 tiles of 2 174 rows for 16
     # threads at 50 000 (91 of 4 096 left the last wave idle), 21 for one
-    assert memory_plan(50_000, hardware=Hardware.described(16, 16, 128 * GiB),
+    assert memory_plan(50_000, config.settings(), hardware=Hardware.described(16, 16, 128 * GiB),
                        n_features=121).tiles == 276
-    assert memory_plan(50_000, hardware=Hardware.described(1, 1, 8 * GiB),
+    assert memory_plan(50_000, config.settings(), hardware=Hardware.described(1, 1, 8 * GiB),
                        n_features=121).tiles == 21
 
 
 def test_a_budget_set_by_the_user_wins_over_the_workers():
     host = Hardware.described(1, 16, 128 * GiB)
     with dask.config.set({"dkha.memory-budget": "256MiB"}):
-        p = memory_plan(L, hardware=host, n_features=121)
+        p = memory_plan(L, config.settings(), hardware=host, n_features=121)
     assert p.worker_budget == p.budget == 256 * MiB and p.worker_reason == "dkha.memory-budget"
     side = 256 * MiB // (16 * 8 * (4 * 121 + 64))
     assert p.bands == math.ceil(L / side)
@@ -150,13 +153,13 @@ def test_fit_records_the_plan_and_matches_the_same_blocks_given(digits_store, cl
 
 def test_memory_budget_accepts_numbers_and_strings():
     with dask.config.set({"dkha.memory-budget": 3 * 2**30}):
-        a = memory_plan(500_000)
+        a = memory_plan(500_000, config.settings())
     with dask.config.set({"dkha.memory-budget": "3GiB"}):
-        b = memory_plan(500_000)
+        b = memory_plan(500_000, config.settings())
     assert a == b and a.budget == 3 * 2**30
     with dask.config.set({"dkha.memory-budget": "lots"}), \
             pytest.raises(ValueError, match="dkha.memory-budget"):
-        memory_plan(500_000)
+        memory_plan(500_000, config.settings())
 
 
 def test_nystrom_landmark_rows_count_against_the_budget(digits_store, client):
@@ -170,7 +173,8 @@ def test_nystrom_landmark_rows_count_against_the_budget(digits_store, client):
     l, m = digits_store.n_samples, 200
     kernel = make_kernel("gaussian", sigma=4.0)
     with dask.config.set({"dkha.memory-budget": 8 * l * (m + 6 * 16)}):   # rows + 6 blocks of 16
-        engine = RowEngine(digits_store, kernel, client, block_rows=16, prefetch=4)
+        engine = RowEngine(digits_store, kernel, client,
+                           config.settings(), block_rows=16, prefetch=4)
         engine.compute_mk(cache=False)
         assert landmark_prefetch(engine, 0) == 4
         assert landmark_prefetch(engine, 8 * l * m) == 4            # 6 blocks still fit
@@ -184,7 +188,8 @@ def test_nystrom_landmark_rows_count_against_the_budget(digits_store, client):
 
         engine.stream = spy
         with dask.config.set({"dkha.memory-budget": 8 * l * (m + 3 * 16)}):
-            tight = RowEngine(digits_store, kernel, client, block_rows=16, prefetch=4)
+            tight = RowEngine(digits_store, kernel, client,
+                              config.settings(), block_rows=16, prefetch=4)
         tight.set_mk(engine.mk, engine.mkm)
         tight_stream = tight.stream
         tight.stream = lambda blocks, solver=None: (seen.append(tight.prefetch),
@@ -209,10 +214,10 @@ def test_default_landmarks_fill_at_most_half_the_budget():
     assert default_landmarks(1_000_000, 20, budget=2**30) == 67
     assert default_landmarks(10_000_000, 20, budget=2**30) == 40    # 2 r
     with dask.config.set({"dkha.memory-budget": "1GiB"}):
-        assert start_of(None, "kha-smd", 200_000, 16) == ("nystrom", 335)
-        assert start_of(None, "kha-smd", 1797, 16) == ("nystrom", 640)
+        assert start_of(None, "kha-smd", 200_000, 16, config.settings()) == ("nystrom", 335)
+        assert start_of(None, "kha-smd", 1797, 16, config.settings()) == ("nystrom", 640)
     with dask.config.set({"dkha.memory-budget": "4GiB"}):
-        assert start_of(None, "kha-smd", 200_000, 16) == ("nystrom", 640)
+        assert start_of(None, "kha-smd", 200_000, 16, config.settings()) == ("nystrom", 640)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
@@ -223,10 +228,10 @@ def test_kernel_blocks_come_from_the_heap_here_and_in_the_workers_dkha_starts():
 
     from dkha.engine.cluster import HEAP_BLOCKS, Where, client_for, heap_blocks
 
-    assert heap_blocks()
+    assert heap_blocks(config.settings())
     with dask.config.set({"dkha.heap-blocks": False}):
-        assert not heap_blocks()
-    with client_for(Where(workers=2)) as client:
+        assert not heap_blocks(config.settings())
+    with client_for(Where(workers=2), settings=config.settings()) as client:
         envs = client.run(lambda: {k: os.environ.get(k) for k in HEAP_BLOCKS})
     assert len(envs) == 2
     for env in envs.values():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zarr
 
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.data.centering import CENTERING_GROUP
 from dkha.data.ingest import ingest_array
 from dkha.data.store import open_store
@@ -49,7 +49,7 @@ def never(*args, **kwargs):
 
 
 def engine_for(store, client, sigma=SIGMA):
-    return RowEngine(store, make_kernel("gaussian", sigma=sigma), client)
+    return RowEngine(store, make_kernel("gaussian", sigma=sigma), client, config.settings())
 
 
 def test_cached_row_is_exact_and_reused(store, client, dense_mk, monkeypatch):

@@ -12,7 +12,7 @@ import zarr
 from distributed import Client, LocalCluster
 from fsspec.implementations.local import LocalFileSystem
 
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.data.atomic import consolidate
 from dkha.data.store import FINITE_ATTR, DataStore, combine_digests, file_digests, open_store
 from dkha.data.writer import StoreWriter
@@ -101,11 +101,10 @@ def test_a_default_fit_reads_no_x_on_the_coordinator(digits_store, processes, tm
         again = KernelHebbianPCA(**kw).fit(store.path)      # the centering from the cache
         assert reads_of_x == []
     # the workers measured what the coordinator would have: σ from the same seeded sample
-    from dkha import config
 
     sample = store.sample(int(config.get("median-sample")), 0)
     assert model.kernel_["sigma"] == pytest.approx(median_distance(sample), rel=1e-12)
-    assert content_key(store, processes) == store.content_checksum()
+    assert content_key(store, processes, settings=config.settings()) == store.content_checksum()
     np.testing.assert_array_equal(again.alpha_, model.alpha_)
 
 
@@ -127,7 +126,6 @@ def test_non_finite_rows_are_named_by_the_workers(processes, tmp_path, reads_of_
 
 def test_a_fit_given_a_scheduler_address_measures_sigma_on_its_workers(digits_store, processes):
     # the address, not a client: the cluster is reached for σ's sample, and closed after
-    from dkha import config
 
     address = processes.scheduler.address
     model = KernelHebbianPCA(n_components=4, seed=0, client=address).fit(digits_store.path)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from dkha import config
 from dkha.data.ingest import ingest_array
 from tests.processes import dkha_in_process, start_dask_cluster, stop_processes
 
@@ -134,7 +135,7 @@ def test_products_are_summed_on_the_worker_processes(store, real_cluster):
     address, _ = real_cluster
     ds = open_store(store)
     with Client(address, timeout="30s") as client:
-        engine = RowEngine(ds, make_kernel("gaussian", sigma=4.0), client)
+        engine = RowEngine(ds, make_kernel("gaussian", sigma=4.0), client, config.settings())
         V = np.random.default_rng(5).normal(size=(ds.n_samples, 7))
         got = engine.matmat(V)
         g, pairs = engine.tile_groups, engine.tile_pairs()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 
+from dkha import config
 from dkha.data.ingest import ingest_array
 from dkha.engine.rows import RowEngine
 from dkha.fit.evaluate import evaluate, projections
@@ -33,7 +34,8 @@ def data(tmp_path_factory, digits_subset, dense_centered):
 @pytest.fixture(scope="module")
 def engine(data, client):
     store = data[0]
-    return RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client, column_groups=3)
+    return RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client,
+                     config.settings(column_groups=3))
 
 
 def dense_evaluation(Kc, A, w, r):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dkha import schedule
+from dkha import config, schedule
 from dkha.data.ingest import ingest_array
 from dkha.data.patches import extract_patches, read_grey_image
 from dkha.engine.rows import RowEngine
@@ -56,7 +56,7 @@ def camera_patches(n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("kernel,params", [("gaussian", {"sigma": 4.0}),
                                            ("polynomial", {"degree": 2, "offset": 1.0})])
 def test_engine_centered_diagonal_is_the_dense_one(digits_store, digits, client, kernel, params):
-    engine = RowEngine(digits_store, make_kernel(kernel, **params), client)
+    engine = RowEngine(digits_store, make_kernel(kernel, **params), client, config.settings())
     engine.compute_mk(cache=False)
     _, Kc = centered_kernel_oracle(np.array(digits), kernel, **params)
     np.testing.assert_allclose(engine.centered_diagonal(), np.diag(Kc), rtol=1e-10, atol=1e-12)
@@ -121,7 +121,7 @@ def test_nystrom_start_scaled_to_unit_norm_is_closer(digits_store, digits, clien
     """The Nyström components have unit norm only under the approximation; scaled to the
     exact unit norm the start's excess error falls (on these digits by more than 2×)."""
     kernel = make_kernel("gaussian", sigma=4.0)
-    engine = RowEngine(digits_store, kernel, client)
+    engine = RowEngine(digits_store, kernel, client, config.settings())
     engine.compute_mk(cache=False)
     A, _ = nystrom_coefficients(engine, R, 40, seed=0)
     _, Kc = centered_kernel_oracle(np.array(digits), "gaussian", sigma=4.0)

@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import pytest
 
-from dkha import schedule
+from dkha import config, schedule
 from dkha.errors import NumericalError
 from dkha.solvers.batch import BatchKHA, initial_coefficients
 from tests.processes import dkha_command, subprocess_env
@@ -180,7 +180,7 @@ def test_cli_keeps_distributed_warnings_off_its_one_line_errors(capfd):
             assert {k for k, lv in [("warning", logging.WARNING), ("error", logging.ERROR)]
                     if machine.isEnabledFor(lv)} == shown
             capfd.readouterr()
-            with client_for(2) as c:
+            with client_for(2, settings=config.settings()) as c:
                 c.run(say, "worker")
             err = capfd.readouterr().err
             for kind in ["warning", "error"]:

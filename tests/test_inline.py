@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.data.store import held_in_memory, open_store
 from dkha.engine.cluster import client_for
 from dkha.engine.inline import InlineClient
@@ -27,11 +27,11 @@ def test_inline_fit_equals_the_cluster_fit_bit_for_bit(digits, dense_centered):
     """A krylov fit inline and on the in-process cluster (dkha.inline-samples 0) agree to the
     last bit, and both find dense eigh's eigenvalues."""
     X = np.array(digits)
-    with client_for(None, samples=len(X)) as c:
+    with client_for(None, samples=len(X), settings=config.settings()) as c:
         assert isinstance(c, InlineClient)
     inline = _fit(X)
     with dask.config.set({"dkha.inline-samples": 0}):
-        with client_for(None, samples=len(X)) as c:
+        with client_for(None, samples=len(X), settings=config.settings()) as c:
             assert isinstance(c, Client)
         cluster = _fit(X)
     assert np.array_equal(inline.alpha_, cluster.alpha_)
@@ -46,9 +46,10 @@ def test_inline_fit_equals_the_cluster_fit_bit_for_bit(digits, dense_centered):
 
 def test_a_running_client_is_used_whatever_the_size():
     """A user's own client (the active one) takes every fit, small ones included."""
-    with local_client(1, 1) as client, client_for(None, samples=10) as c:
+    settings = config.settings()
+    with local_client(1, 1) as client, client_for(None, samples=10, settings=settings) as c:
         assert c is client
-    with client_for(None, samples=10) as c:     # closed: inline again
+    with client_for(None, samples=10, settings=config.settings()) as c:     # closed: inline again
         assert isinstance(c, InlineClient)
 
 

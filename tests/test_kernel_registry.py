@@ -19,7 +19,7 @@ import pytest
 from scipy.spatial.distance import cdist, pdist
 
 import dkha
-from dkha import KernelSpec, algorithms, register_kernel
+from dkha import KernelSpec, algorithms, config, register_kernel
 from dkha.errors import ParameterError
 from dkha.kernels import make_kernel, squared_distances
 from dkha.kernels.spec import kernel_names, positive, require
@@ -151,8 +151,8 @@ def test_krylov_on_the_row_engine(cluster, digits_store, digits, seed, fitted):
 
     with dask.config.set({"dkha.band-passes": True}):
         workers = sorted(cluster.scheduler_info()["workers"])
-        assert wants_bands(make_kernel("gaussian", sigma=1.0), cluster) == workers
-        assert wants_bands(make_kernel("matern32", length_scale=6.0), cluster) is None
+        assert wants_bands(make_kernel("gaussian", sigma=1.0), cluster, True) == workers
+        assert wants_bands(make_kernel("matern32", length_scale=6.0), cluster, True) is None
         model = dkha.KernelHebbianPCA(R, kernel="matern32", kernel_params={"length_scale": 6.0},
                                       algorithm=algorithms.KRYLOV, seed=seed, client=cluster)
         model.fit(digits_store.path)
@@ -295,9 +295,9 @@ def test_a_registered_kernel_takes_the_gaussians_behaviour_from_its_spec(digits,
     patches = SimpleNamespace(n_features=X.shape[1], attrs={"patch": [8, 8]},
                               sample=lambda n, s: X)
     median = median_distance(X)
-    assert resolve_kernel(patches, "heat", seed)["sigma"] == 3.0 * median
-    assert resolve_kernel(patches, "gaussian", seed)["sigma"] == 3.0 * median
-    assert resolve_kernel(patches, "matern32", seed)["length_scale"] == median
+    assert resolve_kernel(patches, "heat", seed, config.settings())["sigma"] == 3.0 * median
+    assert resolve_kernel(patches, "gaussian", seed, config.settings())["sigma"] == 3.0 * median
+    assert resolve_kernel(patches, "matern32", seed, config.settings())["length_scale"] == median
 
     heat, gaussian = make_kernel("heat", sigma=2.5), make_kernel("gaussian", sigma=2.5)
     matern = make_kernel("matern32", length_scale=2.5)

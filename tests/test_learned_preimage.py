@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
 
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.fit.ridge import learned_preimage
 from dkha.solvers.ridge import ridge_cg
 from tests.processes import local_client
@@ -86,11 +86,12 @@ def test_blockwise_solve_on_a_process_cluster_above_the_limit(data, client):
                              client=client).fit(data)
     P = model.projection_.values
     with dask.config.set({"dkha.tile-rows": 64}), local_client(2, 1, processes=True) as c:
-        ridge = learned_preimage(P, data, model.kernel_, 0.1, c, dense_limit=100)
+        ridge = learned_preimage(P, data, model.kernel_, 0.1, c, config.settings(), dense_limit=100)
         assert ridge.method == "cg" and ridge.residual <= 1e-8 and ridge.iterations > 1
         assert rel(ridge.dual_coef, oracle_dual_coef(P, data, 0.1)) < 1e-5
         with pytest.raises(ValueError, match="alpha must be positive"):
-            learned_preimage(P, data, model.kernel_, 0.0, c, dense_limit=100)
-    small = learned_preimage(P[:80], data[:80], model.kernel_, 0.1, None, dense_limit=100)
+            learned_preimage(P, data, model.kernel_, 0.0, c, config.settings(), dense_limit=100)
+    small = learned_preimage(P[:80], data[:80], model.kernel_, 0.1, None, config.settings(),
+                             dense_limit=100)
     assert small.method == "dense"
     assert rel(small.dual_coef, oracle_dual_coef(P[:80], data[:80], 0.1)) < 1e-8

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dkha import config
 from dkha.data.ingest import ingest_array
 from dkha.engine.rows import RowEngine
 from dkha.engine.tasks import center_block
@@ -53,7 +54,8 @@ LAYOUTS = [(17, 1), (17, 3), (64, 2), (64, 5), (300, 1), (300, 2)]
 @pytest.mark.parametrize("name", ["gaussian", "polynomial"])
 def test_mk_row(stores, oracle, client, chunk, groups, name):
     K, _ = oracle[name]
-    engine = RowEngine(stores[chunk], kernel_of(name), client, column_groups=groups)
+    engine = RowEngine(stores[chunk], kernel_of(name), client,
+                       config.settings(column_groups=groups))
     mk, mkm = engine.compute_mk(cache=False)   # the pass itself, in every layout
     assert_rel(mk, K.mean(axis=0))
     assert mkm == pytest.approx(K.mean(), rel=REL)
@@ -77,7 +79,8 @@ def check_rows_and_products(engine, Kc, rng):
 
 @pytest.mark.parametrize("chunk,groups", LAYOUTS)
 def test_centered_rows_dense_products(stores, oracle, client, chunk, groups, seed):
-    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, column_groups=groups)
+    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client,
+                       config.settings(column_groups=groups))
     check_rows_and_products(engine, oracle["gaussian"][1], np.random.default_rng(seed))
 
 
@@ -87,7 +90,8 @@ def test_row_cache(stores, oracle, client, chunk, seed):
     the stream delivers rows in order; the cache can be released and rebuilt."""
     K, Kc = oracle["gaussian"]
     l = len(Kc)
-    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client, cache_rows=True, prefetch=3)
+    engine = RowEngine(stores[chunk], kernel_of("gaussian"), client,
+                       config.settings(row_cache=True), prefetch=3)
     mk, _mkm = engine.compute_mk(cache=False)  # from the tiles' sums, not a cached row
     assert_rel(mk, K.mean(axis=0))
     assert engine.cache_bytes() >= 8 * l * (l + 1) // 2
@@ -107,7 +111,7 @@ def test_row_cache_refused_when_too_big(stores, client, monkeypatch):
 
     monkeypatch.setattr(TileCache, "nbytes", lambda self: 2**60)
     with pytest.raises(ParameterError, match="row cache needs"):
-        RowEngine(stores[64], kernel_of("gaussian"), client, cache_rows=True)
+        RowEngine(stores[64], kernel_of("gaussian"), client, config.settings(row_cache=True))
 
 
 def test_residual_near_the_optimum(stores, oracle, client):
@@ -115,7 +119,7 @@ def test_residual_near_the_optimum(stores, oracle, client):
     _, Kc = oracle["gaussian"]
     w, V = np.linalg.eigh(Kc)
     C = (V[:, -5:] * np.sqrt(w[-5:])).T
-    engine = RowEngine(stores[64], kernel_of("gaussian"), client, column_groups=2)
+    engine = RowEngine(stores[64], kernel_of("gaussian"), client, config.settings(column_groups=2))
     frob2, res2 = engine.residual(C)
     tail = np.sum(w[:-5] ** 2)
     assert res2 == pytest.approx(tail, rel=1e-9)
@@ -124,7 +128,8 @@ def test_residual_near_the_optimum(stores, oracle, client):
 
 def test_polynomial_rows(stores, oracle, client):
     _, Kc = oracle["polynomial"]
-    engine = RowEngine(stores[17], kernel_of("polynomial"), client, column_groups=4)
+    engine = RowEngine(stores[17], kernel_of("polynomial"), client,
+                       config.settings(column_groups=4))
     idx = np.arange(0, 300, 7)[::-1]
     assert_rel(engine.rows(idx), Kc[idx])
     assert_rel(engine.dense(), Kc)
@@ -142,7 +147,7 @@ def test_center_block(oracle, seed):
 def test_set_mk_is_used(stores, oracle, client):
     """Rows centered with a given mk (as transform does) use it, not a recomputed one."""
     K, Kc = oracle["gaussian"]
-    engine = RowEngine(stores[64], kernel_of("gaussian"), client, column_groups=2)
+    engine = RowEngine(stores[64], kernel_of("gaussian"), client, config.settings(column_groups=2))
     mk = K.mean(axis=0) + 0.25
     engine.set_mk(mk, K.mean() + 0.5)
     idx = np.array([3, 200])
@@ -154,7 +159,7 @@ def test_set_mk_is_used(stores, oracle, client):
 
 def test_transform_new_samples(stores, oracle, digits, client, seed):
     K, _ = oracle["gaussian"]
-    engine = RowEngine(stores[17], kernel_of("gaussian"), client, column_groups=3)
+    engine = RowEngine(stores[17], kernel_of("gaussian"), client, config.settings(column_groups=3))
     engine.compute_mk()
     rng = np.random.default_rng(seed)
     Xnew = digits[rng.choice(300, 6)] + 0.1 * rng.normal(size=(6, 64))
@@ -176,7 +181,8 @@ def test_direct_paths_wait_through_the_stop_checks(stores, oracle, digits, clien
     from dkha.errors import Interrupted
 
     _K, Kc = oracle["polynomial"]
-    engine = RowEngine(stores[64], kernel_of("polynomial"), client, column_groups=2)
+    engine = RowEngine(stores[64], kernel_of("polynomial"), client,
+                       config.settings(column_groups=2))
     engine.compute_mk(cache=False)
     idx = np.array([7, 0, 299])
     calls = {"rows": (lambda: engine.rows(idx), "the rows of 3 samples", lambda: Kc[idx]),
@@ -197,8 +203,8 @@ def test_direct_paths_wait_through_the_stop_checks(stores, oracle, digits, clien
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_stream_in_order(stores, oracle, client, prefetch, seed):
     _, Kc = oracle["gaussian"]
-    engine = RowEngine(stores[17], kernel_of("gaussian"), client, column_groups=2,
-                       prefetch=prefetch)
+    engine = RowEngine(stores[17], kernel_of("gaussian"), client,
+                       config.settings(column_groups=2), prefetch=prefetch)
     rng = np.random.default_rng(seed)
     perm = rng.permutation(300)
     blocks = [(("block", k), perm[a:a + 23]) for k, a in enumerate(range(0, 300, 23))]
@@ -225,7 +231,8 @@ def test_stream_in_order(stores, oracle, client, prefetch, seed):
 
 def test_stream_closed_early(stores, oracle, client):
     _, Kc = oracle["gaussian"]
-    engine = RowEngine(stores[64], kernel_of("gaussian"), client, column_groups=2, prefetch=3)
+    engine = RowEngine(stores[64], kernel_of("gaussian"), client,
+                       config.settings(column_groups=2), prefetch=3)
     blocks = [(k, np.arange(k * 30, k * 30 + 30)) for k in range(10)]
     gen = engine.stream(iter(blocks))
     tag, idx, rows = next(gen)
@@ -262,7 +269,7 @@ def test_band_sums_on_the_workers(stores, oracle, client, monkeypatch, hold):
     if hold is not None:
         monkeypatch.setattr(passes, "REDUCE_HOLD_BYTES", hold)
     store = stores[17]
-    engine = RowEngine(store, kernel_of("gaussian"), client)
+    engine = RowEngine(store, kernel_of("gaussian"), client, config.settings())
     g, pairs, l = engine.tile_groups, engine.tile_pairs(), store.n_samples
     n = len(g)
     assert n >= 3
@@ -311,7 +318,7 @@ def test_a_stop_mid_product_leaves_the_scheduler_quiet(stores, client, monkeypat
     from tests.stops import stop_mid_pass_quietly
 
     monkeypatch.setattr(passes, "REDUCE_HOLD_BYTES", 1)      # fan-in 1: chains of partials
-    engine = RowEngine(stores[17], kernel_of("gaussian"), client)
+    engine = RowEngine(stores[17], kernel_of("gaussian"), client, config.settings())
     engine.compute_mk(cache=False)
     V = np.random.default_rng(0).normal(size=(300, 6))
     n = len(engine.tile_pairs())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dkha import KernelHebbianPCA, schedule
+from dkha import KernelHebbianPCA, config, schedule
 from dkha.engine.rows import RowEngine
 from dkha.fit.evaluate import projections
 from dkha.kernels import make_kernel
@@ -25,7 +25,8 @@ def test_projections_of_a_sparse_start_use_its_rows(digits_store, client, Kc, mo
     A = initial_coefficients(5, 300, np.random.default_rng(1), support=40)
     assert np.count_nonzero(np.any(A != 0, axis=0)) == 40
     assert np.sum(A ** 2, axis=1) == pytest.approx(np.full(5, 1 / 5), rel=0.5)
-    engine = RowEngine(digits_store, make_kernel("gaussian", sigma=SIGMA), client, block_rows=16)
+    engine = RowEngine(digits_store, make_kernel("gaussian", sigma=SIGMA), client,
+                       config.settings(), block_rows=16)
     engine.compute_mk(cache=False)
     monkeypatch.setattr(engine, "matmat", lambda V: pytest.fail("a full pass for 40 columns"))
     np.testing.assert_allclose(projections(engine, A), A @ Kc, rtol=0, atol=1e-12)

@@ -14,7 +14,7 @@ from distributed import Client, LocalCluster
 from numba import njit
 from scipy.spatial.distance import cdist
 
-from dkha import KernelHebbianPCA, tiles
+from dkha import KernelHebbianPCA, config, tiles
 from dkha.cli.main import build_parser
 from dkha.data.ingest import ingest_array
 from dkha.engine.rows import RowEngine
@@ -317,11 +317,11 @@ def test_auto_device_follows_the_workers_gpu_resource(fake_cupy, tmp_path, digit
     V = np.random.default_rng(0).standard_normal((len(X), 3))
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, resources={"GPU": 1},
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        cpu = RowEngine(store, kernel, client, device="cpu")
+        cpu = RowEngine(store, kernel, client, config.settings(device="cpu"))
         want_mk = cpu.compute_mk(cache=False)[0]
         want = cpu.matmat(V)
         before = fake_cupy.calls["asarray"]
-        gpu = RowEngine(store, kernel, client, device="auto")
+        gpu = RowEngine(store, kernel, client, config.settings(device="auto"))
         np.testing.assert_allclose(gpu.compute_mk(cache=False)[0], want_mk, rtol=1e-12)
         np.testing.assert_allclose(gpu.matmat(V), want, rtol=0, atol=1e-10 * np.abs(want).max())
         assert fake_cupy.calls["asarray"] > before
@@ -342,7 +342,7 @@ def test_float32_engine_products_and_krylov(tmp_path, digits, client, dense_cent
     store = ingest_array(X, tmp_path / "d.zarr", chunk_rows=64)
     kernel = make_kernel("gaussian", sigma=4.0)
     _, Kc = dense_centered(X, "gaussian", sigma=4.0)
-    eng = RowEngine(store, kernel, client, precision="float32")
+    eng = RowEngine(store, kernel, client, config.settings(precision="float32"))
     assert eng.kernel.precision == "float32"
     eng.compute_mk(cache=False)
     V = np.random.default_rng(0).standard_normal((l, 5))

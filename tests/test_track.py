@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy.linalg import subspace_angles
 
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.fit.track import ritz_values, state_of, tracked
 from tests.conftest import centered_kernel_oracle
 
@@ -156,7 +156,7 @@ def test_exact_spectrum_is_cached_in_the_store(digits, client, tmp_path, monkeyp
     store = ingest_array(np.array(digits), str(tmp_path / "d.zarr"), chunk_rows=64)
     Kc = centered_kernel_oracle(np.array(digits), "gaussian", sigma=SIGMA)[1]
     w = np.linalg.eigvalsh(Kc)[::-1]
-    engine = RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client)
+    engine = RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client, config.settings())
     engine.compute_mk()
     np.testing.assert_allclose(spectrum.top_eigenvalues(engine, 6), w[:6], rtol=1e-9)
     assert (tmp_path / "d.zarr" / "spectrum").is_dir()
@@ -167,7 +167,7 @@ def test_exact_spectrum_is_cached_in_the_store(digits, client, tmp_path, monkeyp
     monkeypatch.setattr(RowEngine, "dense", no_solve)
     monkeypatch.setattr(spectrum, "krylov_eigenpairs", no_solve)
     np.testing.assert_allclose(spectrum.top_eigenvalues(engine, 4), w[:4], rtol=1e-9)
-    other = RowEngine(store, make_kernel("gaussian", sigma=2 * SIGMA), client)
+    other = RowEngine(store, make_kernel("gaussian", sigma=2 * SIGMA), client, config.settings())
     other.compute_mk()
     with pytest.raises(AssertionError, match="solved again"):
         spectrum.top_eigenvalues(other, 4)          # another kernel: not served from the cache

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dkha import algorithms, schedule
+from dkha import algorithms, config, schedule
 from dkha.algorithms import BATCH, AlgorithmSpec
 from dkha.engine.rows import RowEngine
 from dkha.errors import ParameterError
@@ -136,8 +136,8 @@ def test_a_new_update_fits_on_the_row_engine(kc, registered, digits_store, clien
     (The estimator's parameter table is fixed when :mod:`dkha.estimators` is imported: an
     algorithm registered later fits through :class:`~dkha.solvers.batch.BatchKHA` and the row
     engine, as here.)"""
-    engine = RowEngine(digits_store, make_kernel("gaussian", sigma=SIGMA), client, block_rows=37,
-                       column_groups=3, projections=projections)
+    engine = RowEngine(digits_store, make_kernel("gaussian", sigma=SIGMA), client,
+                       config.settings(column_groups=3, projections=projections), block_rows=37)
     engine.compute_mk()
     l, eta0 = len(kc), 1.0
     solver = BatchKHA(SPEC.name, R, l, eta0=eta0, fold_condition=2.0, feature_norm=None)

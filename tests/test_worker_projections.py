@@ -17,7 +17,7 @@ import signal
 import numpy as np
 import pytest
 
-from dkha import schedule
+from dkha import config, schedule
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
 from dkha.engine import tasks
 from dkha.engine.replicas import ProjectedBlock
@@ -62,10 +62,10 @@ def cluster_client():
         yield c
 
 
-def make_engine(store, client, projections, **kw):
-    params = {"block_rows": 37, "prefetch": 3, "column_groups": 3, "projections": projections}
-    params.update(kw)
-    engine = RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client, **params)
+def make_engine(store, client, projections, column_groups=3):
+    params = {"block_rows": 37, "prefetch": 3}
+    settings = config.settings(column_groups=column_groups, projections=projections)
+    engine = RowEngine(store, make_kernel("gaussian", sigma=SIGMA), client, settings, **params)
     engine.compute_mk()
     return engine
 
@@ -316,7 +316,7 @@ def test_estimator_and_configuration_select_the_mode(digits_store, cluster_clien
     assert worker_model.stream_stats_["bytes_received"] < rows_model.stream_stats_["bytes_received"]
     with pytest.raises(ParameterError, match="projections"):
         RowEngine(digits_store, make_kernel("gaussian", sigma=SIGMA), cluster_client,
-                  projections="gpu")
+                  config.settings(projections="gpu"))
 
 
 def test_cli_takes_projections():

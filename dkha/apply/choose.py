@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from dkha import config
 from dkha.apply.denoise import (
     DenoiseResult,
     accumulate_patches,
@@ -229,7 +230,8 @@ class Evaluation:
         P_train = beta[self.train_index, :r]
         ridge_kernel = make_kernel("gaussian",
                                    sigma=LEARNED_WIDTH * median_distance(P_train))
-        coef = learned_preimage(P_train, self.T, ridge_kernel, c.ridge, None).dual_coef
+        coef = learned_preimage(P_train, self.T, ridge_kernel, c.ridge, None,
+                                config.settings()).dual_coef
         return ridge_kernel.block(beta[:, :r], P_train) @ coef
 
     def images(self, cands: list[Candidate]) -> dict:

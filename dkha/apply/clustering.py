@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from dkha import config
 from dkha.data.atomic import write_zarr_atomically
 from dkha.engine.cluster import client_for
 from dkha.errors import InputError, ParameterError, RunDirectoryError
@@ -170,7 +171,7 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
                          "this one is an online (dictionary) run")
     Y = stored_projections(run)
     if Y is None:
-        with client_for(client) as c:
+        with client_for(client, settings=config.settings()) as c:
             engine = run.engine(c)
             engine.verbose = verbose
             Y = projections(engine, run.alpha).T

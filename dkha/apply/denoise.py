@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
+from dkha import config
 from dkha.apply.preimage import RunPreimages, Training, check_options, expansion, solve
 from dkha.data.atomic import write_zarr_atomically
 from dkha.data.patches import read_grey_image
@@ -185,7 +186,7 @@ def preimage_patches(ds, image: np.ndarray, patch: int, grid: int, *, desc: str,
     ``preimage`` options), overlaps averaged, clipped to [0, 1]: denoising and hyperresolution.
     ``client``: where it runs (:func:`dkha.engine.cluster.client_for`). Returns the image and the
     counts of :func:`reconstruct_patches` with the pre-image ``method`` used."""
-    with client_for(client) as c:
+    with client_for(client, settings=config.settings()) as c:
         pre = RunPreimages(ds, c, **preimage)
         out, stats = reconstruct_patches(image, patch, grid, pre, block=block, desc=desc,
                                          verbose=verbose)
@@ -397,7 +398,7 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
     res.attrs = {"source": os.path.abspath(noisy), "denoised_by": "dkha denoise",
                  "run_store": ds.attrs["store"], "algorithm": ds.attrs["algorithm"],
                  "preimage": method}
-    with client_for(client):
+    with client_for(client, settings=config.settings()):
         write_zarr_atomically(res, out)
     return {"out": out, "n_samples": src.n_samples, "n_features": src.n_features,
             "chunks": src.n_chunks, "method": method, "seconds": time.perf_counter() - t0}

@@ -19,6 +19,7 @@ import logging
 import numpy as np
 import xarray as xr
 
+from dkha import config
 from dkha.apply.preimage import RunPreimages
 from dkha.data import result
 from dkha.data.store import DataStore
@@ -65,7 +66,7 @@ def pictures_cluster(store: DataStore, client=None):
     """The cluster the pictures of fits on ``store`` are drawn on, one for all the models fitted
     together (:func:`dkha.engine.cluster.client_for` of ``client``: an open one as it is; none
     for at most ``dkha.inline-samples`` samples), closed on exit if started here."""
-    return client_for(client, samples=store.n_samples)
+    return client_for(client, samples=store.n_samples, settings=config.settings())
 
 
 def add_component_pictures(ds: xr.Dataset, store: DataStore, *, client=None,
@@ -77,7 +78,7 @@ def add_component_pictures(ds: xr.Dataset, store: DataStore, *, client=None,
     its training projections' standard deviation; the seed is the run's."""
     # the projections as the fit computed them (component × sample): the same bits of spread
     spread = np.ascontiguousarray(ds["projection"].values.T).std(axis=1)
-    with client_for(client, samples=store.n_samples) as c:
+    with client_for(client, samples=store.n_samples, settings=config.settings()) as c:
         pictures = component_images(ds, c, store, spread, seed=int(ds.attrs["seed"]))
     if run_dir is not None:
         result.add_variable(run_dir, pictures)

@@ -83,6 +83,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dkha import config
 from dkha.engine.cluster import client_for
 from dkha.engine.tasks import group_rows, load_rows
 from dkha.errors import InputError, ParameterError
@@ -688,5 +689,5 @@ class RunPreimages:
 def run_preimages(ds, y: np.ndarray, start: np.ndarray, *, client=None) -> np.ndarray:
     """:meth:`RunPreimages.from_projections` of a saved run's dataset, on the workers that
     ``client`` names (:func:`dkha.engine.cluster.client_for`): the pre-images ``Z``."""
-    with client_for(client) as c:
+    with client_for(client, settings=config.settings()) as c:
         return RunPreimages(ds, c).from_projections(y, start).Z

@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 
+from dkha import config
 from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
 from dkha.cli.options import centering_line, centering_summary, raise_param
@@ -73,7 +74,7 @@ def cmd_evaluate(args) -> int:
         return _evaluate_online(args, ds)
     eig = ds.attrs.get("top_eigenvalues")
     r = ds.sizes["component"]
-    with client_for(**cluster_kwargs(args)) as client:
+    with client_for(**cluster_kwargs(args), settings=config.settings()) as client:
         engine = run.engine(client, cache_rows=args.cache_rows)
         engine.verbose = True       # each pass's progress (--exact: the Krylov solve too)
         known = None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig)
@@ -144,7 +145,7 @@ def _evaluate_online(args, ds) -> int:
            "members": int(ds.sizes["member"]), "ac_index": float(np.mean(cos)),
            "cosines": [float(c) for c in cos]}
     if args.variance:
-        with client_for(**cluster_kwargs(args)) as client:
+        with client_for(**cluster_kwargs(args), settings=config.settings()) as client:
             out.update(_variance(args, ds, client))
     if args.json:
         print(result.dumps(out))

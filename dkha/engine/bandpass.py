@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dkha import config
+from dkha.config import Settings
 from dkha.engine.cluster import gpu_workers
 from dkha.engine.device import band_task, combine, device_info, to_host
 from dkha.engine.tasks import release
@@ -73,11 +73,10 @@ class BandPlan:
                     workers=list(self.workers))
 
 
-def wants_bands(kernel, client) -> list[str] | None:
+def wants_bands(kernel, client, mode) -> list[str] | None:
     """The workers a pass's bands go to, or None for the tile passes of the CPU: the GPU workers
     where the kernel's device is ``cuda`` (every worker where none declares one) or ``auto``
-    (None where none declares one); every worker where ``dkha.band-passes`` is true."""
-    mode = config.get("band-passes")
+    (None where none declares one); every worker where ``mode`` (``dkha.band-passes``) is true."""
     if mode is False or not kernel.compiled:      # a NumPy block: the CPU's tile passes
         return None
     gpus = gpu_workers(client)
@@ -110,17 +109,18 @@ def band_side(n_samples: int, n_features: int, itemsize: int, free: int, *, stre
     return int(min(side, n_samples)), limit
 
 
-def band_plan(kernel, client, n_samples: int, n_features: int) -> BandPlan | None:
+def band_plan(kernel, client, n_samples: int, n_features: int, settings: Settings
+              ) -> BandPlan | None:
     """The plan of the band passes for ``kernel`` on ``client``'s workers (module docstring),
     or None where the passes are the CPU's tiles."""
-    workers = wants_bands(kernel, client)
+    workers = wants_bands(kernel, client, settings.band_passes)
     if not workers:
         return None
     spec = kernel.tile_spec()
     info = client.submit(device_info, spec.device, workers=[workers[0]],
                          allow_other_workers=False, pure=False).result()
-    streams = max(1, int(config.get("gpu-streams")))
-    cap = int(config.get("gpu-tile-rows") if info["kind"] == "cuda" else config.get("tile-rows"))
+    streams = max(1, int(settings.gpu_streams))
+    cap = int(settings.gpu_tile_rows if info["kind"] == "cuda" else settings.tile_rows)
     side, limit = band_side(n_samples, n_features, spec.dtype.itemsize, info["free"],
                             streams=streams, workers=len(workers), cap=cap)
     return BandPlan(tuple(workers), info, side, int(n_samples), streams,
@@ -132,7 +132,8 @@ def plan_for(engine) -> BandPlan | None:
     logged."""
     if engine.cache_rows:
         return None
-    plan = band_plan(engine.kernel, engine.client, engine.n_samples, engine.store.n_features)
+    plan = band_plan(engine.kernel, engine.client, engine.n_samples, engine.store.n_features,
+                     engine.settings)
     if plan is not None:
         log.debug("%s", plan.describe())
     return plan
@@ -186,9 +187,9 @@ def band_pass(engine, kind: str, kernel, *, V: np.ndarray | None = None, Cs: tup
         with passes.progress(progress, len(bands), transient=kind != "sums") as bar:
             for i, (a, b) in enumerate(bands):
                 w = W[i % len(W)]
-                f = client.submit(band_task, engine.source, kernel, l, a, b, plan.side, kind, mk,
-                                  mkm, Vf, Cf or None, workers=[w], allow_other_workers=False,
-                                  priority=len(bands) - i, pure=False)
+                f = client.submit(band_task, engine.source, kernel, l, a, b, plan.side,
+                                  plan.streams, kind, mk, mkm, Vf, Cf or None, workers=[w],
+                                  allow_other_workers=False, priority=len(bands) - i, pure=False)
                 submitted.append(f)
                 pending[w].append((starts[i], f))
             for w in W:         # each worker's bands chained in band order
@@ -197,7 +198,7 @@ def band_pass(engine, kind: str, kernel, *, V: np.ndarray | None = None, Cs: tup
                     part = group[g:g + FAN_IN]
                     partial[w] = client.submit(
                         combine, partial.get(w), shape, tuple(s for s, _ in part),
-                        *(f for _, f in part), workers=[w], allow_other_workers=False,
+                        plan.streams, *(f for _, f in part), workers=[w], allow_other_workers=False,
                         priority=len(bands) - g, pure=False)
                     submitted.append(partial[w])
                     record["reduce_tasks"] += 1

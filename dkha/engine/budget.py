@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from dask.utils import parse_bytes
 
-from dkha import config
+from dkha.config import Settings
 from dkha.errors import ParameterError
 
 #: the fewest rows of a block the budget may choose (a block is one task per column group; below
@@ -180,10 +180,10 @@ class MemoryPlan:
         return d
 
 
-def user_budget() -> int | None:
+def user_budget(settings: Settings) -> int | None:
     """``dkha.memory-budget`` in bytes (a number or a string such as ``"1GiB"``); None where it
     is not set."""
-    value = config.get("memory-budget")
+    value = settings.memory_budget
     if value is None:
         return None
     try:
@@ -196,50 +196,51 @@ def user_budget() -> int | None:
     return budget
 
 
-def configured_budget() -> int:
+def configured_budget(settings: Settings) -> int:
     """The budget of what the coordinator holds: ``dkha.memory-budget``, or :data:`FLOOR_BYTES`
     where it is not set."""
-    budget = user_budget()
+    budget = user_budget(settings)
     return FLOOR_BYTES if budget is None else budget
 
 
-def block_rows_for(n_samples: int, block_rows: int | None = None) -> int:
+def block_rows_for(n_samples: int, settings: Settings, block_rows: int | None = None) -> int:
     """Rows per block of the batch stream: ``block_rows`` when given, else the most (up to
     ``dkha.block-rows``) whose blocks in flight fit the configured budget (module docstring)."""
     if block_rows is not None:
         return int(block_rows)
-    cap = int(config.get("block-rows"))
-    prefetch = max(1, int(config.get("prefetch")))
-    fit = configured_budget() // ((prefetch + 2) * 8 * max(1, n_samples))
+    cap = int(settings.block_rows)
+    prefetch = max(1, int(settings.prefetch))
+    fit = configured_budget(settings) // ((prefetch + 2) * 8 * max(1, n_samples))
     return int(max(min(cap, MIN_BLOCK_ROWS), min(cap, fit)))
 
 
-def tile_bands(n_samples: int, threads: int, n_features: int, budget: int) -> int:
+def tile_bands(n_samples: int, threads: int, n_features: int, budget: int, settings: Settings
+               ) -> int:
     """Bands of rows for the tiles ``I ≤ J`` of the blockwise passes (module docstring): at least
     enough for ``dkha.tiles-per-thread`` tiles a thread (``n² / 2``, the diagonal's halves), a side
     at most ``dkha.tile-rows`` and what ``budget`` gives each thread, at least
     :data:`MIN_TILE_ROWS` rows a side."""
     l, threads = max(1, n_samples), max(1, threads)
-    per_thread = max(1, int(config.get("tiles-per-thread")))
+    per_thread = max(1, int(settings.tiles_per_thread))
     n = 1
     while n * n < 2 * per_thread * threads:
         n += 1
     per_row = 8 * (4 * max(1, n_features) + PANEL_ROWS)
-    side = min(int(config.get("tile-rows")), budget // (threads * per_row))
+    side = min(int(settings.tile_rows), budget // (threads * per_row))
     n = max(n, -(-l // max(1, side)))
     return max(1, min(n, l // MIN_TILE_ROWS))
 
 
-def memory_plan(n_samples: int, client=None, *, threads: int | None = None,
+def memory_plan(n_samples: int, settings: Settings, client=None, *, threads: int | None = None,
                 n_features: int = 1, block_rows: int | None = None,
                 prefetch: int | None = None, hardware: Hardware | None = None) -> MemoryPlan:
     """The plan for a row engine over ``n_samples`` samples of ``n_features`` on the workers of
     ``client`` (or the described ``hardware``; ``threads``: where given, instead of theirs)."""
     hardware = Hardware.of(client) if hardware is None else hardware
     threads = hardware.threads if threads is None else max(1, int(threads))
-    asked = user_budget()
+    asked = user_budget(settings)
     quarter = None if hardware.memory is None else hardware.memory // 4
-    budget = configured_budget()
+    budget = configured_budget(settings)
     reason = "dkha.memory-budget" if asked is not None else "dkha.memory-budget's floor"
     if quarter is not None and quarter < budget:
         budget, reason = quarter, "a quarter of the workers' memory"
@@ -250,14 +251,14 @@ def memory_plan(n_samples: int, client=None, *, threads: int | None = None,
     else:
         worker_budget, worker_reason = FLOOR_BYTES, ("the floor: the workers report no memory"
                                                      if quarter is None else "the floor")
-    b = block_rows_for(n_samples, block_rows)
+    b = block_rows_for(n_samples, settings, block_rows)
     block_bytes = 8 * b * max(1, n_samples)
     if prefetch is not None:
         ahead = max(1, int(prefetch))
     else:
-        ahead = max(1, int(config.get("prefetch")))
+        ahead = max(1, int(settings.prefetch))
         ahead = max(1, min(ahead, budget // block_bytes - 2))
-    bands = tile_bands(n_samples, threads, n_features, worker_budget)
+    bands = tile_bands(n_samples, threads, n_features, worker_budget, settings)
     return MemoryPlan(budget=int(budget), block_rows=b, prefetch=ahead,
                       tile_rows=-(-max(1, n_samples) // bands), reason=reason,
                       worker_budget=int(worker_budget), worker_reason=worker_reason,

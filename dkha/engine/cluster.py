@@ -29,7 +29,7 @@ from distributed import Client, LocalCluster, default_client
 from distributed.diagnostics.plugin import WorkerPlugin
 from threadpoolctl import ThreadpoolController
 
-from dkha import config
+from dkha.config import Settings
 from dkha.data.storage import apply_storage_settings, storage_settings, url_protocol
 from dkha.engine.inline import InlineClient
 from dkha.errors import ParameterError
@@ -88,11 +88,13 @@ def describe_target(client=None) -> str:
 
 
 @contextlib.contextmanager
-def client_for(client=None, samples: int | None = None) -> Iterator[Client | InlineClient]:
+def client_for(client=None, samples: int | None = None, *, settings: Settings
+               ) -> Iterator[Client | InlineClient]:
     """A ``distributed.Client`` for ``client`` (see the module docstring), closed (with its
     cluster) on exit. An existing ``Client`` (or :class:`InlineClient`) is used as is and left
-    open. ``samples``: the samples of the work about to run; at most ``dkha.inline-samples`` of
-    them, where no cluster is named or active, run inline (:class:`InlineClient`).
+    open. ``samples``: the samples of the work about to run; at most ``dkha.inline-samples``
+    (of ``settings``) of them, where no cluster is named or active, run inline
+    (:class:`InlineClient`).
     """
     if isinstance(client, InlineClient):
         yield client
@@ -111,7 +113,7 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
         if not os.path.exists(scheduler_file):
             raise ParameterError(f"scheduler file {scheduler_file} does not exist")
         try:
-            c = Client(scheduler_file=scheduler_file, timeout=config.get("connect-timeout"))
+            c = Client(scheduler_file=scheduler_file, timeout=settings.connect_timeout)
         except (OSError, TimeoutError, TypeError, ValueError) as exc:
             raise ParameterError(f"cannot reach the Dask scheduler of {scheduler_file}: "
                                  f"{exc}") from None
@@ -122,7 +124,7 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
         return
     if address:
         try:
-            c = Client(address, timeout=config.get("connect-timeout"))
+            c = Client(address, timeout=settings.connect_timeout)
         except (OSError, TimeoutError, TypeError, ValueError) as exc:
             hint = ""
             if str(address).startswith("tls://"):
@@ -141,7 +143,7 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
         if active is not None:
             yield active
             return
-        if samples is not None and samples <= int(config.get("inline-samples")):
+        if samples is not None and samples <= int(settings.inline_samples):
             yield InlineClient()
             return
     ncores = os.cpu_count() or 1
@@ -153,7 +155,7 @@ def client_for(client=None, samples: int | None = None) -> Iterator[Client | Inl
         with interrupts_ignored():
             cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n),
                                    processes=True, dashboard_address=":0", silence_logs=silence,
-                                   env=_worker_env())
+                                   env=_worker_env(settings))
     else:
         # on a GPU host the one worker declares its GPU (dask-cuda's convention, one worker a
         # GPU): device="auto" then computes its tiles there without being told
@@ -222,10 +224,9 @@ def gpu_workers(client) -> list[str]:
                   if float((w.get("resources") or {}).get("GPU", 0)) > 0)
 
 
-def computes_on_gpu(client, device: str | None = None) -> bool:
-    """Whether kernel tiles on ``client``'s workers run on a GPU for ``device``
-    (``dkha.device`` where None): ``cuda``, or ``auto`` with workers that declare one."""
-    device = str(config.get("device", device))
+def computes_on_gpu(client, device: str) -> bool:
+    """Whether kernel tiles on ``client``'s workers run on a GPU for ``device`` (``dkha.device``):
+    ``cuda``, or ``auto`` with workers that declare one."""
     return device == "cuda" or (device == "auto" and bool(gpu_workers(client)))
 
 
@@ -285,7 +286,7 @@ HEAP_BLOCKS = {"MALLOC_MMAP_THRESHOLD_": 512 << 20, "MALLOC_TRIM_THRESHOLD_": 25
 _MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}
 
 
-def heap_blocks() -> bool:
+def heap_blocks(settings: Settings) -> bool:
     """Serve this process's kernel blocks from glibc's heap (``dkha.heap-blocks``, on by default;
     Linux with glibc only; whether it was set).
 
@@ -297,7 +298,7 @@ def heap_blocks() -> bool:
     (``benchmarks/throughput.py``, runs interleaved). The heap returns free memory above 256 MiB
     (``MALLOC_TRIM_THRESHOLD_``): the default fit of 200 000 × 16 peaked at 1.57 GiB
     (``benchmarks/memory_budget.py``; with 1 GiB kept, 1.96 GiB)."""
-    if not _heap_blocks_wanted():
+    if not _heap_blocks_wanted(settings):
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -306,17 +307,17 @@ def heap_blocks() -> bool:
         return False
 
 
-def _heap_blocks_wanted() -> bool:
-    return bool(config.get("heap-blocks")) and sys.platform.startswith("linux")
+def _heap_blocks_wanted(settings: Settings) -> bool:
+    return bool(settings.heap_blocks) and sys.platform.startswith("linux")
 
 
-def _worker_env() -> dict:
+def _worker_env(settings: Settings) -> dict:
     """The environment of the worker processes dkha starts (:func:`heap_blocks` there too)."""
-    return {k: str(v) for k, v in HEAP_BLOCKS.items()} if _heap_blocks_wanted() else {}
+    return {k: str(v) for k, v in HEAP_BLOCKS.items()} if _heap_blocks_wanted(settings) else {}
 
 
 @contextlib.contextmanager
-def blas_threads_for(client, gpu: bool = False) -> Iterator[None]:
+def blas_threads_for(client, settings: Settings, gpu: bool = False) -> Iterator[None]:
     """One BLAS thread per Dask thread when the workers share this process; this process's
     kernel blocks from the heap (:func:`heap_blocks`).
 
@@ -324,7 +325,7 @@ def blas_threads_for(client, gpu: bool = False) -> Iterator[None]:
     that oversubscribe the cores (measured: a pass at l = 20 000 took 18.0 s with OpenBLAS's
     default threads, 11.4 s with one). Remote and process clusters are left alone.
     """
-    heap_blocks()
+    heap_blocks(settings)
     if gpu or not shares_process(client):   # tiles on a GPU: the cores are the coordinator's
         yield
         return

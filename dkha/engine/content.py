@@ -19,6 +19,7 @@ import contextlib
 import zarr
 from distributed import Client
 
+from dkha.config import Settings
 from dkha.data.store import (
     DataStore,
     combine_digests,
@@ -42,16 +43,16 @@ def remote(client) -> bool:
 
 
 @contextlib.contextmanager
-def _workers_of(client, path: str):
+def _workers_of(client, path: str, settings: Settings):
     """A client of the workers that would read the store at ``path``: ``client`` where it is
-    connected, the cluster the user named (reached now, closed after), else None (read in this
-    process)."""
+    connected, the cluster the user named (reached now with ``settings``, closed after), else
+    None (read in this process)."""
     with contextlib.ExitStack() as reached:
         if not isinstance(client, Client):
             if client is None or not names_a_cluster(client):
                 yield None
                 return
-            client = reached.enter_context(client_for(client))
+            client = reached.enter_context(client_for(client, settings=settings))
         if remote(client):
             share_storage_options(client, path)
             yield client
@@ -82,13 +83,14 @@ def sample_task(path: str, n: int, seed: int, fn, args: tuple):
 # --- the coordinator's side ----------------------------------------------------------------------
 
 
-def check_finite(store: DataStore, client, recorded: bool = True) -> None:
+def check_finite(store: DataStore, client, recorded: bool = True, *, settings: Settings
+                 ) -> None:
     """:meth:`DataStore.check_finite` (``recorded``: trusting the store's record), on the
     workers of ``client`` where they are other processes and the rows are read."""
     if (recorded and store.known_finite) or store.rows is not None:
         store.check_finite(recorded)
         return
-    with _workers_of(client, store.path) as c:
+    with _workers_of(client, store.path, settings) as c:
         if c is None:
             store.check_finite(recorded)
             return
@@ -98,13 +100,13 @@ def check_finite(store: DataStore, client, recorded: bool = True) -> None:
         c.gather(futures)
 
 
-def content_key(store: DataStore, client) -> str:
+def content_key(store: DataStore, client, *, settings: Settings) -> str:
     """:meth:`DataStore.content_checksum`: from the chunks' CRC32Cs here (4 bytes a chunk), or,
     where the chunks carry none, their files digested on the workers of ``client`` where they
     are other processes."""
     if store.chunks_checksummed():
         return store.content_checksum()
-    with _workers_of(client, store.path) as c:
+    with _workers_of(client, store.path, settings) as c:
         if c is None:
             return store.content_checksum()
         names = store.content_files()
@@ -113,13 +115,13 @@ def content_key(store: DataStore, client) -> str:
         return combine_digests([d for part in c.gather(futures) for d in part])
 
 
-def on_sample(store, client, n: int, seed: int, fn, *args):
+def on_sample(store, client, n: int, seed: int, fn, *args, settings: Settings):
     """``fn(store.sample(n, seed), *args)``: on a worker of ``client`` where the workers are other
     processes (the sample is read there, only ``fn``'s value comes back), else here."""
     path = getattr(store, "path", None)
     if not isinstance(path, str) or getattr(store, "rows", None) is not None:
         return fn(store.sample(n, seed), *args)
-    with _workers_of(client, store.path) as c:
+    with _workers_of(client, store.path, settings) as c:
         if c is None:
             return fn(store.sample(n, seed), *args)
         return c.submit(sample_task, path, n, seed, fn, args, pure=False).result()

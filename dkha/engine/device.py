@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha import config, tiles
+from dkha import tiles
 from dkha.engine.tasks import load_all_rows, store_key
 from dkha.kernels import Kernel
 
@@ -138,13 +138,14 @@ _SLOTS_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def device_slot(xp):
-    """One of ``dkha.gpu-streams`` slots of the device, used on this thread's own non-blocking
-    stream (synchronised before the slot is given back); nothing for NumPy."""
+def device_slot(xp, streams: int):
+    """One of ``streams`` slots of the device (``dkha.gpu-streams``, in the task), used on this
+    thread's own non-blocking stream (synchronised before the slot is given back); nothing for
+    NumPy."""
     if xp is np:
         yield
         return
-    n = max(1, int(config.get("gpu-streams")))
+    n = max(1, int(streams))
     with _SLOTS_LOCK:
         slots = _SLOTS.setdefault(n, threading.BoundedSemaphore(n))
     stream = getattr(_THREAD, "stream", None)
@@ -177,9 +178,10 @@ def _tile(xp, spec, res: Resident, rows: slice, cols: slice, mk, mkm: float, buf
 
 
 def band_task(path, kernel: Kernel, n_samples: int, start: int, stop: int, side: int,
-              kind: str, mk: np.ndarray | None = None, mkm: float = 0.0, V=None, Cs=None):
+              streams: int, kind: str, mk: np.ndarray | None = None, mkm: float = 0.0, V=None,
+              Cs=None):
     """The band ``start:stop`` of a pass over the tiles ``I ≤ J`` (module docstring), on the
-    kernel's device. ``kind``:
+    kernel's device, one of its ``streams`` (:func:`device_slot`). ``kind``:
 
     * ``"sums"`` — the uncentered kernel's column sums, and row sums off the diagonal: a vector
       of the rows ``start … l`` (the MK row's part, ``mk`` unused);
@@ -193,7 +195,7 @@ def band_task(path, kernel: Kernel, n_samples: int, start: int, stop: int, side:
     xp = tiles.array_module(spec.device)
     res = resident_rows(path, kernel, n_samples)
     l = n_samples
-    with device_slot(xp):
+    with device_slot(xp, streams):
         mk_d = None if mk is None else xp.asarray(np.asarray(mk, dtype=np.float64))
         if kind == "product":
             Vd = _on_device(xp, V, spec.dtype)
@@ -233,13 +235,13 @@ def band_task(path, kernel: Kernel, n_samples: int, start: int, stop: int, side:
     return out
 
 
-def combine(partial, shape: tuple, starts: tuple, *parts):
+def combine(partial, shape: tuple, starts: tuple, streams: int, *parts):
     """``partial + parts``, each part added to the rows from its start on (``out[s:] += part``),
     one after the other in the order given (``partial`` None: zeros of ``shape``): the chain of a
     pass, on the device that holds the parts. The same additions in the same order whatever the
     grouping into tasks, so the same bits."""
     xp = tiles.array_module_of(parts[0])
-    with device_slot(xp):
+    with device_slot(xp, streams):
         out = xp.zeros(shape) if partial is None else partial.copy()
         for s, part in zip(starts, parts):
             out[s:s + len(part)] += part

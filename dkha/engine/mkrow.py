@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 
-from dkha import config
 from dkha.data.centering import centering_key, read_centering, write_centering
 from dkha.engine.bandpass import band_pass
 from dkha.engine.content import check_finite, content_key
@@ -33,15 +32,15 @@ def describe_centering(kernel, l: int, center_sample: int | None, seed: int) -> 
     return centering
 
 
-def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
+def mk_row(engine, center_sample: int | None, seed: int, cache: bool
            ) -> tuple[np.ndarray, float, dict]:
     """``(mk, mkm, centering)`` of :meth:`dkha.engine.rows.RowEngine.compute_mk`: read from the
-    store's cache, or computed (and cached where ``cache``, default ``dkha.mk-cache``)."""
+    store's cache, or computed (and cached where ``cache``, ``dkha.mk-cache``)."""
     store = engine.store
     centering = describe_centering(engine.kernel, store.n_samples, center_sample, seed)
     key = None
     # (a store held in memory is an array fit's own, removed with the model: nothing to keep)
-    if bool(config.get("mk-cache", cache)) and engine.kernel.cacheable and store.rows is None:
+    if bool(cache) and engine.kernel.cacheable and store.rows is None:
         key = centering_key(store, centering, engine_content_key(engine))
         cached = read_centering(store, key)
         if cached is not None:
@@ -53,7 +52,8 @@ def mk_row(engine, center_sample: int | None, seed: int, cache: bool | None
     if center_sample is None:
         engine.stats.mk_pass_seconds = time.perf_counter() - t0
     if not np.isfinite(mk).all():   # X changed in place since ingest recorded it finite?
-        check_finite(store, engine.client, recorded=False)      # (names the rows)
+        # (names the rows)
+        check_finite(store, engine.client, recorded=False, settings=engine.settings)
     mkm = float(mk.mean())
     if key is not None:
         write_centering(store, key, mk, mkm)
@@ -65,7 +65,7 @@ def engine_content_key(engine) -> str:
     the chunks' CRC32Cs, else digested by its workers (:func:`dkha.engine.content.content_key`)."""
     key = getattr(engine, "_content_key", None)
     if key is None:
-        key = content_key(engine.store, engine.client)
+        key = content_key(engine.store, engine.client, settings=engine.settings)
         engine._content_key = key
     return key
 
@@ -98,7 +98,7 @@ def sampled_mk_row(engine, n: int, seed: int) -> np.ndarray:
     store, passes = engine.store, engine.passes
     sample = np.sort(random_stream(seed, Stream.CENTERING_SAMPLE).choice(store.n_samples, size=n,
                                                                          replace=False))
-    piece = int(config.get("tile-rows"))
+    piece = int(engine.settings.tile_rows)
     # the sampled rows are read by a worker and copied to the others: none read here
     parts = [passes.spread(engine.client.submit(take_rows, engine.source, engine.all_ranges,
                                                 sample[a:a + piece], pure=False))

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 import numpy as np
 from distributed import wait as wait_for
 
-from dkha import config
 from dkha.engine.cluster import shares_process, total_threads
 from dkha.engine.stop import check_stop
 from dkha.engine.tasks import ReplicaLostError, accumulate, identity, release
@@ -48,6 +47,8 @@ class ClusterPasses:
     client : distributed.Client
     records : list
         Where each pass's record goes (the row engine's ``stats.passes``).
+    tasks_in_flight : int, optional
+        ``dkha.tasks-in-flight`` (:attr:`tasks_in_flight`).
 
     Attributes
     ----------
@@ -56,9 +57,10 @@ class ClusterPasses:
         ``pass_label`` names the pass in progress (e.g. ``"Krylov product 3"``).
     """
 
-    def __init__(self, client, records: list):
+    def __init__(self, client, records: list, tasks_in_flight: int | None = None):
         self.client = client
         self.records = records
+        self._in_flight = tasks_in_flight
         self.verbose = False
         self.pass_label: str | None = None
 
@@ -132,7 +134,7 @@ class ClusterPasses:
         """Tasks of a blockwise pass submitted at once (``dkha.tasks-in-flight``; default four
         per worker thread): enough to keep every thread busy, and the bound on the results a
         pass holds at a time."""
-        n = config.get("tasks-in-flight")
+        n = self._in_flight
         return max(1, int(n) if n is not None else 4 * total_threads(self.client))
 
     def settle(self, future, what: str) -> None:

@@ -48,16 +48,17 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from dkha import config
+from dkha.config import Settings
 from dkha.data.store import DataStore
 from dkha.engine.bandpass import BandPlan, band_matmat, band_residuals, plan_for
-from dkha.engine.budget import memory_plan
+from dkha.engine.budget import configured_budget, memory_plan
 from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.mkrow import mk_row
 from dkha.engine.passes import ClusterPasses
 from dkha.engine.replicas import ProjectedBlock
 from dkha.engine.stream import StreamStats, stream_projections, stream_rows
 from dkha.engine.tasks import (
+    StorePath,
     block_rows,
     center_block,
     clear_cache,
@@ -107,12 +108,15 @@ __all__ = ["PROJECTIONS", "ProjectedBlock", "RowEngine", "StreamStats", "array_e
            "center_block", "clear_cache", "load_rows", "project_rows"]
 
 
-def task_source(store: DataStore, client):
+def task_source(store: DataStore, client, settings: Settings):
     """What the tasks read a store's rows from: its rows held in this process
     (:attr:`~dkha.data.store.DataStore.rows`) where the workers are this process (nothing to
-    copy, no chunk to read back), else its path."""
+    copy, no chunk to read back), else its path, with the size of the workers' chunk cache
+    (:class:`~dkha.engine.tasks.StorePath`)."""
     if store.rows is not None and shares_process(client):
         return store.rows
+    if isinstance(store.path, str):
+        return StorePath(store.path, settings.cache_bytes, configured_budget(settings) // 4)
     return store.path
 
 
@@ -146,28 +150,24 @@ class RowEngine:
     kernel : Kernel
         With all parameters set (``sigma`` resolved).
     client : distributed.Client
-    block_rows, prefetch, column_groups : int, optional
-        Default: block rows and prefetch from ``dkha.memory-budget`` (at most ``dkha.block-rows``,
-        ``dkha.prefetch``), the tiles from the workers' threads and memory
-        (:func:`dkha.engine.budget.memory_plan`, the plan in :attr:`memory`),
-        ``dkha.column-groups``.
-    projections : {"auto", "coordinator", "workers"}, optional
-        Where a batch solver's block projections are computed (module docstring); default
-        ``dkha.projections`` (``auto``: :func:`choose_projections`, the choice and its reason
-        in ``projections`` and ``projections_reason``).
-    cache_rows : bool, optional
-        Keep the kernel on the workers (default ``dkha.row-cache``): the upper-triangle tiles
-        ``K[I, J]``, ``I ≤ J``, are computed once (the MK row comes from their sums) and every
-        later row block, product ``K' V`` and residual reads them instead of recomputing kernels.
-        Needs about ``4·l²`` bytes of worker memory (refused above half of what the workers
-        have). Row mode only: worker-side projections compute their own rows.
-    precision : {"float64", "float32"}, optional
-        The kernel tiles' precision (``dkha.precision``, default float64): float32 runs the
-        distance GEMM and the fused sweep in single precision (:mod:`dkha.tiles`); rows, products
-        and everything the coordinator accumulates stay float64.
-    device : {"cpu", "cuda", "auto"}, optional
-        Where the workers compute kernel tiles (``dkha.device``, default cpu): ``cuda`` with CuPy
-        (``dkha[gpu]``), ``auto`` on the workers that declare a ``GPU`` resource.
+    settings : dkha.config.Settings
+        The ``dkha.*`` settings of the fit (:func:`dkha.config.settings`), of which:
+        ``column_groups`` (None: from the worker count); ``projections``, where a batch solver's
+        block projections are computed (module docstring; ``auto``: :func:`choose_projections`,
+        the choice and its reason in ``projections`` and ``projections_reason``);
+        ``row_cache``, keep the kernel on the workers: the upper-triangle tiles ``K[I, J]``,
+        ``I ≤ J``, are computed once (the MK row comes from their sums) and every later row
+        block, product ``K' V`` and residual reads them instead of recomputing kernels (about
+        ``4·l²`` bytes of worker memory, refused above half of what the workers have; row mode
+        only: worker-side projections compute their own rows); ``precision``, the kernel
+        tiles' (float32 runs the distance GEMM and the fused sweep in single precision,
+        :mod:`dkha.tiles`; rows, products and everything the coordinator accumulates stay
+        float64); ``device``, where the workers compute kernel tiles (``cuda`` with CuPy,
+        ``dkha[gpu]``; ``auto`` on the workers that declare a ``GPU`` resource).
+    block_rows, prefetch : int, optional
+        Default: from ``dkha.memory-budget`` (at most ``dkha.block-rows``, ``dkha.prefetch``),
+        the tiles from the workers' threads and memory
+        (:func:`dkha.engine.budget.memory_plan`, the plan in :attr:`memory`).
     models : int, optional
         How many models share the block stream (1): with several, ``auto`` projections stay on
         the coordinator (worker replicas follow one model).
@@ -188,28 +188,27 @@ class RowEngine:
 
     replica_rebuilds = 3
 
-    def __init__(self, store: DataStore, kernel: Kernel, client, *, block_rows: int | None = None,
-                 prefetch: int | None = None, column_groups: int | None = None,
-                 projections: str | None = None, cache_rows: bool | None = None,
-                 precision: str | None = None, device: str | None = None, models: int = 1):
+    def __init__(self, store: DataStore, kernel: Kernel, client, settings: Settings, *,
+                 block_rows: int | None = None, prefetch: int | None = None, models: int = 1):
         if isinstance(store.path, str):
             share_storage_options(client, store.path)
-        requested = str(config.get("projections", projections))
+        self.settings = settings
+        requested = str(settings.projections)
         if requested not in PROJECTIONS:
             raise ParameterError(f"unknown projections {requested!r}; choose one of "
                                  f"{', '.join(PROJECTIONS)}")
         self.store = store
-        self.kernel = kernel.computed_with(str(config.get("precision", precision)),
-                                           str(config.get("device", device)))
+        self.kernel = kernel.computed_with(str(settings.precision), str(settings.device))
         # evaluation (E(A), E_min) and the row cache stay float64 whatever the precision: E_min² =
         # ‖K'‖² − Σλ² cancels, and float32 tiles moved E_min by 1.6e-5 on the digits
         self.exact_kernel = self.kernel.computed_with(precision="float64")
         self.client = client
         threads = total_threads(client)
-        self.memory = memory_plan(store.n_samples, client, threads=threads, prefetch=prefetch,
-                                  n_features=store.n_features, block_rows=block_rows)
+        self.memory = memory_plan(store.n_samples, settings, client, threads=threads,
+                                  prefetch=prefetch, n_features=store.n_features,
+                                  block_rows=block_rows)
         self.block_rows, self.prefetch = self.memory.block_rows, self.memory.prefetch
-        ng = config.get("column-groups", column_groups)
+        ng = settings.column_groups
         grouped = ng is not None
         if not grouped:
             ng = threads
@@ -217,7 +216,7 @@ class RowEngine:
         self.all_ranges = tuple(r for g in self.column_groups for r in g)
         # square tiles for the MK row and evaluation (dkha.engine.budget)
         self.tile_groups = _tile_ranges(store.n_samples, self.memory.bands)
-        self.cache_rows = bool(config.get("row-cache", cache_rows))
+        self.cache_rows = bool(settings.row_cache)
         self.tile_cache: TileCache | None = None
         if self.cache_rows:
             # fewer, larger tiles: a row block takes one piece from each tile it meets, so the
@@ -241,7 +240,7 @@ class RowEngine:
         self._mk_future = None
         self._bands: BandPlan | bool | None = None
         self.stats = StreamStats()
-        self.passes = ClusterPasses(client, self.stats.passes)
+        self.passes = ClusterPasses(client, self.stats.passes, settings.tasks_in_flight)
 
     @property
     def bands(self) -> BandPlan | None:
@@ -252,7 +251,7 @@ class RowEngine:
 
     @property
     def source(self):   # what the tasks read the training rows from (task_source)
-        return task_source(self.store, self.client)
+        return task_source(self.store, self.client, self.settings)
 
     @property
     def verbose(self) -> bool:
@@ -298,7 +297,8 @@ class RowEngine:
         ``X`` (:func:`dkha.data.centering.centering_key`), and read back instead of recomputed
         (:func:`dkha.engine.mkrow.mk_row`). ``self.centering`` describes the row in use.
         """
-        mk, mkm, self.centering = mk_row(self, center_sample, seed, cache)
+        mk, mkm, self.centering = mk_row(self, center_sample, seed,
+                                         self.settings.mk_cache if cache is None else cache)
         self.set_mk(mk, mkm)
         return self.mk, self.mkm
 
@@ -458,7 +458,7 @@ def dense_matrix(engine: RowEngine) -> np.ndarray:
     return out
 
 
-def array_engine(X: np.ndarray, kernel: Kernel, client) -> RowEngine:
+def array_engine(X: np.ndarray, kernel: Kernel, client, settings: Settings) -> RowEngine:
     """A row engine over rows held in memory, with the kernel **uncentered**: its
     :meth:`~RowEngine.matmat` is ``K(X, X) V``, the same blockwise pass over the tiles ``I ≤ J``
     (on the workers, never forming ``l × l``) as the fit's ``K' V``.
@@ -470,7 +470,8 @@ def array_engine(X: np.ndarray, kernel: Kernel, client) -> RowEngine:
     X = np.ascontiguousarray(X, dtype=np.float64)
     l = len(X)
     engine = RowEngine(DataStore("", l, X.shape[1], max(1, l), False, {}), kernel, client,
-                       cache_rows=False, projections="coordinator", column_groups=1)
+                       dataclasses.replace(settings, row_cache=False, projections="coordinator",
+                                           column_groups=1))
     engine.store = dataclasses.replace(engine.store, path=engine.passes.put(X, everywhere=True))
     engine.set_mk(np.zeros(l), 0.0)
     engine.centering = {"method": "none"}

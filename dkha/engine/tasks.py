@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from distributed import get_worker
 
-from dkha import config, tiles
+from dkha import tiles
 from dkha.data.store import read_slice
-from dkha.engine.budget import configured_budget
+from dkha.engine.budget import FLOOR_BYTES
 from dkha.errors import BlockFailedError
 from dkha.kernels import Kernel
+from dkha.names import config_default
 from dkha.solvers.factored import apply_message
 
 
@@ -62,6 +63,25 @@ def center_block(K: np.ndarray, mk_rows: np.ndarray, mk_cols: np.ndarray, mkm: f
 _CACHE: collections.OrderedDict[tuple, np.ndarray] = collections.OrderedDict()
 _CACHE_BYTES = 0
 _CACHE_LOCK = threading.Lock()
+
+
+class StorePath(str):
+    """A store's path as the tasks get it, with the sizes of the per-process caches of the
+    processes that read it, resolved at the edge (the worker's caches travel in the task): the
+    chunks' (``dkha.cache-bytes``, :func:`load_rows`) and the prepared columns'
+    (:func:`column_operands`, a quarter of ``dkha.memory-budget``). A plain path, or rows held
+    in this process: the package defaults."""
+
+    cache_bytes: float = float(config_default("cache-bytes"))
+    columns_bytes: int = FLOOR_BYTES // 4
+
+    def __new__(cls, path: str, cache_bytes, columns_bytes: int):
+        s = super().__new__(cls, path)
+        s.cache_bytes, s.columns_bytes = float(cache_bytes), int(columns_bytes)
+        return s
+
+    def __reduce__(self):
+        return StorePath, (str(self), self.cache_bytes, self.columns_bytes)
 
 
 def _store_token(path: str) -> tuple:
@@ -99,7 +119,7 @@ def load_rows(path: str | np.ndarray, start: int, stop: int) -> np.ndarray:
 
     arr = np.ascontiguousarray(read_slice(zarr.open_group(path, mode="r")["X"], start, stop, path))
     arr.setflags(write=False)
-    limit = float(config.get("cache-bytes"))
+    limit = float(getattr(path, "cache_bytes", StorePath.cache_bytes))
     with _CACHE_LOCK:
         if key not in _CACHE:
             _CACHE[key] = arr
@@ -256,10 +276,11 @@ COLUMNS_KEPT = 4
 
 def column_operands(path: str | np.ndarray, kernel: Kernel, cols: tuple):
     """The rows of column group ``cols`` prepared for the kernel's tiles
-    (:meth:`~dkha.kernels.Kernel.prepared_columns`), kept per process for the next block of the
-    stream: every block's tile is against the same columns, and joining their chunks, their
-    norms and (float32) their shift and cast cost ``O(|J| n)`` a block — 0.5 s of a pass at
-    l = 20 000. The same numbers as preparing them each time."""
+    (:meth:`~dkha.kernels.Kernel.prepared_columns`), kept per process (in at most the path's
+    ``columns_bytes``, :class:`StorePath`) for the next block of the stream: every block's tile
+    is against the same columns, and joining their chunks, their norms and (float32) their
+    shift and cast cost ``O(|J| n)`` a block — 0.5 s of a pass at l = 20 000. The same numbers
+    as preparing them each time."""
     try:
         if isinstance(path, np.ndarray):    # rows held in this process: the array itself
             key = (id(path), path.__array_interface__["data"][0], path.shape, cols, kernel)
@@ -274,7 +295,7 @@ def column_operands(path: str | np.ndarray, kernel: Kernel, cols: tuple):
             _COLUMNS.move_to_end(key)
             return got.columns if isinstance(got, _Held) else got
     got = kernel.prepared_columns(group_rows(path, cols))
-    limit = configured_budget() // 4
+    limit = int(getattr(path, "columns_bytes", StorePath.columns_bytes))
     if getattr(got, "nbytes", limit + 1) > limit:
         return got
     with _COLUMNS_LOCK:

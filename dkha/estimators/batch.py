@@ -135,14 +135,14 @@ class KernelHebbianPCA(DkhaTransformer):
     _unpicklable = ("_tmp_store", "_final")
 
     # -- validation --
-    def _request(self, n_samples: int) -> ModelRequest:
+    def _request(self, n_samples: int, settings) -> ModelRequest:
         """This model as the fit is asked for it: the parameters checked against ``n_samples``
         (the table checked each alone: validated_fit, fit_together); what depends on the
         algorithm run (``auto`` may become kha-smd) is resolved by the fit
         (:func:`dkha.fit.plan.route`, :func:`dkha.fit.request.settings_of`)."""
         r = fitted_components(self.n_components, n_samples)
         if self.init is not None:       # an explicit start: checked here, before any work
-            kind, m = start_of(self.init, str(self.algorithm), n_samples, r)
+            kind, m = start_of(self.init, str(self.algorithm), n_samples, r, settings)
             if kind == "nystrom" and m < r:
                 raise ParameterError(f"init nystrom:{m} needs at least as many landmarks as "
                                      f"components ({r})")
@@ -168,13 +168,6 @@ class KernelHebbianPCA(DkhaTransformer):
             tol=self.tol, on_divergence=self.on_divergence, verbose=bool(self.verbose),
             params=frozen_mapping(get_params(self, BATCH)),
             recorded=frozen_mapping(recorded_params(self, BATCH)))
-
-    def _stream(self) -> StreamSettings:
-        """What this model's kernel stream is made of (shared by models fitted together)."""
-        return StreamSettings(seed=self.seed, evaluate_every=self.evaluate_every,
-                              block_rows=self.block_rows, prefetch=self.prefetch,
-                              projections=self.projections, cache_rows=self.cache_rows,
-                              precision=self.precision, device=self.device, client=self.client)
 
     def _kernel_params(self) -> dict:
         """The kernel's parameters as asked (resolved on the data by the fit)."""
@@ -555,9 +548,16 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     if pairwise(first.kernel) and store.n_features != store.n_samples + 1:
         raise ParameterError("a precomputed kernel goes through KernelHebbianPCA.fit (which "
                              "appends each row's index), not fit_together")
+    # every dkha.* setting, read now (the fit's one reading), the stream's options in their place
+    settings = config.settings(projections=first.projections, row_cache=first.cache_rows,
+                               precision=first.precision, device=first.device)
     request = FitRequest(
         store=store, kernel=first.kernel, kernel_params=frozen_mapping(first._kernel_params()),
-        models=tuple(m._request(store.n_samples) for m in models), stream=first._stream(),
+        models=tuple(m._request(store.n_samples, settings) for m in models),
+        stream=StreamSettings(seed=first.seed, evaluate_every=first.evaluate_every,
+                              block_rows=first.block_rows, prefetch=first.prefetch,
+                              client=first.client),
+        settings=settings,
         run=RunOptions(run_dirs=run_dirs, overwrite=overwrite,
                        checkpoint_every=checkpoint_every, resume=resume,
                        checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,

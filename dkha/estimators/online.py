@@ -80,6 +80,17 @@ IDENTITY = identity_attrs()
 #: the seeded order: one pass over a few hundred samples leaves the components far from converged)
 MIN_STEPS = 20_000
 
+def _kernel(model: OnlineKernelPCA, source, settings) -> Kernel:
+    """The model's kernel, its width resolved on ``source`` (the median-distance heuristic)."""
+    if pairwise(model.kernel):
+        raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
+                             "dictionary needs the kernel of each new sample against the "
+                             "members); use KernelHebbianPCA")
+    return resolve_kernel(source, model.kernel, model.seed, settings, sigma=model.sigma,
+                          degree=model.degree, offset=model.offset, gamma=model.kernel_gamma,
+                          kernel_params=model.kernel_params)
+
+
 def _check_dictionary(solver: OnlineKHA) -> None:
     """Warn where the dictionary holds fewer members than components (below ``r`` members the
     solver admits any independent sample, so the data span no more dimensions)."""
@@ -144,15 +155,6 @@ class OnlineKernelPCA(DkhaTransformer):
     def _validated(self) -> dict:
         return validated_settings(self)
 
-    def _kernel(self, source) -> Kernel:
-        if pairwise(self.kernel):
-            raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
-                                 "dictionary needs the kernel of each new sample against the "
-                                 "members); use KernelHebbianPCA")
-        return resolve_kernel(source, self.kernel, self.seed, sigma=self.sigma,
-                              degree=self.degree, offset=self.offset, gamma=self.kernel_gamma,
-                              kernel_params=self.kernel_params)
-
     # -- fitting --
     @validated_fit
     def fit(self, X, y=None, *, run_dir: str | None = None, overwrite: bool = False,
@@ -208,8 +210,9 @@ DataStore
                 shutil.rmtree(tmp, ignore_errors=True)
 
     def _fit_source(self, source, *, run_dir, overwrite, ac_reference, checkpoint_every, resume):
-        kernel = self._kernel(source)
-        p = scaled(self._validated(), source, kernel, self.seed)
+        settings = config.settings()
+        kernel = _kernel(self, source, settings)
+        p = scaled(self._validated(), source, kernel, self.seed, settings.median_sample)
         l, n = source.n_samples, source.n_features
         n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
         attrs = run_attrs(self, p, kernel, _store_path(source), l, n, n_steps)
@@ -217,7 +220,8 @@ DataStore
             source=source, kernel=kernel, settings=frozen_mapping(p),
             attrs=frozen_mapping(attrs), seed=self.seed, n_steps=n_steps,
             every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
-            verbose=self.verbose, ac_reference=ac_reference,
+            blas_threads=settings.online_blas_threads, verbose=self.verbose,
+            ac_reference=ac_reference,
             run=RunOptions(run_dirs=None if run_dir is None else (os.fspath(run_dir),),
                            overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
                            identity=frozen_mapping(IDENTITY)),
@@ -268,9 +272,11 @@ DataStore
                                  "setting n_components to a fixed value.")
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
+        settings = config.settings()
         if first_call:
-            kernel = self._kernel(ArraySource(X))
-            p = scaled(self._validated(), ArraySource(X), kernel, self.seed)
+            kernel = _kernel(self, ArraySource(X), settings)
+            p = scaled(self._validated(), ArraySource(X), kernel, self.seed,
+                       settings.median_sample)
             self.solver_ = new_solver(p, X.shape[1], kernel, self.seed)
             self.kernel_ = kernel
             self.n_features_in_ = X.shape[1]
@@ -286,7 +292,7 @@ DataStore
         t0 = time.perf_counter()
         seen = self.n_samples_seen_
         self._variance_sample_ = seeded_rows(X, p["eigenvalue_samples"], self.seed)
-        with coordinator_threads():
+        with coordinator_threads(settings.online_blas_threads):
             for a in range(0, len(X), b):
                 rows = X[a:a + b]
                 self.solver_.apply_block(rows, np.arange(seen + a, seen + a + len(rows)))

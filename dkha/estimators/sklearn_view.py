@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 from sklearn.utils import check_random_state
 
+from dkha import config
 from dkha.data.result import projection_array
 from dkha.errors import NullComponentWarning
 from dkha.fit.ridge import learned_preimage as fit_learned_preimage
@@ -76,7 +77,8 @@ def learned_preimage(model) -> None:
     l = int(model.n_samples_)
     X = model.X_fit_ if model.X_fit_ is not None else model.store_.read_rows(np.arange(l))
     P = model.projection_.values
-    ridge = fit_learned_preimage(P, X, model.kernel_, float(model.alpha), model.client)
+    ridge = fit_learned_preimage(P, X, model.kernel_, float(model.alpha), model.client,
+                                 config.settings())
     model.dual_coef_ = ridge.dual_coef
     model.inverse_iterations_ = ridge.iterations
     model.inverse_residual_ = ridge.residual

@@ -21,8 +21,9 @@ from dataclasses import replace
 
 from distributed import Client
 
-from dkha import config, schedule
+from dkha import schedule
 from dkha.algorithms import AUTO, KRYLOV, is_exact
+from dkha.config import Settings
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.result import projection_array
 from dkha.data.store import DataStore
@@ -73,22 +74,22 @@ from dkha.solvers.warmup import compile_ahead
 log = logging.getLogger(__name__)
 
 
-def resolve_kernel(store, kernel: str, seed: int, client=None, **params):
+def resolve_kernel(store, kernel: str, seed: int, settings: Settings, client=None, **params):
     """The kernel with its parameters; a width of None (the gaussian's ``sigma``, the spec's
-    ``width``) → the median-distance heuristic on a seeded sample of ``store`` (a
-    :class:`DataStore` or any source with ``sample(n, seed)``; read and measured on a worker of
-    ``client`` where its workers are other processes), times
+    ``width``) → the median-distance heuristic on a seeded sample of ``dkha.median-sample``
+    rows of ``store`` (a :class:`DataStore` or any source with ``sample(n, seed)``; read and
+    measured on a worker of ``client`` where its workers are other processes), times
     ``dkha.patch-sigma-factor`` (3) on image patches for a kernel whose spec widens it there
     (``widen_on_patches``: the gaussian, the width that keeps patch denoising level with linear
-    patch PCA; benchmarks/denoise_photo.py, README)."""
+    patch PCA; benchmarks/denoise_photo.py, README); both of ``settings``."""
     k = make_kernel(kernel, **params)
     if getattr(store, "n_features", None) is not None:
         k = k.with_defaults(store.n_features)      # scikit-learn's gamma = 1/n_features
     if k.needs_width():
-        median = on_sample(store, client, int(config.get("median-sample")), seed,
-                           median_distance)
+        median = on_sample(store, client, int(settings.median_sample), seed, median_distance,
+                           settings=settings)
         patches = k.spec.widen_on_patches and "patch" in (getattr(store, "attrs", None) or {})
-        factor = float(config.get("patch-sigma-factor")) if patches else 1.0
+        factor = float(settings.patch_sigma_factor) if patches else 1.0
         k = k.with_width(factor * median)
         log.info("%s by the median-distance heuristic%s: %g", k.spec.width,
                  f" × {factor:g} (image patches)" if patches else "", k[k.spec.width])
@@ -144,14 +145,14 @@ def _solver(p: ModelSettings, n_samples: int) -> BatchKHA:
                     rho0=p.rho0, on_divergence=p.on_divergence, feature_norm=None)
 
 
-def _check_data(store: DataStore, verbose: bool, *, client) -> Progress:
+def _check_data(store: DataStore, verbose: bool, *, client, settings: Settings) -> Progress:
     """Check that the data is finite (recorded at ingest, else read by the workers:
     :mod:`dkha.engine.content`), then show the next stage: connecting to Dask, or starting its
     workers (the progress of the seconds before the first pass can show its own)."""
     stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
                       transient=True)
     try:
-        check_finite(store, client)
+        check_finite(store, client, settings=settings)
     except BaseException:
         stages.close()      # a refused store leaves no bar open (heartbeats would repeat it)
         raise
@@ -160,9 +161,9 @@ def _check_data(store: DataStore, verbose: bool, *, client) -> Progress:
     return stages
 
 
-def _asked_projections(stream: StreamSettings, n_models: int, opts: RunOptions) -> str:
+def _asked_projections(settings: Settings, n_models: int, opts: RunOptions) -> str:
     """Where the block projections are asked to be computed (a resume keeps the run's)."""
-    asked = str(config.get("projections", stream.projections))
+    asked = str(settings.projections)
     if n_models > 1 and asked == "workers":
         raise ParameterError("projections on the workers follow one model per stream; fit "
                              "several models together with projections='coordinator'")
@@ -186,10 +187,10 @@ def _planned(request: FitRequest, kernel, first: Route, p0: ModelSettings, cks) 
     if cks and "plan" in cks[0].meta:
         plan = Plan.from_attrs(cks[0].meta["plan"])
     elif not names_a_cluster(stream.client) or isinstance(stream.client, Client):
-        plan = plan_fit(store, kernel, p0, stream.client, stream.seed)
-    else:
-        with client_for(stream.client) as client:   # reached first: unreachable is refused
-            plan = plan_fit(store, kernel, p0, client, stream.seed)
+        plan = plan_fit(store, kernel, p0, stream.client, stream.seed, request.settings)
+    else:   # reached first: unreachable is refused
+        with client_for(stream.client, settings=request.settings) as client:
+            plan = plan_fit(store, kernel, p0, client, stream.seed, request.settings)
     return route(m.algorithm, m.params, m.n_components, store.n_samples, plan=plan)
 
 
@@ -202,11 +203,12 @@ def fit_batch(request: FitRequest) -> list[ModelFit]:
     only quietens the divergence's log line).
     """
     store, stream = request.store, request.stream
-    kernel = resolve_kernel(store, request.kernel, stream.seed, client=stream.client,
-                            **request.kernel_params)
+    kernel = resolve_kernel(store, request.kernel, stream.seed, request.settings,
+                            client=stream.client, **request.kernel_params)
     routes = [route(m.algorithm, m.params, m.n_components, store.n_samples)
               for m in request.models]
-    settings = [settings_of(m, r, store.n_samples) for m, r in zip(request.models, routes)]
+    settings = [settings_of(m, r, store.n_samples, request.settings)
+                for m, r in zip(request.models, routes)]
     attrs = [run_attrs(request, m, p, r, kernel)
              for m, p, r in zip(request.models, settings, routes)]
     with settings_dropped_on_failure(request.run.run_dirs, request.run.resume):
@@ -219,14 +221,14 @@ def _fit(request: FitRequest, kernel, settings: list[ModelSettings], first: Rout
     """:func:`fit_batch` once the settings and attrs are resolved: the fits, not yet saved."""
     store, stream, opts = request.store, request.stream, request.run
     p0 = settings[0]
-    asked = _asked_projections(stream, len(settings), opts)
+    asked = _asked_projections(request.settings, len(settings), opts)
     checkpointers, metas, cks = open_runs(store, settings, stream, attrs, asked, opts,
-                                          [m.recorded for m in request.models])
+                                          [m.recorded for m in request.models], request.settings)
     verbose = any(p.verbose for p in settings)
-    if config.get("compile-ahead"):     # the solver's loops compile while the fit starts
+    if request.settings.compile_ahead:     # the solver's loops compile while the fit starts
         for algorithm in sorted({p.algorithm for p in settings}):
             compile_ahead(algorithm)
-    stages = _check_data(store, verbose, client=stream.client)
+    stages = _check_data(store, verbose, client=stream.client, settings=request.settings)
     # the stage bar is closed once the cluster is up, or by an error before (a bar left open
     # would be repeated by the heartbeat of a long-lived process)
     with stages, contextlib.ExitStack() as entering:
@@ -235,11 +237,12 @@ def _fit(request: FitRequest, kernel, settings: list[ModelSettings], first: Rout
         checkpoints, cks = _exact_checkpoints(first, p0, checkpointers, metas, cks, opts)
         if first.runs == "dense":
             stages.close()
-            return [_fit_dense(store, kernel, p0, stream, attrs[0], first.plan, metas[0],
+            return [_fit_dense(store, kernel, p0, request, attrs[0], first.plan, metas[0],
                                None if checkpointers is None else checkpointers[0])]
-        client = entering.enter_context(client_for(stream.client, samples=store.n_samples))
-        entering.enter_context(blas_threads_for(client,
-                                                gpu=computes_on_gpu(client, stream.device)))
+        client = entering.enter_context(client_for(stream.client, samples=store.n_samples,
+                                                   settings=request.settings))
+        entering.enter_context(blas_threads_for(
+            client, request.settings, gpu=computes_on_gpu(client, request.settings.device)))
         cluster = entering.pop_all()
     with cluster:
         return _on_cluster(request, kernel, client, settings, first, attrs, asked,
@@ -253,10 +256,9 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     store, stream, opts = request.store, request.stream, request.run
     checkpointers, metas, cks, checkpoints = runs
     verbose = any(p.verbose for p in settings)
-    engine = RowEngine(store, kernel, client, block_rows=stream.block_rows,
-                       prefetch=stream.prefetch, projections=asked,
-                       cache_rows=stream.cache_rows, precision=stream.precision,
-                       device=stream.device, models=len(settings))
+    engine = RowEngine(store, kernel, client, replace(request.settings, projections=asked),
+                       block_rows=stream.block_rows, prefetch=stream.prefetch,
+                       models=len(settings))
     engine.verbose = verbose
     bands = engine.bands            # GPU workers: the passes' plan is the device's
     plan_line = bands.describe() if bands is not None else engine.memory.describe()
@@ -354,24 +356,24 @@ def _krylov(engine, p0: ModelSettings, stream: StreamSettings, plan, A_init, che
         return run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                           tol=auto_krylov_tol(p0.tol),
                           with_evaluation=(p0.tol is not None or
-                                           str(config.get("evaluation")) == "exact"),
+                                           str(engine.settings.evaluation) == "exact"),
                           tracked=stream.evaluate_every >= 0, checkpoints=checkpoints)
     return run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
                       tol=p0.tol if p0.tol is not None else 1e-8,
                       with_evaluation=stream.evaluate_every >= 0, checkpoints=checkpoints)
 
 
-def _fit_dense(store: DataStore, kernel, p: ModelSettings, stream: StreamSettings, attrs: dict,
+def _fit_dense(store: DataStore, kernel, p: ModelSettings, request: FitRequest, attrs: dict,
                plan: Plan, meta: dict, checkpointer) -> ModelFit:
     """The default fit's dense path (:func:`dkha.fit.dense.dense_fit`): in this process, no
     cluster."""
     # a small matrix's products are too short for BLAS threads to pay: one thread, as inline
     # (the same bits; on a busy 2-core machine ARPACK on 1 000 samples took 0.05 s instead of 1.3)
-    small = store.n_samples <= int(config.get("inline-samples"))
+    small = store.n_samples <= int(request.settings.inline_samples)
     try:
         with blas_limit(1) if small else contextlib.nullcontext():
             res, mk, mkm, stats = dense_fit(store.read(), kernel, p.n_components,
-                                            seed=stream.seed)
+                                            seed=request.stream.seed)
     except Interrupted as exc:
         raise Interrupted(f"{exc}; " + (f"continue with {RESUME_HINT} (the dense path "
                                         "starts again: it keeps no partial state)"

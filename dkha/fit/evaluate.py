@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha import config
 from dkha.fit.spectrum import top_eigenvalues
 from dkha.progress import Progress, phase
 
@@ -91,7 +90,7 @@ def announce_cost(engine, *, passes: int, krylov: bool) -> None:
     l = engine.n_samples
     if l < ANNOUNCE_SAMPLES:
         return
-    limit = int(config.get("dense-eigh-limit"))
+    limit = int(engine.settings.dense_eigh_limit)
     what = f"{passes} pass{'es' if passes > 1 else ''}"
     if krylov and l > limit:
         what += " and, for E_min, one per Krylov product (typically 8–15)"

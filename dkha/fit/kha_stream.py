@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dkha import config, schedule
+from dkha import schedule
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
 from dkha.errors import RESUME_HINT, Interrupted, NumericalError, ParameterError
 from dkha.fit.control import BlockDriver
@@ -140,7 +140,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     if any(t is not None for t in tols) and evaluate_every < 1:
         evaluate_every = 1
     # the exact E_min only when asked for: a tol on the excess, or dkha.evaluation: exact
-    exact = any(t is not None for t in tols) or str(config.get("evaluation")) == "exact"
+    exact = any(t is not None for t in tols) or str(engine.settings.evaluation) == "exact"
     models = [_Model(s, t) for s, t in zip(solvers, tols)]
     for s in solvers:
         s.log_level = divergence_level

@@ -11,11 +11,10 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import dask.config
 import numpy as np
 import xarray as xr
 
-from dkha import config, schedule
+from dkha import schedule
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.sources import stream_blocks
@@ -34,23 +33,25 @@ log = logging.getLogger(__name__)
 
 
 
-def coordinator_threads():
+def coordinator_threads(threads: int):
     """Limit BLAS threads while streaming (``dkha.online-blas-threads``, default 1).
 
     The per-block products are small (``b × m``); on a shared or busy machine several BLAS
     threads made them ten times slower here, not faster.
     """
-    return blas_limit(int(dask.config.get("dkha.online-blas-threads", default=1)))
+    return blas_limit(int(threads))
 
 
 def run_online(solver, source, driver: BlockDriver, *, seed: int, n_steps: int, every: int,
-               block_rows: int, prefetch: int, stats: dict, record: Callable[[], dict]) -> None:
+               block_rows: int, prefetch: int, blas_threads: int, stats: dict,
+               record: Callable[[], dict]) -> None:
     """Stream steps ``solver.state.step .. n_steps - 1`` of the schedule of ``seed`` over
-    ``source`` into ``solver``, calling ``record()`` (which returns the history entry) after
-    every ``every`` steps and at the end; between blocks the driver checkpoints and stops."""
+    ``source`` into ``solver`` (on ``blas_threads`` BLAS threads), calling ``record()`` (which
+    returns the history entry) after every ``every`` steps and at the end; between blocks the
+    driver checkpoints and stops."""
     l = source.n_samples
     start = solver.state.step
-    with coordinator_threads():
+    with coordinator_threads(blas_threads):
         while start < n_steps:
             stop = min(n_steps, (start // every + 1) * every)
             driver.start()
@@ -69,11 +70,12 @@ def run_online(solver, source, driver: BlockDriver, *, seed: int, n_steps: int, 
             driver.between_blocks(stop, stop // l + 1)
 
 
-def scaled(p: dict, source, kernel: Kernel, seed: int) -> dict:
-    """``p`` with the scales read off a seeded sample of the data (the sigma heuristic's):
-    the default ``nu`` (:data:`NU_RELATIVE` × the variance in feature space) and the unit of
-    ``eta0`` (:func:`~dkha.solvers.online.sample_scales`)."""
-    sample = source.sample(int(config.get("median-sample")), seed)
+def scaled(p: dict, source, kernel: Kernel, seed: int, n_sample: int) -> dict:
+    """``p`` with the scales read off a seeded sample of ``n_sample`` rows of the data (the
+    sigma heuristic's, ``dkha.median-sample``): the default ``nu`` (:data:`NU_RELATIVE` × the
+    variance in feature space) and the unit of ``eta0``
+    (:func:`~dkha.solvers.online.sample_scales`)."""
+    sample = source.sample(int(n_sample), seed)
     variance, unit = sample_scales(kernel.block(sample, sample))
     p = dict(p, feature_norm=unit, gain=p["eta0"] / unit)
     if p["nu"] is None:
@@ -193,6 +195,8 @@ class OnlineRequest:
     n_steps: int
     #: steps between history entries
     every: int
+    #: BLAS threads while streaming (``dkha.online-blas-threads``)
+    blas_threads: int
     verbose: bool = False
     ac_reference: object = None
     #: ``run_dirs``: the one run directory (or ``None``); checkpoints and resume as the batch
@@ -257,7 +261,7 @@ def fit_online(request: OnlineRequest) -> OnlineFit:
     try:
         run_online(solver, source, driver, seed=seed, n_steps=n_steps, every=every,
                    block_rows=p["block_rows"], prefetch=p["prefetch"],
-                   stats=fit.stream_stats, record=record)
+                   blas_threads=request.blas_threads, stats=fit.stream_stats, record=record)
     finally:
         driver.close()
         fit.wall_time = driver.seconds

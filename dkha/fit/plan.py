@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from distributed import Client
 
-from dkha import config
 from dkha.algorithms import AUTO, KHA_DEFAULT, KRYLOV
+from dkha.config import Settings
 from dkha.engine.cluster import blas_limit, total_threads
 from dkha.engine.content import on_sample
 
@@ -153,16 +153,12 @@ def _probe(sample: np.ndarray, kernel) -> float:
     return probe_rate(kernel, sample)
 
 
-def dense_limit_bytes() -> float:
-    """The largest kernel matrix the default holds whole (``dkha.dense-bytes``)."""
-    return float(config.get("dense-bytes"))
-
-
-def choose_path(l: int, r: int, *, rate: float, threads: int,
-                landmarks: int | None = None, dense_bytes: float | None = None) -> Plan:
-    """The fastest path to the exact top-``r`` components of ``l`` samples (module docstring)."""
+def choose_path(l: int, r: int, *, rate: float, threads: int, dense_bytes: float,
+                landmarks: int | None = None) -> Plan:
+    """The fastest path to the exact top-``r`` components of ``l`` samples (module docstring),
+    holding the kernel matrix whole up to ``dense_bytes`` (``dkha.dense-bytes``)."""
     threads = max(1, int(threads))
-    limit = dense_limit_bytes() if dense_bytes is None else float(dense_bytes)
+    limit = float(dense_bytes)
     per_pass = 0.5 * l * l / (rate * threads)          # the upper triangle, once
     matrix_bytes = 8.0 * l * l
     dense = None
@@ -209,14 +205,14 @@ def cluster_threads(client) -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def plan_fit(store, kernel, settings, client, seed: int) -> Plan:
+def plan_fit(store, kernel, model, client, seed: int, settings: Settings) -> Plan:
     """The default fit's :class:`Plan` for ``store`` (a probe tile on a seeded sample of it, on a
     worker of ``client`` where its workers are other processes: their rate, and nothing of ``X``
-    read here); ``settings``: the model's (``n_components``, ``landmarks``)."""
+    read here); ``model``: its settings (``n_components``, ``landmarks``)."""
     rate = on_sample(store, client, min(store.n_samples, 2 * PROBE_COLUMNS), seed, _probe,
-                     kernel)
-    plan = choose_path(store.n_samples, int(settings.n_components),
+                     kernel, settings=settings)
+    plan = choose_path(store.n_samples, int(model.n_components),
                        rate=rate, threads=cluster_threads(client),
-                       landmarks=settings.landmarks)
+                       dense_bytes=float(settings.dense_bytes), landmarks=model.landmarks)
     log.info("default fit: %s (%s)", plan.path, plan.reason)
     return plan

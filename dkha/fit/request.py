@@ -19,6 +19,7 @@ import numpy as np
 import xarray as xr
 
 from dkha.algorithms import has_mu
+from dkha.config import Settings
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.store import DataStore
 from dkha.fit.init import start_of
@@ -80,16 +81,13 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """What shapes the one kernel stream every model of a fit shares."""
+    """What shapes the one kernel stream every model of a fit shares (the rest of it:
+    :attr:`FitRequest.settings`)."""
 
     seed: int
     evaluate_every: int
     block_rows: int | None = None
     prefetch: int | None = None
-    projections: str | None = None
-    cache_rows: bool | None = None
-    precision: str | None = None
-    device: str | None = None
     client: object = None
 
 
@@ -118,19 +116,25 @@ class FitRequest:
     kernel_params: Mapping
     models: tuple[ModelRequest, ...]
     stream: StreamSettings
+    #: every ``dkha.*`` setting, read once by the estimator as the fit starts (with its
+    #: ``projections``, ``cache_rows`` as ``row_cache``, ``precision`` and ``device``):
+    #: nothing below reads the configuration
+    settings: Settings
     run: RunOptions = field(default_factory=RunOptions)
     #: ``(parameter, attr)`` of every saved row of the estimator's parameter table
     saved: tuple[tuple[str, str], ...] = ()
 
 
-def settings_of(model: ModelRequest, route: Route, n_samples: int) -> ModelSettings:
+def settings_of(model: ModelRequest, route: Route, n_samples: int, config: Settings
+                ) -> ModelSettings:
     """The settings ``model`` fits with once :func:`dkha.fit.plan.route` said what runs (the
     defaults are those of the algorithm it is saved under, ``route.named``): its start (the
-    Nyström start with :func:`dkha.fit.init.default_landmarks_for` landmarks by default, the
-    random one for the exact solver), and its gains' defaults from that start."""
+    Nyström start with :func:`dkha.fit.init.default_landmarks_for` landmarks by default, within
+    the memory budget of ``config``, the random one for the exact solver), and its gains'
+    defaults from that start."""
     algorithm = route.named
     r = model.n_components
-    kind, m = start_of(model.init, algorithm, n_samples, r)
+    kind, m = start_of(model.init, algorithm, n_samples, r, config)
     landmarks = m if kind == "nystrom" else None
     support = m if kind == "random" else None
     warm = bool(landmarks)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha import config
+from dkha.config import Settings
 from dkha.engine.cluster import client_for
 from dkha.engine.rows import array_engine
 from dkha.kernels import Kernel
@@ -38,18 +38,20 @@ class RidgeFit:
     seconds: float
 
 
-def learned_preimage(P: np.ndarray, X: np.ndarray, kernel: Kernel, alpha: float, client, *,
-                     tol: float | None = None, dense_limit: int | None = None) -> RidgeFit:
+def learned_preimage(P: np.ndarray, X: np.ndarray, kernel: Kernel, alpha: float, client,
+                     settings: Settings, *, tol: float | None = None,
+                     dense_limit: int | None = None) -> RidgeFit:
     """``(k(P, P) + alpha I)⁻¹ X``: dense up to ``dense_limit`` samples (default
-    ``dkha.dense-eigh-limit``), by conjugate gradients above with relative residual ``tol`` (default
-    ``dkha.ridge-tol``). ``client``: where to compute above the limit (any ``client=`` value:
-    :func:`dkha.engine.cluster.client_for`). Raises ``ValueError`` when CG does not reach ``tol``
-    within :data:`RIDGE_MAXITER` products or ``alpha`` is not positive there."""
+    ``dkha.dense-eigh-limit`` of ``settings``), by conjugate gradients above with relative
+    residual ``tol`` (default ``dkha.ridge-tol``). ``client``: where to compute above the limit
+    (any ``client=`` value: :func:`dkha.engine.cluster.client_for`). Raises ``ValueError`` when
+    CG does not reach ``tol`` within :data:`RIDGE_MAXITER` products or ``alpha`` is not positive
+    there."""
     from scipy import linalg
 
     t0 = time.perf_counter()
     l = len(P)
-    limit = int(config.get("dense-eigh-limit", dense_limit))
+    limit = int(settings.dense_eigh_limit if dense_limit is None else dense_limit)
     if l <= limit:
         K = kernel.block(P, P)
         K.flat[::l + 1] += alpha
@@ -58,9 +60,9 @@ def learned_preimage(P: np.ndarray, X: np.ndarray, kernel: Kernel, alpha: float,
     if not alpha > 0:
         raise ValueError(f"alpha must be positive for the learned pre-image above "
                          f"dkha.dense-eigh-limit ({limit}) samples, got {alpha}")
-    tol = float(config.get("ridge-tol", tol))
-    with client_for(client) as c:
-        engine = array_engine(P, kernel, c)
+    tol = float(settings.ridge_tol if tol is None else tol)
+    with client_for(client, settings=settings) as c:
+        engine = array_engine(P, kernel, c, settings)
         with engine.labelled("learned pre-image (k(P, P) V)"):
             sol = ridge_cg(lambda V: engine.matmat(V, exact=True), X, alpha, tol=tol,
                            maxiter=RIDGE_MAXITER)

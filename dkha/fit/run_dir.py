@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from dkha.config import Settings
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer, open_fit
 from dkha.data.store import DataStore
@@ -130,10 +131,10 @@ def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> l
 
 
 def open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSettings,
-              attrs: list[dict], asked: str, opts: RunOptions, recorded: list):
+              attrs: list[dict], asked: str, opts: RunOptions, recorded: list, config: Settings):
     """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
     # what else a bit-identical continuation needs: the blocks and where they are projected
-    exact = {"block_rows": block_rows_for(store.n_samples, stream.block_rows),
+    exact = {"block_rows": block_rows_for(store.n_samples, config, stream.block_rows),
              "projections": asked, "evaluate_every": int(stream.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
     resume_identity = {**{k: f for k, f in opts.identity.items() if k != "n_steps"},

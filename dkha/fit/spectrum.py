@@ -11,7 +11,6 @@ import logging
 import numpy as np
 from dask.utils import parse_bytes
 
-from dkha import config
 from dkha.data.spectra import read_spectrum, spectrum_key, write_spectrum
 from dkha.engine.mkrow import engine_content_key
 from dkha.progress import Progress, phase
@@ -28,7 +27,8 @@ def _cache_key(engine, cache: bool | None):
     """The spectrum cache entry of ``engine``'s data, kernel and centering (None: no cache)."""
     centering = getattr(engine, "centering", None)
     store = getattr(engine, "store", None)
-    if not bool(config.get("spectrum-cache", cache)) or centering is None or store is None:
+    cache = engine.settings.spectrum_cache if cache is None else cache
+    if not bool(cache) or centering is None or store is None:
         return None
     if store.rows is not None:      # an array fit's own store, removed with the model
         return None
@@ -52,7 +52,7 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
         if cached is not None:
             return cached
     l = engine.n_samples
-    limit = int(config.get("dense-eigh-limit", dense_limit))
+    limit = int(engine.settings.dense_eigh_limit if dense_limit is None else dense_limit)
     phase(f"E_min: the top {r} eigenvalues of K' ("
           + ("dense" if l <= limit else "block Krylov") + ")")
     if l <= limit:
@@ -120,7 +120,7 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
     if X0 is not None:
         X0 = np.asarray(X0, dtype=np.float64)[:, :k]
         start[:, :X0.shape[1]] = X0
-    max_basis = int(parse_bytes(config.get("krylov-memory")) // (16 * l))
+    max_basis = int(parse_bytes(engine.settings.krylov_memory) // (16 * l))
     verbose = getattr(engine, "verbose", False)
     # no total: the solver stops at its tolerance, far below the iteration cap
     done = 0 if state is None else state.products

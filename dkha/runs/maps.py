@@ -24,6 +24,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from dkha import config
 from dkha.data.ingest import grey_values
 from dkha.data.patches import patch_grid, patch_windows
 from dkha.engine.cluster import client_for, shared
@@ -102,7 +103,7 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
         labels = [f"{i}: {n}" for i, n in enumerate(labels)]
     phase(f"response maps: projecting {sum(g[0] * g[1] for g in grids)} patches of "
           f"{len(pictures)} images on the workers")
-    with client_for(client) as c:
+    with client_for(client, settings=config.settings()) as c:
         # the images go to the workers once, as data; each task cuts its block of patches
         parts = [_patch_blocks(img, src, patch, step, int(block))
                  for img, src in zip(pictures, shared(c, *pictures))]

@@ -12,6 +12,7 @@ import os
 import numpy as np
 import xarray as xr
 
+from dkha import config
 from dkha.data import result
 from dkha.data.store import DataStore, open_store
 from dkha.engine.rows import RowEngine
@@ -94,7 +95,7 @@ class Run:
         if store.n_samples != self.ds.sizes["sample"]:
             raise InputError(f"the training store {store.path} now holds {store.n_samples} "
                              f"samples; the run was fitted on {self.ds.sizes['sample']}")
-        engine = RowEngine(store, self.kernel, client, cache_rows=cache_rows)
+        engine = RowEngine(store, self.kernel, client, config.settings(row_cache=cache_rows))
         engine.set_mk(self.ds["mk"].values, float(self.ds.attrs["mkm"]))
         # what the row is (as RowEngine.compute_mk describes it): keys the store's caches
         a = self.ds.attrs

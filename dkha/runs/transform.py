@@ -14,6 +14,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from dkha import config
 from dkha.data.atomic import write_zarr_atomically
 from dkha.data.result import sample_coords
 from dkha.data.store import open_store
@@ -51,7 +52,7 @@ def project(ds: xr.Dataset | Run, X: np.ndarray, *, client=None) -> np.ndarray:
     run.check_features(X.shape[1])
     if not np.isfinite(X).all():
         raise InputError("new data holds NaN or inf")
-    with client_for(client) as c:
+    with client_for(client, settings=config.settings()) as c:
         return run.engine(c).transform(X, run.ds["alpha"].values)
 
 
@@ -113,7 +114,7 @@ def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     if os.path.abspath(out) in (os.path.abspath(new_store), os.path.abspath(run.store_path)):
         raise RunDirectoryError(f"{out} is an input of this transform; write elsewhere")
-    with client_for(client) as c:
+    with client_for(client, settings=config.settings()) as c:
         proj = transform_lazy(run, new_store, client=c)
         res = proj.to_dataset()
         res.attrs = dict(proj.attrs)
@@ -124,6 +125,6 @@ def write_dataset(res: xr.Dataset, out: str, *, client=None) -> xr.Dataset:
     """Write ``res`` (lazy parts computed on the cluster) aside and rename it into ``out``
     (:func:`~dkha.data.atomic.write_zarr_atomically`)."""
     phase(f"projecting and writing {out} on the workers")
-    with client_for(client):
+    with client_for(client, settings=config.settings()):
         write_zarr_atomically(res, out)
     return xr.open_zarr(out)
