@@ -46,7 +46,7 @@ from dkha.fit.plan import Plan, Route, auto_krylov_tol, plan_fit, route
 from dkha.fit.request import (
     FitRequest,
     ModelFit,
-    ModelSettings,
+    ModelRequest,
     RunOptions,
     StreamSettings,
     settings_of,
@@ -96,7 +96,7 @@ def resolve_kernel(store, kernel: str, seed: int, settings: Settings, client=Non
     return k
 
 
-def start(engine, settings: list[ModelSettings], exact: bool, metas: list[dict], cks,
+def start(engine, settings: list[ModelRequest], exact: bool, metas: list[dict], cks,
           n_samples: int, seed: int):
     """``(settings, A_init, C_init)``: the shared start (``None`` for the paper's random start
     or a resume) and the settings it leaves: the components the Nyström start found (fewer
@@ -128,7 +128,7 @@ def start(engine, settings: list[ModelSettings], exact: bool, metas: list[dict],
     return settings, A_init, C_init
 
 
-def _resumed_gain(p: ModelSettings, meta: dict, ck) -> ModelSettings:
+def _resumed_gain(p: ModelRequest, meta: dict, ck) -> ModelRequest:
     """A resumed model's default ``eta0``: the gain the run started with."""
     if p.eta0 is not None:
         return p
@@ -140,7 +140,7 @@ def _resumed_gain(p: ModelSettings, meta: dict, ck) -> ModelSettings:
     return replace(p, eta0=warm_eta0(p.algorithm, meta["start_deficit"]))
 
 
-def _solver(p: ModelSettings, n_samples: int) -> BatchKHA:
+def _solver(p: ModelRequest, n_samples: int) -> BatchKHA:
     return BatchKHA(p.algorithm, p.n_components, n_samples, eta0=p.eta0, mu=p.mu, xi=p.xi,
                     rho0=p.rho0, on_divergence=p.on_divergence, feature_norm=None)
 
@@ -175,7 +175,7 @@ def _asked_projections(settings: Settings, n_models: int, opts: RunOptions) -> s
     return asked
 
 
-def _planned(request: FitRequest, kernel, first: Route, p0: ModelSettings, cks) -> Route:
+def _planned(request: FitRequest, kernel, first: Route, p0: ModelRequest, cks) -> Route:
     """The first model's route once the cost model is asked, where ``auto`` waits for it
     (:func:`dkha.fit.plan.route`). A scheduler the user named is reached first: its workers'
     threads price the blockwise passes, and an unreachable one is refused in one line whichever
@@ -216,7 +216,7 @@ def fit_batch(request: FitRequest) -> list[ModelFit]:
         return write_runs(fits, request.run.run_dirs)
 
 
-def _fit(request: FitRequest, kernel, settings: list[ModelSettings], first: Route,
+def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route,
          attrs: list[dict]) -> list[ModelFit]:
     """:func:`fit_batch` once the settings and attrs are resolved: the fits, not yet saved."""
     store, stream, opts = request.store, request.stream, request.run
@@ -307,7 +307,7 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
                                                               metas))]
 
 
-def model_fit(store: DataStore, kernel, settings: ModelSettings, attrs: dict, res, mk, mkm,
+def model_fit(store: DataStore, kernel, settings: ModelRequest, attrs: dict, res, mk, mkm,
               timings: dict, solver, meta: dict, checkpointer) -> ModelFit:
     """One model's :class:`~dkha.fit.request.ModelFit`: a completed fit's components as kept
     (:func:`~dkha.fit.spectrum.finalise_components`: order and signs fixed, null ones counted),
@@ -322,7 +322,7 @@ def model_fit(store: DataStore, kernel, settings: ModelSettings, attrs: dict, re
                    projection=projection_array(projection, store))
 
 
-def _exact_checkpoints(first: Route, p0: ModelSettings, checkpointers, metas, cks,
+def _exact_checkpoints(first: Route, p0: ModelRequest, checkpointers, metas, cks,
                        opts: RunOptions):
     """The exact paths' checkpoints (dense and Krylov): ``(KrylovCheckpoints' settings, the
     checkpoints to resume from)``, both ``None`` without a run directory; ``(None, cks)`` where
@@ -346,7 +346,7 @@ def _exact_checkpoints(first: Route, p0: ModelSettings, checkpointers, metas, ck
              "every": int(opts.checkpoint_every or 0)}, None if resume is None else [resume])
 
 
-def _krylov(engine, p0: ModelSettings, stream: StreamSettings, plan, A_init, checkpoints):
+def _krylov(engine, p0: ModelRequest, stream: StreamSettings, plan, A_init, checkpoints):
     """:func:`~dkha.fit.krylov.run_krylov` as the default's Krylov path (``plan``; exact
     evaluation only when asked) or ``algorithm="krylov"`` runs it; ``checkpoints``: the
     settings of its :class:`~dkha.fit.krylov.KrylovCheckpoints` (``None``: no run directory)."""
@@ -363,7 +363,7 @@ def _krylov(engine, p0: ModelSettings, stream: StreamSettings, plan, A_init, che
                       with_evaluation=stream.evaluate_every >= 0, checkpoints=checkpoints)
 
 
-def _fit_dense(store: DataStore, kernel, p: ModelSettings, request: FitRequest, attrs: dict,
+def _fit_dense(store: DataStore, kernel, p: ModelRequest, request: FitRequest, attrs: dict,
                plan: Plan, meta: dict, checkpointer) -> ModelFit:
     """The default fit's dense path (:func:`dkha.fit.dense.dense_fit`): in this process, no
     cluster."""

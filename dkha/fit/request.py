@@ -12,7 +12,7 @@ per model, which the estimator copies into its fitted attributes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -34,31 +34,13 @@ def frozen_mapping(d: Mapping | None = None) -> Mapping:
 
 
 @dataclass(frozen=True)
-class ModelSettings:
-    """One model's resolved settings (:func:`settings_of`; ``eta0`` ``None``: from the Nyström
-    start, :func:`dkha.fit.coordinator.start`)."""
-
-    algorithm: str
-    n_components: int
-    eta0: float | None
-    mu: float
-    xi: float
-    rho0: float
-    n_steps: int
-    landmarks: int | None
-    support: int | None
-    init: str
-    center_sample: int | None
-    tol: float | None = None
-    on_divergence: str = "backoff"
-    verbose: bool = False
-
-
-@dataclass(frozen=True)
 class ModelRequest:
     """One model as its estimator validated it: the values that do not depend on the algorithm
     run resolved (``n_components`` at most ``l − 1``, the steps, the centering sample), those
-    that do left as asked (``eta0``, ``mu``, ``init``: ``None`` is the algorithm's default)."""
+    that do left as asked (``eta0``, ``mu``, ``init``: ``None`` is the algorithm's default);
+    then, the same type, as the fit resolved them (:func:`settings_of`: its start's
+    ``landmarks`` or ``support``; ``eta0`` ``None`` from a Nyström start, set by
+    :func:`dkha.fit.coordinator.start`)."""
 
     algorithm: str
     n_components: int
@@ -72,6 +54,8 @@ class ModelRequest:
     tol: float | None = None
     on_divergence: str = "backoff"
     verbose: bool = False
+    landmarks: int | None = None
+    support: int | None = None
     #: the estimator's parameters as it holds them (``get_params``): the saved attrs' values
     #: where the fit resolves none, and which options of the KHA iterations were given
     params: Mapping = field(default_factory=frozen_mapping, repr=False)
@@ -126,29 +110,24 @@ class FitRequest:
 
 
 def settings_of(model: ModelRequest, route: Route, n_samples: int, config: Settings
-                ) -> ModelSettings:
-    """The settings ``model`` fits with once :func:`dkha.fit.plan.route` said what runs (the
-    defaults are those of the algorithm it is saved under, ``route.named``): its start (the
-    Nyström start with :func:`dkha.fit.init.default_landmarks_for` landmarks by default, within
-    the memory budget of ``config``, the random one for the exact solver), and its gains'
-    defaults from that start."""
+                ) -> ModelRequest:
+    """``model`` as it fits once :func:`dkha.fit.plan.route` said what runs (the defaults are
+    those of the algorithm it is saved under, ``route.named``): its start (the Nyström start
+    with :func:`dkha.fit.init.default_landmarks_for` landmarks by default, within the memory
+    budget of ``config``, the random one for the exact solver), and its gains' defaults from
+    that start."""
     algorithm = route.named
-    r = model.n_components
-    kind, m = start_of(model.init, algorithm, n_samples, r, config)
+    kind, m = start_of(model.init, algorithm, n_samples, model.n_components, config)
     landmarks = m if kind == "nystrom" else None
     support = m if kind == "random" else None
     warm = bool(landmarks)
     # None from a Nyström start: it follows from the start (warm_eta0)
-    eta0 = default_eta0(algorithm, warm=warm) if model.eta0 is None else float(model.eta0)
-    return ModelSettings(
-        algorithm=algorithm, n_components=int(r), eta0=eta0,
-        mu=default_mu(warm=warm) if model.mu is None else float(model.mu),
-        xi=float(model.xi), rho0=float(model.rho0), n_steps=int(model.n_steps),
-        landmarks=landmarks, support=support,
+    return replace(
+        model, algorithm=algorithm, landmarks=landmarks, support=support,
+        eta0=default_eta0(algorithm, warm=warm) if model.eta0 is None else model.eta0,
+        mu=default_mu(warm=warm) if model.mu is None else model.mu,
         init=(f"nystrom:{landmarks}" if landmarks else f"random:{support}" if support
-              else "random"),
-        center_sample=model.center_sample, tol=model.tol, on_divergence=model.on_divergence,
-        verbose=bool(model.verbose))
+              else "random"))
 
 
 @dataclass(frozen=True)
@@ -156,7 +135,7 @@ class ModelFit:
     """One model's outcome: its components as kept (order and signs fixed, null ones counted:
     :func:`dkha.fit.spectrum.finalise_components`), its run's attrs, and what continues it."""
 
-    settings: ModelSettings
+    settings: ModelRequest
     #: the attrs saved with the run (the gains as applied and the top eigenvalues added)
     attrs: dict
     result: BatchResult

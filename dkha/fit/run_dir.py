@@ -24,7 +24,6 @@ from dkha.fit.request import (
     FitRequest,
     ModelFit,
     ModelRequest,
-    ModelSettings,
     RunOptions,
     StreamSettings,
 )
@@ -55,7 +54,7 @@ def saved_attrs(saved: Sequence[tuple[str, str]], resolved: Mapping, asked: Mapp
     return attrs
 
 
-def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelSettings, route: Route,
+def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelRequest, route: Route,
               kernel) -> dict:
     """The attrs a model's run is saved with (they also tell runs apart): every saved row of
     the estimator's table (``request.saved``) with its value as resolved (``settings``, the
@@ -130,7 +129,7 @@ def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> l
     return out
 
 
-def open_runs(store: DataStore, settings: list[ModelSettings], stream: StreamSettings,
+def open_runs(store: DataStore, settings: list[ModelRequest], stream: StreamSettings,
               attrs: list[dict], asked: str, opts: RunOptions, recorded: list, config: Settings):
     """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
     # what else a bit-identical continuation needs: the blocks and where they are projected
