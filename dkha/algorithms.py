@@ -18,7 +18,7 @@ Families:
 
 A spec says what differs between the algorithms of a family, and nothing elsewhere branches on
 an algorithm's name (``tests/test_architecture.py`` checks that no name is spelled outside this
-module): a batch spec's gains (``eta0``, ``warm_eta0``, ``decays``, ``equalised``), whether it
+module): a batch spec's gains (``eta0``, ``warm_eta0``, its :class:`GainRule`), whether it
 keeps ``C = A K'`` and has SMD's meta-gain ``μ``, and the in-block ``update`` that serves it; an
 online spec's ``update``. An update is named here and implemented in ``solvers/``, which maps
 each name to its code (:data:`dkha.solvers.updates.TABLE`, one module per batch update;
@@ -34,7 +34,9 @@ solvers' ``ALGORITHMS``) is derived from :data:`REGISTRY`; a new algorithm is on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from dkha.errors import ParameterError
 
@@ -48,6 +50,64 @@ GHA, SMD = "gha", "smd"
 #: orthonormalised (eqs. 45–50) and orthogonalised (eq. 52) KHA, and Honeine's online KPCA
 #: (eq. 19, the KHA rule over the dictionary)
 ORTHONORMALISED, ORTHOGONALISED, DICTIONARY = "orthonormalised", "orthogonalised", "dictionary"
+
+
+class GainRule:
+    """How a batch algorithm's gains go, an object of its spec: step ``t``'s gain of component
+    ``i`` is ``η0/κ̄ · weights_i · decay(t)`` (:mod:`dkha.solvers.batch`). This one is
+    constant (KHA's eq. 8); a rule overrides :meth:`weights` or :meth:`decay`, and names its
+    own hyperparameters with their defaults in :attr:`params`, which the estimators'
+    ``gain_params`` set (``--gain-params NAME=VALUE``; saved with the run, part of its
+    identity, repeated by a resume)."""
+
+    #: the rule's hyperparameters: ``{name: default}``
+    params: Mapping[str, float] = MappingProxyType({})
+    #: whether :meth:`weights` reads the eq. 13 eigenvalues ``λ`` (the state keeps ``C = A K'``)
+    reads_eigenvalues = False
+
+    def weights(self, state, params: Mapping):
+        """The per-component factors of ``η0/κ̄`` (a number serves all)."""
+        return 1.0
+
+    def decay(self, t, l: int, params: Mapping):
+        """The factor of step ``t`` (a number, or an array of steps) in a stream of ``l`` rows."""
+        return 1.0
+
+    def resolved(self, given: Mapping | None) -> dict:
+        """The hyperparameters of ``given`` over :attr:`params`' defaults (floats); a name the
+        rule does not take is refused."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            raise ParameterError(f"gain_params: {', '.join(unknown)} not taken by the gain rule "
+                                 f"{type(self).__name__} (it takes: "
+                                 f"{', '.join(self.params) or 'none'})")
+        return {k: float(given.get(k, v)) for k, v in self.params.items()}
+
+
+#: KHA's constant gains, the batch default
+CONSTANT = GainRule()
+
+
+class Decaying(GainRule):
+    """``η0 l/(t + l)``: the gains decay over the steps (KHA/t)."""
+
+    def decay(self, t, l: int, params: Mapping):
+        return l / (t + l)
+
+
+class Equalised(GainRule):
+    """Eq. 12's per-component gains ``λ_r/λ_i`` (eigenvalues by eq. 13 from ``C``)."""
+
+    reads_eigenvalues = True
+
+    def weights(self, state, params: Mapping):
+        lam = state.lam
+        return lam.min() / lam
+
+
+class EqualisedDecaying(Equalised, Decaying):
+    """Eq. 12's gains, decaying as ``l/(t + l)`` (KHA/et, and SMD's base gains)."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +125,8 @@ class AlgorithmSpec:
     warm_eta0 : float or None
         Batch: the default ``η0`` from a Nyström start per unit of its eigenvalue deficit
         (:func:`dkha.solvers.batch.warm_eta0`).
-    decays : bool
-        Batch: the gains decay as ``l/(t + l)``.
-    equalised : bool
-        Batch: eq. 12's per-component gains ``λ_r/λ_i`` (eigenvalues by eq. 13 from ``C``).
+    gains : GainRule
+        Batch: how its gains go over the components and the steps.
     update : str or None
         The in-block update that serves it: :data:`GHA` or :data:`SMD` (batch),
         :data:`ORTHONORMALISED`, :data:`ORTHOGONALISED` or :data:`DICTIONARY` (online).
@@ -82,8 +140,7 @@ class AlgorithmSpec:
     family: str
     eta0: float | None = None
     warm_eta0: float | None = None
-    decays: bool = False
-    equalised: bool = False
+    gains: GainRule = CONSTANT
     update: str | None = None
     exact_span: bool = False
 
@@ -96,7 +153,7 @@ class AlgorithmSpec:
     def keeps_c(self) -> bool:
         """Whether its state keeps ``C = A K'`` (eq. 12's eigenvalues, SMD's Grams): started
         with it, and tracked evaluations read it."""
-        return self.equalised or self.has_mu
+        return self.gains.reads_eigenvalues or self.has_mu
 
     @property
     def is_exact(self) -> bool:
@@ -129,10 +186,10 @@ ONLINE_DEFAULT = "on-kha"
 REGISTRY: dict[str, AlgorithmSpec] = {s.name: s for s in (
     AlgorithmSpec(AUTO, DEFAULT),
     AlgorithmSpec("kha", BATCH, eta0=0.05, warm_eta0=0.001, update=GHA),
-    AlgorithmSpec("kha-t", BATCH, eta0=0.5, warm_eta0=0.001, decays=True, update=GHA),
-    AlgorithmSpec("kha-et", BATCH, eta0=1.0, warm_eta0=0.05, decays=True, equalised=True,
+    AlgorithmSpec("kha-t", BATCH, eta0=0.5, warm_eta0=0.001, gains=Decaying(), update=GHA),
+    AlgorithmSpec("kha-et", BATCH, eta0=1.0, warm_eta0=0.05, gains=EqualisedDecaying(),
                   update=GHA),
-    AlgorithmSpec(KHA_DEFAULT, BATCH, eta0=1.0, warm_eta0=0.05, decays=True, equalised=True,
+    AlgorithmSpec(KHA_DEFAULT, BATCH, eta0=1.0, warm_eta0=0.05, gains=EqualisedDecaying(),
                   update=SMD),
     AlgorithmSpec(KRYLOV, EXACT),
     AlgorithmSpec(ONLINE_DEFAULT, ONLINE, update=ORTHONORMALISED),

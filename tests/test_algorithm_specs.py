@@ -19,8 +19,8 @@ from tests.conftest import centered_kernel_oracle
 
 R, PASSES, SEED = 6, 2, 5
 #: eq. 12's equalised gains without the decay: a batch algorithm the package does not define
-CONSTANT_ET = AlgorithmSpec("kha-e-const", BATCH, eta0=0.4, warm_eta0=0.02, equalised=True,
-                            update=GHA)
+CONSTANT_ET = AlgorithmSpec("kha-e-const", BATCH, eta0=0.4, warm_eta0=0.02,
+                            gains=algorithms.Equalised(), update=GHA)
 
 
 @pytest.fixture
@@ -113,7 +113,8 @@ def test_the_registry_refuses_what_it_cannot_serve(monkeypatch):
 def test_the_specs_carry_what_the_family_did_by_name():
     """What the solvers read from a spec, for the paper's four algorithms (Schraudolph et al.
     2006: KHA eq. 8, KHA/t, KHA/et eq. 12, SMD Algorithm 1)."""
-    got = {a: (s.decays, s.equalised, s.keeps_c, s.has_mu)
+    got = {a: (isinstance(s.gains, algorithms.Decaying), isinstance(s.gains, algorithms.Equalised),
+               s.keeps_c, s.has_mu)
            for a in algorithms.names(BATCH) for s in [algorithms.spec(a)]}
     assert got == {"kha": (False, False, False, False), "kha-t": (True, False, False, False),
                    "kha-et": (True, True, True, False), "kha-smd": (True, True, True, True)}

@@ -78,8 +78,8 @@ def block(st, S, C, rows, Y, U, Kpp, index, eta, mu, xi, start, direct_log):
 
 NORMALISED = Update("normalised-gha", reference_step, block)
 #: KHA/et's gains, normalised in the block
-SPEC = AlgorithmSpec("kha-et-normalised", BATCH, eta0=1.0, warm_eta0=0.05, decays=True,
-                     equalised=True, update=NORMALISED.name)
+SPEC = AlgorithmSpec("kha-et-normalised", BATCH, eta0=1.0, warm_eta0=0.05,
+                     gains=algorithms.EqualisedDecaying(), update=NORMALISED.name)
 
 
 @pytest.fixture

@@ -188,6 +188,15 @@ PARAMETERS: tuple[Param, ...] = (
           doc_type="float, default 0.0",
           short="SMD initial log-gain (default 0; the paper's 1 multiplies gains by e)",
           saved=True, identity=True),
+    Param("gain_params", None,
+          "The hyperparameters of the algorithm's gain rule (its spec's "
+          ":class:`~dkha.algorithms.GainRule`, e.g. of an algorithm registered with "
+          ":func:`dkha.algorithms.register`) by name; those not given take the rule's defaults. "
+          "dkha's own rules take none.", dict,
+          models=(BATCH,), shared=False, doc_type="dict, optional",
+          cli={"type": "name_values", "metavar": "NAME=VALUE[,NAME=VALUE...]"},
+          short="hyperparameters of the algorithm's gain rule (a registered rule's)",
+          saved=True, identity=True),
     Param("gain_decay", None,
           "Step-size decay per step, ``η = η0 γ^s`` (Table I, step 17; formerly ``gamma``). "
           f"Default {ONLINE_DEFAULT_GAMMA} when ``tau`` is not given either.",
@@ -548,13 +557,15 @@ def validate(estimator, model: str) -> None:
 def recorded_params(estimator, model: str) -> dict:
     """The parameters of ``estimator`` (a ``model`` estimator) that the command line gives, as
     the estimator holds them (unresolved: a default left ``None`` stays ``None``), JSON values
-    only: what its checkpoints record, so that a bare ``dkha fit DATA -o RUN --resume``
-    continues the run as it was asked for (:func:`dkha.cli.fit.resumed_options`)."""
+    only (numbers, strings, and ``NAME=VALUE`` options' dicts of them): what its checkpoints
+    record, so that a bare ``dkha fit DATA -o RUN --resume`` continues the run as it was asked
+    for (:func:`dkha.cli.fit.resumed_options`)."""
     simple = (bool, int, float, str)
     out = {}
     for p in parameters(model):
         v = getattr(estimator, p.name, None)
-        if p.option is None or not (v is None or isinstance(v, simple)):
+        dict_of_simple = isinstance(v, dict) and all(isinstance(x, simple) for x in v.values())
+        if p.option is None or not (v is None or isinstance(v, simple) or dict_of_simple):
             continue
         out[p.name] = v
     return out

@@ -142,7 +142,8 @@ def _resumed_gain(p: ModelRequest, meta: dict, ck) -> ModelRequest:
 
 def _solver(p: ModelRequest, n_samples: int) -> BatchKHA:
     return BatchKHA(p.algorithm, p.n_components, n_samples, eta0=p.eta0, mu=p.mu, xi=p.xi,
-                    rho0=p.rho0, on_divergence=p.on_divergence, feature_norm=None)
+                    rho0=p.rho0, on_divergence=p.on_divergence, feature_norm=None,
+                    gain_params=p.params.get("gain_params"))
 
 
 def _check_data(store: DataStore, verbose: bool, *, client, settings: Settings) -> Progress:

@@ -63,7 +63,7 @@ PROBE_ROWS, PROBE_COLUMNS = 256, 2048
 
 
 #: options of the KHA iterations: given with ``algorithm="auto"``, they make it KHA-SMD
-KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init")
+KHA_OPTIONS = ("passes", "steps", "eta0", "mu", "xi", "init", "gain_params")
 
 
 @dataclass(frozen=True)

@@ -120,8 +120,9 @@ FLUCTUATED = "the passes reached the noise floor of their gains"
 
 
 def _decaying() -> list[str]:
-    """The batch algorithms whose gains decay (:attr:`dkha.algorithms.AlgorithmSpec.decays`)."""
-    return [a for a in algorithms.names(algorithms.BATCH) if algorithms.spec(a).decays]
+    """The batch algorithms whose gains decay (a gain rule of :class:`dkha.algorithms.Decaying`)."""
+    return [a for a in algorithms.names(algorithms.BATCH)
+            if isinstance(algorithms.spec(a).gains, algorithms.Decaying)]
 
 
 def kept_reason(kept: dict, attrs: dict) -> str:

@@ -3,7 +3,8 @@
 :class:`BatchKHA` owns the small sequential state (``A``, and for SMD ``B`` and ``ρ``; ``C = A K'``
 where the gains need eigenvalue estimates) and consumes blocks of centered kernel rows
 ``K'[P, :]`` in schedule order. The gains live here, in one place, each algorithm's from its
-spec (:class:`dkha.algorithms.AlgorithmSpec`: ``decays``, ``equalised``, its ``update``):
+spec (:class:`dkha.algorithms.AlgorithmSpec`: its :class:`~dkha.algorithms.GainRule`, its
+``update``):
 
 * ``kha``      ``η_t = η0 / κ̄`` (eq. 8/10)
 * ``kha-t``    ``η_t = η0 / κ̄ · l / (t + l)``
@@ -267,7 +268,8 @@ class BatchKHA:
     def __init__(self, algorithm: str, n_components: int, n_samples: int, *, eta0: float,
                  mu: float = DEFAULT_MU, xi: float = DEFAULT_XI, rho0: float = 0.0,
                  engine: str = "factored", fold_condition: float = DEFAULT_FOLD_CONDITION,
-                 feature_norm: float | None = 1.0, on_divergence: str = "backoff"):
+                 feature_norm: float | None = 1.0, on_divergence: str = "backoff",
+                 gain_params=None):
         if engine not in ENGINES:
             raise ParameterError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         self.engine = engine
@@ -280,6 +282,7 @@ class BatchKHA:
         self.mu = float(mu)
         self.xi = float(xi)
         self.rho0 = float(rho0)
+        self.gain_params = self.spec.gains.resolved(gain_params)
         self.feature_norm = None
         if feature_norm is not None:
             self.set_feature_norm(feature_norm)
@@ -381,25 +384,20 @@ class BatchKHA:
         return self.feature_norm
 
     def component_gains(self) -> np.ndarray:
-        """``η_t · (t + l)/l`` per component: the gains of step ``t`` without the decay."""
+        """The gains of step ``t`` without its decay, per component (the spec's gain rule)."""
         eta0 = self.eta0 / self._unit()
-        if not self.spec.equalised:
-            return np.full(self.r, eta0)
-        lam = self.state.lam
-        return lam.min() / lam * eta0
+        return np.full(self.r, self.spec.gains.weights(self.state, self.gain_params) * eta0)
 
     def base_gain(self, t: int) -> np.ndarray:
         """``η_t`` (before SMD's ``e^ρ``) for the step after ``t`` steps."""
-        if not self.spec.decays:
-            return self.component_gains()
-        return self.component_gains() * (self.l / (t + self.l))
+        return self.component_gains() * self.spec.gains.decay(t, self.l, self.gain_params)
 
     def block_gains(self, t: int, n_steps: int) -> np.ndarray:
         """``base_gain`` of the ``n_steps`` steps from step ``t`` on, as an ``n_steps×r`` array."""
-        gains = self.component_gains()[None, :]
-        if not self.spec.decays:
-            return np.repeat(gains, n_steps, axis=0)
-        return (self.l / (t + np.arange(n_steps) + self.l))[:, None] * gains
+        steps = t + np.arange(n_steps)
+        decay = np.broadcast_to(self.spec.gains.decay(steps, self.l, self.gain_params),
+                                steps.shape)
+        return decay[:, None] * self.component_gains()[None, :]
 
     def apply_block(self, index: np.ndarray, rows) -> None:
         """Apply one step per entry of ``index``; ``rows[j] = K'[index[j], :]``.
