@@ -15,7 +15,7 @@ from dkha.fit.evaluate import evaluate
 from dkha.fit.kha_stream import BatchResult
 from dkha.fit.spectrum import clip_eigenvalues, krylov_eigenpairs
 from dkha.schedule import Stream, random_stream
-from dkha.solvers.eigen import KrylovState
+from dkha.solvers.eigen import KrylovState, to_host
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class KrylovCheckpoints:
 
     def write(self, state: KrylovState) -> None:
         t0 = time.perf_counter()
-        arrays = {f"krylov.{k}": getattr(state, k) for k in _ARRAYS}
+        arrays = {f"krylov.{k}": to_host(getattr(state, k)) for k in _ARRAYS}    # off a GPU
         arrays["mk"] = self.engine.mk
         meta = dict(self.meta, mkm=self.engine.mkm, fit_seconds=self.elapsed(),
                     **{KRYLOV: {k: getattr(state, k) for k in _SCALARS}})

@@ -14,7 +14,7 @@ from dask.utils import parse_bytes
 from dkha.data.spectra import read_spectrum, spectrum_key, write_spectrum
 from dkha.engine.mkrow import engine_content_key
 from dkha.progress import Progress, phase
-from dkha.solvers.eigen import KrylovInfo, top_eigenpairs
+from dkha.solvers.eigen import KrylovInfo, to_host, top_eigenpairs
 
 log = logging.getLogger(__name__)
 
@@ -122,20 +122,42 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
         start[:, :X0.shape[1]] = X0
     max_basis = int(parse_bytes(engine.settings.krylov_memory) // (16 * l))
     verbose = getattr(engine, "verbose", False)
+    xp = solver_array_module(engine)
     # no total: the solver stops at its tolerance, far below the iteration cap
     done = 0 if state is None else state.products
     with Progress(verbose, None, "Krylov", unit="product", initial=done) as bar:
         def matmat(V):
             bar.update()
+            V = to_host(V)
             with engine.labelled(f"Krylov product {bar.n}"):
-                return engine.matmat(V, exact=True) if exact else engine.matmat(V)
+                KV = engine.matmat(V, exact=True) if exact else engine.matmat(V)
+            return xp.asarray(KV)
 
-        w, V, info = top_eigenpairs(matmat, start, r, tol=tol, maxiter=maxiter,
+        w, V, info = top_eigenpairs(matmat, xp.asarray(start), r, tol=tol, maxiter=maxiter,
                                     max_basis=max_basis, state=state, on_state=on_state)
-    log.info("Krylov: %d products (%d columns), %d restarts, largest residual %.2e%s",
-             info.products, info.columns, info.restarts, info.history[-1],
-             "" if info.converged else " (not converged)")
-    return w, V, info
+    log.info("Krylov: %d products (%d columns), %d restarts, largest residual %.2e%s; the "
+             "basis on the %s%s", info.products, info.columns, info.restarts, info.history[-1],
+             "" if info.converged else " (not converged)", "host" if xp is np else "GPU",
+             f", {info.householder} blocks by Householder QR" if info.householder else "")
+    return w, to_host(V), info
+
+
+def solver_array_module(engine):
+    """Where the Krylov solver keeps its basis, blocks and products between products: CuPy
+    where the products run on GPU workers (``engine.bands`` on a ``cuda`` device) and this
+    process sees a GPU too (issue 40: then only ``k × k`` matrices reach the host, and the
+    products' ``l × k`` blocks cross once each way); NumPy otherwise."""
+    bands = getattr(engine, "bands", None)
+    if bands is None or bands.device.get("kind") != "cuda":
+        return np
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return np
+    except Exception:  # noqa: BLE001 - no usable GPU here: the host keeps the basis
+        return np
+    return cupy
 
 
 def clip_eigenvalues(eigenvalue: np.ndarray) -> np.ndarray:

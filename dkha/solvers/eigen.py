@@ -23,10 +23,30 @@ Convergence is judged per component, ``‖K x_i − θ_i x_i‖ ≤ tol · θ_i`
 below ``1e-8 θ_1``, and residuals under ``1e-12 θ_1`` count as converged: the null space of a
 rank-deficient operator is judged against the largest eigenvalue). Where round-off in the products
 (float32 kernel tiles) keeps the residuals from reaching ``tol``, the method stops after ``stall``
-products without a halving of the largest scaled residual."""
+products without a halving of the largest scaled residual.
+
+The arithmetic between two products is held at the floor of one block step (the two projections
+of the new block against the basis, its Gram matrix, a triangular solve; issue 40):
+
+* the basis and its products live in preallocated ``n × max_basis`` buffers (:class:`Basis`),
+  a spare pair beside them takes each step's Ritz vectors and their products, which a thick
+  restart then completes in place of a new basis; nothing of ``n`` rows is stacked or allocated
+  per product;
+* the new block is orthonormalised by the two Gram–Schmidt projections and **CholeskyQR2**
+  (the Cholesky factor of its Gram matrix, twice; :func:`orthonormal_columns`): BLAS-3 products
+  of the ``n``-row block, the factorisations on ``k × k`` matrices. Where the Gram matrix is
+  ill-conditioned (its condition number, after scaling its columns to unit norm, above
+  :data:`COND_CHOLESKY`), the Cholesky fails, or a column lies in the basis' span, Householder
+  QR of the block takes over (the SVD of its small triangular factor drops the dependent
+  directions); :attr:`KrylovInfo.householder` counts those blocks;
+* Rayleigh–Ritz and the restarts' rotations are computed on the host on ``m × m`` matrices
+  (``m ≤ max_basis``); the ``n``-row arrays stay in the array module of the start block
+  (NumPy, or CuPy on a GPU: then only ``k × k`` matrices and ``k``-vectors reach the host, the
+  checkpoints' arrays aside)."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,14 +56,22 @@ FLOOR = 1e-8
 #: residuals below this fraction of the largest eigenvalue are round-off of float64 products:
 #: converged whatever ``tol`` (the null space of a rank-deficient operator)
 ROUNDOFF = 1e-12
+#: the largest condition number of a block's Gram matrix (columns scaled to unit norm) that
+#: CholeskyQR2 takes: the first pass leaves an orthogonality error of about ``u·cond`` (1e-8),
+#: which the second removes; above it, Householder QR
+COND_CHOLESKY = 1e8
+#: above this condition number the block's components along the basis, amplified by up to
+#: ``√cond`` by the triangular solves, are projected out once more (as the SVD path always did)
+COND_REPROJECT = 1e4
 
 
 @dataclass
 class KrylovInfo:
     """How a solve went: ``products`` (calls of ``matmat``), ``columns`` (columns multiplied in
     all), ``restarts``, ``converged`` (every wanted residual within ``tol``), ``residuals``
-    (``‖K x_i − θ_i x_i‖ / θ_i`` of the ``r`` wanted pairs at the end) and ``history`` (the
-    largest of those after each product)."""
+    (``‖K x_i − θ_i x_i‖ / θ_i`` of the ``r`` wanted pairs at the end), ``history`` (the
+    largest of those after each product) and ``householder`` (the blocks orthonormalised by
+    the Householder fallback instead of CholeskyQR2, in this process)."""
 
     products: int = 0
     columns: int = 0
@@ -52,15 +80,18 @@ class KrylovInfo:
     stalled: bool = False
     residuals: np.ndarray | None = None
     history: list = field(default_factory=list)
+    householder: int = 0
 
 
 @dataclass
 class KrylovState:
     """The iteration between two products (at the top of its loop): the basis ``Q``, its
     products ``KQ``, the Rayleigh quotient ``T`` and the stall counters, with the
-    :class:`KrylovInfo` counts so far. The arrays are the iteration's own (no copies); an
-    iteration continued from it (``top_eigenpairs(..., state=)``) does exactly what the one it
-    was taken from would have done."""
+    :class:`KrylovInfo` counts so far. The arrays are the iteration's own (no copies: ``Q`` and
+    ``KQ`` are views of its buffers, left unchanged until the next product boundary; in the
+    solver's array module, ``T`` on the host); an iteration continued from it
+    (``top_eigenpairs(..., state=)``) does exactly what the one it was taken from would have
+    done."""
 
     Q: np.ndarray
     KQ: np.ndarray
@@ -73,33 +104,219 @@ class KrylovState:
     history: list
 
 
-def orthonormal_columns(Z: np.ndarray, Q: np.ndarray | None = None, *, drop: float = 1e-10
-                        ) -> np.ndarray:
+# --- the array module ----------------------------------------------------------------------------
+
+
+def array_module(a):
+    """The array module of ``a``: NumPy for a NumPy array, else the module its type comes from
+    (CuPy for a CuPy array)."""
+    if isinstance(a, np.ndarray):
+        return np
+    return importlib.import_module(type(a).__module__.split(".")[0])
+
+
+def to_host(a) -> np.ndarray:
+    """``a`` as a NumPy array (a copy from the device for CuPy)."""
+    if isinstance(a, np.ndarray):
+        return a
+    return array_module(a).asnumpy(a)
+
+
+def _host(xp, a) -> np.ndarray:
+    return a if xp is np else xp.asnumpy(a)
+
+
+# --- orthonormal blocks --------------------------------------------------------------------------
+
+
+def orthonormal_columns(Z, Q=None, *, drop: float = 1e-10, info: KrylovInfo | None = None):
     """An orthonormal basis of the part of ``span(Z)`` orthogonal to ``Q`` (classical
-    Gram–Schmidt twice, then an SVD that drops directions below ``drop`` of ``Z``'s scale)."""
-    scale = np.linalg.norm(Z, axis=0).max(initial=0.0)
+    Gram–Schmidt twice, then CholeskyQR2; Householder QR where the Gram matrix is
+    ill-conditioned, the SVD of its triangular factor dropping directions below ``drop`` of
+    ``Z``'s scale). ``Z`` is left unchanged; any array module (NumPy, CuPy)."""
+    xp = array_module(Z)
+    Z = xp.array(Z, dtype=np.float64, order="C", copy=True)
+    return _orthonormalize(xp, Z, Q, drop=drop, info=info)
+
+
+def _orthonormalize(xp, Z, Q, *, norms=None, drop: float = 1e-10, scratch=None,
+                    info: KrylovInfo | None = None):
+    """:func:`orthonormal_columns` of ``Z`` (``n × a``, overwritten): ``Z[:, :p]`` where
+    CholeskyQR2 serves, else the Householder fallback's new array. ``norms``: ``Z``'s column
+    norms on the host where known (the residuals'), ``scratch``: an ``n × a`` buffer for the
+    projections."""
+    if norms is None:
+        norms = _host(xp, xp.linalg.norm(Z, axis=0))
+    scale = float(np.max(norms, initial=0.0))
     if scale == 0.0:
         return Z[:, :0]
-    Z = Z / scale
-    if Q is not None and Q.shape[1]:
+    against = Q is not None and Q.shape[1] > 0
+    if against:
         for _ in range(2):
-            Z = Z - Q @ (Q.T @ Z)
-    U, s, _ = np.linalg.svd(Z, full_matrices=False)
+            _project(xp, Z, Q, scratch)
+    G = _host(xp, Z.T @ Z)
+    d = np.sqrt(np.maximum(np.diag(G), 0.0)) / scale
+    if np.isfinite(scale) and d.min() > drop:
+        ev = np.linalg.eigvalsh(G / np.outer(d, d) / scale**2)
+        cond = ev[-1] / ev[0] if ev[0] > 0 else np.inf
+        if cond <= COND_CHOLESKY:
+            try:
+                _cholesky_solve(xp, Z, G)
+                _cholesky_solve(xp, Z, _host(xp, Z.T @ Z))
+                if against and cond > COND_REPROJECT:
+                    _project(xp, Z, Q, scratch)
+                    _cholesky_solve(xp, Z, _host(xp, Z.T @ Z))
+                return Z
+            except np.linalg.LinAlgError:
+                scale = float(np.max(_host(xp, xp.linalg.norm(Z, axis=0)), initial=0.0))
+    return _householder(xp, Z, Q if against else None, scale, drop, info)
+
+
+def _project(xp, Z, Q, scratch) -> None:
+    """``Z ← Z − Q (Qᵀ Z)`` in place (one classical Gram–Schmidt projection)."""
+    C = Q.T @ Z
+    if scratch is None:
+        Z -= Q @ C
+    else:
+        xp.matmul(Q, C, out=scratch)
+        Z -= scratch
+
+
+def _cholesky_solve(xp, Z, G) -> None:
+    """One CholeskyQR pass: ``Z ← Z R⁻¹`` in place, ``R`` the upper Cholesky factor of ``G =
+    ZᵀZ`` (``k × k``, on the host)."""
+    R = np.linalg.cholesky(0.5 * (G + G.T)).T
+    if xp is np:
+        from scipy.linalg.blas import dtrsm
+
+        # Rᵀ Xᵀ = Zᵀ: Zᵀ is Fortran-ordered where Z is C-ordered, solved in place
+        out = dtrsm(1.0, R, Z.T, side=0, lower=0, trans_a=1, overwrite_b=1)
+        if out.ctypes.data != Z.ctypes.data or out.strides != Z.T.strides:
+            Z[...] = out.T
+    else:
+        from scipy.linalg import solve_triangular
+
+        Rinv = solve_triangular(R, np.eye(len(R)), lower=False)
+        Z[...] = Z @ xp.asarray(Rinv)
+
+
+def _householder(xp, Z, Q, scale: float, drop: float, info: KrylovInfo | None):
+    """The fallback: Householder QR of ``Z`` (already projected against ``Q``), the SVD of its
+    triangular factor (``Z``'s singular values) keeping directions above ``drop·max(1, s_max)``
+    of ``Z / scale``, then once more against ``Q`` and QR (the directions kept may be small)."""
+    if info is not None:
+        info.householder += 1
+    H, Rh = xp.linalg.qr(Z)
+    U, s, _ = np.linalg.svd(_host(xp, Rh) / scale)
     keep = s > drop * max(1.0, s.max(initial=0.0))
-    U = U[:, keep]
-    if Q is not None and Q.shape[1] and U.shape[1]:    # once more against Q after the rotation
-        U = U - Q @ (Q.T @ U)
-        U, _ = np.linalg.qr(U)
-    return U
+    W = H @ xp.asarray(np.ascontiguousarray(U[:, keep]))
+    if Q is not None and Q.shape[1] and W.shape[1]:
+        W -= Q @ (Q.T @ W)
+        W, _ = xp.linalg.qr(W)
+    return W
 
 
-def top_eigenpairs(matmat, X0: np.ndarray, r: int, *, tol: float = 1e-8, maxiter: int = 300,
+# --- the basis -----------------------------------------------------------------------------------
+
+
+class Basis:
+    """The basis ``Q`` and its products ``KQ`` in preallocated ``n × width`` buffers (``m``
+    columns in use), the spare pair each step's Ritz vectors and their products go to (a thick
+    restart completes them there and the pairs swap), and the residual block ``R`` (``n ×
+    block``). Nothing of ``n`` rows is allocated after these."""
+
+    def __init__(self, xp, n: int, width: int, block: int):
+        self.xp, self.m, self.width = xp, 0, width
+        self.Q, self.KQ = xp.empty((n, width)), xp.empty((n, width))
+        self.spare = (xp.empty((n, width)), xp.empty((n, width)))
+        self.R = xp.empty((n, block))
+
+    @property
+    def q(self):
+        return self.Q[:, :self.m]
+
+    @property
+    def kq(self):
+        return self.KQ[:, :self.m]
+
+    def load(self, Q, KQ) -> None:
+        """A checkpoint's basis and products (any array module) into the buffers."""
+        m = Q.shape[1]
+        self.Q[:, :m] = self.xp.asarray(Q)
+        self.KQ[:, :m] = self.xp.asarray(KQ)
+        self.m = m
+
+    def start(self, X0, info: KrylovInfo):
+        """The orthonormal columns of the start block (in ``R``), copied into ``Q``."""
+        self.R[...] = self.xp.asarray(X0, dtype=np.float64)
+        return self._take(_orthonormalize(self.xp, self.R, None, info=info))
+
+    def residuals(self, Y: np.ndarray, theta: np.ndarray, k: int) -> np.ndarray:
+        """The top ``k`` Ritz vectors ``X = Q Y`` and their products ``KX = (KQ) Y`` (into the
+        spare pair), their residuals ``R = KX − X θ``; the residuals' norms (host)."""
+        xp = self.xp
+        Yk = xp.asarray(np.ascontiguousarray(Y[:, :k]))
+        X, KX, R = self.spare[0][:, :k], self.spare[1][:, :k], self.R[:, :k]
+        xp.matmul(self.q, Yk, out=X)
+        xp.matmul(self.kq, Yk, out=KX)
+        xp.multiply(X, xp.asarray(theta[:k]), out=R)
+        xp.subtract(KX, R, out=R)
+        return _host(xp, xp.linalg.norm(R, axis=0))
+
+    def restart(self, Y: np.ndarray, k: int, keep: int) -> None:
+        """Thick restart to the top ``keep`` Ritz vectors and their products: the spare pair
+        (holding the top ``k`` since :meth:`residuals`) completed and swapped in."""
+        Qn, KQn = self.spare
+        if keep > k:
+            Yr = self.xp.asarray(np.ascontiguousarray(Y[:, k:keep]))
+            self.xp.matmul(self.q, Yr, out=Qn[:, k:keep])
+            self.xp.matmul(self.kq, Yr, out=KQn[:, k:keep])
+        self.spare = (self.Q, self.KQ)
+        self.Q, self.KQ, self.m = Qn, KQn, keep
+
+    def next_block(self, active: np.ndarray, norms: np.ndarray, info: KrylovInfo):
+        """The residuals ``active`` (of the last :meth:`residuals`) orthonormalised against
+        ``Q`` and copied into its next columns; returned (empty: they lie in ``span(Q)``)."""
+        a = len(active)
+        Z = self.R[:, :a]
+        if a and active[-1] != a - 1:          # not the leading columns: gathered to the front
+            Z[...] = self.R[:, self.xp.asarray(active)]
+        m = self.m
+        scratch = self.Q[:, m:m + a] if m + a <= self.width else None
+        return self._take(_orthonormalize(self.xp, Z, self.q, norms=norms[active],
+                                          scratch=scratch, info=info))
+
+    def _take(self, Z):
+        # more columns than the buffer holds only where it spans the whole space (n columns):
+        # the excess is dependent on the basis
+        Z = Z[:, :self.width - self.m]
+        self.Q[:, self.m:self.m + Z.shape[1]] = Z
+        return Z
+
+    def append(self, KZ) -> np.ndarray:
+        """The products of the block :meth:`next_block` gave: into ``KQ``; the new columns of
+        the Rayleigh quotient, ``[Q Z]ᵀ KZ`` (host)."""
+        m, p = self.m, KZ.shape[1]
+        self.KQ[:, m:m + p] = KZ
+        self.m = m + p
+        return _host(self.xp, self.Q[:, :m + p].T @ KZ)
+
+
+# --- the iteration -------------------------------------------------------------------------------
+
+
+def top_eigenpairs(matmat, X0, r: int, *, tol: float = 1e-8, maxiter: int = 300,
                    max_basis: int | None = None, stall: int = 6, callback=None,
                    state: KrylovState | None = None, on_state=None
                    ) -> tuple[np.ndarray, np.ndarray, KrylovInfo]:
     """The ``r`` largest eigenpairs ``(w, V)`` (descending, ``V`` orthonormal ``n × r``) of the
     symmetric positive semi-definite operator ``matmat: V ↦ K V``, from the start block ``X0``
     (``n × block``, ``block ≥ r``: its width is the block size), with the :class:`KrylovInfo`.
+
+    The ``n``-row arrays (the basis, ``V``, the blocks ``matmat`` gets and returns) are in
+    ``X0``'s array module (NumPy, or CuPy: the basis stays on the GPU), ``w`` on the host.
+    ``matmat`` gets a fresh array object each call, a view of the solver's buffers: it must
+    not keep it past its return.
 
     ``maxiter`` bounds the products; ``max_basis`` the basis columns (default ``12·block``, at
     least ``3·block``); ``callback(info)`` is called after each product. ``on_state(state)``
@@ -108,29 +325,27 @@ def top_eigenpairs(matmat, X0: np.ndarray, r: int, *, tol: float = 1e-8, maxiter
     n, block = X0.shape
     if not 0 < r <= block:
         raise ValueError(f"the start block needs at least r = {r} columns, got {block}")
+    xp = array_module(X0)
     max_basis = min(n, max(3 * block, max_basis or 12 * block))
     info = KrylovInfo()
+    basis = Basis(xp, n, max_basis if state is None else max(max_basis, state.Q.shape[1]), block)
     if state is None:
-        Q = orthonormal_columns(np.asarray(X0, dtype=np.float64))
-        KQ = _product(matmat, Q, info)
-        T = _sym(Q.T @ KQ)
+        Z = basis.start(X0, info)
+        T = _grown(np.zeros((0, 0)), basis.append(_product(matmat, Z, info, xp)))
         best, since = np.inf, 0
     else:
-        Q, KQ, T, best, since = state.Q, state.KQ, state.T, state.best, state.since
+        basis.load(state.Q, state.KQ)
+        T, best, since = np.asarray(state.T), state.best, state.since
         info.products, info.columns, info.restarts = state.products, state.columns, state.restarts
         info.history = list(state.history)
     while True:
         if on_state is not None:
-            on_state(KrylovState(Q, KQ, T, float(best), since, info.products, info.columns,
-                                 info.restarts, list(info.history)))
+            on_state(KrylovState(basis.q, basis.kq, T, float(best), since, info.products,
+                                 info.columns, info.restarts, list(info.history)))
         theta, Y = _ritz(T)
         k = min(block, len(theta))
-        X, KX = Q @ Y[:, :k], KQ @ Y[:, :k]
-        R = KX - X * theta[:k]
-        res = np.linalg.norm(R, axis=0)
-        top = max(abs(theta[0]), np.finfo(float).tiny)
-        scaled = res / np.maximum(np.abs(theta[:k]), FLOOR * top)
-        scaled[res <= ROUNDOFF * top] = 0.0
+        res = basis.residuals(Y, theta, k)
+        scaled = _scaled(res, theta[:k])
         worst = float(scaled[:r].max())
         info.history.append(worst)
         info.residuals = scaled[:r].copy()
@@ -149,31 +364,42 @@ def top_eigenpairs(matmat, X0: np.ndarray, r: int, *, tol: float = 1e-8, maxiter
         if info.products >= maxiter:
             break
         active = np.flatnonzero(scaled > tol)           # soft locking of converged pairs
-        if Q.shape[1] + len(active) > max_basis:        # thick restart to the top 2·block
+        if basis.m + len(active) > max_basis:           # thick restart to the top 2·block
             keep = min(len(theta), 2 * block)
-            Q, KQ = Q @ Y[:, :keep], KQ @ Y[:, :keep]
+            basis.restart(Y, k, keep)
             T = np.diag(theta[:keep])
             info.restarts += 1
-        Z = orthonormal_columns(R[:, active], Q)
+        Z = basis.next_block(active, res, info)
         if Z.shape[1] == 0:         # an invariant subspace: the Ritz pairs are exact
             info.converged = True
             break
-        KZ = _product(matmat, Z, info)
-        C = Q.T @ KZ
-        T = np.block([[T, C], [C.T, _sym(Z.T @ KZ)]])
-        Q, KQ = np.hstack([Q, Z]), np.hstack([KQ, KZ])
+        T = _grown(T, basis.append(_product(matmat, Z, info, xp)))
     theta, Y = _ritz(T)
-    V = Q @ Y[:, :r]
+    V = basis.q @ xp.asarray(np.ascontiguousarray(Y[:, :r]))
     return theta[:r].copy(), V, info
 
 
-def _product(matmat, V: np.ndarray, info: KrylovInfo) -> np.ndarray:
+def _scaled(res: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """The residuals relative to their eigenvalues (:data:`FLOOR`, :data:`ROUNDOFF`)."""
+    top = max(abs(theta[0]), np.finfo(float).tiny)
+    scaled = res / np.maximum(np.abs(theta), FLOOR * top)
+    scaled[res <= ROUNDOFF * top] = 0.0
+    return scaled
+
+
+def _product(matmat, V, info: KrylovInfo, xp):
     info.products += 1
     info.columns += V.shape[1]
-    out = np.asarray(matmat(np.ascontiguousarray(V)), dtype=np.float64)
+    out = xp.asarray(matmat(xp.ascontiguousarray(V)), dtype=np.float64)
     if out.shape != V.shape:
         raise ValueError(f"matmat returned shape {out.shape} for a block of shape {V.shape}")
     return out
+
+
+def _grown(T: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """The Rayleigh quotient grown by a block: ``C = [Q Z]ᵀ K Z`` (``(m + p) × p``)."""
+    m = len(T)
+    return np.block([[T, C[:m]], [C[:m].T, _sym(C[m:])]])
 
 
 def _sym(T: np.ndarray) -> np.ndarray:
