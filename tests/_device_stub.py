@@ -42,6 +42,9 @@ class DeviceArray:
     dtype = property(lambda self: self.a.dtype)
     T = property(lambda self: DeviceArray(self.a.T))
 
+    def reshape(self, *shape):
+        return DeviceArray(self.a.reshape(*shape))
+
     def __len__(self):
         return len(self.a)
 
@@ -104,6 +107,10 @@ def _ufunc(f):
         f(_raw(a), _raw(b), out=_raw(out))
         return out
     return call
+
+
+def einsum(spec, *operands):
+    return DeviceArray(np.asarray(np.einsum(spec, *(_raw(a) for a in operands))))
 
 
 matmul, multiply, subtract = _ufunc(np.matmul), _ufunc(np.multiply), _ufunc(np.subtract)

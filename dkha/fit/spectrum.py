@@ -103,10 +103,11 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
     iterations stop when every ``‖K'v_i − θ_i v_i‖ ≤ tol·θ_i``, which bounds the relative
     eigenvalue errors by about ``tol² θ_i / gap``. ``X0``: start vectors (padded with seeded random
     ones to the block of ``r + oversample`` columns). ``exact``: float64 products whatever the
-    engine's precision (E_min). The basis is held at most ``dkha.krylov-memory`` bytes (twice
-    ``l × columns``: the vectors and their products). ``state``, ``on_state``: as
-    :func:`~dkha.solvers.eigen.top_eigenpairs` takes them (a resumed solve's progress counts
-    its products from the state's).
+    engine's precision (E_min). The basis is sized by ``dkha.krylov-memory`` bytes (twice
+    ``l × columns``: the vectors and their products; at least 3 blocks), held twice (a spare
+    pair for the Ritz vectors and restarts), on the GPU where :func:`solver_array_module`
+    says. ``state``, ``on_state``: as :func:`~dkha.solvers.eigen.top_eigenpairs` takes them (a
+    resumed solve's progress counts its products from the state's).
     """
     l = engine.n_samples
     k = min(l - 1, r + (oversample if oversample is not None else default_oversample(r)))

@@ -140,21 +140,32 @@ def orthonormal_columns(Z, Q=None, *, drop: float = 1e-10, info: KrylovInfo | No
 
 
 def _orthonormalize(xp, Z, Q, *, norms=None, drop: float = 1e-10, scratch=None,
-                    info: KrylovInfo | None = None):
-    """:func:`orthonormal_columns` of ``Z`` (``n × a``, overwritten): ``Z[:, :p]`` where
+                    joint=None, info: KrylovInfo | None = None):
+    """:func:`orthonormal_columns` of ``Z`` (``n × a``, overwritten): ``Z`` itself where
     CholeskyQR2 serves, else the Householder fallback's new array. ``norms``: ``Z``'s column
-    norms on the host where known (the residuals'), ``scratch``: an ``n × a`` buffer for the
-    projections."""
+    norms on the host where known (the residuals'); ``scratch``: an ``n × a`` buffer for the
+    projections; ``joint``: ``[Q Z]`` where ``Z`` lies in the columns right after ``Q``'s (the
+    basis' buffer): the second projection's ``Qᵀ Z`` and the Gram matrix are then one product,
+    the Gram matrix of the projected block by Pythagoras (``ZᵀZ − CᵀC``, ``C = QᵀZ`` at
+    round-off after the first projection)."""
     if norms is None:
-        norms = _host(xp, xp.linalg.norm(Z, axis=0))
+        norms = _column_norms(xp, Z)
     scale = float(np.max(norms, initial=0.0))
     if scale == 0.0:
         return Z[:, :0]
     against = Q is not None and Q.shape[1] > 0
     if against:
-        for _ in range(2):
+        _project(xp, Z, Q, scratch)
+        if joint is None:
             _project(xp, Z, Q, scratch)
-    G = _host(xp, Z.T @ Z)
+        else:
+            m = Q.shape[1]
+            W = joint.T @ Z
+            C = _host(xp, W[:m])
+            _project(xp, Z, Q, scratch, C=W[:m])
+            G = _host(xp, W[m:]) - C.T @ C
+    if not against or joint is None:
+        G = _host(xp, Z.T @ Z)
     d = np.sqrt(np.maximum(np.diag(G), 0.0)) / scale
     if np.isfinite(scale) and d.min() > drop:
         ev = np.linalg.eigvalsh(G / np.outer(d, d) / scale**2)
@@ -168,13 +179,21 @@ def _orthonormalize(xp, Z, Q, *, norms=None, drop: float = 1e-10, scratch=None,
                     _cholesky_solve(xp, Z, _host(xp, Z.T @ Z))
                 return Z
             except np.linalg.LinAlgError:
-                scale = float(np.max(_host(xp, xp.linalg.norm(Z, axis=0)), initial=0.0))
+                scale = float(np.max(_column_norms(xp, Z), initial=0.0))
     return _householder(xp, Z, Q if against else None, scale, drop, info)
 
 
-def _project(xp, Z, Q, scratch) -> None:
-    """``Z ← Z − Q (Qᵀ Z)`` in place (one classical Gram–Schmidt projection)."""
-    C = Q.T @ Z
+def _column_norms(xp, Z) -> np.ndarray:
+    """The columns' norms (host), in one pass and no ``n``-row temporary (``linalg.norm``
+    squares into a fresh array: its page faults cost as much as the pass)."""
+    return np.sqrt(_host(xp, xp.einsum("ij,ij->j", Z, Z)))
+
+
+def _project(xp, Z, Q, scratch, C=None) -> None:
+    """``Z ← Z − Q (Qᵀ Z)`` in place (one classical Gram–Schmidt projection; ``C``: ``QᵀZ``
+    where already computed)."""
+    if C is None:
+        C = Q.T @ Z
     if scratch is None:
         Z -= Q @ C
     else:
@@ -222,14 +241,16 @@ def _householder(xp, Z, Q, scale: float, drop: float, info: KrylovInfo | None):
 class Basis:
     """The basis ``Q`` and its products ``KQ`` in preallocated ``n × width`` buffers (``m``
     columns in use), the spare pair each step's Ritz vectors and their products go to (a thick
-    restart completes them there and the pairs swap), and the residual block ``R`` (``n ×
-    block``). Nothing of ``n`` rows is allocated after these."""
+    restart completes them there and the pairs swap), and a block buffer of ``n × block``
+    (the residuals, then the projections' scratch and the next product's input). A new block
+    is orthonormalised where it then stays, in the columns after ``Q``'s. Nothing of ``n`` rows
+    is allocated after these."""
 
     def __init__(self, xp, n: int, width: int, block: int):
-        self.xp, self.m, self.width = xp, 0, width
+        self.xp, self.n, self.m, self.width = xp, n, 0, width
         self.Q, self.KQ = xp.empty((n, width)), xp.empty((n, width))
         self.spare = (xp.empty((n, width)), xp.empty((n, width)))
-        self.R = xp.empty((n, block))
+        self._block = xp.empty(n * block)
 
     @property
     def q(self):
@@ -239,6 +260,10 @@ class Basis:
     def kq(self):
         return self.KQ[:, :self.m]
 
+    def block(self, c: int):
+        """The block buffer as a C-contiguous ``n × c`` array (a new view each call)."""
+        return self._block[:self.n * c].reshape(self.n, c)
+
     def load(self, Q, KQ) -> None:
         """A checkpoint's basis and products (any array module) into the buffers."""
         m = Q.shape[1]
@@ -247,21 +272,22 @@ class Basis:
         self.m = m
 
     def start(self, X0, info: KrylovInfo):
-        """The orthonormal columns of the start block (in ``R``), copied into ``Q``."""
-        self.R[...] = self.xp.asarray(X0, dtype=np.float64)
-        return self._take(_orthonormalize(self.xp, self.R, None, info=info))
+        """The orthonormal columns of the start block, in ``Q``; the product's input."""
+        Z = self.Q[:, :X0.shape[1]]
+        Z[...] = self.xp.asarray(X0, dtype=np.float64)
+        return self._settle(Z, _orthonormalize(self.xp, Z, None, info=info))
 
     def residuals(self, Y: np.ndarray, theta: np.ndarray, k: int) -> np.ndarray:
         """The top ``k`` Ritz vectors ``X = Q Y`` and their products ``KX = (KQ) Y`` (into the
-        spare pair), their residuals ``R = KX − X θ``; the residuals' norms (host)."""
+        spare pair), their residuals ``R = KX − X θ`` (the block buffer); their norms."""
         xp = self.xp
         Yk = xp.asarray(np.ascontiguousarray(Y[:, :k]))
-        X, KX, R = self.spare[0][:, :k], self.spare[1][:, :k], self.R[:, :k]
+        X, KX, R = self.spare[0][:, :k], self.spare[1][:, :k], self.block(k)
         xp.matmul(self.q, Yk, out=X)
         xp.matmul(self.kq, Yk, out=KX)
         xp.multiply(X, xp.asarray(theta[:k]), out=R)
         xp.subtract(KX, R, out=R)
-        return _host(xp, xp.linalg.norm(R, axis=0))
+        return _column_norms(xp, R)
 
     def restart(self, Y: np.ndarray, k: int, keep: int) -> None:
         """Thick restart to the top ``keep`` Ritz vectors and their products: the spare pair
@@ -274,24 +300,36 @@ class Basis:
         self.spare = (self.Q, self.KQ)
         self.Q, self.KQ, self.m = Qn, KQn, keep
 
-    def next_block(self, active: np.ndarray, norms: np.ndarray, info: KrylovInfo):
-        """The residuals ``active`` (of the last :meth:`residuals`) orthonormalised against
-        ``Q`` and copied into its next columns; returned (empty: they lie in ``span(Q)``)."""
-        a = len(active)
-        Z = self.R[:, :a]
-        if a and active[-1] != a - 1:          # not the leading columns: gathered to the front
-            Z[...] = self.R[:, self.xp.asarray(active)]
-        m = self.m
-        scratch = self.Q[:, m:m + a] if m + a <= self.width else None
-        return self._take(_orthonormalize(self.xp, Z, self.q, norms=norms[active],
-                                          scratch=scratch, info=info))
+    def next_block(self, k: int, active: np.ndarray, norms: np.ndarray, info: KrylovInfo):
+        """The residuals ``active`` (of the last :meth:`residuals`, ``k`` of them)
+        orthonormalised against ``Q`` in the columns after it; the product's input (a copy in
+        the block buffer), empty where they lie in ``span(Q)``."""
+        xp, m, a = self.xp, self.m, len(active)
+        R = self.block(k)
+        picked = R[:, :a] if a == 0 or active[-1] == a - 1 else R[:, xp.asarray(active)]
+        if m + a > self.width:      # n columns at most: the basis nearly spans the space
+            Z = xp.array(picked, order="C", copy=True)
+            return self._settle(None, _orthonormalize(xp, Z, self.q, norms=norms[active],
+                                                      info=info))
+        Z = self.Q[:, m:m + a]
+        Z[...] = picked
+        U = _orthonormalize(xp, Z, self.q, norms=norms[active], scratch=self.block(a),
+                            joint=self.Q[:, :m + a], info=info)
+        return self._settle(Z, U)
 
-    def _take(self, Z):
+    def _settle(self, Z, U):
+        """``U`` (the block orthonormalised in place, ``Z``, or the fallback's) in ``Q``'s
+        next columns; a copy in the block buffer, the product's input."""
         # more columns than the buffer holds only where it spans the whole space (n columns):
         # the excess is dependent on the basis
-        Z = Z[:, :self.width - self.m]
-        self.Q[:, self.m:self.m + Z.shape[1]] = Z
-        return Z
+        if U.shape[1] > self.width - self.m:
+            U = U[:, :self.width - self.m]
+        p = U.shape[1]
+        if U is not Z:
+            self.Q[:, self.m:self.m + p] = U
+        V = self.block(p)
+        V[...] = U
+        return V
 
     def append(self, KZ) -> np.ndarray:
         """The products of the block :meth:`next_block` gave: into ``KQ``; the new columns of
@@ -369,7 +407,7 @@ def top_eigenpairs(matmat, X0, r: int, *, tol: float = 1e-8, maxiter: int = 300,
             basis.restart(Y, k, keep)
             T = np.diag(theta[:keep])
             info.restarts += 1
-        Z = basis.next_block(active, res, info)
+        Z = basis.next_block(k, active, res, info)
         if Z.shape[1] == 0:         # an invariant subspace: the Ritz pairs are exact
             info.converged = True
             break
