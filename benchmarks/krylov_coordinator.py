@@ -41,28 +41,42 @@ class Floor:
     where :meth:`step` is called: before the solve and after each product, so that its samples
     see the load the solver's work sees."""
 
-    def __init__(self, l: int, basis: int, block: int, rng):
-        self.Q = rng.standard_normal((l, basis)) / np.sqrt(l)     # near orthonormal: QᵀQ ≈ I
-        self.Z0 = rng.standard_normal((l, block))
-        self.Z, self.scratch = np.empty_like(self.Z0), np.empty_like(self.Z0)
+    def __init__(self, xp, l: int, basis: int, block: int, rng):
+        self.xp = xp
+        self.Q = xp.asarray(rng.standard_normal((l, basis)) / np.sqrt(l))  # QᵀQ ≈ I
+        self.Z0 = xp.asarray(rng.standard_normal((l, block)))
+        self.Z, self.scratch = xp.empty_like(self.Z0), xp.empty_like(self.Z0)
         self.Z[...] = self.Z0          # the pages touched before any timing
         self.scratch[...] = 0.0
         self.samples: list[float] = []
 
     def step(self) -> float:
-        Q, Z, scratch = self.Q, self.Z, self.scratch
+        xp, Q, Z, scratch = self.xp, self.Q, self.Z, self.scratch
         Z[...] = self.Z0
+        _sync(xp)
         t0 = time.perf_counter()
         for _ in range(2):
             C = Q.T @ Z
-            np.matmul(Q, C, out=scratch)
+            xp.matmul(Q, C, out=scratch)
             Z -= scratch
         G = Z.T @ Z
-        R = np.linalg.cholesky(G).T
-        dtrsm(1.0, R, Z.T, side=0, lower=0, trans_a=1, overwrite_b=1)
+        if xp is np:
+            R = np.linalg.cholesky(G).T
+            dtrsm(1.0, R, Z.T, side=0, lower=0, trans_a=1, overwrite_b=1)
+        else:
+            from cupyx.scipy.linalg import solve_triangular
+
+            R = xp.asarray(np.linalg.cholesky(xp.asnumpy(G)).T)
+            Z[...] = solve_triangular(R, Z.T, trans="T", lower=False).T
+        _sync(xp)
         seconds = time.perf_counter() - t0
         self.samples.append(seconds)
         return seconds
+
+
+def _sync(xp) -> None:
+    if xp is not np:
+        xp.cuda.Device().synchronize()
 
 
 def main(argv=None) -> None:
@@ -76,36 +90,46 @@ def main(argv=None) -> None:
                          "the solver's floor of 3 blocks, 90)")
     ap.add_argument("--repeat", type=int, default=3, help="floor measurements (mean)")
     ap.add_argument("--profile", action="store_true", help="print the solver's profile")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the basis and the stand-in products live (cuda: CuPy, a GPU "
+                         "host; the floor on the GPU too, its triangular solve by cuBLAS)")
     args = ap.parse_args(argv)
     l = args.samples
     rng = np.random.default_rng(0)
     load0 = os.getloadavg()[0]
-    floor = Floor(l, args.max_basis, args.block, rng)
+    if args.device == "cuda":
+        import cupy as xp
+    else:
+        xp = np
+    floor = Floor(xp, l, args.max_basis, args.block, rng)
     for _ in range(args.repeat):
         floor.step()
-    d = 1.0 / (1.0 + np.arange(l)) ** 1.5
+    d = xp.asarray(1.0 / (1.0 + np.arange(l)) ** 1.5)
     excluded = [0.0]        # the stand-in products and the floor's samples between them
 
     def matmat(V):
+        _sync(xp)
         t0 = time.perf_counter()
         out = V * d[:, None]
         floor.step()
         excluded[0] += time.perf_counter() - t0
         return out
 
-    X0 = rng.standard_normal((l, args.block))
+    X0 = xp.asarray(rng.standard_normal((l, args.block)))
     profile = cProfile.Profile() if args.profile else None
     t0 = time.perf_counter()
     if profile is not None:
         profile.enable()
     _, _, info = top_eigenpairs(matmat, X0, args.components, tol=1e-12, maxiter=args.products,
                                 max_basis=args.max_basis)
+    _sync(xp)
     if profile is not None:
         profile.disable()
     seconds = time.perf_counter() - t0
     own = (seconds - excluded[0]) / info.products
     f = float(np.mean(floor.samples))
-    print(f"l = {l}, block {args.block}, basis ≤ {args.max_basis}: {info.products} products, "
+    print(f"l = {l}, block {args.block}, basis ≤ {args.max_basis}, on the {args.device}: "
+          f"{info.products} products, "
           f"{info.restarts} restarts, {info.householder} Householder fallbacks in {seconds:.1f} s"
           f" ({excluded[0]:.1f} s of it in the stand-in products and the floor's samples)")
     print(f"the solver's own seconds a product: {own:.2f} s; the floor of one block step "
