@@ -32,9 +32,9 @@ from dkha import tiles
 from dkha.engine.tasks import mk_tile, product_pair
 from dkha.kernels import make_kernel
 if not {reuse}:      # a new array for every panel, as before the buffers were kept
-    tiles.SCRATCH_BYTES = 0
-    panel = tiles._cpu_panel
-    tiles._cpu_panel = lambda *a, out=None: panel(*a)
+    tiles.cpu.SCRATCH_BYTES = 0
+    panel = tiles.cpu.cpu_panel
+    tiles.cpu.cpu_panel = lambda *a, out=None: panel(*a)
 rows, repeat = {rows}, {repeat}
 store = patch_store({path!r}, 2 * rows)
 k = make_kernel("gaussian", sigma=3.0)

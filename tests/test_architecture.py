@@ -439,7 +439,7 @@ KERNEL_NAMES = (*kernels.KERNELS, *kernels.KERNEL_ALIASES, builtin.CALLABLE.name
 #: literals compared against that spell a kernel's name and mean something else: (file, value)
 NOT_KERNELS = {("apply/choose.py", "linear"): "linear patch PCA (a model and its pre-image)",
                ("apply/noise.py", "gaussian"): "a noise model",
-               ("tiles.py", "gaussian"): "the cache key of the gaussian tile's CUDA function"}
+               ("tiles/cuda.py", "gaussian"): "the cache key of the gaussian tile's CUDA function"}
 
 
 def compared_kernel_names(package: pathlib.Path, names: tuple[str, ...]) -> list[str]:

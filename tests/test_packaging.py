@@ -108,9 +108,9 @@ def test_an_installed_wheel_ships_the_compiled_loops(tmp_path):
     if '"editable": true' in direct.replace(" ", "").replace('":true', '": true'):
         pytest.skip("an editable install compiles on first use, into the source tree's cache")
     shipped = [str(f) for f in dist.files or []]
-    for name in ("smd.smd_block_logged", "gha.kha_block_logged",
-                 "tiles.fused_sweep"):
-        assert any(re.search(rf"__pycache__/{re.escape(name)}-\d+\.py\d+\.nbi$", f)
+    for name in ("updates/__pycache__/smd.smd_block_logged",
+                 "updates/__pycache__/gha.kha_block_logged", "tiles/__pycache__/cpu.fused_sweep"):
+        assert any(re.search(rf"{re.escape(name)}-\d+\.py\d+\.nbi$", f)
                    for f in shipped), f"{name} is not in the wheel's numba cache"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("NUMBA_") and k != "PYTHONPATH"}

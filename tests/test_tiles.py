@@ -1,4 +1,4 @@
-"""Fused kernel tiles (dkha/tiles.py): the compiled sweep and the panel products against their
+"""Fused kernel tiles (dkha/tiles/): the compiled sweep and the panel products against their
 plain NumPy twins, float32 against float64 to stated tolerances, and the GPU code path's array
 module dispatch run on CPU (NumPy behind a stand-in ``cupy`` module)."""
 
@@ -86,7 +86,7 @@ def test_fused_products_match_numpy_twin(blocks, name, monkeypatch):
     (small panels: several of them)."""
     X, Y, mr, mc, mkm = blocks
     p = KERNELS[name]
-    monkeypatch.setattr(tiles, "PANEL_BYTES", 64 * 230 * 8)       # panels of 64 rows: 3 panels
+    monkeypatch.setattr(tiles.cpu, "PANEL_BYTES", 64 * 230 * 8)   # panels of 64 rows: 3 panels
     T = twin_centered(X, Y, name, mr, mc, mkm, **p)
     rng = np.random.default_rng(1)
     V, W = rng.standard_normal((230, 4)), rng.standard_normal((150, 3))
@@ -112,7 +112,7 @@ def test_panel_buffers_are_reused_without_changing_a_bit(blocks, monkeypatch):
     rng = np.random.default_rng(2)
     V, W = rng.standard_normal((230, 4)), rng.standard_normal((150, 3))
     C = rng.standard_normal((3, 400))
-    monkeypatch.setattr(tiles, "PANEL_BYTES", 64 * 230 * 8)       # several panels a tile
+    monkeypatch.setattr(tiles.cpu, "PANEL_BYTES", 64 * 230 * 8)   # several panels a tile
     kernels = [make_kernel("gaussian", sigma=3.0), make_kernel("laplacian", sigma=5.0),
                make_kernel("gaussian", sigma=3.0).computed_with("float32", "cpu")]
 
@@ -125,9 +125,9 @@ def test_panel_buffers_are_reused_without_changing_a_bit(blocks, monkeypatch):
             out.append((k.residuals(X, Y, (C,), slice(10, 160), slice(170, 400), mr, mc, mkm),))
         return out
 
-    monkeypatch.setattr(tiles, "SCRATCH_BYTES", 0)      # every buffer fresh: the reference
+    monkeypatch.setattr(tiles.cpu, "SCRATCH_BYTES", 0)  # every buffer fresh: the reference
     fresh = run()
-    monkeypatch.setattr(tiles, "SCRATCH_BYTES", 1 << 26)
+    monkeypatch.setattr(tiles.cpu, "SCRATCH_BYTES", 1 << 26)
     reused = run()
     box = []
     t = threading.Thread(target=lambda: box.append(run()))
@@ -137,9 +137,9 @@ def test_panel_buffers_are_reused_without_changing_a_bit(blocks, monkeypatch):
         for a, b in zip(got, fresh, strict=True):
             for x, y in zip(a, b, strict=True):
                 assert (x is None and y is None) or np.array_equal(x, y)
-    buffers = dict(tiles._scratch_arrays.buffers)
+    buffers = dict(tiles.cpu._scratch_arrays.buffers)
     run()
-    assert all(tiles._scratch_arrays.buffers[k] is v for k, v in buffers.items())
+    assert all(tiles.cpu._scratch_arrays.buffers[k] is v for k, v in buffers.items())
 
 
 @pytest.mark.parametrize("precision", ["float64", "float32"])
@@ -178,8 +178,8 @@ def test_exp_is_exact_to_two_ulps():
     @njit
     def many(x, out64, out32):
         for i in range(len(x)):
-            out64[i] = tiles._exp_neg64(x[i])
-            out32[i] = tiles._exp_neg32(np.float32(x[i]))
+            out64[i] = tiles.cpu._exp_neg64(x[i])
+            out32[i] = tiles.cpu._exp_neg32(np.float32(x[i]))
 
     e64, e32 = np.empty_like(x), np.empty(len(x), np.float32)
     many(x, e64, e32)

@@ -49,7 +49,7 @@ MIN_BLOCK_ROWS = 16
 MIN_TILE_ROWS = 64
 #: the budget where ``dkha.memory-budget`` is not set and the workers report no more
 FLOOR_BYTES = 2**30
-#: the least rows a panel of a fused tile holds (:func:`dkha.tiles._panel_rows`)
+#: the least rows a panel of a fused tile holds (:func:`dkha.tiles.cpu.panel_rows`)
 PANEL_ROWS = 64
 
 
