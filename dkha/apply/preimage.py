@@ -204,11 +204,6 @@ def check_method(method: str | None, kernel: Kernel) -> str:
     return method
 
 
-def check_gaussian(kernel: Kernel) -> None:
-    """Raise :class:`ParameterError` unless ``kernel`` is gaussian (the fixed point needs it)."""
-    check_method("fixed-point", kernel)
-
-
 # --- one block of the iteration: a pure function of blocks and scalars (runs on workers) -------
 
 

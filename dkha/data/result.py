@@ -100,14 +100,6 @@ def backoff_dataset(backoffs: list[dict]) -> dict:
     return data
 
 
-def backoffs_of(ds: xr.Dataset) -> list[dict]:
-    """A saved run's backoffs as dicts (empty for runs without, or saved before backoffs)."""
-    if "backoff_step" not in ds:
-        return []
-    return [{f: ds[f"backoff_{f}"].values[i].item() for f in BACKOFF_FIELDS}
-            for i in range(ds.sizes["backoff"])]
-
-
 def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
     """The coordinates along ``sample`` of a data store (``{name: ("sample", values)}``, empty
     for stores without provenance), strings as Python objects: zarr reads them as numpy's

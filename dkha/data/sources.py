@@ -9,7 +9,6 @@ pass) ahead on a background thread: at most ``prefetch + 1`` blocks of rows are 
 from __future__ import annotations
 
 import collections
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dkha import schedule
-from dkha.data.store import DataStore, open_store
 from dkha.errors import InputError
 
 
@@ -41,15 +39,6 @@ class ArraySource:
         rng = np.random.default_rng(seed)
         n = min(n, self.n_samples)
         return self.X[np.sort(rng.choice(self.n_samples, size=n, replace=False))]
-
-
-def resolve_source(X) -> DataStore | ArraySource:
-    """A data store (path or :class:`DataStore`) or an in-memory array, ready to read rows from."""
-    if isinstance(X, DataStore):
-        return X
-    if isinstance(X, (str, os.PathLike)):
-        return open_store(X)
-    return ArraySource(X)
 
 
 def read_block(source, index: np.ndarray) -> np.ndarray:
@@ -106,5 +95,3 @@ def stream_blocks(source, seed: int, start_step: int, stop_step: int, block_rows
     finally:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-
-

@@ -72,21 +72,6 @@ def names_a_cluster(client=None) -> bool:
                                          or os.environ.get("DASK_SCHEDULER_ADDRESS"))
 
 
-def describe_target(client=None) -> str:
-    w = where_of(client)
-    if isinstance(w, Client):
-        return f"client {w}"
-    if w.scheduler:
-        return f"scheduler {w.scheduler}"
-    if w.scheduler_file:
-        return f"scheduler file {w.scheduler_file}"
-    if os.environ.get("DASK_SCHEDULER_ADDRESS"):
-        return f"scheduler {os.environ['DASK_SCHEDULER_ADDRESS']} (DASK_SCHEDULER_ADDRESS)"
-    if w.workers:
-        return f"local cluster of {w.workers} worker processes"
-    return "in-process local cluster"
-
-
 @contextlib.contextmanager
 def client_for(client=None, samples: int | None = None, *, settings: Settings
                ) -> Iterator[Client | InlineClient]:

@@ -123,8 +123,3 @@ def as_run(run: Run | xr.Dataset | str | os.PathLike) -> Run:
     if isinstance(run, (str, os.PathLike)):
         return Run.open(os.fspath(run))
     return Run(run)
-
-
-def engine_for_run(ds: xr.Dataset | Run, client, cache_rows: bool | None = None) -> RowEngine:
-    """The row engine of a batch run (see :meth:`Run.engine`)."""
-    return as_run(ds).engine(client, cache_rows=cache_rows)
