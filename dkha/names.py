@@ -10,12 +10,10 @@ import os
 
 from dkha import algorithms
 
-#: the batch algorithms of the KHA family (:mod:`dkha.solvers.batch`), the online algorithms
-#: (:mod:`dkha.solvers.online`) and the exact solver (block Krylov, :mod:`dkha.fit.krylov`),
-#: from the one registry (:mod:`dkha.algorithms`)
+#: the batch algorithms of the KHA family (:mod:`dkha.solvers.batch`) and the online algorithms
+#: (:mod:`dkha.solvers.online`), from the one registry (:mod:`dkha.algorithms`)
 BATCH_ALGORITHMS = algorithms.names(algorithms.BATCH)
 ONLINE_ALGORITHMS = algorithms.names(algorithms.ONLINE)
-EXACT_ALGORITHM = algorithms.KRYLOV
 
 #: SMD's meta-gain and decay (:mod:`dkha.solvers.batch`); the meta-gain from the random start
 DEFAULT_MU = 0.3

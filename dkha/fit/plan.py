@@ -43,7 +43,6 @@ from dkha.engine.content import on_sample
 
 log = logging.getLogger(__name__)
 
-PATHS = ("dense", KRYLOV)
 #: products a Krylov solve from the default Nyström start takes to the default residual, r = 20
 #: patches 11×11 (benchmarks/cost_model.py: 11 at l = 5 000, 9 at 20 000; 6 at 150 000 in
 #: issue 35, where the former 25 made the estimate 4× the fit)

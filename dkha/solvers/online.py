@@ -63,9 +63,7 @@ from dkha.errors import NumericalError, ParameterError
 from dkha.kernels import Kernel
 from dkha.names import (
     ONLINE_ALGORITHMS,
-    ONLINE_DEFAULT_ETA0,
     ONLINE_DEFAULT_GAMMA,
-    ONLINE_DEFAULT_MAX_MEMBERS,
 )
 from dkha.solvers.batch import MAX_BACKOFFS, check_on_divergence
 from dkha.solvers.compiled import RUNAWAY
@@ -81,11 +79,9 @@ RATE_EXPONENTIAL = 0  # η = η0 γ^s
 RATE_SEARCH_THEN_CONVERGE = 1  # η = η0 / (1 + s/τ)
 
 RUNAWAY2 = RUNAWAY * RUNAWAY  # a component's squared norm past this is a runaway
-DEFAULT_ETA0 = ONLINE_DEFAULT_ETA0
 DEFAULT_GAMMA = ONLINE_DEFAULT_GAMMA
 #: the default ν relative to the data's variance in feature space (:func:`relative_nu`)
 NU_RELATIVE = 0.1
-DEFAULT_MAX_MEMBERS = ONLINE_DEFAULT_MAX_MEMBERS
 COMPUTE_ROWS = 256  # samples per compiled call (bounds the in-slice kernel block)
 INIT_STD = 0.1  # the paper's initial coefficients: zero-mean gaussian, variance 0.01
 
