@@ -124,11 +124,11 @@ def main():
     r, l = args.components, args.samples
     store = patch_store(os.path.join(args.workdir, f"patches-{l}.zarr"), l)
     modes = ("coordinator", "workers") if args.projections == "both" else (args.projections,)
-    b = int(config.get("block-rows", args.block))
-    prefetch = int(config.get("prefetch"))
+    b = int(config.settings(block_rows=args.block).block_rows)
+    prefetch = int(config.settings().prefetch)
     ncores = os.cpu_count() or 1       # the threads dkha.engine.cluster.client_for starts
     threads = args.workers * max(1, ncores // args.workers) if args.workers else ncores
-    groups = min(int(config.get("column-groups") or threads), store.n_chunks)
+    groups = min(int(config.settings().column_groups or threads), store.n_chunks)
     runs = {}
     for _ in range(max(1, args.repeat)):
         for passes in (1, 3):          # modes interleaved: a change of load hits both alike

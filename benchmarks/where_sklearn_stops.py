@@ -211,7 +211,7 @@ def main(argv=None) -> None:
         np.save(xfile, X)
         store = os.path.join(work, f"patches{l}.zarr")
         st = ingest_array(X, store, overwrite=True)
-        sigma = float(median_distance(st.sample(int(config.get("median-sample")), 0)))
+        sigma = float(median_distance(st.sample(int(config.settings().median_sample), 0)))
         Ys, res = {}, {}
         for m in methods:
             out = os.path.join(work, f"Y-{m}-{l}.npy")

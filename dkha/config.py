@@ -27,24 +27,14 @@ Settings.__doc__ = ("Every ``dkha.*`` setting of one call, as :func:`settings` r
                     "package defaults where built bare).")
 
 
-def get(key: str, override_with=None):
-    """The configuration value ``dkha.<key>``, or ``override_with`` when that is not None.
-
-    The package default stands in where dask's configuration has no value: a
-    ``dask.config.set({"dkha.…": …})`` entered before this module was first imported drops
-    the defaults registered meanwhile when it exits."""
-    default = _defaults["dkha"]
-    for part in key.split("."):
-        if not isinstance(default, dict) or part not in default:
-            return dask.config.get(f"dkha.{key}", override_with=override_with)  # KeyError
-        default = default[part]
-    return dask.config.get(f"dkha.{key}", default, override_with=override_with)
-
-
 def settings(**overrides) -> Settings:
     """Every ``dkha.*`` value in effect now, each of ``overrides`` that is not None in its
-    place (``block_rows=64``: an argument given beats the configuration)."""
-    values = {f.name: get(f.name.replace("_", "-")) for f in dataclasses.fields(Settings)}
+    place (``block_rows=64``: an argument given beats the configuration). The package default
+    stands in where dask's configuration has no value: a ``dask.config.set({"dkha.…": …})``
+    entered before this module was first imported drops the defaults registered meanwhile
+    when it exits."""
+    values = {f.name: dask.config.get(f"dkha.{f.name.replace('_', '-')}", f.default)
+              for f in dataclasses.fields(Settings)}
     unknown = set(overrides) - set(values)
     if unknown:
         raise TypeError(f"no dkha setting {', '.join(sorted(unknown))}")

@@ -43,5 +43,5 @@ def package_config() -> dict:
 
 def config_default(key: str):
     """The package default of the setting ``dkha.<key>`` (what the command line's help shows;
-    the value in effect is ``dkha.config.get(key)``)."""
+    the value in effect is ``dkha.config.settings()``'s)."""
     return package_config()["dkha"][key]

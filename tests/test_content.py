@@ -102,7 +102,7 @@ def test_a_default_fit_reads_no_x_on_the_coordinator(digits_store, processes, tm
         assert reads_of_x == []
     # the workers measured what the coordinator would have: σ from the same seeded sample
 
-    sample = store.sample(int(config.get("median-sample")), 0)
+    sample = store.sample(int(config.settings().median_sample), 0)
     assert model.kernel_["sigma"] == pytest.approx(median_distance(sample), rel=1e-12)
     assert content_key(store, processes, settings=config.settings()) == store.content_checksum()
     np.testing.assert_array_equal(again.alpha_, model.alpha_)
@@ -129,5 +129,5 @@ def test_a_fit_given_a_scheduler_address_measures_sigma_on_its_workers(digits_st
 
     address = processes.scheduler.address
     model = KernelHebbianPCA(n_components=4, seed=0, client=address).fit(digits_store.path)
-    sample = digits_store.sample(int(config.get("median-sample")), 0)
+    sample = digits_store.sample(int(config.settings().median_sample), 0)
     assert model.kernel_["sigma"] == pytest.approx(median_distance(sample), rel=1e-12)

@@ -36,7 +36,7 @@ class StoreWriter:
     def __init__(self, out: str | os.PathLike, n_features: int, *, chunk_rows: int | None = None,
                  overwrite: bool = False, with_labels: bool = False, label_dtype="i8"):
         self.out = os.fspath(out)
-        self.chunk_rows = int(config.get("chunk-rows", chunk_rows))
+        self.chunk_rows = int(config.settings(chunk_rows=chunk_rows).chunk_rows)
         if self.chunk_rows < 1:
             raise ParameterError(f"chunk rows must be positive, got {self.chunk_rows}")
         if is_url(self.out):

@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 def fitted_components(n_components: int | None, n_samples: int) -> int:
     """The components a fit computes: at most ``l − 1`` (the centered ``K'`` has rank ``l − 1``
     at most; scikit-learn's further ones are null), all ``l − 1`` for ``None``."""
-    limit = int(config.get("dense-eigh-limit"))
+    limit = int(config.settings().dense_eigh_limit)
     if n_components is None:
         if n_samples > limit:
             raise ParameterError(f"n_components=None asks for all {n_samples - 1} components, "

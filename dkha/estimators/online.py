@@ -423,8 +423,8 @@ def validated_settings(model: OnlineKernelPCA) -> dict:
             f"max_members ({mm}) must be at least n_components ({r}): the components live "
             "in the dictionary's span"
         )
-    block_rows = int(config.get("block-rows", model.block_rows))
-    prefetch = int(config.get("prefetch", model.prefetch))
+    settings = config.settings(block_rows=model.block_rows, prefetch=model.prefetch)
+    block_rows, prefetch = int(settings.block_rows), int(settings.prefetch)
     if block_rows < 1:
         raise ParameterError(f"block_rows must be positive, got {block_rows}")
     if prefetch < 1:
