@@ -14,14 +14,10 @@ workers share this process (threads), so ``tracemalloc``'s peak covers the produ
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 import tracemalloc
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
-
-from benchmarks._data import load_average, patches, peak_rss_mb
+from _data import load_average, patches, peak_rss_mb
 
 
 def main() -> None:

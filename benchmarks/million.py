@@ -40,21 +40,13 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [REPO, HERE]         # this checkout's dkha (not an installed one), _data
-
 import numpy as np
-from _data import peak_rss_mb
+from _data import HERE, REPO, load_average, peak_rss_mb
 
 PHOTOS = ("camera", "astronaut", "coffee", "chelsea", "rocket", "coins", "moon",
           "hubble_deep_field", "retina", "motorcycle_left", "brick", "grass", "gravel")
 ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                "BLIS_NUM_THREADS", "NUMBA_NUM_THREADS")}
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def child(mode: str, args: dict, *, env: dict | None = None) -> dict:
@@ -302,7 +294,7 @@ def compare(name: str, args, sigma: float, big: str, n: int, method: str) -> Non
         print(f"  dkha kha-smd after {s['seconds']:7.1f} s ({s['passes']:.2f} passes): excess "
               f"{s['excess']:.3e}{tag}")
     print(f"  (E_min from dkha's Krylov eigenvalues, {res['eigenvalue_seconds']:.0f} s; "
-          f"load {load()})")
+          f"load {load_average()})")
 
 
 def main() -> None:
@@ -341,7 +333,7 @@ def main() -> None:
     from dkha.data.store import open_store
     from dkha.estimators.batch import resolve_kernel
 
-    print(f"dkha from {dkha.__file__}; {os.cpu_count()} cores; load {load()}")
+    print(f"dkha from {dkha.__file__}; {os.cpu_count()} cores; load {load_average()}")
     os.makedirs(args.work, exist_ok=True)
     big = os.path.join(args.work, f"patches-{args.samples}.zarr")
     ensure_store(big, args.samples)
@@ -377,14 +369,14 @@ def main() -> None:
               f"{'under' if total * 2**20 < 8e9 else 'OVER'})")
         print(f"  largest arrays: blocks of {b}×{l} kernel rows = {b * l * 8 / 2**20:.0f} MiB; "
               f"the kernel matrix would be {8 * l * l / 1e12:.1f} TB (never formed)")
-        print(f"  load {load()}")
+        print(f"  load {load_average()}")
 
     if not args.skip_compare:
         compare("scikit-learn KernelPCA (ARPACK, 1 BLAS thread)", args, sigma, big,
                 args.kpca_samples, "kpca")
         compare(f"scikit-learn Nystroem ({args.landmarks} landmarks) + PCA (1 BLAS thread)", args,
                 sigma, big, args.nystrom_samples, "nystrom")
-    print(f"\nload at the end {load()}")
+    print(f"\nload at the end {load_average()}")
 
 
 if __name__ == "__main__":

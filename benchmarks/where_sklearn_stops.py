@@ -190,7 +190,8 @@ def main(argv=None) -> None:
                     help="seconds before a method is stopped (default %(default)s)")
     ap.add_argument("--workdir", default=None, help="where the data stores and runs go")
     args = ap.parse_args(argv)
-    from benchmarks._data import load_average
+    from _data import load_average
+
     from dkha import config
     from dkha.data.ingest import ingest_array
     from dkha.kernels import median_distance
