@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 import dkha
-from dkha import KernelHebbianPCA
+from dkha import KernelHebbianPCA, config
 from dkha.apply.denoise import reconstruct_patches
-from dkha.apply.superresolve import config, downscale, psnr, superresolve, upscale
+from dkha.apply.superresolve import downscale, psnr, superresolve, upscale
 from dkha.data.ingest import ingest_images
 from dkha.data.patches import read_grey_image
 from dkha.engine.cluster import client_for
