@@ -8,8 +8,10 @@ check is also run on a package broken on purpose, so that it is seen to fail."""
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -476,3 +478,53 @@ def test_no_kernel_name_is_tested_outside_its_registry(tmp_path):
     assert compared_kernel_names(tmp_path, KERNEL_NAMES) == [
         "fit/toy.py:4 'rbf'", "fit/toy.py:4 'precomputed'", "fit/toy.py:5 'poly'",
         "fit/toy.py:5 'sigmoid'", "fit/toy.py:5 'laplacian'", "fit/toy.py:6 'linear'"]
+
+
+# --- docs/architecture.md names what exists ---------------------------------------------------
+#: the first word of a dotted name that is a dkha module path (``fit.coordinator.fit_batch``)
+DKHA_ROOTS = {p.stem for p in (ROOT / "dkha").iterdir()
+              if (p.suffix == ".py" or p.is_dir()) and not p.name.startswith("_")}
+
+
+def _resolves(name: str) -> bool:
+    """``fit.coordinator.fit_batch``, ``dkha.register_kernel``, ``KernelHebbianPCA._request``
+    (an attribute of an importable dkha module, or of the dkha package)."""
+    parts = name.removeprefix("dkha.").split(".")
+    for i in range(len(parts), -1, -1):
+        try:
+            obj = importlib.import_module(".".join(["dkha", *parts[:i]]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def stale_names(text: str) -> list[str]:
+    """The dotted dkha names and the linked or quoted repository paths of ``text`` (a design
+    doc) that do not exist."""
+    stale = [p for p in re.findall(r"\]\(\.\./([\w/.-]+?)(?:#[\w-]+)?\)", text)
+             if not (ROOT / p).exists()]
+    stale += [p for p in re.findall(r"`((?:tests|benchmarks|dkha)/[\w/]+\.py)`", text)
+              if not (ROOT / p).exists()]
+    spans = re.findall(r"`([^`]+)`", text) + re.findall(r"^ {4}(\S.*)$", text, re.MULTILINE)
+    for span in spans:
+        for name in re.findall(r"(?<![\w/.-])([a-z_]+(?:\.[A-Za-z_]\w*)+)(?![\w/-])", span):
+            if (name.split(".")[0] in DKHA_ROOTS | {"dkha"} and not name.endswith(".py")
+                    and not _resolves(name)):
+                stale.append(name)
+    return sorted(set(stale))
+
+
+def test_architecture_doc_names_only_what_exists():
+    """Every dotted dkha name (``fit.run_dir.write_run``), every linked file and every
+    ``tests/…py`` / ``benchmarks/…py`` that docs/architecture.md mentions exists: a rename
+    that leaves the doc behind fails here."""
+    assert stale_names((ROOT / "docs" / "architecture.md").read_text()) == []
+    # not vacuous: a moved function, a missing module and a missing test are each seen
+    assert stale_names("`fit.run_dir.write_run`, `fit.coordinator.no_such`, `fit.nowhere.f`, "
+                       "`tests/test_nowhere.py`, [x](../dkha/fit/run_dir.py)") == [
+        "fit.coordinator.no_such", "fit.nowhere.f", "tests/test_nowhere.py"]
