@@ -14,7 +14,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # modules of optional extras that need not be installed where the tests run: module -> extra
-OPTIONAL = {"cupy": "gpu", "bm3d": "bench", "dask_jobqueue": "cluster"}
+OPTIONAL = {"cupy": "gpu", "cupyx": "gpu", "bm3d": "bench", "dask_jobqueue": "cluster",
+            "triton": "triton", "torch": "triton"}
 
 
 def _norm(name: str) -> str:

@@ -66,7 +66,9 @@ class BandPlan:
         return (f"plan: {w} {kind} worker{'s' if w != 1 else ''} ({self.device.get('name')}, "
                 f"{self.device.get('total', 0) / 2**30:.0f} GiB), {self.tiles} tiles of "
                 f"{self.side} rows in {len(self.bands)} tasks a pass (one a band), "
-                f"{self.streams} streams a device; {self.reason}")
+                f"{self.streams} streams a device; {self.reason}"
+                + (f"; products: {self.device['products']}" if "products" in self.device
+                   else ""))
 
     def as_dict(self) -> dict:
         return dict(asdict(self), bands=len(self.bands), tiles=self.tiles,
@@ -117,7 +119,8 @@ def band_plan(kernel, client, n_samples: int, n_features: int, settings: Setting
     if not workers:
         return None
     spec = kernel.tile_spec()
-    info = client.submit(device_info, spec.device, workers=[workers[0]],
+    info = client.submit(device_info, spec.device, spec.code, spec.dtype.name,
+                         workers=[workers[0]],
                          allow_other_workers=False, pure=False).result()
     streams = max(1, int(settings.gpu_streams))
     cap = int(settings.gpu_tile_rows if info["kind"] == "cuda" else settings.tile_rows)

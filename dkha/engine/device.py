@@ -34,24 +34,31 @@ import numpy as np
 from dkha import tiles
 from dkha.engine.tasks import load_all_rows, store_key
 from dkha.kernels import Kernel
+from dkha.tiles import triton_gaussian
 
 # --- what a GPU worker has ------------------------------------------------------------------------
 
 
-def device_info(device: str) -> dict:
-    """This worker's device for the plan: ``{"kind", "name", "free", "total"}`` (bytes; the
-    host's memory stands in for a ``cpu`` device)."""
+def device_info(device: str, code: int | None = None, precision: str = "float64") -> dict:
+    """This worker's device for the plan: ``{"kind", "name", "free", "total", "products"}``
+    (bytes; the host's memory stands in for a ``cpu`` device; ``products``: what computes the
+    products and sums of tiles of kernel ``code`` in ``precision`` here, the fused Triton
+    kernel or the CuPy/NumPy tile, and why)."""
     xp = tiles.array_module(device)
     if xp is np:
         import psutil
 
         vm = psutil.virtual_memory()
-        return {"kind": "cpu", "name": "cpu", "free": int(vm.available), "total": int(vm.total)}
-    free, total = xp.cuda.runtime.memGetInfo()
-    props = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)
-    name = props["name"]
-    return {"kind": "cuda", "name": name.decode() if isinstance(name, bytes) else str(name),
-            "free": int(free), "total": int(total)}
+        info = {"kind": "cpu", "name": "cpu", "free": int(vm.available), "total": int(vm.total)}
+    else:
+        free, total = xp.cuda.runtime.memGetInfo()
+        props = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)
+        name = props["name"]
+        info = {"kind": "cuda", "name": name.decode() if isinstance(name, bytes) else str(name),
+                "free": int(free), "total": int(total)}
+    if code is not None:
+        info["products"] = triton_gaussian.serves(code, precision, info["kind"])[1]
+    return info
 
 
 # --- rows resident on the device (per process) ----------------------------------------------------
@@ -195,8 +202,13 @@ def band_task(path, kernel: Kernel, n_samples: int, start: int, stop: int, side:
     xp = tiles.array_module(spec.device)
     res = resident_rows(path, kernel, n_samples)
     l = n_samples
+    fused = (kind != "residuals" and xp is not np
+             and triton_gaussian.serves(spec.code, spec.dtype, "cuda")[0])
     with device_slot(xp, streams):
         mk_d = None if mk is None else xp.asarray(np.asarray(mk, dtype=np.float64))
+        if fused:
+            return _fused_band(xp, spec, res, start, stop, l, kind, mk_d, mkm,
+                               None if V is None else _on_device(xp, V, spec.dtype))
         if kind == "product":
             Vd = _on_device(xp, V, spec.dtype)
             out = xp.zeros((l - start, V.shape[1]))
@@ -232,6 +244,38 @@ def band_task(path, kernel: Kernel, n_samples: int, start: int, stop: int, side:
                 for m, C in enumerate(Cd):
                     R = T - C[:, rows].T @ C[:, cols]
                     out[1 + m] += w * xp.vdot(R, R)
+    return out
+
+
+def _fused_band(xp, spec, res: Resident, start: int, stop: int, l: int, kind: str, mk, mkm,
+                Vd):
+    """:func:`band_task`'s product or sums by the fused Triton kernel (the tiles never stored):
+    the band's rows against the columns ``start … l`` into its own rows, and the rows after the
+    band against the band's columns (``K'[J, I] = K'[I, J]ᵀ``) into theirs — the same sums as the
+    tile loop's, each tile's values computed twice instead of stored. Centered with ``mk`` as
+    the tiles are; ``sums``: the uncentered row sums. On this thread's CuPy stream."""
+    import torch
+
+    def t(a):
+        return torch.as_tensor(a, device="cuda")
+
+    X, nrm = res.X, res.norms
+    shape = (l - start,) if kind == "sums" else (l - start, Vd.shape[1])
+    out = xp.zeros(shape)
+    ot = t(out)
+    stream = torch.cuda.ExternalStream(xp.cuda.get_current_stream().ptr)
+    with torch.cuda.stream(stream):
+        for rows, cols, at in ((slice(start, stop), slice(start, l), 0),
+                               (slice(stop, l), slice(start, stop), stop - start)):
+            if rows.start >= rows.stop:
+                continue
+            ri = cj = None
+            if kind == "product" and mk is not None:
+                ri, cj = t(mk[rows] - mkm), t(mk[cols])
+            KV, sums = triton_gaussian.gaussian_product(
+                t(X[rows]), t(X[cols]), t(nrm[rows]), t(nrm[cols]), spec.p1,
+                None if kind == "sums" else t(Vd[cols]), ri, cj, rowsum=kind == "sums")
+            ot[at:at + rows.stop - rows.start] = sums if kind == "sums" else KV
     return out
 
 

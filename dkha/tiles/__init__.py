@@ -38,6 +38,8 @@ The package, one module a part:
 * :mod:`~dkha.tiles.cpu` — the numba sweep, the panels and their per-thread buffers;
 * :mod:`~dkha.tiles.array` — the NumPy/CuPy array tile (the device path);
 * :mod:`~dkha.tiles.cuda` — the gaussian's CUDA sweeps (CuPy);
+* :mod:`~dkha.tiles.triton_gaussian` — the gaussian's products as one fused Triton kernel
+  (optional: ``dkha[triton]``; the GPU band passes use it where it serves);
 * :mod:`~dkha.tiles.tile` — :func:`kernel_tile`, :func:`tile_product`, :func:`tile_residuals`.
 """
 
