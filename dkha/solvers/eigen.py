@@ -285,7 +285,7 @@ class Basis:
         X, KX, R = self.spare[0][:, :k], self.spare[1][:, :k], self.block(k)
         xp.matmul(self.q, Yk, out=X)
         xp.matmul(self.kq, Yk, out=KX)
-        xp.multiply(X, xp.asarray(theta[:k]), out=R)
+        xp.multiply(X, xp.asarray(np.ascontiguousarray(theta[:k])), out=R)
         xp.subtract(KX, R, out=R)
         return _column_norms(xp, R)
 
