@@ -23,10 +23,10 @@ import sys
 import tempfile
 import time
 
+import _data  # noqa: F401 - first: this checkout's dkha on the path
 import numpy as np
 from sklearn.datasets import load_digits
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 from dkha import KernelHebbianPCA, config
 from dkha.apply.clustering import cluster_run, score, spectral_clustering
 from dkha.data.ingest import ingest_array

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
+import _data  # noqa: F401 - first: this checkout's dkha on the path
 import numpy as np
 from numba import njit
 from threadpoolctl import threadpool_limits
 
-# this checkout's dkha, not an installed copy (python puts benchmarks/, not the root, on the path)
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dkha.solvers import compiled
 from dkha.solvers.batch import BatchKHA, default_eta0, initial_coefficients
 

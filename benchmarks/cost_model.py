@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 import dask
 from _data import load_average, patch_store

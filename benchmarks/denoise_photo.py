@@ -43,9 +43,9 @@ import os
 import sys
 import time
 
+import _data  # noqa: F401 - first: this checkout's dkha on the path
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 from dkha.apply.choose import fit_denoise
 
 NOISES = ("gaussian-0.05", "gaussian-0.1", "gaussian-0.2", "salt-pepper", "speckle", "poisson")

@@ -22,9 +22,9 @@ import sys
 import tempfile
 import time
 
+import _data  # noqa: F401 - first: this checkout's dkha on the path
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 import dkha
 from dkha import KernelHebbianPCA, config
 from dkha.apply.denoise import denoise_store, store_mse

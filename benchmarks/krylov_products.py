@@ -32,11 +32,6 @@ import sys
 import time
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha
-sys.path.insert(0, HERE)
-
 from _data import load_average, patch_store
 from scipy.sparse.linalg import LinearOperator, lobpcg
 

@@ -27,9 +27,6 @@ import sys
 import time
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), HERE]     # this checkout's dkha, then the shared data
 from _data import patch_store, peak_rss_mb
 
 import dkha

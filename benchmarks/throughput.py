@@ -29,17 +29,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import dask.config
 import numpy as np
-from threadpoolctl import threadpool_limits
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import load_average, patch_store
+from threadpoolctl import threadpool_limits
 
 from dkha import KernelHebbianPCA, config
 from dkha.engine.cluster import blas_threads_for, client_for
