@@ -100,21 +100,28 @@ def peak_rss_watch(pid: int, out: list) -> threading.Thread:
 
 def run_watched(cmd: list[str], *, env: dict | None = None, timeout: float | None = None,
                 **popen) -> dict:
-    """Run ``cmd`` to its end: ``returncode``, wall ``seconds`` and ``peak_mb``, the peak of the
-    summed resident memory of it and all its child processes (a Dask cluster's workers too)."""
+    """Run ``cmd`` to its end, or for ``timeout`` seconds (then it and all its child processes
+    are killed: ``timed_out``): ``returncode``, wall ``seconds``, ``stdout``, ``stderr`` and
+    ``peak_mb``, the peak of the summed resident memory of it and all its child processes (a
+    Dask cluster's workers too)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, **popen)
     peak: list = []
     watcher = peak_rss_watch(proc.pid, peak)
+    timed_out = False
     try:
         out = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        timed_out = True
+        with contextlib.suppress(psutil.Error):
+            for p in [*psutil.Process(proc.pid).children(recursive=True), proc]:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
         out = proc.communicate()
     seconds = time.perf_counter() - t0
     watcher.join()
     return {"returncode": proc.returncode, "seconds": seconds, "peak_mb": peak[0] / 2**20,
-            "stdout": out[0], "stderr": out[1]}
+            "stdout": out[0], "stderr": out[1], "timed_out": timed_out}
 
 
 def checkout_env(checkout: str = REPO, **extra) -> dict:

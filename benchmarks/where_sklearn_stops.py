@@ -19,7 +19,7 @@ method), at each ``--sizes`` (default 5 000, 20 000, 50 000 and 113 270), in one
 * ``dkha-krylov``: ``dkha fit DATA -o RUN --components 20 --algorithm krylov --tol 1e-6``.
 
 Each method runs in its own process tree; its wall seconds and the peak of the summed resident
-memory of the whole tree (psutil, sampled every 50 ms: Dask workers included) are measured
+memory of the whole tree (``_data.run_watched``: Dask workers included) are measured
 here. Accuracy comes from an independent check, two plain NumPy passes over ``K'`` in blocks
 of rows (nothing of dkha's evaluation): each method's training projections ``Y`` (``l × r``)
 give unit vectors ``v_i = Y_i / ‖Y_i‖``; the check reports the largest relative residual
@@ -47,8 +47,6 @@ import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
 
 SIZES = (5000, 20000, 50000, 113270)
 PHOTOS = ("camera", "moon", "coins", "astronaut", "coffee", "chelsea")
@@ -98,39 +96,6 @@ def photo_patches(l: int, seed: int = 0) -> np.ndarray:
                            for p in PHOTOS])
     pick = np.sort(np.random.default_rng(seed).choice(len(pool), size=l, replace=False))
     return np.ascontiguousarray(pool[pick], dtype=np.float64)
-
-
-def run_tree(cmd: list[str], timeout: float, env=None) -> dict:
-    """Run ``cmd``; wall seconds, peak summed RSS of its process tree (MiB), stdout, status."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
-    root = psutil.Process(proc.pid)
-    peak = 0
-    timed_out = False
-    while proc.poll() is None:
-        total = 0
-        try:
-            for p in [root] + root.children(recursive=True):
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-        except psutil.Error:
-            pass
-        peak = max(peak, total)
-        if time.perf_counter() - t0 > timeout:
-            timed_out = True
-            for p in root.children(recursive=True) + [root]:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-            break
-        time.sleep(0.05)
-    out, err = proc.communicate()
-    return {"wall": time.perf_counter() - t0, "peak_mib": peak / 2**20, "stdout": out,
-            "stderr": err, "rc": proc.returncode, "timed_out": timed_out}
 
 
 def gaussian_rows(Xa: np.ndarray, X: np.ndarray, sq: np.ndarray, sigma: float) -> np.ndarray:
@@ -190,7 +155,7 @@ def main(argv=None) -> None:
                     help="seconds before a method is stopped (default %(default)s)")
     ap.add_argument("--workdir", default=None, help="where the data stores and runs go")
     args = ap.parse_args(argv)
-    from _data import load_average
+    from _data import load_average, run_watched
 
     from dkha import config
     from dkha.data.ingest import ingest_array
@@ -231,13 +196,14 @@ def main(argv=None) -> None:
                        str(R), "--overwrite"]
                 if m == "dkha-krylov":
                     cmd += ["--algorithm", "krylov", "--tol", "1e-6", "--sigma", repr(sigma)]
-            r = run_tree(cmd, args.timeout, env=env)
+            r = run_watched(cmd, env=env, timeout=args.timeout, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
             note = ""
             if r["timed_out"]:
                 note = f"stopped after {args.timeout:.0f} s"
-            elif r["rc"] != 0:
+            elif r["returncode"] != 0:
                 tail = (r["stderr"].strip().splitlines() or ["?"])[-1]
-                note = f"failed (exit {r['rc']}): {tail[:120]}"
+                note = f"failed (exit {r['returncode']}): {tail[:120]}"
             elif m.startswith("dkha-") and m != "dkha-estimator":
                 import xarray as xr
                 ds = xr.open_zarr(os.path.join(run, "components.zarr"), consolidated=False)
@@ -250,8 +216,8 @@ def main(argv=None) -> None:
                 note = (note + " " + (f"path {a['path']}" if "path" in a else "")).strip()
             if not note or note.startswith(("path", "sigma")):
                 Ys[m] = np.load(out)
-            res[m] = {"wall": r["wall"], "peak_mib": r["peak_mib"], "note": note}
-            print(f"l={l} {m}: {r['wall']:.1f} s, peak {r['peak_mib']:.0f} MiB {note}",
+            res[m] = {"wall": r["seconds"], "peak_mib": r["peak_mb"], "note": note}
+            print(f"l={l} {m}: {r['seconds']:.1f} s, peak {r['peak_mb']:.0f} MiB {note}",
                   flush=True)
         if Ys:
             t0 = time.perf_counter()

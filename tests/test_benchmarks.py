@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -98,7 +99,7 @@ def test_quick_benchmarks_run_at_toy_size(name, args, printed):
     assert re.search(printed, proc.stdout), proc.stdout[-2000:]
 
 
-def test_shared_helpers_measure_a_child_and_a_block():
+def test_shared_helpers_measure_a_child_and_a_block(tmp_path):
     sys.path.insert(0, str(BENCH))
     try:
         import _data
@@ -112,7 +113,16 @@ def test_shared_helpers_measure_a_child_and_a_block():
     res = _data.run_watched([sys.executable, "-c", parent], timeout=120)
     assert res["returncode"] == 0
     assert res["peak_mb"] > 480
-    assert res["seconds"] >= 1.5
+    assert res["seconds"] >= 1.5 and not res["timed_out"]
+    # past its timeout, the command and its child are killed: no sleeper is left behind
+    pid_file = tmp_path / "pid"
+    sleeper = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); " \
+              "time.sleep(120)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
+    res = _data.run_watched([sys.executable, "-c", parent], timeout=8)
+    assert res["timed_out"] and res["returncode"] != 0 and res["seconds"] < 60
+    pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     with _data.timed() as t:
         sum(range(1000))
     assert 0 <= t.seconds < res["seconds"]
