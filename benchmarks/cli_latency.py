@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=HERE)
+from _data import checkout_env
+
+ENV = checkout_env()
 DKHA = [sys.executable, "-m", "dkha.cli"]
 CASES = {
     "python -c pass": [sys.executable, "-c", "pass"],

@@ -33,7 +33,8 @@ import tempfile
 import termios
 import time
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _data import REPO, checkout_env
+
 MARKS = {"centering": (b"centering", b"MK row"), "steps": (b"kha-smd:", b"kha-smd pass 0")}
 
 
@@ -41,7 +42,7 @@ def watch(checkout: str, store: str, run: str, terminal: bool, limit: float,
           passes: int) -> dict:
     """Seconds to the first output and to each of :data:`MARKS`; in a terminal the fit is stopped
     after them, in a pipe it runs to its end and the largest gap between lines is measured."""
-    env = dict(os.environ, PYTHONPATH=checkout, DASK_DKHA__MK_CACHE="false")
+    env = checkout_env(checkout, DASK_DKHA__MK_CACHE="false")
     cmd = [sys.executable, "-m", "dkha.cli", "fit", store, "-o", run, "--components", "16",
            "--passes", str(passes), "--overwrite"]
     if terminal:
@@ -112,12 +113,12 @@ def main() -> None:
         store = os.path.join(work, "camera.zarr")
         subprocess.run([sys.executable, "-m", "dkha.cli", "ingest", "images", "skimage:camera",
                         "-o", store, "--patch", "11", "--step", "3", "--max-samples",
-                        str(args.samples)], check=True, env=dict(os.environ, PYTHONPATH=HERE),
+                        str(args.samples)], check=True, env=checkout_env(),
                        stdout=subprocess.DEVNULL)
         print(f"dkha fit {args.samples} camera patches (11×11) --components 16 --passes "
               f"{args.passes}; seconds from the start of the process (machine: "
               f"{os.cpu_count()} cores):")
-        checkouts = [("this checkout", HERE)] + ([("baseline", args.baseline)]
+        checkouts = [("this checkout", REPO)] + ([("baseline", args.baseline)]
                                                  if args.baseline else [])
         for label, checkout in checkouts:
             for terminal in (True, False):

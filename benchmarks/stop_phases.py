@@ -22,11 +22,8 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
 import numpy as np
-from _data import peak_rss_watch
+from _data import checkout_env, peak_rss_watch
 
 
 def stop_during(args, phase_line, delay, occurrence=1, env=None):
@@ -76,7 +73,7 @@ def main():
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "dkha.cli", *fit, "--steps", "4000", "--block", "32",
                     "--evaluate-every", "-1", "--quiet"], check=True,
-                   env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
+                   env=checkout_env())
     print(f"a fit of 4000 steps without evaluation (MK pass included): "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     vrun = os.path.join(args.workdir, "finished")
