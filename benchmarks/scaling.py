@@ -145,11 +145,23 @@ def krylov_fit(engine, r):
     return run_krylov(engine, r, seed=0, tol=1e-2, with_evaluation=False).alpha
 
 
+def _passes(rows, eng, client, V, args, r):
+    """The MK pass, a K'V product and (unless skipped) a krylov fit, each a row."""
+    from dkha.engine.mkrow import exact_mk_row
+
+    rows.append(measure_median(eng, client, "MK pass", lambda: exact_mk_row(eng), args.repeat))
+    rows.append(measure_median(eng, client, f"K'V ({args.columns} cols)",
+                               lambda: eng.matmat(V), args.repeat))
+    if not args.skip_krylov:
+        rows.append(measure_median(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
+                                   lambda: krylov_fit(eng, r), args.repeat))
+
+
 def main():
     from _data import patch_store
 
     from dkha import config
-    from dkha.engine.mkrow import exact_mk_row
+    from dkha.engine.mkrow import exact_mk_row, sampled_mk_row
     from dkha.engine.rows import RowEngine
     from dkha.kernels import make_kernel
 
@@ -161,6 +173,10 @@ def main():
                     help="for each N, start `dask scheduler` + N `dask worker --nthreads 1` "
                          "processes instead of a LocalCluster")
     ap.add_argument("--skip-kha", action="store_true", help="only the MK pass, K'V and krylov")
+    ap.add_argument("--kha-only", action="store_true",
+                    help="only the KHA-SMD pass, on a fixed subset of its blocks (--kha-steps), "
+                         "centered by an MK row sampled from 2 000 columns (no exact MK pass: "
+                         "at l = 200 000 one worker's would take minutes)")
     ap.add_argument("--skip-krylov", action="store_true", help="no krylov fit (its speed-up is its "
                     "passes': the MK pass and K'V products)")
     ap.add_argument("--repeat", type=int, default=3,
@@ -194,16 +210,14 @@ def main():
                        for p in ("coordinator", "workers")}
             eng = engines["coordinator"]
             print(f"{nw} workers: {eng.memory.describe()}", flush=True)
-            mk = exact_mk_row(eng)      # warm-up: imports, chunk reads; the row for the rest
+            if args.kha_only:
+                mk = sampled_mk_row(eng, min(l, 2000), seed=0)
+            else:
+                mk = exact_mk_row(eng)      # warm-up: imports, chunk reads; the row for the rest
             eng.set_mk(mk, float(mk.mean()))
             engines["workers"].set_mk(mk, float(mk.mean()))
-            rows.append(measure_median(eng, client, "MK pass", lambda eng=eng: exact_mk_row(eng),
-                                       args.repeat))
-            rows.append(measure_median(eng, client, f"K'V ({args.columns} cols)",
-                                       lambda eng=eng: eng.matmat(V), args.repeat))
-            if not args.skip_krylov:
-                rows.append(measure_median(eng, client, f"krylov fit r={r} tol 1e-2 (MK + K'V)",
-                                           lambda eng=eng: krylov_fit(eng, r), args.repeat))
+            if not args.kha_only:
+                _passes(rows, eng, client, V, args, r)
             if args.skip_kha:
                 continue
             alphas = {}

@@ -106,7 +106,7 @@ def _build():
         feats = tl.arange(0, BD)
         vcols = tl.arange(0, BR)
         xi = tl.load(XX + rows, mask=rmask, other=0.0)
-        ri = tl.load(RI + rows, mask=rmask & CENTERED, other=0.0)
+        ri = tl.load(RI + rows, mask=rmask, other=0.0)   # the norms again where uncentered
         acc = tl.zeros((BM, BR), dtype=tl.float64)
         sums = tl.zeros((BM,), dtype=tl.float64)
         for c in range(0, n, BN):
