@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from dkha import KernelHebbianPCA, config
-from dkha.engine.budget import MIN_BLOCK_ROWS, Hardware, block_rows_for, memory_plan
+from dkha.engine.budget import (
+    MIN_BLOCK_ROWS,
+    Hardware,
+    Layout,
+    block_rows_for,
+    memory_plan,
+)
 
 MiB = 2**20
 
@@ -72,12 +78,11 @@ GiB = 2**30
 L = 1_000_000
 
 
-def bands_by_the_rule(l, threads, memory, n_features=121, cap=16384):
-    """The issue's rule, computed here: a quarter of the workers' memory (at least 1 GiB) for the
-    tiles; at least 16 tiles a thread, the diagonal ones counted as halves (n²/2 ≥ 16·threads);
-    a side of at most 16 384 rows and of what the budget gives a thread (its rows, their copies,
-    a panel of 64 rows: 8·(4n + 64) bytes a row)."""
-    budget = max(GiB, memory // 4) if memory else GiB
+def bands_by_the_rule(l, n_features=121, cap=16384, budget=GiB, threads=16):
+    """The layout's rule, computed here: planned for 16 threads within 1 GiB whatever the
+    cluster: at least 16 tiles a thread, the diagonal ones counted as halves (n²/2 ≥ 16·16);
+    a side of at most 16 384 rows and of what the budget gives a thread (its rows, their
+    copies, a panel of 64 rows: 8·(4n + 64) bytes a row)."""
     least = math.ceil(math.sqrt(32 * threads))
     side = min(cap, budget // (threads * 8 * (4 * n_features + 64)))
     return max(least, math.ceil(l / side))
@@ -85,40 +90,67 @@ def bands_by_the_rule(l, threads, memory, n_features=121, cap=16384):
 
 @pytest.mark.parametrize("workers,threads,memory", [
     (1, 16, 128 * GiB), (16, 16, 128 * GiB), (1, 2, 24 * GiB), (1, 64, None), (4, 64, 16 * GiB)])
-def test_the_tiles_at_a_million_samples_follow_the_workers(workers, threads, memory):
+def test_the_tiles_at_a_million_samples_are_the_layouts_and_the_tasks_follow_the_workers(
+        workers, threads, memory):
+    """The tile grid (the arithmetic: which partial sums are added, in which order) is the same
+    on every cluster; the tasks a pass takes follow the threads, about 16 a thread."""
     hardware = Hardware.described(workers, threads, memory)
     p = memory_plan(L, config.settings(), hardware=hardware, n_features=121)
-    n = bands_by_the_rule(L, threads, memory)
-    assert p.bands == n and p.tiles == p.tasks == n * (n + 1) // 2
+    n = bands_by_the_rule(L)
+    assert p.bands == n and p.tiles == n * (n + 1) // 2 and p.layout_reason.startswith("layout")
+    # a task at most a tile of 16 384 rows' entries: tiles of 15 152 rows are a task each
+    assert p.tiles_per_task == 1 and p.tasks == p.tiles
     assert p.tile_rows == math.ceil(L / n) and (n - 1) * p.tile_rows < L
     assert p.worker_budget == (max(GiB, memory // 4) if memory else GiB)
-    bare = memory_plan(L, config.settings())
-    assert (p.block_rows, p.prefetch, p.budget) == (bare.block_rows, 4, GiB)
+    assert (p.block_rows, p.prefetch, p.budget) == (memory_plan(L, config.settings()).block_rows,
+                                                    4, GiB)
     assert hardware.threads == threads
 
 
 def test_the_plan_at_a_million_samples_in_one_line():
     p = memory_plan(L, config.settings(), hardware=Hardware.described(1, 16, 128 * GiB),
                     n_features=121)
-    assert p.tiles == 1953 and p.tile_rows == 16130 and p.worker_budget == 32 * GiB
+    assert p.tiles == 2211 and p.tile_rows == 15152 and p.worker_budget == 32 * GiB
     line = p.describe()
     # the blocks (the steps' grouping) stay those of the floor: (4 + 2)·b·l·8 ≤ 1 GiB
     assert GiB // (6 * 8 * L) == 22
-    assert line.startswith("plan: 16 CPU threads in 1 worker (128 GiB), 1 953 tiles of 16 130 "
-                           "rows in 1 953 tasks, blocks of 22 rows, 4 ahead"), line
+    assert line.startswith("plan: 16 CPU threads in 1 worker (128 GiB), 2 211 tiles of 15 152 "
+                           "rows (layout for 16 threads) in 2 211 tasks, blocks of 22 rows, "
+                           "4 ahead"), line
     assert "tiles within 32 GiB (a quarter of the workers' memory)" in line
     many = memory_plan(L, config.settings(), hardware=Hardware.described(16, 16, 128 * GiB),
                        n_features=121)
     assert "16 CPU threads in 16 workers (128 GiB)" in many.describe()
     d = p.as_dict()
-    assert (d["tiles"], d["tasks"], d["hardware"]["threads"], d["device"]) == (1953, 1953, 16,
+    assert (d["tiles"], d["tasks"], d["hardware"]["threads"], d["device"]) == (2211, 2211, 16,
                                                                                "cpu")
-    # threads, not memory, set the tiles of a smaller pass: 276 tiles of 2 174 rows for 16
-    # threads at 50 000 (91 of 4 096 left the last wave idle), 21 for one
-    assert memory_plan(50_000, config.settings(), hardware=Hardware.described(16, 16, 128 * GiB),
-                       n_features=121).tiles == 276
-    assert memory_plan(50_000, config.settings(), hardware=Hardware.described(1, 1, 8 * GiB),
-                       n_features=121).tiles == 21
+    # the same 276 tiles of 2 174 rows at 50 000 for 16 threads and for one: one a task for
+    # 16 threads (91 of 4 096 had left the last wave idle), 17 a task for one (about 16 tasks
+    # a thread, each well within the entries of a tile of 16 384 rows)
+    big = memory_plan(50_000, config.settings(), hardware=Hardware.described(16, 16, 128 * GiB),
+                      n_features=121)
+    one = memory_plan(50_000, config.settings(), hardware=Hardware.described(1, 1, 8 * GiB),
+                      n_features=121)
+    assert big.tiles == one.tiles == 276 and big.tile_rows == one.tile_rows == 2174
+    assert (big.tasks, one.tiles_per_task, one.tasks) == (276, 17, 17)
+
+
+def test_a_recorded_layout_is_kept_and_one_that_does_not_fit_is_planned_again():
+    """A resume gives back the layout its run recorded, whatever the cluster now; where a
+    worker's memory cannot hold a tile a thread, the grid is planned again, and the plan says
+    so (the bits then differ)."""
+    settings = config.settings()
+    recorded = Layout(bands=40, column_groups=3)
+    p = memory_plan(L, settings, hardware=Hardware.described(1, 2, 8 * GiB), n_features=121,
+                    layout=recorded)
+    assert p.bands == 40 and p.layout_reason == "the run's recorded layout"
+    assert Layout.from_dict(recorded.as_dict()) == recorded and Layout.from_dict(None) is None
+    # 64 threads in 2 GiB: a quarter (512 MiB) holds 64 tiles of 67 MiB? no
+    small = memory_plan(L, settings, hardware=Hardware.described(1, 64, 2 * GiB),
+                        n_features=121, layout=recorded)
+    assert small.bands > 40 and small.layout_reason.startswith("planned again: a worker of 64 "
+                                                               "threads and 2 GiB")
+    assert "bits differ" in small.describe()
 
 
 def test_a_budget_set_by_the_user_wins_over_the_workers():

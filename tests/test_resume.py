@@ -479,3 +479,45 @@ def test_a_default_fit_that_fails_for_good_leaves_no_checkpoint(digits_store, tm
     assert Checkpointer(run).steps() == []
     monkeypatch.undo()
     assert KernelHebbianPCA(3, sigma=4.0).fit(digits_store, run_dir=run).attrs_["path"] == "dense"
+
+
+def test_a_resume_on_other_workers_and_memory_ends_bit_identical(krylov_store, tmp_path):
+    """The layout (tile grid, column groups, one BLAS thread) is the run's, not the cluster's
+    (issue 43): a default fit on 1 worker process of the machine's cores, stopped after its
+    first Krylov product, resumed on 2 worker processes of one thread and 2 GiB each, ends
+    with the bits of the uninterrupted fit in this process (the suite's in-process cluster, 2
+    threads), whose tile grid is not given (no ``dkha.tile-rows``: the layout's rule). Before,
+    the grid followed the threads and the coordinator's BLAS its cores."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dkha import KernelHebbianPCA
+    from dkha.cli.fit import cmd_fit
+    from dkha.cli.parser import build_parser
+    from dkha.data.checkpoint import Checkpointer
+
+    dense = {"dkha.dense-bytes": 1e6}
+    with dask.config.set(dense):
+        ref = KernelHebbianPCA(8).fit(krylov_store)
+    assert ref.attrs_["path"] == "krylov" and ref.history_[-1]["pass"] >= 3
+    run = str(tmp_path / "run")
+    args = [krylov_store, "-o", run]
+    proc = subprocess.Popen(_cmd("fit", *args, "--components", "8", "--checkpoint-every", "1",
+                                 "--workers", "1", "--quiet"),
+                            env=subprocess_env(DASK_DKHA__DENSE_BYTES="1e6"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_step(proc, run, 1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err
+    layout = Checkpointer(run).newest_meta()["layout"]
+    assert layout["blas_threads"] == 1 and layout["bands"] > 1
+    with dask.config.set(dense), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="2GiB",
+                         dashboard_address=None) as cluster, Client(cluster) as c:
+        assert cmd_fit(build_parser().parse_args(
+            ["fit", *args, "--resume", "--quiet", "--scheduler", cluster.scheduler_address])) == 0
+        assert len(c.scheduler_info()["workers"]) == 2
+    alpha, ds = _alpha(run)
+    assert np.array_equal(alpha, ref.alpha_)
+    assert np.array_equal(ds["eigenvalue"].values, ref.eigenvalues_)

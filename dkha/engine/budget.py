@@ -16,7 +16,18 @@ workers hold the tiles of the MK row and product passes while they compute them.
   of the memory limits the workers report, at least :data:`FLOOR_BYTES` (the floor for small
   machines and for clusters that report none).
 
-The tiles ``I ≤ J`` of the blockwise passes are chosen for the threads: the pass's last wave is what
+The tiles ``I ≤ J`` of the blockwise passes are the fit's arithmetic: a band of ``K' V`` is the sum
+of its tiles' products in the pass's order, the MK row the sum of their column sums, so the grid
+is a :class:`Layout` — planned for :data:`LAYOUT_THREADS` threads and :data:`FLOOR_BYTES`
+whatever the cluster (``dkha.memory-budget`` where set), recorded in the run's checkpoints and
+reused by a resume — and the cluster only decides how many tiles a task computes
+(``tiles_per_task``: about ``dkha.tiles-per-thread`` tasks a thread), so a fit ends with the same
+bits on any number of workers, threads or memory (issue 43). Where the workers' memory cannot
+hold a thread's tile of the layout (a quarter of a worker's memory limit over its threads), the
+grid is planned again for the cluster and the plan says so (``layout_reason``). The grid's rule,
+for the layout's threads (a task takes several tiles where a thread would get more than
+``dkha.tiles-per-thread`` of them, at most the entries of a tile of ``dkha.tile-rows``): the pass's
+last wave is what
 leaves threads idle (at l = 50 000, 91 tiles of 4 096 rows for 16 workers kept them busy 55 % of the
 pass), so there are enough tiles for ``dkha.tiles-per-thread`` (16) per thread, counting the ``n``
 diagonal tiles (computed once, half the work) as halves: ``n² / 2 ≥ 16 · threads`` bands (the idle
@@ -26,8 +37,7 @@ tiles are short). No more than that where the tiles can be larger: the side is a
 ``dkha.tile-rows`` (16 384: a task of about 2.7·10⁸ kernel entries, one to three seconds of one
 thread, so a stop or a slow worker costs seconds), and at most what the workers' budget gives each
 thread: a fused tile task holds its two row ranges and their prepared copies (``4 · t · n · 8``
-bytes) and one panel of the tile (``≥ 64`` rows, :mod:`dkha.tiles`), never the tile itself. Each
-tile is one task (``tiles_per_task``: the GPU worker's bands of tiles take several).
+bytes) and one panel of the tile (``≥ 64`` rows, :mod:`dkha.tiles`), never the tile itself.
 
 A block size or prefetch given as an argument is used as given.
 """
@@ -49,6 +59,9 @@ MIN_BLOCK_ROWS = 16
 MIN_TILE_ROWS = 64
 #: the budget where ``dkha.memory-budget`` is not set and the workers report no more
 FLOOR_BYTES = 2**30
+#: the worker threads the tile grid (:class:`Layout`) is planned for, whatever the cluster: the
+#: passes' tasks take several tiles on fewer threads (``tiles_per_task``), one on more
+LAYOUT_THREADS = 16
 #: the least rows a panel of a fused tile holds (:func:`dkha.tiles.cpu.panel_rows`)
 PANEL_ROWS = 64
 
@@ -131,6 +144,29 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """What a fit's bits are a function of beyond its data and settings: the tile grid of the
+    blockwise passes (``bands`` row ranges), the column groups of the row blocks and the BLAS
+    threads of the coordinator's and the tasks' arithmetic. Made once at the start of a fit
+    (:func:`memory_plan`), recorded in its checkpoints (:meth:`as_dict`) and reused by a resume
+    on any cluster."""
+
+    bands: int
+    column_groups: int
+    blas_threads: int = 1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Layout | None:
+        """The layout a checkpoint records (None: none recorded, an older dkha's run)."""
+        if not d:
+            return None
+        return cls(int(d["bands"]), int(d["column_groups"]), int(d.get("blas_threads", 1)))
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """What a row engine holds and runs at once, from the hardware (module docstring): printed
     among a fit's first lines (:meth:`describe`) and recorded in its ``timings.json`` as
@@ -147,6 +183,9 @@ class MemoryPlan:
     tiles_per_task: int = 1
     device: str = "cpu"                 # where the workers compute the tiles
     hardware: Hardware = field(default_factory=Hardware)
+    #: how the tile grid was made: planned for LAYOUT_THREADS, recorded by the run, or planned
+    #: again for a cluster whose memory does not hold the layout's tiles
+    layout_reason: str = "planned"
 
     @property
     def tiles(self) -> int:
@@ -161,13 +200,14 @@ class MemoryPlan:
     def with_tiles(self, groups) -> MemoryPlan:
         """The plan with the tile groups (of row ranges) the engine made, e.g. the row cache's."""
         side = max(g[-1][1] - g[0][0] for g in groups)
-        return replace(self, bands=len(groups), tile_rows=int(side))
+        return replace(self, bands=len(groups), tile_rows=int(side), tiles_per_task=1)
 
     def describe(self) -> str:
         """One line: ``plan: 16 CPU threads in 1 worker (128 GiB), 1 953 tiles of 16 384 rows in
         1 953 tasks, blocks of 256 rows, 4 ahead (1 GiB), tiles within 32 GiB (…)``."""
         return (f"plan: {self.hardware.describe()}, {_count(self.tiles)} tiles of "
-                f"{_count(self.tile_rows)} rows in {_count(self.tasks)} tasks, blocks of "
+                f"{_count(self.tile_rows)} rows ({self.layout_reason}) in "
+                f"{_count(self.tasks)} tasks, blocks of "
                 f"{self.block_rows} rows, {self.prefetch} ahead ({_size(self.budget)}: "
                 f"{self.reason}), tiles within {_size(self.worker_budget)} "
                 f"({self.worker_reason})")
@@ -231,11 +271,42 @@ def tile_bands(n_samples: int, threads: int, n_features: int, budget: int, setti
     return max(1, min(n, l // MIN_TILE_ROWS))
 
 
+def tile_task_bytes(n_samples: int, bands: int, n_features: int) -> int:
+    """Bytes a fused tile task of the grid of ``bands`` holds (module docstring)."""
+    return -(-max(1, n_samples) // max(1, bands)) * 8 * (4 * max(1, n_features) + PANEL_ROWS)
+
+
+def layout_bands(n_samples: int, n_features: int, settings: Settings, hardware: Hardware,
+                 recorded: Layout | None = None) -> tuple[int, str]:
+    """``(bands, how)``: the tile grid of a fit, the same on any cluster (module docstring):
+    ``recorded`` (a resume's), else planned for :data:`LAYOUT_THREADS` threads within
+    ``dkha.memory-budget`` or :data:`FLOOR_BYTES`; planned again for ``hardware`` where a
+    worker's quarter of its memory limit cannot hold a tile task per thread."""
+    if recorded is not None:
+        bands, how = recorded.bands, "the run's recorded layout"
+    else:
+        budget = user_budget(settings) or FLOOR_BYTES
+        bands = tile_bands(n_samples, LAYOUT_THREADS, n_features, budget, settings)
+        how = f"layout for {LAYOUT_THREADS} threads"
+    need = tile_task_bytes(n_samples, bands, n_features)
+    short = [w for w in hardware.workers if w.memory and w.memory // 4 < need * w.threads]
+    if short and user_budget(settings) is None:
+        w = short[0]
+        bands = max(bands, tile_bands(n_samples, hardware.threads, n_features,
+                                      max(1, hardware.memory or 0) // 4, settings))
+        how = (f"planned again: a worker of {w.threads} threads and {_size(w.memory)} cannot "
+               f"hold {w.threads} tiles of the layout ({_size(need)} each); the bits differ "
+               "from the layout's")
+    return bands, how
+
+
 def memory_plan(n_samples: int, settings: Settings, client=None, *, threads: int | None = None,
                 n_features: int = 1, block_rows: int | None = None,
-                prefetch: int | None = None, hardware: Hardware | None = None) -> MemoryPlan:
+                prefetch: int | None = None, hardware: Hardware | None = None,
+                layout: Layout | None = None) -> MemoryPlan:
     """The plan for a row engine over ``n_samples`` samples of ``n_features`` on the workers of
-    ``client`` (or the described ``hardware``; ``threads``: where given, instead of theirs)."""
+    ``client`` (or the described ``hardware``; ``threads``: where given, instead of theirs);
+    ``layout``: the tile grid a resumed run recorded (:func:`layout_bands`)."""
     hardware = Hardware.of(client) if hardware is None else hardware
     threads = hardware.threads if threads is None else max(1, int(threads))
     asked = user_budget(settings)
@@ -258,8 +329,14 @@ def memory_plan(n_samples: int, settings: Settings, client=None, *, threads: int
     else:
         ahead = max(1, int(settings.prefetch))
         ahead = max(1, min(ahead, budget // block_bytes - 2))
-    bands = tile_bands(n_samples, threads, n_features, worker_budget, settings)
+    bands, how = layout_bands(n_samples, n_features, settings, hardware, layout)
+    tiles = bands * (bands + 1) // 2
+    # about dkha.tiles-per-thread tasks a thread, a task at most a tile of dkha.tile-rows
+    side = -(-max(1, n_samples) // bands)
+    per_task = max(1, min(tiles // (max(1, int(settings.tiles_per_thread)) * threads),
+                          (int(settings.tile_rows) // side) ** 2))
     return MemoryPlan(budget=int(budget), block_rows=b, prefetch=ahead,
                       tile_rows=-(-max(1, n_samples) // bands), reason=reason,
                       worker_budget=int(worker_budget), worker_reason=worker_reason,
-                      bands=bands, hardware=hardware)
+                      bands=bands, tiles_per_task=per_task, hardware=hardware,
+                      layout_reason=how)

@@ -302,20 +302,43 @@ def _worker_env(settings: Settings) -> dict:
 
 
 @contextlib.contextmanager
-def blas_threads_for(client, settings: Settings, gpu: bool = False) -> Iterator[None]:
-    """One BLAS thread per Dask thread when the workers share this process; this process's
-    kernel blocks from the heap (:func:`heap_blocks`).
+def blas_threads_for(client, settings: Settings, gpu: bool = False, threads: int = 1
+                     ) -> Iterator[None]:
+    """``threads`` BLAS threads (the fit's :class:`~dkha.engine.budget.Layout`: one) for the
+    coordinator's arithmetic meanwhile and on every worker process of ``client``; this
+    process's kernel blocks from the heap (:func:`heap_blocks`).
 
-    The in-process cluster already runs one task per core; OpenBLAS's own threads on top of
-    that oversubscribe the cores (measured: a pass at l = 20 000 took 18.0 s with OpenBLAS's
-    default threads, 11.4 s with one). Remote and process clusters are left alone.
+    OpenBLAS's GEMM and LAPACK give other bits on another number of threads (a 500 × 500 by
+    500 × 3 000 product, an ``eigh`` of 100 × 100), so a fit's bits followed the coordinator's
+    cores on a cluster of worker processes (one thread in-process): the same store fitted on 2
+    by-hand workers and in-process differed by 5e-14 (issue 43). One thread also keeps the
+    in-process cluster's tasks from oversubscribing the cores (a pass at l = 20 000 took 18.0 s
+    with OpenBLAS's default threads, 11.4 s with one). Worker processes get the same limit
+    (:class:`BlasThreads`; a nanny's workers have it from ``distributed`` already). With tiles
+    on a GPU the coordinator's BLAS is left alone (its bits are the device's).
     """
     heap_blocks(settings)
-    if gpu or not shares_process(client):   # tiles on a GPU: the cores are the coordinator's
+    if gpu:
         yield
         return
-    with blas_limit(1):
+    if not shares_process(client):
+        with contextlib.suppress(Exception):      # placement of a setting: the fit runs without
+            client.register_plugin(BlasThreads(threads), name=BlasThreads.name)
+    with blas_limit(threads):
         yield
+
+
+class BlasThreads(WorkerPlugin):
+    """A worker plugin: the worker process's BLAS threads limited to ``threads`` (present
+    workers and every one that joins later), so that its tiles' bits do not follow its cores."""
+
+    name = "dkha-blas-threads"
+
+    def __init__(self, threads: int = 1):
+        self.threads = int(threads)
+
+    def setup(self, worker=None) -> None:
+        blas_limit(self.threads)      # kept: the worker process computes only tasks
 
 
 _CONTROLLER: list = []

@@ -12,7 +12,7 @@ import numpy as np
 from dkha.data.centering import centering_key, read_centering, write_centering
 from dkha.engine.bandpass import band_pass
 from dkha.engine.content import check_finite, content_key
-from dkha.engine.tasks import mk_sample_tile, mk_tile, take_rows, tile_sums
+from dkha.engine.tasks import mk_sample_tile, mk_tiles, take_rows, tile_sums
 from dkha.errors import ParameterError
 from dkha.schedule import Stream, random_stream
 
@@ -77,16 +77,20 @@ def exact_mk_row(engine) -> np.ndarray:
         return band_pass(engine, "sums", engine.kernel, what="the MK row (centering) pass",
                          progress="centering (MK row)") / engine.n_samples
     path, groups, client = engine.source, engine.tile_groups, engine.client
-    pairs = engine.tile_pairs()
+    tasks = engine.tile_tasks()
 
     def submit(k):
-        i, j = pairs[k]
-        if engine.tile_cache is not None:
+        if engine.tile_cache is not None:   # one tile a task
+            (i, j), = tasks[k]
             return client.submit(tile_sums, engine.tile_cache.tile(i, j), i == j, pure=False)
-        return client.submit(mk_tile, path, engine.kernel, groups[i], groups[j], pure=False)
+        return client.submit(mk_tiles, path, engine.kernel,
+                             [(groups[i], groups[j]) for i, j in tasks[k]], pure=False)
 
-    # column sums to band j, row sums (off the diagonal) to band i
-    routes = [[(j, 0)] + ([(i, 1)] if i != j else []) for i, j in pairs]
+    # column sums to band j, row sums (off the diagonal) to band i: the p-th tile's pieces
+    # 2p and 2p + 1 of its task's result
+    routes = [[piece for p, (i, j) in enumerate(task)
+               for piece in [(j, 2 * p)] + ([(i, 2 * p + 1)] if i != j else [])]
+              for task in tasks]
     mk = engine.passes.reduced_pass(submit, routes, engine.tile_bounds(), None,
                                     "the MK row (centering) pass", kind="mk",
                                     progress="centering (MK row)", transient=False)

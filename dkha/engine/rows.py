@@ -51,7 +51,7 @@ import numpy as np
 from dkha.config import Settings
 from dkha.data.store import DataStore
 from dkha.engine.bandpass import BandPlan, band_matmat, band_residuals, plan_for
-from dkha.engine.budget import configured_budget, memory_plan
+from dkha.engine.budget import LAYOUT_THREADS, Layout, configured_budget, memory_plan
 from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.mkrow import mk_row
 from dkha.engine.passes import ClusterPasses
@@ -65,9 +65,9 @@ from dkha.engine.tasks import (
     dense_pair,
     diagonal_rows,
     load_rows,
-    product_pair,
+    product_tiles,
     project_rows,
-    residual_pair,
+    residual_tiles,
 )
 from dkha.engine.tilecache import TileCache
 from dkha.errors import ParameterError
@@ -189,7 +189,8 @@ class RowEngine:
     replica_rebuilds = 3
 
     def __init__(self, store: DataStore, kernel: Kernel, client, settings: Settings, *,
-                 block_rows: int | None = None, prefetch: int | None = None, models: int = 1):
+                 block_rows: int | None = None, prefetch: int | None = None, models: int = 1,
+                 layout: Layout | None = None):
         if isinstance(store.path, str):
             share_storage_options(client, store.path)
         self.settings = settings
@@ -206,12 +207,10 @@ class RowEngine:
         threads = total_threads(client)
         self.memory = memory_plan(store.n_samples, settings, client, threads=threads,
                                   prefetch=prefetch, n_features=store.n_features,
-                                  block_rows=block_rows)
+                                  block_rows=block_rows, layout=layout)
         self.block_rows, self.prefetch = self.memory.block_rows, self.memory.prefetch
-        ng = settings.column_groups
-        grouped = ng is not None
-        if not grouped:
-            ng = threads
+        grouped = settings.column_groups is not None
+        ng = layout.column_groups if layout else settings.column_groups if grouped else threads
         self.column_groups = _groups_of_chunks(store, int(ng))
         self.all_ranges = tuple(r for g in self.column_groups for r in g)
         # square tiles for the MK row and evaluation (dkha.engine.budget)
@@ -221,11 +220,13 @@ class RowEngine:
         if self.cache_rows:
             # fewer, larger tiles: a row block takes one piece from each tile it meets, so the
             # tasks per block grow with the tile count; about 4 tiles a thread keeps all busy
-            self.tile_groups = _groups_of_chunks(store, max(1, int(np.ceil(np.sqrt(8 * threads)))))
+            self.tile_groups = _groups_of_chunks(store, int(np.ceil(np.sqrt(8 * LAYOUT_THREADS))))
             self.tile_cache = TileCache(client, self.source, self.exact_kernel,
                                         self.tile_groups)
             self.tile_cache.check_memory()
             self.memory = self.memory.with_tiles(self.tile_groups)
+        # what the bits follow, recorded in the checkpoints, given back on a resume
+        self.layout = Layout(len(self.tile_groups), int(ng))
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
         # the row stream's groups: where no column-groups are set and the blocks in flight
@@ -373,6 +374,10 @@ class RowEngine:
         g = self.tile_groups
         return [(i, j) for i in range(len(g)) for j in range(i, len(g))]
 
+    def tile_tasks(self) -> list[list[tuple[int, int]]]:
+        """The tiles of each task of a blockwise pass (:func:`tasks_of`)."""
+        return tasks_of(self.tile_pairs(), 1 if self.tile_cache else self.memory.tiles_per_task)
+
     def tile_bounds(self) -> list[tuple[int, int]]:
         """The row range ``(start, stop)`` of each tile group."""
         return [self._bounds(g) for g in self.tile_groups]
@@ -391,14 +396,14 @@ class RowEngine:
         if self.bands is not None:
             return band_matmat(self, V, kernel)
         Vf = self.passes.put(V, everywhere=True)
-        g = self.tile_groups
-        pairs = self.tile_pairs()
-        # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j
+        g, tasks = self.tile_groups, self.tile_tasks()
+        # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j: piece 2p and
+        # 2p + 1 of the task's p-th tile
         return self.passes.reduced_pass(
-            lambda k: self.client.submit(product_pair, self.source, kernel, mk, self.mkm,
-                                         g[pairs[k][0]], g[pairs[k][1]], Vf,
-                                         tile=self._tile(*pairs[k]), pure=False),
-            [[(i, 0)] + ([(j, 1)] if i != j else []) for i, j in pairs], self.tile_bounds(),
+            lambda k: self.client.submit(product_tiles, self.source, kernel, mk, self.mkm,
+                                         [(g[i], g[j]) for i, j in tasks[k]], Vf,
+                                         tiles=cached_tiles(self, tasks[k]), pure=False),
+            [tile_routes(task) for task in tasks], self.tile_bounds(),
             V.shape[1],
             "a K' V product pass", kind="product", progress="product K' V")
 
@@ -414,16 +419,16 @@ class RowEngine:
         if self.bands is not None:
             return band_residuals(self, Cs)
         Cf = self.passes.put(Cs, everywhere=True)
-        g = self.tile_groups
-        pairs = self.tile_pairs()
+        g, tasks = self.tile_groups, self.tile_tasks()
         tot = np.zeros(1 + len(Cs))
         for part in self.passes.ordered_results(
-                lambda k: self.client.submit(residual_pair, self.source, self.exact_kernel, mk,
-                                             self.mkm, g[pairs[k][0]], g[pairs[k][1]], Cf,
-                                             tile=self._tile(*pairs[k]), pure=False),
-                len(pairs), "the residual pass of an evaluation", kind="residual",
+                lambda k: self.client.submit(residual_tiles, self.source, self.exact_kernel, mk,
+                                             self.mkm, [(g[i], g[j]) for i, j in tasks[k]], Cf,
+                                             tiles=cached_tiles(self, tasks[k]), pure=False),
+                len(tasks), "the residual pass of an evaluation", kind="residual",
                 progress="evaluation (residuals)"):
-            tot += part
+            for row in part:        # the tiles' sums in the pass's order, however grouped
+                tot += row
         return float(tot[0]), [float(v) for v in tot[1:]]
 
     def dense(self) -> np.ndarray:
@@ -436,6 +441,30 @@ class RowEngine:
         future = self.client.submit(project_rows, self.source, self.kernel, Xnew, mk, self.mkm,
                                     self.column_groups, alpha, pure=False)
         return self.passes.wait(future, f"the projection of {len(Xnew)} new samples")
+
+
+def tasks_of(pairs: list, per_task: int) -> list[list[tuple[int, int]]]:
+    """The tiles of each task of a blockwise pass: ``pairs`` in order, ``per_task`` a task (the
+    plan's ``tiles_per_task``; one from the row cache, whose tiles are few)."""
+    n = max(1, int(per_task))
+    return [pairs[a:a + n] for a in range(0, len(pairs), n)]
+
+
+def cached_tiles(engine: RowEngine, task) -> list | None:
+    """The row cache's tiles of a task's tiles (None without the row cache)."""
+    return None if engine.tile_cache is None else [engine._tile(i, j) for i, j in task]
+
+
+def tile_routes(task: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Where the pieces of a task of :func:`~dkha.engine.tasks.product_tiles` (or
+    ``mk_tiles``) go: its ``p``-th tile ``(i, j)``'s first piece to band ``i``, its second (off
+    the diagonal) to band ``j``."""
+    routes = []
+    for p, (i, j) in enumerate(task):
+        routes.append((i, 2 * p))
+        if i != j:
+            routes.append((j, 2 * p + 1))
+    return routes
 
 
 def dense_matrix(engine: RowEngine) -> np.ndarray:

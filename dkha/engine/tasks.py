@@ -366,6 +366,37 @@ def residual_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tup
     return out if gi == gj else 2.0 * out
 
 
+def product_tiles(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, pairs: list,
+                  V: np.ndarray, tiles: list | None = None) -> tuple:
+    """:func:`product_pair` of each tile ``(gi, gj)`` of ``pairs`` in turn, their results one
+    after the other (``2 · len(pairs)`` items): a task of several tiles gives the pieces one
+    task per tile gives, so the band sums, added in the pass's order, do not depend on how the
+    tiles were grouped into tasks (:mod:`dkha.engine.budget`'s ``tiles_per_task``)."""
+    out: list = []
+    for k, (gi, gj) in enumerate(pairs):
+        out.extend(product_pair(path, kernel, mk, mkm, gi, gj, V,
+                                tile=None if tiles is None else tiles[k]))
+    return tuple(out)
+
+
+def mk_tiles(path: str, kernel: Kernel, pairs: list) -> tuple:
+    """:func:`mk_tile` of each tile ``(rows_i, rows_j)`` of ``pairs`` in turn, their results one
+    after the other (as :func:`product_tiles`)."""
+    out: list = []
+    for rows_i, rows_j in pairs:
+        out.extend(mk_tile(path, kernel, rows_i, rows_j))
+    return tuple(out)
+
+
+def residual_tiles(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, pairs: list,
+                   Cs: tuple, tiles: list | None = None) -> np.ndarray:
+    """:func:`residual_pair` of each tile of ``pairs``, one row each (the coordinator adds the
+    rows in the pass's order)."""
+    return np.stack([residual_pair(path, kernel, mk, mkm, gi, gj, Cs,
+                                   tile=None if tiles is None else tiles[k])
+                     for k, (gi, gj) in enumerate(pairs)])
+
+
 def dense_pair(path: str, kernel: Kernel, mk: np.ndarray, mkm: float, gi: tuple, gj: tuple,
                tile: np.ndarray | None = None) -> np.ndarray:
     """``K'[I, J]`` (small stores only)."""

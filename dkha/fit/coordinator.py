@@ -27,6 +27,7 @@ from dkha.config import Settings
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.result import projection_array
 from dkha.data.store import DataStore
+from dkha.engine.budget import Layout
 from dkha.engine.cluster import (
     blas_limit,
     blas_threads_for,
@@ -250,6 +251,13 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
                            (checkpointers, metas, cks, checkpoints))
 
 
+def recorded_layout(cks) -> Layout | None:
+    """The layout a resumed run's checkpoint records (None: a fresh fit, a checkpoint written
+    before the row engine, an older dkha's): its tile grid and column groups, so the resume
+    adds the same partial sums in the same order on any cluster."""
+    return Layout.from_dict(cks[0].meta.get("layout")) if cks else None
+
+
 def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, attrs, asked,
                 runs) -> list[ModelFit]:
     """The fit's passes on the cluster ``client``: the row engine, the MK row, the start, then
@@ -259,7 +267,7 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     verbose = any(p.verbose for p in settings)
     engine = RowEngine(store, kernel, client, replace(request.settings, projections=asked),
                        block_rows=stream.block_rows, prefetch=stream.prefetch,
-                       models=len(settings))
+                       models=len(settings), layout=recorded_layout(cks))
     engine.verbose = verbose
     bands = engine.bands            # GPU workers: the passes' plan is the device's
     plan_line = bands.describe() if bands is not None else engine.memory.describe()
@@ -267,6 +275,8 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
         if meta is not None and isinstance(meta.get("exact"), dict):
             meta["exact"]["projections"] = engine.projections
+        if meta is not None:    # and the layout the bits follow (a resume reuses it)
+            meta["layout"] = engine.layout.as_dict()
     t0 = time.perf_counter()
     if cks is None:
         engine.compute_mk(center_sample=settings[0].center_sample, seed=stream.seed)
