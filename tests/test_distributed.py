@@ -149,4 +149,4 @@ def test_products_are_summed_on_the_worker_processes(store, real_cluster):
         assert np.array_equal(got, want)
         product = [p for p in engine.stats.passes if p["kind"] == "product"][-1]
         assert product["bytes_received"] == ds.n_samples * 7 * 8
-        assert product["tasks"] == len(pairs) and product["reduce_tasks"] == len(g)
+        assert product["tasks"] == len(engine.tile_tasks()) and product["reduce_tasks"] == len(g)
