@@ -166,11 +166,9 @@ def child(method, store, r, sigma, passes, extra_file, env=None):
 
 
 def main():
-    from dkha import config
-    sys.path.insert(0, HERE)
-    sys.path.insert(0, ROOT)
     from _data import patch_store
 
+    from dkha import config
     from dkha.engine.cluster import blas_threads_for, client_for
     from dkha.engine.rows import RowEngine
     from dkha.fit.spectrum import krylov_eigenpairs

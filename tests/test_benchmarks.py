@@ -37,7 +37,10 @@ def _rows() -> tuple[dict[str, str], set[str]]:
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    """No PYTHONPATH: a script finds this checkout's dkha itself (through ``_data``)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("PYTHONPATH", None)
+    return env
 
 
 def test_readme_lists_every_script_and_only_those():
@@ -47,16 +50,22 @@ def test_readme_lists_every_script_and_only_those():
     assert set(CITED) <= set(SCRIPTS)
 
 
-# Each script run as ``python benchmarks/NAME.py --help`` would be (its folder first on the
-# path, ``__name__ == "__main__"``), all in one process so that dkha and its dependencies are
-# imported once; prints {name: [exit code, help text]} as JSON.
+# Each script run as ``python benchmarks/NAME.py --help`` would be from the repository root:
+# its folder first on the path and not the root (so it must put this checkout's dkha on the path
+# itself), ``__name__ == "__main__"``; all in one process, dkha's modules and ``_data`` dropped
+# between scripts so that each imports them as it would alone. Prints {name: [exit code, help
+# text]} as JSON.
 _HELP_ALL = r"""
-import contextlib, io, json, runpy, sys
+import contextlib, io, json, os, runpy, sys
+root = os.getcwd()
+base = [p for p in sys.path if p not in ("", root)]
 out = {}
 for name in sys.argv[1:]:
+    for m in [m for m in sys.modules if m == "_data" or m.split(".")[0] == "dkha"]:
+        del sys.modules[m]
     path = f"benchmarks/{name}.py"
     sys.argv[:] = [path, "--help"]
-    sys.path.insert(0, "benchmarks")
+    sys.path[:] = [os.path.join(root, "benchmarks"), *base]
     buf, code = io.StringIO(), None
     try:
         with contextlib.redirect_stdout(buf):
