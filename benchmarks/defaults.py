@@ -55,8 +55,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))      # this checkout's dkha, not an installed copy
-
+import _data  # noqa: F401 - first: this checkout's dkha on the path
 import dask.config
 import numpy as np
 

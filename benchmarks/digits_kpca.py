@@ -22,18 +22,17 @@ KHA-SMD < KHA/et < KHA/t < KHA, with KHA/t ≤ 1e-2.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
 import tempfile
 import time
 
+import _data  # noqa: F401 - first: this checkout's dkha on the path
 import numpy as np
 from distributed import Client, LocalCluster
 from sklearn.datasets import load_digits
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
-import itertools
 
 from dkha import KernelHebbianPCA, fit_together
 from dkha.data.ingest import ingest_array

@@ -32,7 +32,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # this checkout
+import _data  # noqa: F401 - first: this checkout's dkha on the path
+
 from dkha.data.ingest import ingest_array
 from dkha.estimators.online import OnlineKernelPCA
 from dkha.fit.ac_index import ACReference
