@@ -59,6 +59,14 @@ class Interrupted(DkhaError):
     exit_code = 75
 
 
+class RunFinished(DkhaError):
+    """The run directory holds this run, finished, with the same settings and data: nothing to
+    do (``dkha fit`` again, or ``--resume`` of a finished run). Not a failure: exit code 0, so
+    a scheduler's retry of a finished fit succeeds."""
+
+    exit_code = 0
+
+
 class DkhaWarning(UserWarning):
     """Warnings dkha itself emits (tests turn them into errors)."""
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -237,3 +239,39 @@ def test_ctrl_c_asks_the_command_to_stop_as_sigterm_does(capsys):
         STOP.clear()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def test_a_finished_fit_run_again_or_resumed_has_nothing_to_do(digits_store, tmp_path,
+                                                               monkeypatch):
+    """A scheduler reruns ``dkha fit …`` and ``dkha fit … --resume`` after the fit finished
+    (issue 43): each exits 0 with one line, starting no cluster and fitting nothing (the
+    cluster's and the fit's entries are made to fail, and the saved run is untouched); other
+    settings are refused in one line pointing at ``--overwrite``. Before, the rerun fitted
+    again and the ``--resume`` exited 2."""
+    from dkha.engine import cluster
+    from dkha.fit import coordinator
+
+    run = str(tmp_path / "run")
+    fit = ["fit", digits_store.path, "-o", run, "--algorithm", "krylov", "--components", "3",
+           "--sigma", "4", "--quiet"]
+    assert dkha_in_process(*fit).returncode == 0
+    saved = os.path.join(run, "components.zarr", "zarr.json")
+    before = (os.stat(saved).st_mtime_ns, pathlib.Path(saved).read_bytes())
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started for a finished run")
+
+    monkeypatch.setattr(coordinator, "client_for", no_cluster)
+    monkeypatch.setattr(cluster, "LocalCluster", no_cluster)
+    monkeypatch.setattr(coordinator, "_on_cluster", no_cluster)
+    for _ in range(3):
+        for extra in ([], ["--resume"]):
+            p = dkha_in_process(*fit, *extra)
+            assert p.returncode == 0, p.stderr
+            assert p.stdout.strip() == (f"{run} holds this run, finished: nothing to do (pass "
+                                        "--overwrite to fit it again)"), p.stdout
+    assert (os.stat(saved).st_mtime_ns, pathlib.Path(saved).read_bytes()) == before
+    for extra in ([], ["--resume"]):
+        p = dkha_in_process(*["5" if a == "3" else a for a in fit], *extra)
+        assert p.returncode == 2 and "pass --overwrite to replace it" in p.stderr, p.stderr
+        assert "n_components: 3 there, 5 now" in p.stderr

@@ -11,7 +11,7 @@ from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_t
 from dkha.cli.where import cluster_kwargs
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
-from dkha.errors import NumericalError, RunDirectoryError
+from dkha.errors import NumericalError, RunDirectoryError, RunFinished
 from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
 from dkha.estimators.params import PARAMETERS, cli_values
@@ -135,7 +135,26 @@ def repeat_params(model, meta: dict | None, args) -> None:
             setattr(model, name, value)
 
 
+def _finished_run(out: str) -> bool:
+    """Whether ``out`` holds a saved run with no checkpoint left (a fit of it to its end)."""
+    return (os.path.isdir(os.path.join(out, result.COMPONENTS))
+            and not Checkpointer(out).steps())
+
+
 def cmd_fit(args) -> int:
+    """``dkha fit``; again on a finished run with the same settings and data, or ``--resume`` of
+    one, nothing to do: one line, exit code 0, no cluster started (a scheduler's retry of a
+    finished fit succeeds); with other settings it is refused, pointing at ``--overwrite``."""
+    if not args.overwrite and not args.resume and _finished_run(args.out):
+        args.resume = True      # the fit asks the run whether it is this one (RunFinished)
+    try:
+        return _cmd_fit(args)
+    except RunFinished as done:
+        print(done)
+        return 0
+
+
+def _cmd_fit(args) -> int:
     metas = resumed_options(args) if args.resume else None
     settings = _model_settings(args)
     _families([s["algorithm"] for s in settings])

@@ -39,6 +39,7 @@ from dkha.errors import (
     InputError,
     ParameterError,
     RunDirectoryError,
+    RunFinished,
     StoreNotFoundError,
 )
 
@@ -239,6 +240,7 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
     if resume:
         if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
             raise RunDirectoryError(f"cannot resume: {run_dir} is not a directory")
+        finished(run_dir, checkpointer, attrs, identity)
         ck = checkpointer.require_latest()
         keys = resume_identity if resume_identity is not None else \
             {**identity_map(identity), "n_samples": None, "n_features": None}
@@ -256,6 +258,19 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
                 "continue it or --overwrite to start over")
         checkpointer.clear()
     return checkpointer, None, meta
+
+
+def finished(run_dir: str, checkpointer: Checkpointer, attrs: dict, identity) -> None:
+    """Raise :class:`~dkha.errors.RunFinished` where a resume finds the run complete: its
+    ``components.zarr`` saved, no checkpoint left, the same identifying attrs (a different run
+    there is refused as a fit without ``--resume`` refuses it, pointing at ``--overwrite``)."""
+    if checkpointer._committed():      # a checkpoint (even a damaged one): resumed as before
+        return
+    if not os.path.isdir(os.path.join(run_dir, result.COMPONENTS)):
+        return
+    result.check_run_dir(run_dir, attrs, False, identity)
+    raise RunFinished(f"{run_dir} holds this run, finished: nothing to do (pass --overwrite to "
+                      "fit it again)")
 
 
 def differences(saved: dict, current: dict, keys) -> list[str]:
