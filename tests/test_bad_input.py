@@ -122,7 +122,8 @@ CASES = [
     ("a diverging gain (kha --eta0 1000)",
      "fit {d}/good.zarr -o {d}/r21 --algorithm kha --eta0 1000 --passes 1 --on-divergence stop",
      "diverged at step", "r21"),
-    ("resume of a run without checkpoints",     # ({d}/run is finished: its resume has nothing to do)
+    # ({d}/run is a finished run: its --resume has nothing to do, exit 0)
+    ("resume of a run without checkpoints",
      "fit {d}/good.zarr -o {d}/notzarr --resume --components 2 --passes 1",
      "holds no checkpoint", None),
     ("evaluate a directory that is no run", "evaluate {d}/notzarr",
