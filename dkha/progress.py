@@ -44,8 +44,32 @@ def _logged(message: str, *, event: bool = True) -> None:
 
 
 def phase(desc: str) -> None:
-    """Say that a phase of the work begins (one log line, INFO on ``dkha.progress``)."""
-    _logged(desc)
+    """Say that a phase of the work begins (one log line, INFO on ``dkha.progress``); nothing
+    where it is the phase said last (a stage that named it already)."""
+    if desc != _last_event[0]:
+        _logged(desc)
+
+
+def mark(desc: str) -> None:
+    """What is going on now, for the :func:`heartbeat`'s lines, where another line said it (a
+    pipeline's stage); no line of its own."""
+    _last_event[:] = [desc, _clock()]
+
+
+#: whether :func:`notice` writes above the bars (the ``dkha`` command in a terminal)
+NOTICES_SHOWN = [False]
+
+
+def notice(line: str) -> None:
+    """A line the user needs whatever the progress shows (the dashboard's address): on
+    standard error above the bars where the ``dkha`` command shows bars, else a progress log
+    line."""
+    if NOTICES_SHOWN[0] and _terminal():
+        from tqdm.auto import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+    else:
+        _logged(line, event=False)
 
 
 def announce(line: str, verbose: bool) -> None:

@@ -146,7 +146,7 @@ def test_a_piped_fit_logs_each_phase_with_the_time(digits_store, tmp_path):
     lines = progress_lines(p.stderr)
     seconds = [s for s, _ in lines]
     assert seconds == sorted(seconds)
-    phases = ["loading", "checking the data", "connecting to Dask", "plan: ",
+    phases = ["loading", "checking the data", "running the tasks in this process", "plan: ",
               "centering (MK row): 0/",
               "Nyström landmark rows: 0/", "E_min: the top 3 eigenvalues", "evaluation:",
               "kha-smd: 0/300 steps", "saving the run in"]

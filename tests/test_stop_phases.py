@@ -69,7 +69,7 @@ def test_stop_during_the_mk_row(store, tmp_path):
     rc, _, err = _stop_during(["fit", store, "-o", str(tmp_path / "run"), *BASE, "--passes", "1"],
                               "the MK row (centering) pass:")
     assert rc == 75, err
-    assert _last_line(err) == "dkha: error: stopped during the MK row (centering) pass"
+    assert _last_line(err) == "dkha: stopped during the MK row (centering) pass"
 
 
 def test_stop_during_the_nystrom_rows(store, tmp_path):

@@ -1,8 +1,10 @@
-"""Losing a worker process mid-fit changes nothing: its blocks are recomputed in schedule order."""
+"""Losing a worker process mid-fit changes nothing: its blocks are recomputed in schedule order;
+the log says so in one line."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -37,6 +39,12 @@ def test_killing_a_worker_mid_fit_leaves_alpha_unchanged(tmp_path):
         workers[0].wait()
         _out, err = fit.communicate(timeout=600)
         assert fit.returncode == 0, err
+        # one line names the lost worker and what happens next, in the log's format
+        lost = [ln for ln in err.splitlines() if "lost" in ln]
+        assert len(lost) == 1, err
+        assert re.fullmatch(r"\d\d:\d\d:\d\d \(\+\d+\.\d s\) dkha fit: warning: worker "
+                            r"tcp://127\.0\.0\.1:\d+ \(w0\) lost: .*the work goes on.*",
+                            lost[0]), lost
         a = xr.open_zarr(os.path.join(run, "components.zarr"))["alpha"].values
         b = xr.open_zarr(os.path.join(ref, "components.zarr"))["alpha"].values
         assert np.array_equal(a, b)

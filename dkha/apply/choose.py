@@ -93,6 +93,7 @@ from dkha.errors import InputError, ParameterError
 from dkha.fit.dense import dense_fit
 from dkha.fit.ridge import learned_preimage
 from dkha.kernels import make_kernel, median_distance
+from dkha.progress import phase
 from dkha.schedule import Stream, random_stream
 
 MODELS = ("kernel", "linear")
@@ -393,13 +394,13 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     rng = random_stream(seed, Stream.DENOISE_CHOICE, 0)
     train = np.sort(rng.choice(n_windows, min(samples, n_windows), replace=False))
     ranks = tuple(r for r in ranks if r < len(train)) or (min(len(train) - 1, patch * patch),)
+    phase(f"choosing the denoiser: noise σ̂ {report.sigma:.4g}, rule {report.rule}; "
+          f"{len(train)} training windows of {n_windows}")
     evals = [Evaluation(v, patch, step, train, report.sigma, max(ranks))
              for v in rule.inputs]
-    scored = _score(evals, rule, candidates(model, widths, ranks))
-    if model == "kernel":
-        scored += _score(evals, rule, shortlist(scored, ridges, fixed_point))
-    scored.sort(key=lambda t: t[1])
+    scored = _rounds(evals, rule, model, candidates(model, widths, ranks), ridges, fixed_point)
     best, best_risk = settle(scored)
+    phase(f"denoising with {best.label()}")
     final = evals[0] if rule.rule == "sure" else Evaluation(work, patch, step, train,
                                                             report.sigma, max(ranks))
     out = np.clip(final.images([best])[best], 0.0, 1.0)
@@ -414,6 +415,19 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
                          iterations=0, converged=n_windows, undefined=0,
                          seconds=time.perf_counter() - t0, method=best.preimage, choice=choice,
                          **reference_figures(clean, y, out))
+
+
+def _rounds(evals: list, rule: RiskRule, model: str, first: list, ridges,
+            fixed_point: bool) -> list:
+    """Both rounds' scores (:func:`_score`), best first; each round said as it begins."""
+    phase(f"choosing the denoiser: {len(first)} candidates (linear and conformal pre-images)")
+    scored = _score(evals, rule, first)
+    if model == "kernel":
+        second = shortlist(scored, ridges, fixed_point)
+        phase(f"choosing the denoiser: {len(second)} more on the shortlist (learned"
+              + (" and fixed-point" if fixed_point else "") + " pre-images)")
+        scored += _score(evals, rule, second)
+    return sorted(scored, key=lambda t: t[1])
 
 
 def settle(scored: list) -> tuple[Candidate, float]:

@@ -10,6 +10,7 @@ import importlib
 import logging
 import sys
 
+from dkha import progress
 from dkha.cli.output import progress_lines
 from dkha.cli.parser import build_parser
 from dkha.progress import heartbeat, phase
@@ -19,7 +20,7 @@ from dkha.progress import heartbeat, phase
 #: every one that may run for more than a few seconds
 PROGRESS_COMMANDS = ("fit", "tune", "run", "evaluate", "transform", "maps", "report", "denoise",
                      "superresolve", "cluster", "ingest")
-LOADING = "loading, then starting the Dask workers"
+LOADING = "loading"
 
 
 def shows_progress(args) -> bool:
@@ -37,7 +38,11 @@ def progress_shown(args):
         return
     if sys.stderr.isatty():     # progress bars (tqdm)
         print(f"dkha {args.command}: {LOADING}", file=sys.stderr, flush=True)
-        yield
+        progress.NOTICES_SHOWN[0] = True
+        try:
+            yield
+        finally:
+            progress.NOTICES_SHOWN[0] = False
         return
     handler = progress_lines(args.command)
     logger = logging.getLogger("dkha.progress")

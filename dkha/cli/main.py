@@ -22,20 +22,28 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 
 from dkha import config
 from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
 from dkha.cli.options import centering_line, centering_summary, raise_param
-from dkha.cli.output import LineFormatter, excess_precision, excess_text, pair_digits
+from dkha.cli.output import (
+    LineFormatter,
+    LogFormatter,
+    excess_precision,
+    excess_text,
+    log_warning,
+    pair_digits,
+)
 from dkha.cli.parser import build_parser
-from dkha.cli.where import cluster_kwargs
+from dkha.cli.where import cluster_kwargs, performance_reported
 from dkha.data import result
 from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.storage import set_storage_options
 from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
-from dkha.errors import DkhaError
+from dkha.errors import DkhaError, Interrupted
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.fit.ac_index import ACReference
 from dkha.fit.control import STOP
@@ -304,19 +312,32 @@ def run(args: argparse.Namespace) -> int:
     """Run the command that the parsed ``args`` describe; returns the exit code."""
     level = (logging.WARNING if args.verbose == 0 else
              logging.INFO if args.verbose == 1 else logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    console = logging.StreamHandler()
+    # warnings and -v's lines in the format of the progress lines (dkha.cli.output)
+    console.setFormatter(LogFormatter(args.command, names=level <= logging.DEBUG))
+    logging.basicConfig(level=level, handlers=[console])
     for h in logging.root.handlers:  # library INFO lines go to files (pipelines), not the console
         h.setLevel(level)
     _quiet_distributed(level)
 
     _install_stop_handler(args.command)
+    shown = warnings.showwarning
+    warnings.showwarning = log_warning
     try:
         if getattr(args, "storage_option", None):
             set_storage_options(dict(args.storage_option))
-        return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
+        with performance_reported(args):
+            return {**COMMANDS, **APPLY_COMMANDS}[args.command](args)
+    except Interrupted as exc:      # a stop asked for (SIGTERM, Ctrl-C): no error
+        text = str(exc)
+        print("dkha: " + (text if text.startswith("stopped") else f"stopped: {text}"),
+              file=sys.stderr)
+        return exc.exit_code
     except DkhaError as exc:
         print(f"dkha: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("dkha: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown

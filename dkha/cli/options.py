@@ -71,6 +71,13 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-file", metavar="F", help="attach via a scheduler file")
     g.add_argument("--workers", type=positive_int, metavar="N",
                    help="start a local cluster of N worker processes")
+    g.add_argument("--dashboard", metavar="ADDRESS", default="127.0.0.1:8787",
+                   help="where the Dask dashboard of a cluster dkha starts listens, said in "
+                        "the log (default 127.0.0.1:8787, another port where it is taken; "
+                        ":8787 for every interface; none: no dashboard)")
+    g.add_argument("--performance-report", metavar="FILE.html",
+                   help="write Dask's performance report of the command's work on the cluster "
+                        "(dask.distributed.performance_report; needs bokeh)")
 
 
 def raise_param(msg: str):

@@ -13,6 +13,8 @@ import math
 import sys
 import time
 
+from dkha.errors import DkhaWarning
+
 #: when the command started (its lines give the seconds since)
 START = time.time()
 
@@ -28,6 +30,33 @@ class LineFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         record.elapsed = record.created - START
         return super().format(record)
+
+
+class LogFormatter(LineFormatter):
+    """The command's log lines in the progress lines' format (:class:`LineFormatter`), a
+    warning or an error saying so (``… dkha fit: warning: …``); with ``names`` (``-vv``) the
+    logger's name too."""
+
+    def __init__(self, command: str, names: bool = False):
+        super().__init__(command)
+        self.names = names
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        head, sep, message = line.partition(": ")
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        name = f"[{record.name}] " if self.names else ""
+        return f"{head}{sep}{level}{name}{message}"
+
+
+def log_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` for the command: a warning as a log line (WARNING of
+    ``dkha.warnings``: the format of the rest, :class:`LogFormatter`); dkha's own by their
+    message, another's with its class and where it was raised."""
+    text = str(message)
+    if not issubclass(category, DkhaWarning):
+        text += f" ({category.__name__} at {filename}:{lineno})"
+    logging.getLogger("dkha.warnings").warning("%s", text)
 
 
 def progress_lines(command: str) -> logging.Handler:

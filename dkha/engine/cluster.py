@@ -3,7 +3,8 @@
 Every public function of dkha that computes on the cluster takes one ``client=`` value, resolved
 here by :func:`client_for`: a ``distributed.Client`` (used as is), a scheduler address
 (``"tcp://HOST:PORT"``), an ``int`` N (a local cluster of N worker processes), a :class:`Where`
-(what the command line's ``--scheduler``, ``--scheduler-file`` and ``--workers`` say), or
+(what the command line's ``--scheduler``, ``--scheduler-file``, ``--workers`` and ``--dashboard``
+say), or
 ``None``. Order: an explicit scheduler address → a scheduler file → ``DASK_SCHEDULER_ADDRESS`` →
 the active ``distributed.Client`` of this process (the one a user made, as dask-ml uses it) →
 a local cluster. The local default is an in-process cluster (threads, no serialisation) sized to
@@ -31,8 +32,10 @@ from threadpoolctl import ThreadpoolController
 
 from dkha.config import Settings
 from dkha.data.storage import apply_storage_settings, storage_settings, url_protocol
+from dkha.engine.dashboard import DASHBOARD, port_moves, say_dashboard, watching_workers
 from dkha.engine.inline import InlineClient
 from dkha.errors import ParameterError
+from dkha.progress import phase
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +43,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Where:
     """Where to compute, in the command line's terms: a scheduler address, a scheduler file or a
-    number of local worker processes (all ``None``: ``DASK_SCHEDULER_ADDRESS``, else in-process)."""
+    number of local worker processes (all ``None``: ``DASK_SCHEDULER_ADDRESS``, else in-process).
+    ``dashboard``: the address of the dashboard of a cluster started here (``--dashboard``;
+    ``None``: none), said in the log as the cluster starts."""
 
     scheduler: str | None = None
     scheduler_file: str | None = None
     workers: int | None = None
+    dashboard: str | None = DASHBOARD
 
 
 def where_of(client) -> Where | Client:
@@ -72,6 +78,29 @@ def names_a_cluster(client=None) -> bool:
                                          or os.environ.get("DASK_SCHEDULER_ADDRESS"))
 
 
+def cluster_stage(client=None, samples: int | None = None, settings: Settings | None = None
+                  ) -> str:
+    """What :func:`client_for` does for ``client`` and ``samples`` (at most ``settings``'
+    ``inline_samples``: inline), as a stage of the work's progress: connecting to a scheduler,
+    starting workers, or running inline."""
+    if isinstance(client, (InlineClient, Client)):
+        return "using the given Dask client"
+    w = where_of(client)
+    address = w.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if w.scheduler_file and not address:
+        return f"connecting to the Dask scheduler of {w.scheduler_file}"
+    if address:
+        return f"connecting to the Dask scheduler at {address}"
+    if w.workers:
+        return f"starting {int(w.workers)} Dask worker processes"
+    if _active_client() is not None:
+        return "using the running Dask client"
+    if (samples is not None and settings is not None
+            and samples <= int(settings.inline_samples)):
+        return f"running the tasks in this process ({samples} samples: no cluster to start)"
+    return "starting the in-process Dask cluster"
+
+
 @contextlib.contextmanager
 def client_for(client=None, samples: int | None = None, *, settings: Settings
                ) -> Iterator[Client | InlineClient]:
@@ -97,17 +126,21 @@ def client_for(client=None, samples: int | None = None, *, settings: Settings
     if scheduler_file:
         if not os.path.exists(scheduler_file):
             raise ParameterError(f"scheduler file {scheduler_file} does not exist")
+        phase(cluster_stage(w))
         try:
             c = Client(scheduler_file=scheduler_file, timeout=settings.connect_timeout)
         except (OSError, TimeoutError, TypeError, ValueError) as exc:
             raise ParameterError(f"cannot reach the Dask scheduler of {scheduler_file}: "
                                  f"{exc}") from None
+        say_dashboard(c)
         try:
-            yield c
+            with watching_workers(c):
+                yield c
         finally:
             c.close()
         return
     if address:
+        phase(cluster_stage(w))
         try:
             c = Client(address, timeout=settings.connect_timeout)
         except (OSError, TimeoutError, TypeError, ValueError) as exc:
@@ -118,8 +151,10 @@ def client_for(client=None, samples: int | None = None, *, settings: Settings
                         "cluster/README.md)")
             raise ParameterError(f"cannot reach the Dask scheduler at {address}: "
                                  f"{exc}{hint}") from None
+        say_dashboard(c)
         try:
-            yield c
+            with watching_workers(c):
+                yield c
         finally:
             c.close()
         return
@@ -131,27 +166,39 @@ def client_for(client=None, samples: int | None = None, *, settings: Settings
         if samples is not None and samples <= int(settings.inline_samples):
             yield InlineClient()
             return
+    cluster, moved = _start_local(w, samples, settings)
+    c = Client(cluster)
+    say_dashboard(c, moved, cluster)
+    try:
+        with watching_workers(c):
+            yield c
+    finally:
+        _close_started(c, cluster, processes=bool(workers))
+
+
+def _start_local(w: Where, samples: int | None, settings: Settings):
+    """The local cluster :func:`client_for` starts for ``w``, and whether its dashboard's port
+    moved (:func:`~dkha.engine.dashboard.port_moves`)."""
     ncores = os.cpu_count() or 1
     # the level this process gives distributed's loggers (the CLI raises it to ERROR), at least
     # WARNING, goes into the worker processes too
     silence = max(logging.WARNING, logging.getLogger("distributed").getEffectiveLevel())
-    if workers:
-        n = int(workers)
-        with interrupts_ignored():
-            cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n),
-                                   processes=True, dashboard_address=":0", silence_logs=silence,
-                                   env=_worker_env(settings))
-    else:
-        # on a GPU host the one worker declares its GPU (dask-cuda's convention, one worker a
-        # GPU): device="auto" then computes its tiles there without being told
-        gpus = {"GPU": 1} if local_gpus() else {}
-        cluster = LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
-                               dashboard_address=":0", silence_logs=silence, resources=gpus)
-    c = Client(cluster)
-    try:
-        yield c
-    finally:
-        _close_started(c, cluster, processes=bool(workers))
+    phase(cluster_stage(w, samples, settings))
+    with port_moves(w.dashboard) as moved:
+        if w.workers:
+            n = int(w.workers)
+            with interrupts_ignored():
+                cluster = LocalCluster(n_workers=n, threads_per_worker=max(1, ncores // n),
+                                       processes=True, dashboard_address=w.dashboard,
+                                       silence_logs=silence, env=_worker_env(settings))
+        else:
+            # on a GPU host the one worker declares its GPU (dask-cuda's convention, one worker
+            # a GPU): device="auto" then computes its tiles there without being told
+            gpus = {"GPU": 1} if local_gpus() else {}
+            cluster = LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
+                                   dashboard_address=w.dashboard, silence_logs=silence,
+                                   resources=gpus)
+    return cluster, moved
 
 
 def _close_started(client, cluster, *, processes: bool) -> None:

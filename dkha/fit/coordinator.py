@@ -32,6 +32,7 @@ from dkha.engine.cluster import (
     blas_limit,
     blas_threads_for,
     client_for,
+    cluster_stage,
     computes_on_gpu,
     names_a_cluster,
 )
@@ -149,8 +150,9 @@ def _solver(p: ModelRequest, n_samples: int) -> BatchKHA:
 
 def _check_data(store: DataStore, verbose: bool, *, client, settings: Settings) -> Progress:
     """Check that the data is finite (recorded at ingest, else read by the workers:
-    :mod:`dkha.engine.content`), then show the next stage: connecting to Dask, or starting its
-    workers (the progress of the seconds before the first pass can show its own)."""
+    :mod:`dkha.engine.content`); the stage after it is said once the path is known (connecting
+    to Dask, starting its workers or running inline: :func:`~dkha.engine.cluster.cluster_stage`;
+    the progress of the seconds before the first pass can show its own)."""
     stages = Progress(verbose, None, "checking the data (finite values)", unit="stage",
                       transient=True)
     try:
@@ -158,8 +160,6 @@ def _check_data(store: DataStore, verbose: bool, *, client, settings: Settings) 
     except BaseException:
         stages.close()      # a refused store leaves no bar open (heartbeats would repeat it)
         raise
-    connect = client is not None
-    stages.describe("connecting to Dask" if connect else "starting the Dask workers")
     return stages
 
 
@@ -241,6 +241,7 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
             stages.close()
             return [_fit_dense(store, kernel, p0, request, attrs[0], first.plan, metas[0],
                                None if checkpointers is None else checkpointers[0])]
+        stages.describe(cluster_stage(stream.client, store.n_samples, request.settings))
         client = entering.enter_context(client_for(stream.client, samples=store.n_samples,
                                                    settings=request.settings))
         entering.enter_context(blas_threads_for(

@@ -48,11 +48,12 @@ from dkha.data.checkpoint import Checkpointer
 from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.patches import read_grey_image
 from dkha.data.store import open_store
-from dkha.errors import RESUME_HINT, DkhaError, InputError, ParameterError
+from dkha.errors import RESUME_HINT, DkhaError, InputError, Interrupted, ParameterError
 from dkha.estimators.factory import estimator_for, fit_run
 from dkha.estimators.params import pipeline_keys
 from dkha.fit.track import result_entry
 from dkha.pipeline.report import write_report
+from dkha.progress import mark
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,7 @@ class Runner:
         if done and done.get("hash") != h:
             self._invalid = True  # later stages depend on this one: run them again too
         log.info("stage %s: running", key)
+        mark(f"stage {key}")      # what the heartbeat names until the stage says more
         self.current_stage = key
         t0 = time.perf_counter()
         self.state["stages"][key] = {"hash": h, "done": False, "started": time.time()}
@@ -284,6 +286,7 @@ class Runner:
         if self.p.report.get("enabled", True):
             self.current_stage = "report"
             log.info("stage report: writing %s", os.path.join(self.run_dir, "report.html"))
+            mark("stage report")
             write_report(self)  # cheap: always rewritten
         self.current_stage = None
         return self.state
@@ -520,7 +523,11 @@ def run_file(path: str, *, run_id: str | None = None, runs_dir: str = "runs",
                 summary["failed_stage"] = runner.current_stage
                 summary["stages"] = {k: {"done": v.get("done"), "seconds": v.get("seconds")}
                                      for k, v in runner.state["stages"].items()}
-                log.error("stage %s failed: %s", runner.current_stage, summary["error"])
+                if isinstance(exc, Interrupted):    # a stop asked for: not a failure
+                    summary["stopped"] = True
+                    log.info("stage %s stopped", runner.current_stage)
+                else:
+                    log.error("stage %s failed: %s", runner.current_stage, summary["error"])
                 if exc is caught:
                     raise
                 raise exc from None
