@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+import logging
 import os
 import pathlib
 import re
@@ -251,9 +252,10 @@ def test_state_and_summary_are_strict_json_and_hold_no_unmeasured_figure(tmp_pat
     assert summary["figures"]["smd"].get("excess") is None
 
 
-def test_a_stopped_pipeline_says_to_run_it_again(tmp_path, monkeypatch):
+def test_a_stopped_pipeline_says_to_run_it_again(tmp_path, monkeypatch, caplog):
     """A stop mid-fit (SIGTERM, Ctrl-C) ends a pipeline with 75 and says to run the pipeline
-    again (its fit resumes from the checkpoint), not `dkha fit ... --resume`."""
+    again (its fit resumes from the checkpoint), not `dkha fit ... --resume`; the stage is
+    logged as stopped, not failed (a stop asked for is no error)."""
     from dkha.data.checkpoint import Checkpointer
     from dkha.engine.stop import STOP
     from dkha.errors import Interrupted
@@ -269,6 +271,7 @@ def test_a_stopped_pipeline_says_to_run_it_again(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Checkpointer, "save", save_then_stop)
     path = str(tmp_path / "p.toml")
+    caplog.set_level(logging.INFO, logger="dkha.pipeline")
     try:
         with pytest.raises(Interrupted) as stop:
             run_file(path, run_id="stopped", runs_dir=str(tmp_path / "runs"))
@@ -279,3 +282,7 @@ def test_a_stopped_pipeline_says_to_run_it_again(tmp_path, monkeypatch):
     assert "dkha fit" not in str(stop.value)
     summary = json.loads((tmp_path / "runs" / "stopped" / "summary.json").read_text())
     assert summary["exit_code"] == 75 and "`dkha run" in summary["error"]
+    assert summary["stopped"] is True
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("dkha.pipeline")]
+    assert any(m.startswith("stage fit") and m.endswith(" stopped") for m in said), said
+    assert not [m for m in said if "failed" in m], said
