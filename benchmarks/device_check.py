@@ -608,7 +608,8 @@ def cpu_big(args, budget):
 
 
 def cpu_section(args, budget):
-    cpu_scaling(args, budget)
+    if "scaling" not in args.skip:
+        cpu_scaling(args, budget)
     cpu_big(args, budget)
 
 
@@ -679,8 +680,9 @@ def main(argv=None):
                     help="the first fit's samples (it compiles the probe tile), GPU and CPU")
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["equality", "krylov", "bigfit", "stop", "float32", "double",
-                             "big"],
-                    help="steps to leave out (krylov: the CPU section's krylov fits)")
+                             "big", "scaling"],
+                    help="steps to leave out (krylov: the CPU section's krylov fits; scaling: "
+                         "its scaling.py table, big: its fixed subset at the larger l)")
     ap.add_argument("--cpu-samples", type=int, default=50_000)
     ap.add_argument("--cpu-big-samples", type=int, default=200_000)
     ap.add_argument("--cpu-big-steps", type=int, default=4096,

@@ -2,8 +2,9 @@
 section (issue 40) at toy size here, with NumPy for CuPy and the band passes on the CPU, and the
 CPU section's new step (issue 41: the KHA-SMD pass on a fixed subset of blocks at a larger l):
 it prints its plan first, runs through without a failed step, and prints the acceptance lines.
-The fits at the larger l are left out here (minutes on 2 shared cores; the full dry run, every
-step, is ``python benchmarks/device_check.py --dry-run``)."""
+The fits at the larger l and the CPU section's scaling table (scaling.py, run whole by its own
+README command) are left out here (minutes on 2 shared cores; the full dry run, every step, is
+``python benchmarks/device_check.py --dry-run``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_the_dry_run_passes_and_prints_the_plan(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "device_check.py"), "--dry-run",
          "--section", "gpu", "cpu", "--skip", "equality", "stop", "float32", "bigfit",
-         "double", "krylov",
+         "double", "krylov", "scaling",
          "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
     out = proc.stdout + proc.stderr
@@ -34,6 +35,7 @@ def test_the_dry_run_passes_and_prints_the_plan(tmp_path):
     assert "FAILED" not in out, out[-4000:]
     for what in ("=== issue 40, GPU: acceptance", "centered K'V (20 columns)",
                  "float32 cupy tiles", "the fit at l = 12000: skipped",
-                 "issue 32, CPU: acceptance", "l = 4000, KHA-SMD pass"):
+                 "l = 4000, KHA-SMD pass"):
         assert what in out, what
+    assert "issue 32, CPU: acceptance" not in out      # the skipped scaling table
     assert (tmp_path / "out" / "figures.json").exists()
