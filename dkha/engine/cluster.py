@@ -168,7 +168,7 @@ def client_for(client=None, samples: int | None = None, *, settings: Settings
             return
     cluster, moved = _start_local(w, samples, settings)
     c = Client(cluster)
-    say_dashboard(c, moved, cluster)
+    say_dashboard(c, moved, cluster, w.dashboard)
     try:
         with watching_workers(c):
             yield c

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Iterator
 
@@ -37,10 +39,12 @@ def port_moves(dashboard: str | None) -> Iterator[list]:
 
 def dashboard_link(client, cluster=None) -> str | None:
     """The address of the dashboard of ``client``'s scheduler (``cluster``: the local cluster
-    dkha started, whose scheduler is in this process); None where it serves none."""
-    server = getattr(getattr(cluster, "scheduler", None), "http_server", None)
+    dkha started, whose scheduler is in this process); None where it serves none. (A scheduler
+    started without its dashboard still serves HTTP, on the port it reports as its dashboard's:
+    a reached scheduler's ``/status`` page is asked for, and one that answers 404 has none.)"""
     if cluster is not None:
-        if server is None or "dashboard" not in cluster.scheduler.services:
+        server = getattr(cluster.scheduler, "http_server", None)
+        if server is None:
             return None
         host, port = server.address, server.port
     else:
@@ -53,13 +57,28 @@ def dashboard_link(client, cluster=None) -> str | None:
         host = str(client.scheduler.address).split("://")[-1].rsplit(":", 1)[0]
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
-    return f"http://{host}:{port}/status"
+    link = f"http://{host}:{port}/status"
+    return link if cluster is not None or _serves(link) else None
 
 
-def say_dashboard(client, moved=(), cluster=None) -> None:
+def _serves(link: str) -> bool:
+    """Whether ``link`` is a page (not a 404 of a scheduler without its dashboard); a host this
+    process cannot reach counts as one (its dashboard may be behind a firewall or a tunnel)."""
+    try:
+        with urllib.request.urlopen(link, timeout=2):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code != 404
+    except (OSError, ValueError):
+        return True
+
+
+def say_dashboard(client, moved=(), cluster=None, asked: str | None = DASHBOARD) -> None:
     """One line: where the dashboard of ``client``'s scheduler is (``moved``: the port asked for
-    was taken; ``cluster``: one dkha started); that its pages need bokeh where it is not
-    installed. Nothing where there is none."""
+    was taken; ``cluster``: one dkha started, at ``asked``, ``None``: without a dashboard); that
+    its pages need bokeh where it is not installed. Nothing where there is none."""
+    if cluster is not None and asked is None:
+        return
     link = dashboard_link(client, cluster)
     if link is None:
         return
