@@ -66,6 +66,12 @@ class RunFinished(DkhaError):
 
     exit_code = 0
 
+    @classmethod
+    def of(cls, run_dir: str) -> RunFinished:
+        """The one line of a finished run in ``run_dir``."""
+        return cls(f"{run_dir} holds this run, finished: nothing to do (pass --overwrite to fit "
+                   "it again)")
+
 
 class DkhaWarning(UserWarning):
     """Warnings dkha itself emits (tests turn them into errors)."""

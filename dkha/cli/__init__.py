@@ -3,7 +3,8 @@ heavy (:mod:`dkha.cli.parser`): ``--version``, ``--help`` and argument errors an
 Only a command that runs loads the engine (:mod:`dkha.cli.main`: dask, distributed, xarray and
 scikit-learn take seconds to import), and a long one says so first, so that it shows itself from
 its first second: a line in a terminal, and outside one (a pipe, a log file) timestamped lines
-at the start of each phase and at least every :data:`~dkha.progress.LOG_EVERY` seconds."""
+at the start of each phase and at least every :data:`~dkha.progress.LOG_EVERY` seconds. A fit
+again on the run it finished answers before anything loads (:mod:`dkha.cli.rerun`)."""
 
 import contextlib
 import importlib
@@ -66,6 +67,12 @@ def progress_shown(args):
 def main(argv: list[str] | None = None) -> int:
     """Run ``dkha`` with ``argv`` (``sys.argv[1:]`` by default); returns the exit code."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # a fit again on the run it finished: answered before loading (dkha.cli.rerun: dask.config)
+    done = (importlib.import_module("dkha.cli.rerun").finished_line(args)
+            if args.command == "fit" else None)
+    if done is not None:
+        print(done)
+        return 0
     with progress_shown(args):
         return importlib.import_module("dkha.cli.main").run(args)
 

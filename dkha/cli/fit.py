@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from dkha import algorithms
+from dkha.cli import rerun
 from dkha.cli.options import centering_line, centering_summary, raise_param
 from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text, number
 from dkha.cli.where import cluster_kwargs
@@ -118,21 +119,26 @@ def resumed_options(args) -> list[dict] | None:
 _TOGETHER = ({"passes", "steps"},)
 
 
-def repeat_params(model, meta: dict | None, args) -> None:
+def repeat_params(model, meta: dict | None, args) -> list[str]:
     """Set the parameters recorded in a resumed run's checkpoint ``meta`` on ``model``, but
     those given now (``args.given``): a bare ``--resume`` continues the run as it was asked for,
-    and an option given now that differs from the run is refused by the fit, naming it."""
+    and an option given now that differs from the run is refused by the fit, naming it.
+    Returns the names of those it changed."""
     if meta is None:
-        return
+        return []
     given = set(getattr(args, "given", ()))
     for group in _TOGETHER:
         if given & group:
             given |= group
     names = {p.name for p in PARAMETERS
              if p.option is not None and (p.dest in given or (p.old and p.old in given))}
+    changed = []
     for name, value in meta["params"].items():
         if name not in names and hasattr(model, name):
+            if getattr(model, name) != value:
+                changed.append(name)
             setattr(model, name, value)
+    return changed
 
 
 def _finished_run(out: str) -> bool:
@@ -145,24 +151,30 @@ def cmd_fit(args) -> int:
     """``dkha fit``; again on a finished run with the same settings and data, or ``--resume`` of
     one, nothing to do: one line, exit code 0, no cluster started (a scheduler's retry of a
     finished fit succeeds); with other settings it is refused, pointing at ``--overwrite``."""
+    request = rerun.request_of(args)    # the options as given, before the fit fills them in
     if not args.overwrite and not args.resume and _finished_run(args.out):
         args.resume = True      # the fit asks the run whether it is this one (RunFinished)
     try:
-        return _cmd_fit(args)
+        code = _cmd_fit(args)
     except RunFinished as done:
         print(done)
-        return 0
+        code = 0
+    if code == 0 and not getattr(args, "replayed", False):
+        rerun.record(request, args)     # the same command again answers at once
+    return code
 
 
 def _cmd_fit(args) -> int:
+    algorithm = args.algorithm
     metas = resumed_options(args) if args.resume else None
+    args.replayed = args.algorithm != algorithm     # a checkpoint's settings, not the options'
     settings = _model_settings(args)
     _families([s["algorithm"] for s in settings])
     if len(settings) > 1:
         return _fit_many(args, settings, metas)
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
     model = _model(args, args.algorithm, args.eta0, args.mu)
-    repeat_params(model, metas and metas[0], args)
+    args.replayed |= bool(repeat_params(model, metas and metas[0], args))
     fit_run(model, args.store, args.out, overwrite=args.overwrite, resume=args.resume,
             checkpoint_every=args.checkpoint_every, checkpoint_steps=args.checkpoint_steps,
             ac_reference=args.evaluate_every >= 0)

@@ -269,8 +269,7 @@ def finished(run_dir: str, checkpointer: Checkpointer, attrs: dict, identity) ->
     if not os.path.isdir(os.path.join(run_dir, result.COMPONENTS)):
         return
     result.check_run_dir(run_dir, attrs, False, identity)
-    raise RunFinished(f"{run_dir} holds this run, finished: nothing to do (pass --overwrite to "
-                      "fit it again)")
+    raise RunFinished.of(run_dir)
 
 
 def differences(saved: dict, current: dict, keys) -> list[str]:
