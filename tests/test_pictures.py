@@ -4,6 +4,7 @@ in a real headless Chromium."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -341,16 +342,18 @@ def test_maps_and_transform_send_no_large_graph(sampled_run, photo_run):
                           projected)
 
 
-def test_a_stop_during_the_component_pictures_leaves_the_saved_run(photo_run, client, tmp_path,
-                                                                   monkeypatch, caplog):
+def test_a_stop_during_the_component_pictures_leaves_a_run_that_resume_completes(
+        photo_run, client, tmp_path, monkeypatch):
     """The pictures are the step after the fit, which has saved the run and cleared its
-    checkpoints: a stop during them (SIGTERM a moment late) ends that step only: the fit
-    returns with the run as saved, bit for bit the run of the same fit, said in one line; a
-    ``--resume`` of it says the fit is complete. Before, it exited 75 (resumable) into a run
-    that held nothing to resume."""
+    checkpoints: a stop during them (SIGTERM a moment late) ends that step with the run saved,
+    bit for bit the run of the same fit, without pictures, and exit code 75 pointing at
+    ``--resume`` (issue 43); the resume draws them from the saved run, fitting nothing, the
+    pictures of the uninterrupted fit bit for bit, and says so; once drawn, the run is
+    finished. Before, the stop exited 0 into a run without pictures that no command could
+    complete short of a refit (a resume said the fit was complete)."""
     from dkha.data.checkpoint import Checkpointer
     from dkha.engine.stop import STOP
-    from dkha.errors import InputError
+    from dkha.errors import Interrupted, RunFinished
     from dkha.estimators import batch
 
     d, _, model = photo_run
@@ -367,11 +370,26 @@ def test_a_stop_during_the_component_pictures_leaves_the_saved_run(photo_run, cl
     add = batch.add_component_pictures
     monkeypatch.setattr(batch, "add_component_pictures", stopped)
     run = str(tmp_path / "run")
-    again = KernelHebbianPCA(**model.get_params()).fit(str(d / "patches.zarr"), run_dir=run)
-    assert steps_before == [[]] and again.component_image_ is None
-    assert "without its component pictures" in caplog.text
+    with pytest.raises(Interrupted, match=r"saved without its component pictures; continue "
+                                          r"with `dkha fit \.\.\. --resume` to draw them"):
+        KernelHebbianPCA(**model.get_params()).fit(str(d / "patches.zarr"), run_dir=run)
+    assert steps_before == [[]]
     saved, whole = result.load(run), result.load(d / "run")
     assert "component_image" not in saved
     np.testing.assert_array_equal(saved["alpha"].values, whole["alpha"].values)
-    with pytest.raises(InputError, match="its fit is complete"):
-        Checkpointer(run).require_latest()
+    alpha = os.path.join(run, "components.zarr", "alpha")
+    alpha_files = {f: os.stat(os.path.join(alpha, f)).st_mtime_ns for f in os.listdir(alpha)}
+    monkeypatch.setattr(batch, "add_component_pictures", add)
+
+    with pytest.raises(RunFinished, match="drew its component pictures, which a stop had left"):
+        KernelHebbianPCA(**model.get_params()).fit(str(d / "patches.zarr"), run_dir=run,
+                                                   resume=True)
+    drawn = result.load(run)
+    np.testing.assert_array_equal(drawn["component_image"].values,
+                                  whole["component_image"].values)
+    np.testing.assert_array_equal(drawn["alpha"].values, whole["alpha"].values)
+    assert {f: os.stat(os.path.join(alpha, f)).st_mtime_ns for f in os.listdir(alpha)} == \
+        alpha_files     # nothing refitted
+    with pytest.raises(RunFinished, match="finished: nothing to do"):
+        KernelHebbianPCA(**model.get_params()).fit(str(d / "patches.zarr"), run_dir=run,
+                                                   resume=True)

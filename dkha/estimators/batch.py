@@ -16,7 +16,14 @@ from dkha.apply.pictures import add_component_pictures, is_patch_store, pictures
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.store import DataStore, open_store
-from dkha.errors import InputError, Interrupted, NumericalError, ParameterError
+from dkha.errors import (
+    RESUME_HINT,
+    InputError,
+    Interrupted,
+    NumericalError,
+    ParameterError,
+    RunFinished,
+)
 from dkha.estimators.contract import (
     START_CANDIDATES,
     DkhaTransformer,
@@ -563,7 +570,15 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
                        checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
                        identity=frozen_mapping(identity_attrs())),
         saved=saved_rows(BATCH))
-    fits = fit_batch(request)
+    try:
+        fits = fit_batch(request)
+    except RunFinished:     # this run, finished: its pictures, if a stop left them
+        drawn = _undrawn_pictures(run_dirs, store, first.client) if is_patch_store(store) else []
+        if drawn:
+            raise RunFinished("; ".join(f"{d} holds this run, finished: drew its component "
+                                        "pictures, which a stop had left undrawn"
+                                        for d in drawn)) from None
+        raise
     for m, f in zip(models, fits):
         m._keep(f, store, tmp_store, X_fit)
     fitted = [(m, f) for m, f in zip(models, fits) if f.failure is None]
@@ -582,17 +597,35 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
 
 def _pictures(model: KernelHebbianPCA, store: DataStore, run_dir: str | None, client):
     """The component pictures of a fitted patch model, the step after the fit, on ``client``
-    (:func:`dkha.apply.pictures.pictures_cluster`); ``None`` where a
-    stop comes during them: the run is saved whole already (``fit/`` wrote it and cleared its
-    checkpoints), so the stop ends this step only, said in one line, and the fit returns fitted
-    (exit 0: there is nothing to resume)."""
+    (:func:`dkha.apply.pictures.pictures_cluster`). A stop during them ends this step only:
+    the run is saved whole already (``fit/`` wrote it and cleared its checkpoints), without
+    its pictures, which a ``--resume`` (or the same fit again) draws
+    (:func:`_undrawn_pictures`): :class:`~dkha.errors.Interrupted` (exit code 75). Without a
+    run directory there is nothing to resume: the fit returns fitted, without pictures
+    (``None``), said in one line."""
     try:
         return add_component_pictures(model.to_dataset(), store, client=client,
                                       run_dir=run_dir)
     except Interrupted as exc:
-        where = f"the run in {run_dir} is saved" if run_dir else "the fit is complete"
-        log.warning("%s: %s, without its component pictures", exc, where)
+        if run_dir is not None:
+            raise Interrupted(f"{exc}: the run in {run_dir} is saved without its component "
+                              f"pictures; continue with {RESUME_HINT} to draw them") from None
+        log.warning("%s: the fit is complete, without its component pictures", exc)
         return None
+
+
+def _undrawn_pictures(run_dirs: Sequence[str] | None, store: DataStore, client) -> list[str]:
+    """Draw the component pictures of the finished runs in ``run_dirs`` that lack them (a stop
+    during them: :func:`_pictures`), from each saved run as it is (no fit: the pictures of the
+    uninterrupted fit, bit for bit); the run directories drawn."""
+    runs = {d: result.load(d) for d in run_dirs or ()
+            if os.path.isdir(os.path.join(d, result.COMPONENTS))}
+    undrawn = {d: ds for d, ds in runs.items() if "component_image" not in ds}
+    if undrawn:
+        with pictures_cluster(store, client) as c:
+            for d, ds in undrawn.items():
+                add_component_pictures(ds, store, client=c, run_dir=d)
+    return list(undrawn)
 
 
 __all__ = ["ALGORITHMS", "KernelHebbianPCA", "fit_together", "resolve_kernel", "resolve_store"]
