@@ -42,6 +42,7 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import Iterable, Iterator
@@ -53,6 +54,8 @@ from dkha.data.store import DataStore
 from dkha.engine.bandpass import BandPlan, band_matmat, band_residuals, plan_for
 from dkha.engine.budget import LAYOUT_THREADS, Layout, configured_budget, memory_plan
 from dkha.engine.cluster import share_storage_options, shares_process, total_threads
+from dkha.engine.held import held
+from dkha.engine.inline import InlineClient
 from dkha.engine.mkrow import mk_row
 from dkha.engine.passes import ClusterPasses
 from dkha.engine.replicas import ProjectedBlock
@@ -114,7 +117,8 @@ def task_source(store: DataStore, client, settings: Settings):
     copy, no chunk to read back), else its path, with the size of the workers' chunk cache
     (:class:`~dkha.engine.tasks.StorePath`)."""
     if store.rows is not None and shares_process(client):
-        return store.rows
+        # tasks of an in-process cluster are pickled: the rows as a key (dkha.engine.held)
+        return store.rows if isinstance(client, InlineClient) else held(store.rows)
     if isinstance(store.path, str):
         return StorePath(store.path, settings.cache_bytes, configured_budget(settings) // 4)
     return store.path
@@ -250,8 +254,8 @@ class RowEngine:
             self._bands = plan_for(self) or False
         return self._bands or None
 
-    @property
-    def source(self):   # what the tasks read the training rows from (task_source)
+    @functools.cached_property
+    def source(self):   # what the tasks read the training rows from (task_source), one object
         return task_source(self.store, self.client, self.settings)
 
     @property
@@ -502,6 +506,7 @@ def array_engine(X: np.ndarray, kernel: Kernel, client, settings: Settings) -> R
                        dataclasses.replace(settings, row_cache=False, projections="coordinator",
                                            column_groups=1))
     engine.store = dataclasses.replace(engine.store, path=engine.passes.put(X, everywhere=True))
+    engine.__dict__.pop("source", None)     # the tasks' source follows the new store
     engine.set_mk(np.zeros(l), 0.0)
     engine.centering = {"method": "none"}
     return engine
