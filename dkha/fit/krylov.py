@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 COST_RATIO = 20.0
 #: the arrays of a :class:`~dkha.solvers.eigen.KrylovState` in a checkpoint
 _ARRAYS = ("Q", "KQ", "T")
-_SCALARS = ("best", "since", "products", "columns", "restarts", "history")
+_SCALARS = ("best", "since", "products", "columns", "restarts", "history", "trace")
 
 
 class KrylovCheckpoints:
@@ -59,8 +59,10 @@ class KrylovCheckpoints:
         a, s = self.resume.arrays, self.resume.meta[KRYLOV]
         log.info("resuming the Krylov solve after product %d from %s", s["products"],
                  self.resume.path)
+        # (a checkpoint written before the trace was kept has none: the history then starts
+        # at the resumed product)
         return KrylovState(**{k: np.ascontiguousarray(a.pop(f"krylov.{k}")) for k in _ARRAYS},
-                           **{k: s[k] for k in _SCALARS})
+                           **{k: s[k] for k in _SCALARS if k in s})
 
     def elapsed(self) -> float:
         """Seconds of the solve so far (a resumed one's included)."""
@@ -124,6 +126,16 @@ def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, max
     return (V * scale).T.copy(), w
 
 
+def product_entry(t: dict) -> dict:
+    """The history entry of a Krylov product (:attr:`~dkha.solvers.eigen.KrylovInfo.trace`):
+    the largest relative residual of the wanted pairs and their Ritz values after it, with the
+    products so far as its ``pass`` and the seconds of the solve so far."""
+    return {"pass": int(t["products"]), "step": 0, "error": float("nan"),
+            "error_min": float("nan"), "excess": float("nan"), "wall_time": float(t["seconds"]),
+            "measure": "residual", "residual": float(t["residual"]),
+            "ritz_value": list(t["ritz"])}
+
+
 def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, tol: float = 1e-8,
                with_evaluation: bool = True, tracked: bool = False,
                checkpoints: KrylovCheckpoints | None = None) -> BatchResult:
@@ -146,17 +158,21 @@ def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, t
         seconds = (time.perf_counter() - t0 if checkpoints is None else checkpoints.elapsed())
         C = w[:, None] * alpha
         products = int(info.get("products", 0))
+        trace = info.get("trace", [])
+        last = {"pass": products, "step": 0, "wall_time": seconds,
+                "residual": info.get("residual", float("nan"))}
+        if trace:
+            last["ritz_value"] = trace[-1]["ritz"]
         if with_evaluation:
             ev = evaluate(engine, alpha, w, C=C)
-            history = [{"pass": products, "step": 0, "error": ev.error,
-                        "error_min": ev.error_min, "excess": ev.excess, "wall_time": seconds,
-                        "measure": "exact", "residual": info.get("residual", float("nan"))}]
+            last.update(error=ev.error, error_min=ev.error_min, excess=ev.excess,
+                        measure="exact")
         elif tracked:
-            history = [{"pass": products, "step": 0, "error": float("nan"),
-                        "error_min": float("nan"), "excess": float("nan"), "wall_time": seconds,
-                        "measure": "residual", "residual": info.get("residual", float("nan"))}]
-        else:
-            history = []
+            last.update(error=float("nan"), error_min=float("nan"), excess=float("nan"),
+                        measure="residual")
+        # an entry per product: its residual and Ritz values, the last one evaluated
+        history = ([product_entry(t) for t in trace[:-1]] + [last]
+                   if with_evaluation or tracked else [])
     except Interrupted as exc:
         if checkpoints is None:
             raise Interrupted(f"{exc}; no checkpoint (fit with a run directory to make runs "

@@ -3,7 +3,8 @@
 * the run's settings and timings as a table (units in the headers, integers as integers);
 * convergence against the axis of the algorithm that ran, in the figure it measured: the
   excess error E/E_min − 1 (tracked fits: the span's movement) per pass for the iterative batch
-  algorithms, the excess (unevaluated: the residual) per ``K'V`` product for the exact ones,
+  algorithms, the largest residual per ``K'V`` product for the exact ones (the dense path,
+  which makes none: its excess),
   the AC index per step for the online ones;
 * every component as a picture: the run's ``component_image`` (pre-images, patch data), or for
   square samples such as digits the input-space image ``Σ_j alpha[i, j] x_j`` (the linear shadow
@@ -102,8 +103,10 @@ def _table(header: tuple[str, ...], rows: list[tuple]) -> str:
 
 #: what a convergence panel can show, the first a run measured: (variable, axis label)
 FIGURES = {"online": (("ac_index", "AC index"),),
-           "exact": (("excess", "excess error E/E_min − 1"),
-                     ("residual", "largest relative residual ‖K'v − θv‖/θ")),
+           # the residual after every K'V product (a Krylov run's line), else the excess of
+           # its one evaluation (the dense path)
+           "exact": (("residual", "largest relative residual ‖K'v − θv‖/θ"),
+                     ("excess", "excess error E/E_min − 1")),
            "pass": (("excess", "excess error E/E_min − 1"),
                     ("change", "sine of the largest angle the span moved"))}
 #: each panel's x axis and title
@@ -129,8 +132,8 @@ def _measured(ds, name: str) -> bool:
 def convergence_figure(datasets: dict, paper: dict | None = None):
     """Convergence of each run against the axis of the algorithm that ran, in the figure it
     measured: excess error (or, tracked, the span's movement) per pass for the iterative batch
-    algorithms; excess error (or, unevaluated, the residual) per ``K'V`` product for the exact
-    ones; AC index per step for the online ones. A panel per kind and figure. ``paper``:
+    algorithms; the largest residual per ``K'V`` product for the exact ones (the dense path's
+    excess); AC index per step for the online ones. A panel per kind and figure. ``paper``:
     ``{run name: {x: value}}``, a paper's figures for the runs, drawn as crosses beside them."""
     paper = paper or {}
     plt = _matplotlib()

@@ -47,6 +47,7 @@ of the new block against the basis, its Gram matrix, a triangular solve; issue 4
 from __future__ import annotations
 
 import importlib
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,8 +71,10 @@ class KrylovInfo:
     """How a solve went: ``products`` (calls of ``matmat``), ``columns`` (columns multiplied in
     all), ``restarts``, ``converged`` (every wanted residual within ``tol``), ``residuals``
     (``‖K x_i − θ_i x_i‖ / θ_i`` of the ``r`` wanted pairs at the end), ``history`` (the
-    largest of those after each product) and ``householder`` (the blocks orthonormalised by
-    the Householder fallback instead of CholeskyQR2, in this process)."""
+    largest of those after each product), ``trace`` (after each product: ``products``, that
+    largest ``residual``, the ``r`` wanted Ritz values ``ritz`` and the ``seconds`` of the
+    solve so far, a resumed solve's included) and ``householder`` (the blocks orthonormalised
+    by the Householder fallback instead of CholeskyQR2, in this process)."""
 
     products: int = 0
     columns: int = 0
@@ -80,6 +83,7 @@ class KrylovInfo:
     stalled: bool = False
     residuals: np.ndarray | None = None
     history: list = field(default_factory=list)
+    trace: list = field(default_factory=list)
     householder: int = 0
 
 
@@ -102,6 +106,8 @@ class KrylovState:
     columns: int
     restarts: int
     history: list
+    #: :attr:`KrylovInfo.trace` so far (a checkpoint written before it was kept has none)
+    trace: list = field(default_factory=list)
 
 
 # --- the array module ----------------------------------------------------------------------------
@@ -366,6 +372,7 @@ def top_eigenpairs(matmat, X0, r: int, *, tol: float = 1e-8, maxiter: int = 300,
     xp = array_module(X0)
     max_basis = min(n, max(3 * block, max_basis or 12 * block))
     info = KrylovInfo()
+    t0 = time.perf_counter()
     basis = Basis(xp, n, max_basis if state is None else max(max_basis, state.Q.shape[1]), block)
     if state is None:
         Z = basis.start(X0, info)
@@ -376,16 +383,22 @@ def top_eigenpairs(matmat, X0, r: int, *, tol: float = 1e-8, maxiter: int = 300,
         T, best, since = np.asarray(state.T), state.best, state.since
         info.products, info.columns, info.restarts = state.products, state.columns, state.restarts
         info.history = list(state.history)
+        info.trace = list(getattr(state, "trace", ()))   # (none in an older state)
+    before = info.trace[-1]["seconds"] if info.trace else 0.0
     while True:
         if on_state is not None:
             on_state(KrylovState(basis.q, basis.kq, T, float(best), since, info.products,
-                                 info.columns, info.restarts, list(info.history)))
+                                 info.columns, info.restarts, list(info.history),
+                                 list(info.trace)))
         theta, Y = _ritz(T)
         k = min(block, len(theta))
         res = basis.residuals(Y, theta, k)
         scaled = _scaled(res, theta[:k])
         worst = float(scaled[:r].max())
         info.history.append(worst)
+        info.trace.append({"products": info.products, "residual": worst,
+                           "ritz": [float(t) for t in theta[:r]],
+                           "seconds": before + time.perf_counter() - t0})
         info.residuals = scaled[:r].copy()
         if callback is not None:
             callback(info)
