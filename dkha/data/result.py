@@ -14,7 +14,8 @@
   coordinates;
   where entries say which measure they are, the attr ``history_measures`` (one per entry:
   ``"exact"``: eq. 22 against the exact ``E_min``; ``"residual"``: the largest relative residual
-  ``‖K'v − θv‖/θ`` of a Krylov solve; ``"ritz"``: a KHA pass tracked without ``E_min``,
+  ``‖K'v − θv‖/θ`` after a product of a Krylov solve, with its Ritz values ``ritz_value
+  (evaluation, component)``; ``"ritz"``: a KHA pass tracked without ``E_min``,
   :mod:`dkha.fit.track`) and the variables ``residual``, ``captured`` and ``change``. Only the
   figures some entry measured are written (a Krylov fit evaluated by its residual alone has no
   ``error``, ``error_min``, ``excess``); NaN only where an entry is of another measure;
@@ -63,7 +64,11 @@ HISTORY_ATTRS = {
     "captured": {"long_name": "tracked Σθ² of the components' span", "units": "1"},
     "change": {"long_name": "sine of the largest angle the span moved since the previous entry",
                "units": "1"},
+    "ritz_value": {"long_name": "Ritz value θ of the component: the Rayleigh quotient of its "
+                                "Ritz vector after the Krylov product", "units": "1"},
 }
+#: history figures with one value per component, saved over ``(evaluation, component)``
+HISTORY_COMPONENT_FIELDS = ("ritz_value",)
 BACKOFF_FIELDS = ("step", "pass", "gain_before", "gain_after")
 #: the figures of entries that are not exact evaluations (NaN where an entry has none):
 #: ``residual`` (Krylov: the largest ‖K'v − θv‖/λ_1), ``captured`` and ``change`` (tracked KHA
@@ -83,6 +88,15 @@ def history_dataset(history: list[dict]) -> dict:
         values = np.array([_number(h.get(f)) for h in history], dtype=dtype)
         if f in HISTORY_COORDS or not history or np.isfinite(values).any():
             data[f] = ("evaluation", values)
+    for f in HISTORY_COMPONENT_FIELDS:     # a figure per component: (evaluation, component)
+        rows = [h.get(f) for h in history]
+        width = max((len(v) for v in rows if v is not None), default=0)
+        if width:
+            values = np.full((len(rows), width), np.nan)
+            for i, v in enumerate(rows):
+                if v is not None:
+                    values[i, :len(v)] = [_number(x) for x in v]
+            data[f] = (("evaluation", "component"), values)
     return data
 
 
