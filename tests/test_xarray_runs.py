@@ -6,6 +6,7 @@ against numpy.linalg.eigh and continued by a resumed solve."""
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 
 import dask
@@ -121,7 +122,7 @@ def test_the_solvers_trace_is_each_products_residual_and_ritz_values_and_a_resum
     for t in trace:    # Ritz values from below, the largest first (Cauchy interlacing)
         assert np.all(np.asarray(t["ritz"]) <= w_true[:r] * (1 + 1e-12))
     assert trace[-1]["residual"] <= 1e-10 < trace[0]["residual"]
-    assert all(b["seconds"] >= a["seconds"] for a, b in zip(trace, trace[1:]))
+    assert all(b["seconds"] >= a["seconds"] for a, b in itertools.pairwise(trace))
     # the largest relative residual of the last pairs, from V
     res = np.linalg.norm(K @ V - V * w, axis=0) / w
     assert trace[-1]["residual"] == pytest.approx(res.max(), rel=1e-3, abs=1e-13)
