@@ -1,18 +1,25 @@
-"""What a user sees of the Dask cluster a ``dkha`` command starts: the dashboard's address in the
-log, and ``--performance-report FILE`` (Dask's own HTML report) on fit, transform and run."""
+"""What a user sees of the Dask cluster a ``dkha`` command starts or reaches, and of its phases:
+the dashboard's address in the log, ``--performance-report FILE`` (Dask's own HTML report) on fit,
+transform and run, the phase said true (connecting, not starting; a pipeline's stage), warnings
+in the progress lines' format. (A worker lost: tests/test_worker_loss.py; a stop asked for:
+tests/test_stop_phases.py, tests/test_pipeline.py.)"""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
-from tests.processes import dkha_in_process, progress_lines
+from tests.processes import PROGRESS_LINE, dkha_in_process, progress_lines, subprocess_env
 
 pytest.importorskip("bokeh")        # the test extra holds it: the dashboard and report need it
 
 FIT = ("--components", "3", "--sigma", "4", "--passes", "1")
-DASHBOARD = re.compile(r"dkha (\w+): Dask dashboard: http://127\.0\.0\.1:(\d+)/status")
+#: (another port where 8787 is taken: said in parentheses)
+DASHBOARD = re.compile(r"dkha (\w+): Dask dashboard: http://127\.0\.0\.1:(\d+)/status"
+                       r"( \(port 8787 was taken\))?")
 
 
 def _dkha(*argv: str, config: dict | None = None):
@@ -21,8 +28,12 @@ def _dkha(*argv: str, config: dict | None = None):
     p = dkha_in_process(*argv, config=config)
     assert p.returncode == 0, p.stderr
     # (bokeh's own loggers do not propagate in a process of its own: the command prints none
-    # of their lines; in this one pytest's logging set-up lets them through)
-    records = [r.getMessage() for r in p.records if not r.name.startswith("bokeh")]
+    # of their lines; in this one pytest's logging set-up lets them through); warnings a plain
+    # interpreter hides (ResourceWarning: a socket closed by the collector) reach the log here
+    # only through dkha_in_process's "always" filter
+    hidden = ("(ResourceWarning at ", "(DeprecationWarning at ", "(PendingDeprecationWarning at ")
+    records = [r.getMessage() for r in p.records if not r.name.startswith("bokeh")
+               and not any(h in r.getMessage() for h in hidden)]
     assert not p.warnings and not records, (p.warnings, records)
     return p
 
@@ -98,3 +109,66 @@ passes = 1
 [report]
 enabled = false
 """
+
+
+def test_a_reached_scheduler_is_connected_to_not_started(digits_store, tmp_path,
+                                                        in_process_cluster):
+    """With ``--scheduler`` the fit says it connects (never that it starts workers, nor a
+    dashboard its scheduler does not serve: started with none, its /status page is a 404)."""
+    address = in_process_cluster.scheduler_address
+    p = _dkha("fit", digits_store.path, "-o", str(tmp_path / "run"), *FIT, "--scheduler",
+              address)
+    said = [m for _, m in progress_lines(p.stderr)]
+    assert f"dkha fit: connecting to the Dask scheduler at {address}" in said, said
+    assert not [m for m in said if "starting" in m], said
+    assert _dashboards(p.stderr) == [], said
+
+
+#: a dkha command whose work raises a warning (``dkha evaluate``'s entry replaced), in a process
+#: of its own (the console's format is set up as the command starts, on a root logger without
+#: handlers: not inside pytest)
+WARNS = """
+import importlib, sys, warnings
+from dkha.cli import main as entry      # (before the submodule dkha.cli.main takes the name)
+cli = importlib.import_module("dkha.cli.main")
+
+def warns(args):
+    warnings.warn("something odd", UserWarning, stacklevel=1)
+    return 0
+
+cli.COMMANDS["evaluate"] = warns
+sys.exit(entry(["evaluate", "nowhere"]))
+"""
+
+
+def test_a_warning_is_a_line_in_the_progress_format():
+    """A warning raised during a command is one line in the progress lines' format, saying it is
+    a warning, with its class and where it was raised (another library's)."""
+    p = subprocess.run([sys.executable, "-c", WARNS], env=subprocess_env(), capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "something odd" in ln]
+    assert len(lines) == 1, p.stderr
+    assert PROGRESS_LINE.fullmatch(lines[0]), lines
+    assert re.search(r" dkha evaluate: warning: something odd \(UserWarning at <string>:\d+\)$",
+                     lines[0]), lines
+
+
+def test_each_pipeline_stage_is_what_the_heartbeat_names(tmp_path, monkeypatch):
+    """Each stage of a pipeline, as it begins, becomes what the heartbeat's lines name
+    (``working, N s since: stage KEY``), not the last phase of the stage before (a denoise
+    stage said "since: component pictures" of the fit before it)."""
+    from dkha import progress
+    from dkha.pipeline import runner
+
+    marked = []
+    monkeypatch.setattr(runner, "mark", lambda desc: (marked.append(desc), progress.mark(desc)))
+    (tmp_path / "p.toml").write_text(PIPELINE.replace("enabled = false", "enabled = true"))
+    code, summary = runner.run_file(str(tmp_path / "p.toml"), run_id="r",
+                                    runs_dir=str(tmp_path / "runs"))
+    assert code == 0, summary
+    assert "stage fit:smd" in marked
+    assert marked == [f"stage {k}" for k in summary["stages"]] + ["stage report"], marked
+    progress.phase("component pictures")
+    progress.mark("stage denoise:d")
+    assert progress._last_event[0] == "stage denoise:d"
