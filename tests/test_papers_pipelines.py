@@ -156,3 +156,74 @@ def test_the_reasons_tell_the_noise_floor_from_gains_too_large():
     later = kept_reason({"pass": 41, "step": 41000, "error": 26.37, "error_last": 26.86},
                         {"init": "random", "eta0": 0.05})
     assert later.startswith(FLUCTUATED) and "26.37" in later and "26.86" in later
+
+
+@pytest.mark.parametrize("evaluation", ["exact", "tracked"])
+def test_default_gains_stop_at_once_from_a_start_already_exact(digits_store, tmp_path,
+                                                              evaluation):
+    """200 digits: the default Nyström start (199 landmarks of 200 samples) is the exact
+    solution (dense eigh: its error is E_min, its Σθ² is Σλ²). KHA-SMD at the default gains for
+    it stops after its first pass and keeps the start, saying so in the summary line and the
+    run's attrs; from a start of 40 landmarks the same default gains improve on it and every
+    pass runs. Both with the exact evaluation (E, eq. 22) and the tracked one (Σθ²)."""
+    import dask
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    X = np.concatenate([d.data[d.target == k][:20] for k in range(10)]) / 8.0 - 1.0
+    w = np.linalg.eigvalsh(centered_gram(X, 4.0))[::-1]
+    if evaluation == "exact":       # a lower figure is better: E ≥ E_min
+        figure, best, sign = "error", float(np.sqrt(np.sum(w[4:] ** 2))), -1.0
+    else:                           # a higher one: Σθ² ≤ Σλ²
+        figure, best, sign = "captured", float(np.sum(w[:4] ** 2)), 1.0
+    fit = ["--algorithm", "kha-smd", "--components", "4", "--sigma", "4", "--passes", "4"]
+    with dask.config.set({"dkha.evaluation": evaluation}):
+        ran = dkha_in_process("fit", digits_store, "-o", str(tmp_path / "exact-start"), *fit)
+        coarse = dkha_in_process("fit", digits_store, "-o", str(tmp_path / "coarse-start"),
+                                 *fit, "--init", "nystrom:40")
+    assert ran.returncode == 0, ran.stderr
+    ds = xr.open_zarr(str(tmp_path / "exact-start" / "components.zarr")).load()
+    assert ds.attrs["init"] == "nystrom:199"
+    assert list(ds["pass"].values) == [0, 1]                # one pass, then the stop
+    assert ds[figure].values[0] == pytest.approx(best, rel=1e-9)
+    kept, reason = ds.attrs["kept_state"], ds.attrs["kept_reason"]
+    assert kept["pass"] == 0 and kept["stopped_after"] == 1
+    assert kept[figure] == ds[figure].values[0]             # the start is the result
+    assert reason.startswith(NOISE_FLOOR) and "stopped at once, after pass 1" in reason
+    assert "already as good as these passes can make it" in reason and "eta0" in reason
+    assert f"kept the state of pass 0, not the last: {reason}" in ran.stdout
+
+    assert coarse.returncode == 0, coarse.stderr
+    ds = xr.open_zarr(str(tmp_path / "coarse-start" / "components.zarr")).load()
+    assert list(ds["pass"].values) == [0, 1, 2, 3, 4]       # no stop
+    gap = sign * (best - ds[figure].values)                 # ≥ 0: how far from the exact
+    assert np.all(gap >= -1e-9 * best)
+    assert gap[0] > gap[1] > gap[4] and gap[4] < 0.98 * gap[0]  # the passes improve on it
+    assert "kept_state" not in ds.attrs and "kept the state" not in coarse.stdout
+
+
+def test_default_gains_stop_at_once_where_the_start_cannot_be_improved():
+    """Standardized breast-cancer data: from the default Nyström start, the first pass of
+    KHA-SMD at the default gains does not improve on the start. The fit stops there and keeps
+    the start, saying the start is at the noise floor; the same gain given by hand runs every
+    pass (and says the gains were too large for the start)."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.preprocessing import StandardScaler
+
+    from dkha import KernelHebbianPCA
+
+    X = StandardScaler().fit_transform(load_breast_cancer().data)
+    model = KernelHebbianPCA(8, algorithm="kha-smd", passes=4).fit(X)
+    assert [h["pass"] for h in model.history_] == [0, 1]
+    kept = model.attrs_["kept_state"]
+    assert kept["pass"] == 0 and kept["stopped_after"] == 1
+    assert model.attrs_["kept_reason"].startswith(NOISE_FLOOR)
+    assert "stopped at once, after pass 1" in model.attrs_["kept_reason"]
+    first = model.history_[0]
+    figure = "captured" if "captured" in first else "error"
+    assert kept[figure] == first[figure]                    # the start is the result
+    asked = KernelHebbianPCA(8, algorithm="kha-smd", passes=4,
+                             eta0=model.attrs_["eta0_applied"]).fit(X)
+    assert [h["pass"] for h in asked.history_] == [0, 1, 2, 3, 4]
+    assert asked.attrs_["kept_state"]["pass"] == 0
+    assert asked.attrs_["kept_reason"].startswith(GAINS_TOO_LARGE)

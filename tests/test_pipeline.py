@@ -34,6 +34,9 @@ name = "smd"
 algorithm = "kha-smd"
 components = 5
 sigma = 4.0
+# a start the passes improve on: the default (249 landmarks of 250 samples) is exact, and from
+# it the default gains stop at once (issue 42); the resume tests want every pass
+init = "nystrom:20"
 passes = {passes}
 evaluate_every = 2
 checkpoint_every = 1
@@ -234,10 +237,12 @@ def test_state_and_summary_are_strict_json_and_hold_no_unmeasured_figure(tmp_pat
 
     from dkha.pipeline.runner import run_file
 
+    # nystrom:10: a start the passes improve on (the default one, 79 landmarks of 80 samples, is
+    # exact, and the default gains stop at once after pass 1: issue 42), three evaluations
     (tmp_path / "p.toml").write_text(
         '[pipeline]\nname = "strict"\n[data]\nkind = "digits"\nper_class = 8\n'
         '[[fit]]\nname = "smd"\nalgorithm = "kha-smd"\ncomponents = 3\nsigma = 4.0\n'
-        'passes = 2\n[report]\ntitle = "strict"\n')
+        'init = "nystrom:10"\npasses = 2\n[report]\ntitle = "strict"\n')
     with dask.config.set({"dkha.evaluation": "tracked"}):
         code, summary = run_file(str(tmp_path / "p.toml"), runs_dir=str(tmp_path / "runs"),
                                  cluster={"client": client})

@@ -394,8 +394,10 @@ def test_auto_projections_follow_the_cluster_and_the_run_records_them(digits_sto
     from dkha.engine.rows import choose_projections
 
     r, passes, block = 4, 2, 50
+    # nystrom:40: a start the passes improve on (the default one, 299 landmarks of 300 samples,
+    # is exact, and the default gains stop at once after pass 1: issue 42); every pass is wanted
     kw = {"algorithm": "kha-smd", "sigma": SIGMA, "passes": passes, "seed": 1,
-          "block_rows": block, "evaluate_every": 1}
+          "block_rows": block, "evaluate_every": 1, "init": "nystrom:40"}
     with local_client(2, 1, processes=True) as client:
         assert choose_projections("auto", client)[0] == "workers"
         assert choose_projections("auto", client, cache_rows=True)[0] == "coordinator"

@@ -118,8 +118,10 @@ def start(engine, settings: list[ModelRequest], exact: bool, metas: list[dict], 
             A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
             deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
             log.info("Nyström start: eigenvalue deficit %.3g", deficit)
-            for meta in metas:
+            for meta, p in zip(metas, settings):
                 meta["start_deficit"] = deficit
+                if p.eta0 is None:      # the default gains for the start: a pass that does
+                    meta["warm_gains"] = True   # not improve on it stops the model at once
             settings = [p if p.eta0 is not None else
                         replace(p, eta0=warm_eta0(p.algorithm, deficit)) for p in settings]
     elif p0.support and cks is None:
@@ -139,6 +141,7 @@ def _resumed_gain(p: ModelRequest, meta: dict, ck) -> ModelRequest:
                              "checkpoint does not record its start (an older dkha); "
                              "give --eta0")
     meta["start_deficit"] = float(ck.meta["start_deficit"])
+    meta["warm_gains"] = True
     return replace(p, eta0=warm_eta0(p.algorithm, meta["start_deficit"]))
 
 

@@ -99,6 +99,24 @@ class _Model:
     previous: tuple | None = None
 
 
+def at_the_floor(m: _Model) -> bool:
+    """Whether ``m`` runs the default gains from a Nyström start (its meta's ``warm_gains``) and
+    an evaluation after the start found no better state than the start: the start is already at
+    the algorithm's noise floor, so the model stops (also on a resume, from its history)."""
+    return (bool(m.meta and m.meta.get("warm_gains")) and m.best is not None
+            and m.best["pass"] == 0 and any(h["pass"] > 0 for h in m.history))
+
+
+def stopped_after(m: _Model, n_steps: int) -> int | None:
+    """The pass after which :func:`at_the_floor` stopped ``m``: its first evaluation after the
+    start, where that came before the schedule's last step (``None`` otherwise: every pass ran,
+    e.g. with no evaluation between passes)."""
+    if not at_the_floor(m):
+        return None
+    first = next(h for h in m.history if h["pass"] > 0)
+    return int(first["pass"]) if first["step"] < n_steps else None
+
+
 def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                 evaluate_every: int = 1, verbose: bool = False,
                 A_init: np.ndarray | None = None, tol: float | Sequence | None = None,
@@ -126,6 +144,9 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     ``checkpoint_metas`` and ``resumes`` are one per solver
     (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
     checkpoints must all be at the same step.
+
+    A model at the default gains for a Nyström start that its first evaluation after the start
+    does not improve on stops there, keeping the start (:func:`at_the_floor`, issue 42).
 
     ``C_init``: ``A_init K'`` where the caller has it (it then serves the start of KHA/et and
     SMD and the pass-0 evaluation instead of a pass).
@@ -216,6 +237,7 @@ class _SharedStream:
                 m.best_arrays = (ck.arrays["best.A"], ck.arrays["best.C"])
             if "previous.A" in ck.arrays:            # the span of the last tracked entry
                 m.previous = (ck.arrays["previous.A"], ck.arrays.get("previous.Li"))
+            m.active = not at_the_floor(m)          # stopped at the start: stays stopped
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         self.fit_seconds = float(first.meta["fit_seconds"])
         if "top_eigenvalues" in first.arrays:
@@ -273,6 +295,7 @@ class _SharedStream:
                               "error_min": ev.error_min, "excess": ev.excess,
                               "wall_time": seconds})
             self._keep_if_best(m, A, C)
+            self._stop_at_the_floor(m)
             log.info("%s pass %d step %d: excess error %.3e", m.solver.algorithm, pass_index, t,
                      ev.excess)
             if m.tol is not None and ev.excess <= m.tol and m.active:
@@ -305,6 +328,7 @@ class _SharedStream:
             log.info("%s pass %d step %d: captured Σθ² %.10g, span change %.2e",
                      m.solver.algorithm, pass_index, t, got["captured"], got["change"])
             self._keep_if_best(m, A, C)
+            self._stop_at_the_floor(m)
         if self.driver is not None:
             shown = [m.history[-1]["change"] for m in self.models if m.history]
             shown = [v for v in shown if not np.isnan(v)]
@@ -319,6 +343,16 @@ class _SharedStream:
         if better(entry, m.best):
             m.best = best_entry(entry)
             m.best_arrays = (np.array(A, copy=True), np.array(C, copy=True))
+
+    @staticmethod
+    def _stop_at_the_floor(m: _Model) -> None:
+        """Stop ``m`` at once where its passes at the default gains for a Nyström start did not
+        improve on the start (:func:`at_the_floor`): the start is as good as they can make it."""
+        if m.active and at_the_floor(m):
+            m.active = False
+            log.info("%s: pass %d did not improve on the Nyström start at the default gains: the "
+                     "start is already as good as the passes can make it; stopping",
+                     m.solver.algorithm, m.history[-1]["pass"])
 
     def stopped(self, exc: Interrupted) -> Interrupted:
         """The error to raise for a stop asked outside the driver's check between blocks
@@ -437,11 +471,14 @@ class _SharedStream:
             A, C = m.solver.A, next(Cs)
             kept = None
             last = m.history[-1] if m.history else {}
-            if worse_end(last, m.best):
+            if worse_end(last, m.best) or at_the_floor(m):
                 # the end is worse than an earlier evaluation: that state is the result
                 A, C = m.best_arrays
                 figure = "captured" if last.get("measure") == TRACKED else "error"
                 kept = dict(m.best, **{f"{figure}_last": last[figure]})
+                after = stopped_after(m, self.n_steps)
+                if after is not None:       # stopped at once, before the schedule's end
+                    kept["stopped_after"] = after
                 log.info("%s: the state of pass %d is better than the last (%s %.10g, last "
                          "%.10g): it is the result", m.solver.algorithm, m.best["pass"], figure,
                          m.best[figure], last[figure])

@@ -74,12 +74,19 @@ def state_of(A: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray | Non
 EXACT_MARGIN = 1e-9
 
 
+#: a tracked evaluation is better only when it captures more by more than this relative margin:
+#: Σθ² of states at round-off from each other (a start already exact) differ by ~1e-15 relative;
+#: a pass that improves a Nyström start by anything measurable gains 1e-9 or more
+TRACKED_MARGIN = 1e-12
+
+
 def better(entry: dict, best: dict | None) -> bool:
     """Whether the history ``entry`` beats ``best`` (the best entry so far, or None): a tracked
-    entry captures more (:func:`tracked`); an exact one (eq. 22) has a lower error by more than
-    :data:`EXACT_MARGIN`. Entries of other measures never do."""
+    entry captures more (:func:`tracked`) by more than :data:`TRACKED_MARGIN`; an exact one
+    (eq. 22) has a lower error by more than :data:`EXACT_MARGIN`. Entries of other measures
+    never do."""
     if entry.get("measure") == MEASURE:
-        return best is None or entry["captured"] > best["captured"]
+        return best is None or entry["captured"] > best["captured"] * (1.0 + TRACKED_MARGIN)
     if "measure" in entry or not np.isfinite(entry.get("error", np.nan)):
         return False
     return best is None or entry["error"] < best["error"] * (1.0 - EXACT_MARGIN)
@@ -144,11 +151,15 @@ def kept_reason(kept: dict, attrs: dict) -> str:
     init = str(attrs.get("init") or "")
     warm = init.startswith("nystrom")
     if n == 0 and warm and attrs.get("eta0") is None:
+        after = kept.get("stopped_after")
+        stop = (f"the fit stopped at once, after pass {after}" if after is not None
+                else "the passes were spent for nothing (a fit evaluated before its last pass "
+                "stops at its first evaluation)")
         return (f"{NOISE_FLOOR}: the passes at the default gains for the Nyström start "
-                f"({init}) did not improve on it ({lost}), so {state} is the result and the "
-                "passes were spent for nothing; the start is as good as these passes can make "
-                "it: take it as it is, or fit algorithm='krylov' (or the default, auto) for "
-                "the exact components")
+                f"({init}) did not improve on it ({lost}), so {state} is the result and {stop}; "
+                "the start is already as good as these passes can make it: take it as it is, "
+                "fit algorithm='krylov' (or the default, auto) for the exact components, or "
+                "give eta0 (larger gains) or init='random' to run every pass")
     if n > 0:
         return (f"{FLUCTUATED} by pass {n}: the later passes fluctuated above it ({lost}), so "
                 f"{state} is the result and the later passes were thrown away; try a smaller "
