@@ -271,7 +271,12 @@ def test_report_axes_and_settings_read_as_a_person_expects():
     assert fig.axes[0].lines[0].get_xdata().tolist() == [0, 1, 2]
     rows = dict(settings_rows(smd, {"fit_seconds": 3.5}))
     assert rows["steps done"] == "100 000" and rows["passes done"] == "2"
-    assert rows["wall time of fitting (s)"] == "3.5" and rows["time: fit (s)"] == "3.5"
+    assert rows["wall time of the passes (s)"] == "3.5" and rows["time: fit (s)"] == "3.5"
+    # the fit's total (timings.json, centering and start included) is its wall time
+    rows = dict(settings_rows(smd, {"startup": 1.0, "centering": 0.5, "stream": 3.5,
+                                    "total": 5.0, "attempts": 1}))
+    assert rows["wall time of fitting (s)"] == "5" and rows["time: centering (s)"] == "0.5"
+    assert "time: total (s)" not in rows and "time: attempts (s)" not in rows
     assert dict(settings_rows(krylov, None))["K'V products"] == "32"
     # the kernel's parameters from kernel_parameters (runs saved before: at the top level too)
     assert rows["σ (kernel width)"] == "2"

@@ -8,7 +8,15 @@ import os
 from dkha import algorithms
 from dkha.cli import rerun
 from dkha.cli.options import centering_line, centering_summary, raise_param
-from dkha.cli.output import errors_text, excess_precision, excess_text, kernel_text, number
+from dkha.cli.output import (
+    TIMES,
+    errors_text,
+    excess_precision,
+    excess_text,
+    kernel_text,
+    number,
+    times_line,
+)
 from dkha.cli.where import cluster_kwargs
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
@@ -30,6 +38,8 @@ def _fit_summary(model, run_dir: str) -> dict:
                 last.get("error_min"), model.attrs_.get("top_eigenvalues"), model.n_samples_)
             if last else None,
             "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
+            "times": {k: v for k, v in (getattr(model, "timings_", None) or {}).items()
+                      if k in TIMES},
             **kept_summary(model.attrs_), **centering_summary(model.attrs_)}
 
 
@@ -213,6 +223,9 @@ def _cmd_fit(args) -> int:
                      f"{last['excess']:.3e})" if kept else ""))
         _print_kept(model.attrs_)
         _print_backoffs(model.backoffs_)
+        line = times_line(getattr(model, "timings_", None))
+        if line:
+            print(line)
         print(f"saved {os.path.join(args.out, 'components.zarr')}")
     return 0
 

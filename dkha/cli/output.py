@@ -118,3 +118,24 @@ def kernel_text(kernel) -> str:
     """``gaussian(sigma=3.21455)``: a :class:`~dkha.kernels.Kernel` for people (its
     ``describe()`` keeps every digit, for the run's records)."""
     return kernel.name + "(" + ", ".join(f"{k}={number(v)}" for k, v in kernel.params) + ")"
+
+
+#: a fit's times (timings.json) the summary says, with what each covers; they add up to total
+TIMES = {"startup": "startup (the data checked, the path planned, the cluster)",
+         "centering": "centering", "init": "start state", "stream": "passes",
+         "other": "evaluations, checkpoints and the end", "total": "total"}
+
+
+def times_line(timings: dict | None, now: float | None = None) -> str | None:
+    """One line of a fit's times: each part of ``total`` (:data:`TIMES`; over the attempts of a
+    resumed fit), and the command's seconds so far beside it (its imports and the saving are
+    the difference). None without ``total``."""
+    if not timings or "total" not in timings:
+        return None
+    parts = "; ".join(f"{TIMES[k]} {timings[k]:.3g} s" for k in TIMES
+                      if k != "total" and k in timings)
+    attempts = int(timings.get("attempts", 1))
+    over = f" over {attempts} attempts" if attempts > 1 else ""
+    command = (time.time() if now is None else now) - START
+    return (f"time: {timings['total']:.3g} s fitting{over} ({parts}); the command so far "
+            f"{command:.3g} s")

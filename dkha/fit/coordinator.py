@@ -207,6 +207,7 @@ def fit_batch(request: FitRequest) -> list[ModelFit]:
     ``alpha``, no run written); raising is the caller's choice (``request.run.skip_diverged``
     only quietens the divergence's log line).
     """
+    started = time.perf_counter()
     store, stream = request.store, request.stream
     kernel = resolve_kernel(store, request.kernel, stream.seed, request.settings,
                             client=stream.client, **request.kernel_params)
@@ -217,12 +218,15 @@ def fit_batch(request: FitRequest) -> list[ModelFit]:
     attrs = [run_attrs(request, m, p, r, kernel)
              for m, p, r in zip(request.models, settings, routes)]
     with settings_dropped_on_failure(request.run.run_dirs, request.run.resume):
-        fits = _fit(request, kernel, settings, routes[0], attrs)
+        fits = _fit(request, kernel, settings, routes[0], attrs, started)
+        for f in fits:
+            if f.timings is not None:
+                add_total(f.timings, time.perf_counter() - started)
         return write_runs(fits, request.run.run_dirs)
 
 
 def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route,
-         attrs: list[dict]) -> list[ModelFit]:
+         attrs: list[dict], started: float) -> list[ModelFit]:
     """:func:`fit_batch` once the settings and attrs are resolved: the fits, not yet saved."""
     store, stream, opts = request.store, request.stream, request.run
     p0 = settings[0]
@@ -239,11 +243,13 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
     with stages, contextlib.ExitStack() as entering:
         first = _planned(request, kernel, first, p0, cks)
         attrs[0] = routed_attrs(attrs[0], first)
+        if first.plan is not None and not cks:     # the cost model's estimate, as an ETA
+            announce(first.plan.eta_line(), verbose)
         checkpoints, cks = _exact_checkpoints(first, p0, checkpointers, metas, cks, opts)
         if first.runs == "dense":
             stages.close()
             return [_fit_dense(store, kernel, p0, request, attrs[0], first.plan, metas[0],
-                               None if checkpointers is None else checkpointers[0])]
+                               None if checkpointers is None else checkpointers[0], started)]
         stages.describe(cluster_stage(stream.client, store.n_samples, request.settings))
         client = entering.enter_context(client_for(stream.client, samples=store.n_samples,
                                                    settings=request.settings))
@@ -252,7 +258,7 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
         cluster = entering.pop_all()
     with cluster:
         return _on_cluster(request, kernel, client, settings, first, attrs, asked,
-                           (checkpointers, metas, cks, checkpoints))
+                           (checkpointers, metas, cks, checkpoints), started)
 
 
 def recorded_layout(cks) -> Layout | None:
@@ -263,7 +269,7 @@ def recorded_layout(cks) -> Layout | None:
 
 
 def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, attrs, asked,
-                runs) -> list[ModelFit]:
+                runs, started: float) -> list[ModelFit]:
     """The fit's passes on the cluster ``client``: the row engine, the MK row, the start, then
     the block stream or the exact solver."""
     store, stream, opts = request.store, request.stream, request.run
@@ -291,8 +297,9 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     settings, A_init, C_init = start(engine, settings, exact, metas, cks, store.n_samples,
                                      stream.seed)
     p0 = settings[0]
-    # seconds before the first pass (history wall times count the passes only)
-    timings = {"centering": t1 - t0, "init": time.perf_counter() - t1,
+    # seconds before the first pass (history wall times count the passes only), an earlier
+    # attempt's added (its checkpoint's)
+    timings = {**phase_times(started, t0, t1, time.perf_counter(), cks, metas),
                "projections": {"asked": asked, "chosen": engine.projections,
                                "reason": engine.projections_reason},
                "memory": engine.memory.as_dict(), "plan": plan_line,
@@ -379,12 +386,13 @@ def _krylov(engine, p0: ModelRequest, stream: StreamSettings, plan, A_init, chec
 
 
 def _fit_dense(store: DataStore, kernel, p: ModelRequest, request: FitRequest, attrs: dict,
-               plan: Plan, meta: dict, checkpointer) -> ModelFit:
+               plan: Plan, meta: dict, checkpointer, started: float) -> ModelFit:
     """The default fit's dense path (:func:`dkha.fit.dense.dense_fit`): in this process, no
     cluster."""
     # a small matrix's products are too short for BLAS threads to pay: one thread, as inline
     # (the same bits; on a busy 2-core machine ARPACK on 1 000 samples took 0.05 s instead of 1.3)
     small = store.n_samples <= int(request.settings.inline_samples)
+    t0 = time.perf_counter()
     try:
         with blas_limit(1) if small else contextlib.nullcontext():
             res, mk, mkm, stats = dense_fit(store.read(), kernel, p.n_components,
@@ -394,8 +402,43 @@ def _fit_dense(store: DataStore, kernel, p: ModelRequest, request: FitRequest, a
                                         "starts again: it keeps no partial state)"
                                         if checkpointer is not None else "run the command "
                                         "again (the dense path keeps no partial state)")) from None
-    timings = {"centering": 0.0, "init": 0.0, "path": plan.attrs(), "stream": res.wall_time,
+    # (its centering is in the solve's seconds: stream)
+    timings = {"startup": t0 - started, "centering": 0.0, "init": 0.0, "attempts": 1,
+               "path": plan.attrs(), "stream": res.wall_time,
                "passes": list(stats.passes), "replicas": {"rebuilds": 0, "moves": 0},
                "projections": {"asked": None, "chosen": "dense", "reason": plan.reason}}
     return model_fit(store, kernel, p, finished_attrs(attrs, res, None, meta), res, mk, mkm,
                      timings, None, meta, checkpointer)
+
+
+#: the seconds of a fit before its passes (timings.json): startup (the data checked, the path
+#: planned, the cluster reached or started), centering (the MK row), init (the start state)
+PHASES = ("startup", "centering", "init")
+
+
+def phase_times(started: float, t0: float, t1: float, t2: float, cks, metas) -> dict:
+    """:data:`PHASES`' seconds of this attempt (``started`` → ``t0`` → ``t1`` → ``t2``), added
+    to those of the attempts before that the resumed checkpoint records (``attempts`` counts
+    them, ``earlier`` is their seconds to it: phases and passes); recorded in each of ``metas``
+    (every checkpoint written after carries them)."""
+    recorded = (cks[0].meta.get("times") or {}) if cks else {}
+    times = {k: float(recorded.get(k, 0.0)) + v
+             for k, v in zip(PHASES, (t0 - started, t1 - t0, t2 - t1))}
+    times["attempts"] = int(recorded.get("attempts", 0)) + 1
+    for meta in metas or ():
+        if meta is not None:
+            meta["times"] = dict(times)
+    times["earlier"] = (sum(float(recorded.get(k, 0.0)) for k in PHASES)
+                        + float(cks[0].meta.get("fit_seconds", 0.0)) if cks else 0.0)
+    return times
+
+
+def add_total(timings: dict, elapsed: float) -> None:
+    """The fit's ``total`` seconds in ``timings``: this attempt's ``elapsed`` seconds and the
+    attempts' before (``earlier``), with ``other``, the rest besides :data:`PHASES` and
+    ``stream`` (the passes): evaluations, checkpoints, the end's work. The phases, ``stream``
+    and ``other`` add up to ``total``."""
+    total = float(timings.get("earlier", 0.0)) + elapsed
+    parts = sum(float(timings.get(k, 0.0)) for k in (*PHASES, "stream"))
+    timings["other"] = max(0.0, total - parts)
+    timings["total"] = parts + timings["other"]

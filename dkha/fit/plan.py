@@ -130,6 +130,17 @@ class Plan:
                                    for k, v in self.estimates.items()},
                 "path_probe_rate": float(self.rate), "path_threads": int(self.threads)}
 
+    def eta_line(self, now: float | None = None) -> str:
+        """The cost model's seconds for the path chosen as one of the fit's first lines, with
+        the clock time it gives (an ETA: the estimate, not a promise)."""
+        seconds = self.estimates.get(self.path)
+        if seconds is None:
+            return f"path: {self.path} (no estimate)"
+        end = time.strftime("%H:%M:%S", time.localtime((time.time() if now is None else now)
+                                                       + float(seconds)))
+        return (f"estimate: about {float(seconds):.2g} s for the {self.path} path on "
+                f"{self.threads} threads (ETA {end})")
+
 
 def probe_rate(kernel, sample: np.ndarray, repeat: int = 2) -> float:
     """Kernel entries per second on one thread of this machine for ``kernel`` on rows like

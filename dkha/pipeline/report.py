@@ -324,11 +324,15 @@ def settings_rows(ds, timings: dict | None) -> list[tuple[str, str]]:
         for k, label in (*done, ("excess", "excess error E/E_min − 1"),
                          ("error", "reconstruction error E(A)"),
                          ("residual", "largest relative residual ‖K'v − θv‖/θ"),
-                         ("ac_index", "AC index"), ("wall_time", "wall time of fitting (s)")):
+                         ("ac_index", "AC index"), ("wall_time", "wall time of the passes (s)")):
             if k in last.variables and np.isfinite(float(last[k])):
                 v = last[k].item()
                 rows.append((label, _number(int(v) if k in ("pass", "step") else float(v))))
+    if "total" in (timings or {}):   # the phases, passes and the rest (they add up to it)
+        rows.append(("wall time of fitting (s)", _number(float(timings["total"]))))
     for k, v in (timings or {}).items():     # timings.json: seconds per phase of the fit
+        if k in ("total", "attempts"):
+            continue
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             name = k.replace("_", " ").removesuffix(" seconds")
             rows.append((f"time: {name} (s)", _number(float(v))))
