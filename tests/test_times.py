@@ -60,7 +60,8 @@ def test_a_resumed_fit_keeps_the_first_attempts_times(digits_store, tmp_path, mo
 
     run = str(tmp_path / "run")
     args = ("fit", digits_store.path, "-o", run, "--components", "3", "--sigma", "4",
-            "--algorithm", "kha-smd", "--passes", "3", "--checkpoint-every", "1")
+            "--algorithm", "kha-smd", "--init", "random", "--passes", "3",
+            "--checkpoint-every", "1")
     save = Checkpointer.save
 
     def save_then_stop(self, *a, **k):
