@@ -59,7 +59,7 @@ class ProjectedBlock:
     ``projection`` (``b×m``, the column groups' partials summed) is ``K'_P S̃_vᵀ`` for the
     version ``v`` of ``S̃``; ``window`` is ``K'[P, W ∪ P]`` with the columns of block ``s`` from
     ``offsets[s]``: what the coordinator needs to bring it up to date
-    (:meth:`WorkerReplicas.projections`).
+    (:meth:`Messages.projections`).
     """
 
     seq: int
@@ -70,13 +70,94 @@ class ProjectedBlock:
     offsets: dict
 
 
+class Messages:
+    """The coordinator's messages to the replicas of one stream, numbered (one per block, one per
+    lone fold: the version of ``S̃`` is how many have been recorded), kept while a block in flight
+    (submitted on version ``keep_from`` or later) can need them, and the bases from which lost
+    replicas are rebuilt exactly: ``(version, S̃, C̃)`` where the coordinator held all of the
+    state (the first build, pass ends), oldest first, with the messages since the oldest."""
+
+    def __init__(self, stats):     # stats: the engine's StreamStats
+        self.stats = stats
+        self.log: collections.deque = collections.deque()     # (version, seq, index, ops)
+        self.version = 0        # messages recorded (the coordinator's S̃)
+        self.keep_from = 0      # the oldest version a block in flight was submitted on
+        self.bases: list = []
+        self.history: list = []
+
+    def record_block(self, block: ProjectedBlock, ops: list) -> None:
+        """Record the message of ``block`` (the operations the solver appended to ``ops``)."""
+        self._record((self.version + 1, block.seq, block.index, tuple(ops)))
+
+    def record_fold(self, F: np.ndarray) -> None:
+        """Record a fold of ``T`` into ``S̃`` made outside a block (a pass start)."""
+        self._record((self.version + 1, None, None, (("fold", F),)))
+
+    def _record(self, message: tuple) -> None:
+        self.version += 1
+        self.log.append(message)
+        if self.bases:      # messages are never changed once recorded: kept as they are
+            self.history.append(message)
+
+    def add_base(self, S: np.ndarray, C: np.ndarray | None) -> None:
+        """Keep the state at the current version (all of it at the coordinator) as a base."""
+        self.bases.append((self.version, np.array(S), None if C is None else np.array(C)))
+        self._trim_bases()
+
+    def exact_base(self) -> tuple | None:
+        """``(S̃'s version, S̃, C̃'s version, C̃, the messages since S̃'s)`` to rebuild the replicas
+        exactly from, or None where no base is old enough for the blocks in flight."""
+        s_base = [b for b in self.bases if b[0] <= self.keep_from]
+        if not s_base:
+            return None
+        (sv, S, _), (cv, _, C) = s_base[-1], self.bases[-1]
+        return sv, S, cv, C, [m for m in self.history if m[0] > sv]
+
+    def trim(self) -> None:
+        """Forget the messages no block in flight can need (versions ≤ ``keep_from``)."""
+        while self.log and self.log[0][0] <= self.keep_from:
+            self.log.popleft()
+        self._trim_bases()
+
+    def _trim_bases(self) -> None:
+        """Forget the bases (and messages) older than the newest one the blocks in flight can
+        rebuild from (version ≤ ``keep_from``)."""
+        usable = [b[0] for b in self.bases if b[0] <= self.keep_from]
+        if usable:
+            self.bases = [b for b in self.bases if b[0] >= usable[-1]]
+        if self.bases:
+            oldest = self.bases[0][0]
+            self.history = [m for m in self.history if m[0] > oldest]
+
+    def projections(self, block: ProjectedBlock) -> tuple[np.ndarray, np.ndarray]:
+        """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: its projection
+        with every message since its version replayed (coordinator-math.md §4)."""
+        Y = np.array(block.projection)
+        if block.version < self.version:
+            if not self.log or self.log[0][0] > block.version + 1:
+                raise RuntimeError(f"the messages since version {block.version} are no longer "
+                                   f"kept (block {block.seq})")
+            for version, seq, index, ops in self.log:
+                if version <= block.version:
+                    continue
+                cols = None
+                if seq is not None:
+                    if seq not in block.offsets:
+                        raise RuntimeError(f"block {block.seq}'s window lacks the columns of "
+                                           f"block {seq}")
+                    off = block.offsets[seq]
+                    cols = block.window[:, off:off + len(index)]
+                replay_message(Y, ops, cols)
+                self.stats.messages_replayed += 1
+        off, b = block.offsets[block.seq], len(block.index)
+        return Y, np.ascontiguousarray(block.window[:, off:off + b])
+
+
 class WorkerReplicas:
     """The coordinator's end of the worker-side replicas of ``S̃`` and ``C̃`` of one stream.
 
-    It numbers the coordinator's messages (one per block, one per lone fold: the version of
-    ``S̃`` is how many have been recorded), sends them to every replica in order, submits the
-    blocks' tasks, turns their results into up-to-date projections, brings ``C̃`` home, and
-    rebuilds the replicas when one is lost.
+    It sends the coordinator's :attr:`messages` (:class:`Messages`) to every replica in order,
+    submits the blocks' tasks, brings ``C̃`` home, and rebuilds the replicas when one is lost.
     """
 
     def __init__(self, engine, state):  # engine: the stream's dkha.engine.rows.RowEngine
@@ -93,18 +174,12 @@ class WorkerReplicas:
         self._cols = [np.asarray(g, dtype=np.int64) for g in self.groups]
         self.bounds = np.asarray([(g[0][0], g[-1][1]) for g in self.groups], dtype=np.int64)
         self._tasks = itertools.count()
-        self.log: collections.deque = collections.deque()     # (version, seq, index, ops)
-        self.version = 0        # messages recorded (the coordinator's S̃)
+        self.messages = Messages(engine.stats)
         self.sent = 0           # messages sent to the replicas
-        self.keep_from = 0      # the oldest version a block in flight was submitted on
         self.updates: list = []     # per group: the future of its latest build or update
         self.workers: list[str] = []
         self.rebuilds = 0
         self._checked = time.monotonic()    # when rebalance last asked who is in the cluster
-        # exact rebuilds: (version, S̃, C̃) where the coordinator held all of the state (the
-        # first build, pass ends), oldest first, and the messages since the oldest
-        self.bases: list = []
-        self.history: list = []
         self.exact = False      # whether the last build reproduced the lost replicas exactly
 
     def _key(self, g: int) -> tuple:
@@ -123,7 +198,7 @@ class WorkerReplicas:
         kept base and the messages since (:func:`replica_replay`), where a base is old enough
         for the blocks in flight; else from the coordinator's state at the current version
         (``C̃ = S̃_A K'`` recomputed on the workers where it lived there: equal up to rounding)."""
-        st, eng = self.state, self.engine
+        st, eng, msgs = self.state, self.engine, self.messages
         threads = sorted(self.client.nthreads().items())
         if not threads:
             raise ClusterLostError("no Dask workers to hold the replicas of S̃")
@@ -132,50 +207,34 @@ class WorkerReplicas:
         self.workers = [slots[g % len(slots)] for g in range(len(self.groups))]
         mk = eng.mk_future()
         self.updates = []
-        s_base = [b for b in self.bases if b[0] <= self.keep_from]
-        self.exact = bool(s_base)
+        base = msgs.exact_base()
+        self.exact = base is not None
         if self.exact:
-            (sv, S, _), (cv, _, C) = s_base[-1], self.bases[-1]
-            messages = [m for m in self.history if m[0] > sv]
+            sv, S, cv, C, messages = base
             log.info("replicas of S̃ rebuilt exactly: S̃ from version %d, C̃ from %d, %d messages "
-                     "replayed up to %d", sv, cv, len(messages), self.version)
+                     "replayed up to %d", sv, cv, len(messages), msgs.version)
             for g, (lo, hi) in enumerate(self.bounds):
                 self.updates.append(self._pinned(
                     g, replica_replay, self._key(g), self._cols[g], sv, S[:, lo:hi], cv,
-                    None if C is None else C[:, lo:hi], messages, self.keep_from,
+                    None if C is None else C[:, lo:hi], messages, msgs.keep_from,
                     eng.source, eng.kernel, mk, eng.mkm, self._ranges,
                     priority=_UPDATE_PRIORITY))
-            self.sent = self.version
+            self.sent = msgs.version
             return
         S_A = None
         if st.keeps_c and st.c_stale:                # C̃ is recomputed there: C̃ = S̃_A K'
             S_A = eng.passes.put(np.array(st.S_tilde[:st.r]))
         log.info("replicas of S̃ built from the coordinator's state at version %d%s",
-                 self.version, " (C̃ recomputed: equal up to rounding)" if S_A is not None else "")
+                 msgs.version, " (C̃ recomputed: equal up to rounding)" if S_A is not None else "")
         for g, (lo, hi) in enumerate(self.bounds):
             C = np.array(st.C_tilde[:, lo:hi]) if st.keeps_c and S_A is None else None
             self.updates.append(self._pinned(
-                g, replica_build, self._key(g), self._cols[g], self.version,
+                g, replica_build, self._key(g), self._cols[g], msgs.version,
                 np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.source, eng.kernel, mk, eng.mkm,
                 self._ranges, priority=_UPDATE_PRIORITY))
-        self.sent = self.version
+        self.sent = msgs.version
         if S_A is None:
-            self._add_base(st.S_tilde, st.C_tilde if st.keeps_c else None)
-
-    def _add_base(self, S: np.ndarray, C: np.ndarray | None) -> None:
-        """Keep the state at the current version (all of it at the coordinator) as a base."""
-        self.bases.append((self.version, np.array(S), None if C is None else np.array(C)))
-        self._trim_bases()
-
-    def _trim_bases(self) -> None:
-        """Forget the bases (and messages) older than the newest one the blocks in flight can
-        rebuild from (version ≤ ``keep_from``)."""
-        usable = [b[0] for b in self.bases if b[0] <= self.keep_from]
-        if usable:
-            self.bases = [b for b in self.bases if b[0] >= usable[-1]]
-        if self.bases:
-            oldest = self.bases[0][0]
-            self.history = [m for m in self.history if m[0] > oldest]
+            msgs.add_base(st.S_tilde, st.C_tilde if st.keeps_c else None)
 
     def recover(self, exc: ReplicaLostError) -> None:
         """Rebuild after a lost replica, or raise ``exc`` after ``engine.replica_rebuilds``
@@ -225,52 +284,32 @@ class WorkerReplicas:
         except Exception as exc:  # noqa: BLE001  # pragma: no cover - no cluster: nothing to drop
             log.debug("could not drop the replicas of run %s: %s", self.run_id, exc)
 
-    # -- messages --
-    def record_block(self, block: ProjectedBlock, ops: list) -> None:
-        """Record the message of ``block`` (the operations the solver appended to ``ops``)."""
-        self._record((self.version + 1, block.seq, block.index, tuple(ops)))
-
-    def record_fold(self, F: np.ndarray) -> None:
-        """Record a fold of ``T`` into ``S̃`` made outside a block (a pass start)."""
-        self._record((self.version + 1, None, None, (("fold", F),)))
-
-    def _record(self, message: tuple) -> None:
-        self.version += 1
-        self.log.append(message)
-        if self.bases:      # messages are never changed once recorded: kept as they are
-            self.history.append(message)
-
     def flush(self) -> None:
         """Send the recorded messages to every replica, in order."""
-        for version, seq, index, ops in self.log:
+        for version, seq, index, ops in self.messages.log:
             if version <= self.sent:
                 continue
             nbytes = sum(x.nbytes for op in ops for x in op if isinstance(x, np.ndarray))
             for g in range(len(self.groups)):
                 self.updates[g] = self._pinned(g, replica_update, self._key(g), version, seq,
-                                               index, ops, self.keep_from, self.updates[g],
+                                               index, ops, self.messages.keep_from,
+                                               self.updates[g],
                                                priority=_UPDATE_PRIORITY)
             self.engine.stats.bytes_sent += nbytes * len(self.groups)
             self.sent = version
-
-    def trim(self) -> None:
-        """Forget the messages no block in flight can need (versions ≤ ``keep_from``)."""
-        while self.log and self.log[0][0] <= self.keep_from:
-            self.log.popleft()
-        self._trim_bases()
 
     # -- blocks --
     def submit(self, seq: int, index: np.ndarray, ahead: list) -> _PendingBlock:
         """The tasks of block ``seq`` on the current version; ``ahead``: ``(index, seq)`` of the
         blocks before it in the FIFO, whose columns its window holds."""
-        assert self.sent == self.version, "flush before submitting"
+        assert self.sent == self.messages.version, "flush before submitting"
         offsets, pos = {}, 0
         for idx, s in ahead:
             offsets[s] = pos
             pos += len(idx)
         offsets[seq] = pos
         window_index = np.concatenate([idx for idx, _ in ahead] + [index])
-        return self._submit_at(seq, index, self.version, window_index, offsets)
+        return self._submit_at(seq, index, self.messages.version, window_index, offsets)
 
     def resubmit(self, pending: _PendingBlock, ahead: list) -> _PendingBlock:
         """Block ``pending`` again after a rebuild: on its own version and window where the
@@ -316,37 +355,14 @@ class WorkerReplicas:
         return ProjectedBlock(pending.seq, pending.index, pending.version, Y, window,
                               pending.offsets)
 
-    def projections(self, block: ProjectedBlock) -> tuple[np.ndarray, np.ndarray]:
-        """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: its projection
-        with every message since its version replayed (coordinator-math.md §4)."""
-        Y = np.array(block.projection)
-        if block.version < self.version:
-            if not self.log or self.log[0][0] > block.version + 1:
-                raise RuntimeError(f"the messages since version {block.version} are no longer "
-                                   f"kept (block {block.seq})")
-            for version, seq, index, ops in self.log:
-                if version <= block.version:
-                    continue
-                cols = None
-                if seq is not None:
-                    if seq not in block.offsets:
-                        raise RuntimeError(f"block {block.seq}'s window lacks the columns of "
-                                           f"block {seq}")
-                    off = block.offsets[seq]
-                    cols = block.window[:, off:off + len(index)]
-                replay_message(Y, ops, cols)
-                self.engine.stats.messages_replayed += 1
-        off, b = block.offsets[block.seq], len(block.index)
-        return Y, np.ascontiguousarray(block.window[:, off:off + b])
-
     # -- pass ends --
     def synchronise(self) -> np.ndarray | None:
         """Check every replica of ``S̃`` against the coordinator's and return the current ``C̃``
         (``r×l``; ``None`` where ``C`` is not kept). At pass ends and when the stream closes."""
-        st = self.state
+        st, msgs = self.state, self.messages
         while True:
             self.flush()
-            futures = [self._pinned(g, replica_columns, self._key(g), self.version,
+            futures = [self._pinned(g, replica_columns, self._key(g), msgs.version,
                                     self.updates[g], priority=_UPDATE_PRIORITY)
                        for g in range(len(self.groups))]
             try:
@@ -363,9 +379,9 @@ class WorkerReplicas:
                     f"{np.max(np.abs(squares - want) / np.maximum(want, 1e-300)):.1e})")
         self.engine.stats.bytes_received += sum(s.nbytes for _, s in results)
         if results[0][0] is None:
-            self._add_base(st.S_tilde, None)
+            msgs.add_base(st.S_tilde, None)
             return None
         C = np.concatenate([c for c, _ in results], axis=1)
         self.engine.stats.bytes_received += C.nbytes
-        self._add_base(st.S_tilde, C)
+        msgs.add_base(st.S_tilde, C)
         return C

@@ -95,8 +95,8 @@ def stream_projections(engine, blocks, solver):
                 seq += 1
             if not queue:
                 return
-            replicas.keep_from = min(e[3].version for e in queue)
-            replicas.trim()
+            replicas.messages.keep_from = min(e[3].version for e in queue)
+            replicas.messages.trim()
             tag, idx, _, pending = queue[0]
             t0 = time.perf_counter()
             try:

@@ -341,7 +341,7 @@ class BatchKHA:
                 st.set_c_tilde(self.replicas.synchronise())
             folded = st.fold()
             if folded is not None and self.replicas is not None:
-                self.replicas.record_fold(folded)
+                self.replicas.messages.record_fold(folded)
             st.resync()
         if st.C is not None:
             st.lam = eigenvalue_estimate(st.A, st.C)
@@ -462,11 +462,11 @@ class BatchKHA:
                     if self.replicas is None:
                         raise ValueError("a block of projections needs the replicas of its "
                                          "stream attached (RowEngine.stream(..., solver=...))")
-                    Y, kpp = self.replicas.projections(rows)
+                    Y, kpp = self.replicas.messages.projections(rows)
                     ops: list = []
                     st.apply_block(index, None, eta, mu=self.meta_gain, xi=self.xi, projections=Y,
                                    kpp=kpp, ops=ops)
-                    self.replicas.record_block(rows, ops)
+                    self.replicas.messages.record_block(rows, ops)
             except BadStep as bad:
                 raise self.diverged(st.t + bad.j, bad.quantity, bad.component) from None
             st.t += len(index)
