@@ -10,9 +10,10 @@ goes through it. :class:`RowEngine` owns the data path on the cluster: workers r
 store's chunks once and keep them in a per-process cache (:func:`load_rows`), compute the MK row
 tile by tile, the centered row blocks of the schedule ahead of the coordinator (a bounded FIFO
 of futures in schedule order, :mod:`dkha.engine.stream`), and the blockwise products ``K' V``
-that evaluation needs. Every task it submits is waited for through :mod:`dkha.engine.passes`
-(stop checks, cluster errors translated, passes with a bounded number of tasks in flight); the
-optional row cache is :mod:`dkha.engine.tilecache`.
+that evaluation needs (:class:`~dkha.engine.products.TilePasses`). Every task it submits is
+waited for through :mod:`dkha.engine.passes` (stop checks, cluster errors translated, passes
+with a bounded number of tasks in flight); the optional row cache is
+:mod:`dkha.engine.tilecache`.
 
 Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are computed is the engine's
 ``projections`` setting (``dkha.projections``):
@@ -51,13 +52,14 @@ import numpy as np
 
 from dkha.config import Settings
 from dkha.data.store import DataStore
-from dkha.engine.bandpass import BandPlan, band_matmat, band_residuals, plan_for
+from dkha.engine.bandpass import BandPlan, plan_for
 from dkha.engine.budget import LAYOUT_THREADS, Layout, configured_budget, memory_plan
 from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.held import held
 from dkha.engine.inline import InlineClient
 from dkha.engine.mkrow import mk_row
 from dkha.engine.passes import ClusterPasses
+from dkha.engine.products import TilePasses
 from dkha.engine.replicas import ProjectedBlock
 from dkha.engine.stream import StreamStats, stream_projections, stream_rows
 from dkha.engine.tasks import (
@@ -65,12 +67,9 @@ from dkha.engine.tasks import (
     block_rows,
     center_block,
     clear_cache,
-    dense_pair,
     diagonal_rows,
     load_rows,
-    product_tiles,
     project_rows,
-    residual_tiles,
 )
 from dkha.engine.tilecache import TileCache
 from dkha.errors import ParameterError
@@ -145,7 +144,7 @@ def _tile_ranges(l: int, bands: int) -> tuple[tuple[tuple[int, int]], ...]:
     return tuple(((a, b),) for a, b in itertools.pairwise(cuts) if b > a)
 
 
-class RowEngine:
+class RowEngine(TilePasses):
     """Kernel rows of one data store and kernel, on a Dask cluster.
 
     Parameters
@@ -274,19 +273,6 @@ class RowEngine:
     def n_samples(self) -> int:
         return self.store.n_samples
 
-    # -- the kernel tile cache (dkha.engine.tilecache) --
-    def cache_bytes(self) -> int:
-        """Bytes of worker memory the tile cache takes (0 without one)."""
-        return self.tile_cache.nbytes() if self.tile_cache is not None else 0
-
-    def _tile(self, i: int, j: int):
-        return self.tile_cache.tile(i, j) if self.tile_cache is not None else None
-
-    def release_cache(self) -> None:
-        """Drop the cached tiles from the workers."""
-        if self.tile_cache is not None:
-            self.tile_cache.release()
-
     # -- MK row --
     centering: dict | None = None   # what compute_mk made the row in use: method, parameters
 
@@ -372,123 +358,12 @@ class RowEngine:
                 state.set_c_tilde(self.matmat(state.S_tilde[:solver.r].T).T)
         return stream_rows(self, blocks)
 
-    # -- blockwise products for evaluation (symmetric tiles I ≤ J) --
-    def tile_pairs(self) -> list[tuple[int, int]]:
-        """The tiles ``(i, j)``, ``i ≤ j``, of the blockwise passes, in the passes' order."""
-        g = self.tile_groups
-        return [(i, j) for i in range(len(g)) for j in range(i, len(g))]
-
-    def tile_tasks(self) -> list[list[tuple[int, int]]]:
-        """The tiles of each task of a blockwise pass (:func:`tasks_of`)."""
-        return tasks_of(self.tile_pairs(), 1 if self.tile_cache else self.memory.tiles_per_task)
-
-    def tile_bounds(self) -> list[tuple[int, int]]:
-        """The row range ``(start, stop)`` of each tile group."""
-        return [self._bounds(g) for g in self.tile_groups]
-
-    def _bounds(self, group):
-        return group[0][0], group[-1][1]
-
-    def matmat(self, V: np.ndarray, *, exact: bool = False) -> np.ndarray:
-        """``K' @ V`` for an ``l × k`` matrix: one blockwise pass over the tiles ``I ≤ J``
-        (``exact``: float64 tiles whatever the engine's precision, for E_min)."""
-        V = np.ascontiguousarray(V, dtype=np.float64)
-        if V.ndim == 1:
-            return self.matmat(V[:, None], exact=exact)[:, 0]
-        mk = self.mk_future()
-        kernel = self.exact_kernel if exact else self.kernel
-        if self.bands is not None:
-            return band_matmat(self, V, kernel)
-        Vf = self.passes.put(V, everywhere=True)
-        g, tasks = self.tile_groups, self.tile_tasks()
-        # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j: piece 2p and
-        # 2p + 1 of the task's p-th tile
-        return self.passes.reduced_pass(
-            lambda k: self.client.submit(product_tiles, self.source, kernel, mk, self.mkm,
-                                         [(g[i], g[j]) for i, j in tasks[k]], Vf,
-                                         tiles=cached_tiles(self, tasks[k]), pure=False),
-            [tile_routes(task) for task in tasks], self.tile_bounds(),
-            V.shape[1],
-            "a K' V product pass", kind="product", progress="product K' V")
-
-    def residual(self, C: np.ndarray) -> tuple[float, float]:
-        """``(‖K'‖²_F, ‖K' − CᵀC‖²_F)`` in one blockwise pass (direct form, no cancellation)."""
-        frob2, (res2,) = self.residuals([C])
-        return frob2, res2
-
-    def residuals(self, Cs: list[np.ndarray]) -> tuple[float, list[float]]:
-        """``‖K'‖²_F`` and ``‖K' − CᵀC‖²_F`` for each ``C`` of ``Cs``, all in one blockwise pass."""
-        Cs = tuple(np.ascontiguousarray(C, dtype=np.float64) for C in Cs)
-        mk = self.mk_future()
-        if self.bands is not None:
-            return band_residuals(self, Cs)
-        Cf = self.passes.put(Cs, everywhere=True)
-        g, tasks = self.tile_groups, self.tile_tasks()
-        tot = np.zeros(1 + len(Cs))
-        for part in self.passes.ordered_results(
-                lambda k: self.client.submit(residual_tiles, self.source, self.exact_kernel, mk,
-                                             self.mkm, [(g[i], g[j]) for i, j in tasks[k]], Cf,
-                                             tiles=cached_tiles(self, tasks[k]), pure=False),
-                len(tasks), "the residual pass of an evaluation", kind="residual",
-                progress="evaluation (residuals)"):
-            for row in part:        # the tiles' sums in the pass's order, however grouped
-                tot += row
-        return float(tot[0]), [float(v) for v in tot[1:]]
-
-    def dense(self) -> np.ndarray:
-        """``K'`` whole: only for small stores (dense E_min, tests)."""
-        return dense_matrix(self)
-
     def transform(self, Xnew: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         """The projections ``K'(Xnew, X) α`` of new samples (one task, on a worker)."""
         mk = self.mk_future()
         future = self.client.submit(project_rows, self.source, self.kernel, Xnew, mk, self.mkm,
                                     self.column_groups, alpha, pure=False)
         return self.passes.wait(future, f"the projection of {len(Xnew)} new samples")
-
-
-def tasks_of(pairs: list, per_task: int) -> list[list[tuple[int, int]]]:
-    """The tiles of each task of a blockwise pass: ``pairs`` in order, ``per_task`` a task (the
-    plan's ``tiles_per_task``; one from the row cache, whose tiles are few)."""
-    n = max(1, int(per_task))
-    return [pairs[a:a + n] for a in range(0, len(pairs), n)]
-
-
-def cached_tiles(engine: RowEngine, task) -> list | None:
-    """The row cache's tiles of a task's tiles (None without the row cache)."""
-    return None if engine.tile_cache is None else [engine._tile(i, j) for i, j in task]
-
-
-def tile_routes(task: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Where the pieces of a task of :func:`~dkha.engine.tasks.product_tiles` (or
-    ``mk_tiles``) go: its ``p``-th tile ``(i, j)``'s first piece to band ``i``, its second (off
-    the diagonal) to band ``j``."""
-    routes = []
-    for p, (i, j) in enumerate(task):
-        routes.append((i, 2 * p))
-        if i != j:
-            routes.append((j, 2 * p + 1))
-    return routes
-
-
-def dense_matrix(engine: RowEngine) -> np.ndarray:
-    """``K'`` whole from the tiles ``I ≤ J`` (:meth:`RowEngine.dense`)."""
-    mk = engine.mk_future()
-    g = engine.tile_groups
-    pairs = engine.tile_pairs()
-    futs = [engine.client.submit(dense_pair, engine.source, engine.exact_kernel, mk, engine.mkm,
-                                 g[i], g[j], tile=engine._tile(i, j), pure=False)
-            for i, j in pairs]
-    out = np.empty((engine.n_samples, engine.n_samples))
-    with engine.passes.progress("K' (dense)", len(futs)) as bar:
-        for (i, j), fut in zip(pairs, futs):
-            K = engine.passes.wait(fut, f"the dense tile ({i}, {j}) of K'")
-            a, b = engine._bounds(g[i])
-            c, d = engine._bounds(g[j])
-            out[a:b, c:d] = K
-            out[c:d, a:b] = K.T
-            bar.update()
-    return out
 
 
 def array_engine(X: np.ndarray, kernel: Kernel, client, settings: Settings) -> RowEngine:
