@@ -42,7 +42,7 @@ Stein's unbiased risk estimate of a clipped output
 The denoised image is clipped to [0, 1], the range of the images dkha reads: ``g = clip(f)``.
 Its divergence is ``Σ_i 1[0 < f_i < 1] ∂f_i/∂y_i`` (the clip is piecewise linear), so SURE of what
 is returned takes the residual of ``g`` and the Monte-Carlo divergence of ``f`` over the pixels
-``f`` leaves inside (0, 1) (:func:`sure_terms` with ``clip``); taking the finite difference of
+``f`` leaves inside (0, 1) (:func:`sure_parts` with ``clip``); taking the finite difference of
 two clipped outputs instead errs at pixels within ``ε`` of a bound.
 
 Which rule (``auto``)
@@ -162,27 +162,21 @@ def probe(shape: tuple, seed: int) -> np.ndarray:
 def sure(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.ndarray,
          epsilon: float, sigma: float, clip: tuple[float, float] | None = None) -> float:
     """Monte-Carlo SURE per pixel (module docstring): ``denoised = f(y)``,
-    ``perturbed = f(y + ε b)``; with ``clip``, of ``clip(f(y))``."""
-    return float(np.mean(sure_terms(noisy, denoised, perturbed, b, epsilon, sigma, clip)))
-
-
-def sure_terms(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.ndarray,
-               epsilon: float, sigma: float, clip: tuple[float, float] | None = None
-               ) -> np.ndarray:
-    """SURE's terms pixel by pixel, ``(y − g)² − σ² + 2σ² m b (f(y + εb) − f) / ε`` with
-    ``g = f``, ``m = 1``, or for ``clip = (lo, hi)`` ``g = clip(f)`` and ``m = 1[lo < f < hi]``
-    (the clip's derivative): their mean is :func:`sure`, their sums over regions show how much
-    of it each region carries."""
+    ``perturbed = f(y + ε b)``; with ``clip``, of ``clip(f(y))``: the mean of
+    ``residual − σ² + 2σ² divergence`` (:func:`sure_parts`)."""
     residual, divergence = sure_parts(noisy, denoised, perturbed, b, epsilon, clip)
-    return residual - sigma**2 + 2.0 * sigma**2 * divergence
+    return float(np.mean(residual - sigma**2 + 2.0 * sigma**2 * divergence))
 
 
 def sure_parts(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray, b: np.ndarray,
                epsilon: float, clip: tuple[float, float] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-    """The two parts of :func:`sure_terms` that do not depend on the noise level: the squared
-    residual ``(y − g)²`` and the divergence's Monte-Carlo terms ``m b (f(y + εb) − f) / ε``
-    (SURE at any ``σ`` is ``residual − σ² + 2σ² divergence``)."""
+    """SURE's two terms pixel by pixel that do not depend on the noise level: the squared
+    residual ``(y − g)²`` and the divergence's Monte-Carlo terms ``m b (f(y + εb) − f) / ε``,
+    with ``g = f``, ``m = 1``, or for ``clip = (lo, hi)`` ``g = clip(f)`` and
+    ``m = 1[lo < f < hi]`` (the clip's derivative). SURE at any ``σ`` is
+    ``residual − σ² + 2σ² divergence``; its sums over regions show how much of it each region
+    carries."""
     denoised_out, inside = denoised, 1.0
     if clip is not None:
         inside = (denoised > clip[0]) & (denoised < clip[1])
@@ -206,12 +200,6 @@ def hold_out(image: np.ndarray, mask: np.ndarray) -> np.ndarray:
     out = y.copy()
     out[mask] = neighbours[mask]
     return out
-
-
-def held_out_loss(noisy: np.ndarray, outputs: list[np.ndarray], masks: list[np.ndarray]) -> float:
-    """``mean over the held-out pixels of (f_J(y) − y)²``, each output scored on its own mask."""
-    terms = held_out_terms(noisy, outputs, masks)
-    return float(np.sum(terms) / sum(int(m.sum()) for m in masks))
 
 
 def held_out_terms(noisy: np.ndarray, outputs: list[np.ndarray], masks: list[np.ndarray]

@@ -31,7 +31,3 @@ CODES: dict[int, TileCode] = {c.code: c for c in (
     TileCode(SIGMOID, "tanh(p1 g + p2)", False),
 )}
 
-
-def is_distance(code: int) -> bool:
-    """Whether tiles of ``code`` are formed from squared distances (the rows' norms needed)."""
-    return CODES[int(code)].distance
