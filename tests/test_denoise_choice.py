@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dkha.apply import choose, risk
+from dkha.cli import LOADING
 from dkha.cli.main import main
 from dkha.errors import ParameterError
 
@@ -219,7 +220,7 @@ def test_fit_denoise_refuses_bad_options():
         choose.fit_denoise(y, widths=(-1.0,))
 
 
-def test_cli_denoise_without_a_run(tmp_path, seed, capsys):
+def test_cli_denoise_without_a_run(tmp_path, seed, capsys, monkeypatch):
     """``dkha denoise IMAGE -o OUT`` chooses, prints the choice and its estimated risk, and
     saves them beside the image; a run's options are refused in one line."""
     x = scene(40)
@@ -232,11 +233,19 @@ def test_cli_denoise_without_a_run(tmp_path, seed, capsys):
     skimage.io.imsave(tmp_path / "clean.tif", x.astype(np.float32))
     x = read_grey_image(str(tmp_path / "clean.tif"))
     out = str(tmp_path / "out.npy")
+    said = []       # the phases the search says (dkha.progress.phase)
+    monkeypatch.setattr(choose, "phase", said.append)
     assert main(["denoise", str(tmp_path / "noisy.tif"), "-o", out, "--reference",
                  str(tmp_path / "clean.tif"), "--widths", "3", "30", "--ranks", "4", "8",
                  "--samples", "200", "--patch", "6"]) == 0
     text = capsys.readouterr().out
     assert "rule sure" in text and "chosen: " in text and "estimated MSE" in text
+    # the search says its rounds (before: the heartbeat named "loading, then starting the Dask
+    # workers" through the whole search, where no cluster starts)
+    assert any(m.startswith("choosing the denoiser: ") and "candidates" in m
+               for m in said), said
+    assert any(m.startswith("denoising with ") for m in said), said
+    assert LOADING == "loading"     # the command's first phase no longer promises workers
     with open(out + ".choice.json") as fh:
         saved = json.load(fh)
     den = np.load(out)
