@@ -50,3 +50,42 @@ def test_killing_a_worker_mid_fit_leaves_alpha_unchanged(tmp_path):
         assert np.array_equal(a, b)
     finally:
         stop_processes(procs)
+
+
+def test_no_worker_is_said_lost_while_the_client_refreshes_its_cache(caplog, monkeypatch):
+    """The watcher asks the scheduler for its workers afresh: the client's periodic update of
+    its cached identity (every 2 s, with no worker listed) running all the while makes no
+    "lost" line (before, a fit's in-process worker was said lost when a look read the cache
+    between the two), and a worker that does leave is said so."""
+    import logging
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    from dkha.engine import dashboard
+
+    monkeypatch.setattr(dashboard, "WATCH_EVERY", 0.01)
+    caplog.set_level(logging.WARNING, logger="dkha.engine.cluster")
+    with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        stop = threading.Event()
+
+        def refresh():      # what the client's periodic callback does, as often as it can
+            while not stop.is_set():
+                client.sync(client._update_scheduler_info)
+
+        thread = threading.Thread(target=refresh, daemon=True)
+        thread.start()
+        try:
+            with dashboard.watching_workers(client):
+                time.sleep(1.5)
+                assert not [r for r in caplog.records if "lost" in r.getMessage()]
+                gone = min(cluster.scheduler.workers)
+                client.sync(cluster.scheduler.remove_worker, gone, stimulus_id="test")
+                time.sleep(0.5)
+        finally:
+            stop.set()
+            thread.join()
+    lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].startswith(f"worker {gone} ") and lost[0].endswith(
+        "its tasks run again on the 1 workers left; the work goes on"), lost

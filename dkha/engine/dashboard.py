@@ -90,6 +90,16 @@ def say_dashboard(client, moved=(), cluster=None, asked: str | None = DASHBOARD)
     notice(f"Dask dashboard: {link}" + (f" ({'; '.join(extra)})" if extra else ""))
 
 
+def workers_of(client) -> dict:
+    """The workers of ``client``'s scheduler, asked afresh. (Not ``Client.scheduler_info()``:
+    it returns the client's cached identity, which the client's periodic update replaces with
+    one that lists no worker; read between the two, a fit's cluster seemed to have lost its
+    only worker: "worker inproc://… (0) lost: no worker is left" in a fit that went on.)"""
+    if getattr(client, "scheduler", None) is not None and not client.asynchronous:
+        return dict(client.sync(client.scheduler.identity, n_workers=-1).get("workers", {}))
+    return dict(client.scheduler_info().get("workers", {}))
+
+
 #: seconds between two looks at the cluster's workers (:func:`watching_workers`)
 WATCH_EVERY = 1.0
 
@@ -104,7 +114,7 @@ def watching_workers(client) -> Iterator[None]:
     done = threading.Event()
 
     def workers() -> dict:
-        return dict(client.scheduler_info().get("workers", {}))
+        return workers_of(client)
 
     def watch(seen: dict) -> None:
         while not done.wait(WATCH_EVERY):
