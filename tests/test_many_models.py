@@ -55,6 +55,27 @@ def test_together_equals_apart_bit_for_bit(apart, together):
     assert not np.allclose(errors[0], errors[2]) and not np.allclose(errors[1], errors[2])
 
 
+def test_tracked_evaluations_together_equal_apart(digits_store, client, seed):
+    """With the tracked evaluation (dkha's default) each model fitted together has the history
+    it has alone, its start (pass 0, from the one shared start) included: a model beside
+    another lost its pass-0 entry (the shared start's C served only the first), so its kept
+    state and its stop at once (issue 42) never compared a pass with the start."""
+    import dask
+
+    kw = {"init": "nystrom:60"}
+    with dask.config.set({"dkha.evaluation": "tracked"}):
+        alone = [make(client, seed, a, **kw).fit(digits_store) for a in ("kha-t", "kha-smd")]
+        both = fit_together([make(client, seed, a, **kw) for a in ("kha-t", "kha-smd")],
+                            digits_store)
+    for m, a in zip(both, alone):
+        assert [h["pass"] for h in m.history_] == list(range(PASSES + 1))
+        assert [h["pass"] for h in m.history_] == [h["pass"] for h in a.history_]
+        np.testing.assert_allclose([h["captured"] for h in m.history_],
+                                   [h["captured"] for h in a.history_], rtol=1e-12)
+        np.testing.assert_array_equal(m.alpha_, a.alpha_)
+    assert both[0].history_[0]["captured"] == both[1].history_[0]["captured"]
+
+
 def test_shared_evaluations_match_dense(together, digits, dense_centered):
     """Every model's evaluations (one pass for all their C, one for all residuals) against the
     dense K': E = ‖K' − CᵀC‖_F with C = A K', E_min from eigh."""

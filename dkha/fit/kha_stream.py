@@ -274,7 +274,7 @@ class _SharedStream:
         if not which:
             return
         if not self.exact:
-            self.track(which, Cs)
+            self.track(which, Cs, shared_start=shared_start)
             return
         engine = self.engine
         announce_cost(engine, passes=(Cs is None) + 1, krylov=self.eig_top is None)
@@ -306,11 +306,17 @@ class _SharedStream:
         if shown and self.driver is not None:
             self.driver.show(excess=f"{min(shown):.2e}")
 
-    def track(self, which: list[_Model], Cs=None) -> None:
+    def track(self, which: list[_Model], Cs=None, shared_start: bool = False) -> None:
         """Tracked evaluations of ``which`` (:mod:`dkha.fit.track`): from each state's ``C``
         (KHA/et, SMD; given as ``Cs``, or one projection pass for the others), no ``E_min``.
-        The best entry's state is kept: the fit never ends worse than its best evaluation."""
+        The best entry's state is kept: the fit never ends worse than its best evaluation.
+        ``shared_start``: every model still holds the one start, whose ``C`` serves all."""
         seconds = self.fit_seconds if self.driver is None else self.driver.seconds
+        if shared_start:
+            if Cs is None:
+                C = getattr(which[0].solver.state, "C", None)
+                Cs = [C] if C is not None else projections_many(self.engine, [which[0].solver.A])
+            Cs = [np.array(Cs[0])] * len(which)
         if Cs is None:
             kept = [getattr(m.solver.state, "C", None) for m in which]
             missing = [m.solver.A for m, C in zip(which, kept) if C is None]

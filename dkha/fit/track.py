@@ -159,7 +159,7 @@ def kept_reason(kept: dict, attrs: dict) -> str:
                 f"({init}) did not improve on it ({lost}), so {state} is the result and {stop}; "
                 "the start is already as good as these passes can make it: take it as it is, "
                 "fit algorithm='krylov' (or the default, auto) for the exact components, or "
-                "give eta0 (larger gains) or init='random' to run every pass")
+                "give eta0 (gains of your own) or init='random' to run every pass")
     if n > 0:
         return (f"{FLUCTUATED} by pass {n}: the later passes fluctuated above it ({lost}), so "
                 f"{state} is the result and the later passes were thrown away; try a smaller "
