@@ -4,21 +4,24 @@ For each data set of a panel assembled from what scikit-learn and scikit-image s
 the excess error ``E/E_min − 1`` after the default number of passes of the default fit
 (``dkha fit DATA -o RUN --components 16``: KHA-SMD from the default Nyström start with the
 default gains; the data set's kernel options where it is not the gaussian with the median
-width), and the same for ``--algorithm kha-t`` and ``--algorithm kha-et``, each next to the best
+width), and the same for ``--algorithm kha``, ``kha-t`` and ``kha-et``, each next to the best
 setting of the paper's ``{1, 2, 5}×10^b`` grid of η0 (× μ for KHA-SMD) for the same passes and
-start. The three defaults of a data set are fitted in one kernel stream, the whole grid in
+start. The four defaults of a data set are fitted in one kernel stream, the whole grid in
 another (:func:`dkha.estimators.batch.fit_together`, the machinery of ``dkha tune``).
 
 Beside each default, "start → end": its error at the start (the Nyström start, pass 0) and at
 the end (the state the fit kept), both from the fit's own tracked evaluations (Σθ², no kernel
 pass) written as an excess ``√(‖K'‖²_F − Σθ²)/E_min − 1`` (an upper bound on the error of the
 best representation of the components' span); ``*`` marks a fit that kept an earlier pass's
-state because its last pass was worse. The defaults run as ``dkha fit`` runs them (tracked
-evaluations every pass); the grid is evaluated exactly at the end.
+state because its last pass was worse, ``!`` one that stopped at once because its first pass did
+not improve on the Nyström start (issue 42: the start is already as good as the passes at its
+default gains can make it). The defaults run as ``dkha fit`` runs them (tracked evaluations
+every pass); the grid is evaluated exactly at the end. ``--defaults-only`` fits the defaults
+alone (no grid, no ratio): the start → end check of issue 42 in a fraction of the time.
 
 Targets (issue 14): no default fit fails or diverges; every default excess ≤ 1e-3 on the
 gaussian kernels; every default within 3× of its grid's best; (issue 23) no default fit ends
-worse than its start.
+worse than its start; (issue 42) every default fit improves on its start or stops at once.
 
 The panel (``--data`` picks a subset; ``--small`` divides the patch counts by 4):
 
@@ -38,7 +41,7 @@ scikit-learn's exact ``KernelPCA`` (arpack) on the same data, in one run; and th
 starting ``dkha fit`` on that store to its first line of output.
 
     python benchmarks/defaults.py [--data digits,cancer] [--small] [--passes N]
-                                  [--coarse] [--timing] [--timing-samples N]
+                                  [--coarse] [--defaults-only] [--timing] [--timing-samples N]
 
 Run on a shared machine, compare ratios measured within one run.
 """
@@ -72,7 +75,7 @@ from dkha.kernels import median_distance
 
 R = 16
 TARGET = 1e-3
-ALGORITHMS = ("kha-t", "kha-et", "kha-smd")
+ALGORITHMS = ("kha", "kha-t", "kha-et", "kha-smd")
 PHOTOS_A = ("camera", "coins", "astronaut", "moon")
 PHOTOS_B = ("chelsea", "coffee", "rocket", "brick")
 
@@ -128,7 +131,8 @@ def grids(coarse: bool) -> dict:
     def g(lo, hi):
         values = grid(lo, hi)
         return [v for v in values if not coarse or np.isclose(np.log10(v), round(np.log10(v)))]
-    return {"kha-t": [(e, None) for e in g(-5, -1)],
+    return {"kha": [(e, None) for e in g(-5, -1)],
+            "kha-t": [(e, None) for e in g(-5, -1)],
             "kha-et": [(e, None) for e in g(-4, 0)],
             "kha-smd": [(e, m) for e in g(-4, -1) for m in (0.1, 1.0, 10.0)]}
 
@@ -157,12 +161,13 @@ def run_panel(names, args, client, workdir) -> list[dict]:
         # kept (dkha.fit.track); the grid in one stream, evaluated exactly at the end only
         defaults = [KernelHebbianPCA(R, algorithm=a, **common) for a in ALGORITHMS]
         models = [KernelHebbianPCA(R, algorithm=a, eta0=e, mu=m, evaluate_every=0, **common)
-                  for a in ALGORITHMS for e, m in gains[a]]
+                  for a in ALGORITHMS for e, m in gains[a]] if not args.defaults_only else []
         t0 = time.perf_counter()
         with dask.config.set({"dkha.evaluation": "tracked"}):
             fit_together(defaults, path, skip_diverged=True)
         with dask.config.set({"dkha.evaluation": "exact"}):
-            fit_together(models, path, skip_diverged=True)
+            if models:
+                fit_together(models, path, skip_diverged=True)
             ends = exact_ends(path, defaults, client)
         seconds = time.perf_counter() - t0
         models = defaults + models
@@ -176,6 +181,7 @@ def run_panel(names, args, client, workdir) -> list[dict]:
                       "start": None if d.failure_ else ends[i]["start"],
                       "end": None if d.failure_ else ends[i]["end"],
                       "kept_pass": None if d.failure_ else ends[i]["kept_pass"],
+                      "stopped_after": None if d.failure_ else ends[i]["stopped_after"],
                       "failure": d.failure_, "init": None if d.failure_ else d.attrs_["init"],
                       "eta0": None if d.failure_ else d.attrs_["eta0_applied"],
                       "mu": None if d.failure_ else d.attrs_["mu"]}
@@ -214,13 +220,14 @@ def exact_ends(path: str, defaults: list, client) -> list[dict]:
         kept = d.attrs_.get("kept_state")
         end = kept["captured"] if kept else d.history_[-1]["captured"]
         out[i] = {"excess": ev.excess, "start": tracked(d.history_[0]["captured"]),
-                  "end": tracked(end), "kept_pass": None if not kept else kept["pass"]}
+                  "end": tracked(end), "kept_pass": None if not kept else kept["pass"],
+                  "stopped_after": None if not kept else kept.get("stopped_after")}
     return out
 
 
 def print_header() -> None:
     print(f"{'data':15s} {'l':>6s} {'kernel':34s} " + " ".join(
-        f"{a + ' default / best (ratio)':>36s} {'start → end':>21s}" for a in ALGORITHMS))
+        f"{a + ' default / best (ratio)':>36s} {'start → end':>23s}" for a in ALGORITHMS))
 
 
 def print_row(row: dict, flush: bool = False) -> None:
@@ -228,12 +235,14 @@ def print_row(row: dict, flush: bool = False) -> None:
     for a in ALGORITHMS:
         c = row[a]
         if c["default"] is None:
-            cells.append(f"{'FAILED':>36s} {'':21s}")
+            cells.append(f"{'FAILED':>36s} {'':23s}")
             continue
         ratio = c["default"] / c["best"] if c["best"] else float("nan")
-        cells.append(f"{c['default']:10.2e} / {c['best']:8.2e} ({ratio:5.2f}×)"[:36].rjust(36)
-                     + f" {c['start']:9.2e} → {c['end']:9.2e}"
-                     + ("*" if c["kept_pass"] is not None else " "))
+        best = f"{c['best']:8.2e}" if c["best"] is not None else "-"
+        cells.append(f"{c['default']:10.2e} / {best} ({ratio:5.2f}×)"[:36].rjust(36)
+                     + f" {c['start']:10.4e} → {c['end']:10.4e}"
+                     + ("" if c["kept_pass"] is None else
+                        "!" if c.get("stopped_after") is not None else "*"))
     print(f"{row['data']:15s} {row['l']:6d} {row['kernel'][:34]:34s} " + " ".join(cells),
           flush=flush)
 
@@ -253,6 +262,17 @@ def verdict(rows: list[dict]) -> None:
           + (f" ({', '.join(f'{d} {e:.2e}' for d, e in above)})" if above else ""))
     print(f"default fits that end worse than their start (tracked): {len(worse)}"
           + (f" ({', '.join(f'{d}/{a}' for d, a in worse)})" if worse else ""))
+    # issue 42: the passes improve on the start, or stop at once where they cannot
+    done = [(r["data"], a, r[a]) for r in rows for a in ALGORITHMS if r[a]["default"] is not None]
+    stopped = [(d, a) for d, a, c in done if c.get("stopped_after") is not None]
+    improved = [(d, a) for d, a, c in done
+                if c.get("stopped_after") is None and c["kept_pass"] != 0 and c["end"] < c["start"]]
+    neither = [(d, a) for d, a, c in done if (d, a) not in stopped and (d, a) not in improved]
+    print(f"default fits that improved on their start: {len(improved)}; that stopped at once "
+          f"(the start already as good as their passes can make it): {len(stopped)}"
+          + (f" ({', '.join(f'{d}/{a}' for d, a in stopped)})" if stopped else ""))
+    print(f"default fits that neither improved on their start nor stopped at once: {len(neither)}"
+          + (f" ({', '.join(f'{d}/{a}' for d, a in neither)})" if neither else ""))
     print(f"defaults more than 3× their grid's best: {len(far)}"
           + (f" ({', '.join(f'{d}/{a} {x:.1f}×' for d, a, x in far)})" if far else ""))
 
@@ -305,6 +325,8 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="a quarter of the patches")
     ap.add_argument("--passes", type=int, default=10, help="passes (default 10, dkha fit's)")
     ap.add_argument("--coarse", action="store_true", help="grid 10^b only (a third of it)")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="the default fits alone, no grid (issue 42's start → end check)")
     ap.add_argument("--timing", action="store_true", help="also the l = 20 000 timings")
     ap.add_argument("--timing-only", action="store_true", help="only the timings")
     ap.add_argument("--timing-samples", type=int, default=20000)
