@@ -264,10 +264,6 @@ def heat_block(kernel, X, Y):
     return np.exp(d2 / (-2.0 * require(kernel, "sigma") ** 2))
 
 
-def heat_gamma(kernel):
-    return 0.5 / require(kernel, "sigma") ** 2
-
-
 def gram_block(kernel, X, Y):
     """A block of a square kernel matrix whose rows carry their index last."""
     return np.ascontiguousarray(np.asarray(X)[:, np.asarray(Y)[:, -1].astype(np.int64)])
@@ -276,7 +272,7 @@ def gram_block(kernel, X, Y):
 HEAT = register_kernel(KernelSpec(
     "heat", {"sigma": None}, "exp(-||x - y||² / (2 sigma²))", checks={"sigma": positive},
     block=heat_block, diagonal=1.0, width="sigma", widen_on_patches=True,
-    gaussian_width="sigma", sklearn_gamma=heat_gamma))
+    gaussian_width="sigma"))
 GRAM = register_kernel(KernelSpec("gram", {}, "K[x, y]", block=gram_block, pairwise=True))
 
 

@@ -183,9 +183,9 @@ def dictionary_expansion(alpha: np.ndarray, mean_coefficient: np.ndarray, projec
 
 
 def default_method(kernel: Kernel) -> str:
-    """``fixed-point`` for a gaussian kernel (its spec's ``gaussian_width``), ``conformal``
-    (the one that applies) otherwise."""
-    return "fixed-point" if kernel.spec.gaussian_width is not None else "conformal"
+    """``fixed-point`` for a gaussian kernel (:meth:`~dkha.kernels.Kernel.gaussian_sigma`),
+    ``conformal`` (the one that applies) otherwise."""
+    return "fixed-point" if kernel.gaussian_sigma() is not None else "conformal"
 
 
 def check_method(method: str | None, kernel: Kernel) -> str:
@@ -196,7 +196,7 @@ def check_method(method: str | None, kernel: Kernel) -> str:
     if method not in METHODS:
         raise ParameterError(f"unknown pre-image method {method!r}; choose one of "
                              f"{', '.join(METHODS)}")
-    if method in ("fixed-point", "gradient") and kernel.spec.gaussian_width is None:
+    if method in ("fixed-point", "gradient") and kernel.gaussian_sigma() is None:
         what = ("the fixed-point pre-image (Mika et al.)" if method == "fixed-point"
                 else "the gradient pre-image (Honeine §5.3)")
         raise ParameterError(f"{what} needs a gaussian kernel; this run used {kernel.describe()}. "
@@ -574,8 +574,7 @@ def solve(method: str | None, training: Training, expansion_: Expansion, start: 
     if method == "conformal":
         return conformal(training, expansion_, eta=0.0 if eta is None else eta)
     if method == "gradient":
-        kernel = training.kernel
-        return gradient(training.sums, expansion_, start, kernel[kernel.spec.gaussian_width],
+        return gradient(training.sums, expansion_, start, training.kernel.gaussian_sigma(),
                         iterations=iterations, tol=tol, step=step, nonnegative=nonnegative)
     return fixed_point(training.sums, expansion_, start, iterations=iterations, tol=tol)
 

@@ -52,7 +52,8 @@ def sklearn_gamma(model) -> float:
     """scikit-learn's ``gamma_``: the ``gamma`` asked; ``1/n_features`` under a name whose
     ``gamma`` defaults to ``None`` (scikit-learn's ``rbf``, ``poly``, ``sigmoid``: exactly its
     value, not one carried through the gaussian's ``sigma``); else the kernel's ``gamma``, or
-    its spec's ``sklearn_gamma`` (the gaussian's ``1/(2σ²)``), or ``1/n_features``."""
+    a gaussian's ``1/(2σ²)`` (:meth:`~dkha.kernels.Kernel.gaussian_sigma`), or
+    ``1/n_features``."""
     k = model.kernel_
     got = kernel_spec(model.kernel) if isinstance(model.kernel, str) else None
     defaults = got[0].defaults(got[1]) if got is not None else {}
@@ -62,9 +63,8 @@ def sklearn_gamma(model) -> float:
         return 1 / int(model.n_features_in_)      # scikit-learn's, exactly
     if k.param_dict.get("gamma") is not None:
         return k.param_dict["gamma"]
-    if k.spec.sklearn_gamma is not None:
-        return k.spec.sklearn_gamma(k)
-    return 1.0 / int(model.n_features_in_)
+    sigma = k.gaussian_sigma()
+    return 1.0 / int(model.n_features_in_) if sigma is None else 1.0 / (2.0 * sigma ** 2)
 
 
 def learned_preimage(model) -> None:

@@ -148,6 +148,11 @@ class Kernel:
         degree 1 without offset: ``s = √gamma``), else None: no input-space vectors."""
         return None if self.spec.input_scale is None else self.spec.input_scale(self)
 
+    def gaussian_sigma(self) -> float | None:
+        """``σ`` where ``k(x, y) = exp(−‖x − y‖² / (2σ²))`` (the spec's ``gaussian_width``), else
+        None: the fixed-point and gradient pre-images apply where it is set."""
+        return None if self.spec.gaussian_width is None else self[self.spec.gaussian_width]
+
     def needs_width(self) -> bool:
         """Whether the median-distance heuristic is to set the kernel's width."""
         return self.spec.width is not None and self[self.spec.width] is None

@@ -49,11 +49,6 @@ def _gaussian_gamma(values: dict) -> dict:
     return values
 
 
-def _gaussian_sklearn_gamma(kernel) -> float:
-    """scikit-learn's ``gamma = 1/(2 sigma²)``."""
-    return 1.0 / (2.0 * require(kernel, "sigma") ** 2)
-
-
 def _gaussian_tile(kernel):
     sigma = require(kernel, "sigma")
     return tiles.GAUSSIAN, 1.0 / (2.0 * sigma * sigma), 0.0, 0.0
@@ -139,7 +134,7 @@ GAUSSIAN = register_kernel(KernelSpec(
     checks={"sigma": positive}, validate=_gaussian_gamma, accepts=("gamma",),
     aliases={"rbf": {"gamma": None}}, sklearn=("rbf",),
     tile=_gaussian_tile, diagonal=1.0, width="sigma", widen_on_patches=True,
-    gaussian_width="sigma", sklearn_gamma=_gaussian_sklearn_gamma))
+    gaussian_width="sigma"))
 LAPLACIAN = register_kernel(KernelSpec(
     "laplacian", {"sigma": None}, "exp(-||x - y|| / sigma)",
     checks={"sigma": positive}, aliases={"exponential": {}},

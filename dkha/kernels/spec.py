@@ -97,11 +97,8 @@ class KernelSpec:
     gaussian_width : str, optional
         The parameter ``σ`` where ``k(x, y) = exp(−‖x − y‖² / (2σ²))``: the fixed-point and
         gradient pre-images (:mod:`dkha.apply.preimage`) apply, the fixed point by default
-        (else the conformal pre-image).
-    sklearn_gamma : callable, optional
-        ``sklearn_gamma(kernel) -> float``: scikit-learn's ``gamma`` (``KernelPCA.gamma_``)
-        of a kernel that takes it as another parameter (the gaussian's ``1/(2σ²)``); a kernel
-        with a ``gamma`` parameter reports that.
+        (else the conformal pre-image), and scikit-learn's ``gamma_`` is ``1/(2σ²)``
+        (:meth:`dkha.kernels.Kernel.gaussian_sigma`).
     pairwise : bool
         Whether the data are the rows of a square kernel matrix (``precomputed``): the
         estimators take the matrix as ``X`` and append each row's index
@@ -127,7 +124,6 @@ class KernelSpec:
     by_name: bool = True
     widen_on_patches: bool = False
     gaussian_width: str | None = None
-    sklearn_gamma: Callable | None = None
     pairwise: bool = False
 
     def __post_init__(self):
