@@ -159,8 +159,10 @@ def test_cli_fit_lists_and_tune(digits_store, client, seed, tmp_path, capsys):
     out = str(tmp_path / "fit")
     assert main(["fit", digits_store.path, "-o", out, "--algorithm", "kha-t,kha-smd,kha-smd",
                  "--eta0", "0.5,0.2,0.1", "--mu", "0.3", "--passes", "2", *common]) == 0
-    assert sorted(os.listdir(out)) == ["kha-smd-eta0=0.1", "kha-smd-eta0=0.2", "kha-t"]
-    ds = xr.open_zarr(os.path.join(out, "kha-smd-eta0=0.1", "components.zarr"))
+    # one zarr group tree, a group per model; each model's directory keeps its timings
+    assert sorted(os.listdir(out)) == ["components.zarr", "kha-smd-eta0=0.1", "kha-smd-eta0=0.2",
+                                       "kha-t"]
+    ds = xr.open_zarr(os.path.join(out, "components.zarr"), group="kha-smd-eta0=0.1")
     assert (ds.attrs["algorithm"], ds.attrs["eta0"], ds.attrs["mu"]) == ("kha-smd", 0.1, 0.3)
     assert main(["evaluate", os.path.join(out, "kha-t"), "--json", "--scheduler", scheduler]) == 0
 

@@ -20,6 +20,7 @@ import xarray as xr
 from scipy.spatial.distance import cdist
 
 from dkha import schedule
+from dkha.data import cf
 from dkha.data.ingest import ingest_array
 from dkha.errors import ParameterError
 from dkha.estimators.online import OnlineKernelPCA
@@ -338,13 +339,14 @@ def test_fit_streams_the_store_in_blocks_and_saves(online_digits, tmp_path):
     # no kernel matrix to evaluate against: the errors were not measured, and are not there
     assert not {"error", "error_min", "excess"} & set(ds.variables)
     assert np.all((ds["ac_index"].values > 0) & (ds["ac_index"].values <= 1))
-    assert ds.attrs["algorithm"] == "okpca" and ds.attrs["tau"] == 1000.0
-    assert ds.attrs["gain_decay"] is None and ds.attrs["centered"] is False
-    assert ds.attrs["kernel"] == "gaussian" and ds.attrs["kernel_parameters"] == {"sigma": SIGMA}
-    assert "sigma" not in ds.attrs   # saved once, in kernel_parameters
-    assert ds.attrs["n_samples"] == 90 and ds.attrs["n_features"] == 64
-    assert ds.attrs["seed"] == 4 and ds.attrs["nu"] == 1e-3
-    assert ds.attrs["store"].endswith("d.zarr") and "dkha_version" in ds.attrs
+    a = cf.decode_attrs(ds.attrs)       # dicts and booleans saved as JSON text (netCDF)
+    assert a["algorithm"] == "okpca" and a["tau"] == 1000.0
+    assert "gain_decay" not in a and a["centered"] is False     # None: not written
+    assert a["kernel"] == "gaussian" and a["kernel_parameters"] == {"sigma": SIGMA}
+    assert "sigma" not in a   # saved once, in kernel_parameters
+    assert a["n_samples"] == 90 and a["n_features"] == 64
+    assert a["seed"] == 4 and a["nu"] == 1e-3
+    assert a["store"].endswith("d.zarr") and "dkha_version" in a
     np.testing.assert_allclose(ds["ac_index"].values[-1], model.ac_index(), rtol=1e-12)
 
 
@@ -408,7 +410,7 @@ def test_gamma_is_renamed_gain_decay(online_digits, tmp_path):
     # a run saved before the rename: attr gamma
     new.save(str(tmp_path / "run"))
     ds = xr.open_zarr(str(tmp_path / "run" / "components.zarr"))
-    attrs = dict(ds.attrs)
+    attrs = cf.decode_attrs(ds.attrs)      # zarr's JSON attrs, as runs saved before held
     attrs["gamma"] = attrs.pop("gain_decay")
     attrs.update(attrs["kernel_parameters"])      # kept at the top level too back then
     ds.attrs = attrs

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from dkha.data import cf
 from dkha.fit.track import FLUCTUATED, GAINS_TOO_LARGE, NOISE_FLOOR, kept_reason
 from tests.processes import dkha_in_process
 
@@ -122,9 +123,9 @@ def test_a_kept_state_is_said_everywhere_with_its_reason(digits_store, tmp_path)
     run = str(tmp_path / "run")
     ran = dkha_in_process("fit", digits_store, "-o", run, *KEEPS)
     assert ran.returncode == 0, ran.stderr
-    ds = xr.open_zarr(os.path.join(run, "components.zarr"))
-    assert ds.attrs["kept_state"]["pass"] == 0
-    reason = ds.attrs["kept_reason"]
+    attrs = cf.decode_attrs(xr.open_zarr(os.path.join(run, "components.zarr")).attrs)
+    assert attrs["kept_state"]["pass"] == 0       # (saved as JSON text: netCDF takes no dict)
+    reason = attrs["kept_reason"]
     assert isinstance(reason, str) and reason.startswith(GAINS_TOO_LARGE)
     assert "try a smaller eta0" in reason
     assert f"kept the state of pass 0, not the last: {reason}" in ran.stdout

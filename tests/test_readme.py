@@ -68,14 +68,18 @@ def test_python_blocks_are_found():
 
 
 def test_readme_plots_images_the_right_way_up():
-    """xarray draws a 2-d array with its first row at the bottom: every README plot of a map or
-    picture over (row, col) asks for row 0 at the top, as the image has it."""
+    """xarray draws a 2-d array with its first coordinate value at the bottom: every README plot
+    of a map over the patch grid (row, col: grid indices, 0 at the top) asks for row 0 at the
+    top, as the image has it; the component pictures need not (their ``patch_row`` counts up
+    from the bottom edge: tests/test_xarray_runs.py draws one)."""
     with open(f"{REPO}/README.md", encoding="utf-8") as f:
         code = "".join(python_blocks(f.read()))
-    plots = re.findall(r"^(?:maps|ds\.component_image|ds\.projection)\b.*\.plot\((.*?)\)", code,
-                       flags=re.MULTILINE)
+    plots = re.findall(r"^(?:maps|ds\.projection)\b.*\.plot\((.*?)\)", code, flags=re.MULTILINE)
     assert len(plots) >= 2, plots
     assert all("yincrease=False" in args for args in plots), plots
+    pictures = re.findall(r"^ds\.component_image\b.*\.plot\.imshow\((.*?)\)", code,
+                          flags=re.MULTILINE)
+    assert pictures and not any("yincrease" in args for args in pictures), pictures
 
 
 @pytest.mark.slow
@@ -101,7 +105,7 @@ def test_every_readme_python_block_runs(tmp_path):
     assert p.stdout.rstrip().endswith("README blocks done")
     assert "README plot: a line of" in p.stdout
     # what the blocks wrote is what they say: runs, a tune directory, an online run
-    for path in ("run/components.zarr", "smd/components.zarr", "runs/et/components.zarr",
-                 "runs/smd/components.zarr",
+    for path in ("run/components.zarr", "smd/components.zarr", "runs/components.zarr/et",
+                 "runs/components.zarr/smd", "runs/et/timings.json", "run.nc",
                  "tune/tune.json", "tune/kha-smd/components.zarr", "online/components.zarr"):
         assert (tmp_path / path).exists(), path

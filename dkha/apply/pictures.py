@@ -21,7 +21,7 @@ import xarray as xr
 
 from dkha import config
 from dkha.apply.preimage import RunPreimages
-from dkha.data import result
+from dkha.data import cf, result
 from dkha.data.store import DataStore
 from dkha.engine.cluster import client_for
 from dkha.progress import phase
@@ -55,11 +55,23 @@ def component_images(ds: xr.Dataset, client, store: DataStore, spread: np.ndarra
     res = pre.from_projections(y, start)
     log.info("component pictures: %d of %d pre-images converged in %d iterations",
              int(res.converged.sum()), r, res.iterations)
-    return xr.DataArray(res.Z.reshape(r, side, side), dims=("component", "patch_row", "patch_col"),
-                        coords={"component": ds["component"].values}, name="component_image",
-                        attrs={"meaning": f"pre-image of the mean + {PICTURE_DEVIATIONS:g} "
-                                          "standard deviations along the component",
-                               "method": pre.method})
+    return picture_array(res.Z.reshape(r, side, side), ds["component"].values,
+                         {"meaning": f"pre-image of the mean + {PICTURE_DEVIATIONS:g} standard "
+                                     "deviations along the component", "method": pre.method})
+
+
+def picture_array(pictures: np.ndarray, component: np.ndarray, attrs: dict) -> xr.DataArray:
+    """``component_image (component, patch_row, patch_col)`` of the ``pictures`` (each in image
+    order: its first row the top). ``patch_row`` counts up from the bottom edge, as a plot's
+    y axis does, so ``.plot.imshow()`` (and ``.plot()``) draw each picture upright;
+    ``patch_col`` counts from the left edge."""
+    rows, cols = pictures.shape[1:]
+    return xr.DataArray(
+        pictures, dims=("component", "patch_row", "patch_col"), name="component_image",
+        coords={"component": ("component", component, cf.VARIABLE_ATTRS["component"]),
+                "patch_row": ("patch_row", np.arange(rows)[::-1], cf.VARIABLE_ATTRS["patch_row"]),
+                "patch_col": ("patch_col", np.arange(cols), cf.VARIABLE_ATTRS["patch_col"])},
+        attrs={**cf.VARIABLE_ATTRS["component_image"], **attrs})
 
 
 def pictures_cluster(store: DataStore, client=None):

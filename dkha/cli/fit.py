@@ -20,6 +20,7 @@ from dkha.cli.output import (
 from dkha.cli.where import cluster_kwargs
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
+from dkha.data.layout import components_path
 from dkha.errors import NumericalError, RunDirectoryError, RunFinished
 from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
@@ -153,7 +154,7 @@ def repeat_params(model, meta: dict | None, args) -> list[str]:
 
 def _finished_run(out: str) -> bool:
     """Whether ``out`` holds a saved run with no checkpoint left (a fit of it to its end)."""
-    return (os.path.isdir(os.path.join(out, result.COMPONENTS))
+    return (os.path.isdir(components_path(out))
             and not Checkpointer(out).steps())
 
 
@@ -267,6 +268,9 @@ def _fit_many(args, settings: list[dict], metas: list[dict] | None = None) -> in
             print(f"  {s['run_dir']}: {shown}{_backed_off(s.get('backoffs'))}"
                   + (f"; kept the state of pass {s['kept_pass']}, not the last: "
                      f"{s['kept_reason']}" if "kept_pass" in s else ""))
+        tree = os.path.join(args.out, result.COMPONENTS)
+        if os.path.isdir(tree):
+            print(f"saved {tree}, a group per model (xarray.open_datatree)")
     failed = [s for s in summaries if "diverged" in s]
     if failed:
         raise NumericalError(f"{len(failed)} of {len(models)} models diverged ("

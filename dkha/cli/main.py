@@ -165,8 +165,7 @@ def _evaluate_online(args, ds) -> int:
 
 
 def cmd_transform(args) -> int:
-    ds = result.load(args.run_dir)
-    res = transform_store(ds, args.new_store, args.out, overwrite=args.overwrite,
+    res = transform_store(args.run_dir, args.new_store, args.out, overwrite=args.overwrite,
                           **cluster_kwargs(args))
     print(f"{args.out}: projection {dict(res.sizes)}")
     return 0

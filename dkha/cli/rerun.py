@@ -77,7 +77,9 @@ def _run_digest(run_dir: str) -> str | None:
     if os.path.isdir(ck) and any(n.startswith("step-") for n in os.listdir(ck)):
         return None
     group = _read_json(os.path.join(run_dir, _COMPONENTS, "zarr.json"))
-    return None if group is None else _digest(group.get("attributes"))
+    if group is None or "algorithm" not in (group.get("attributes") or {}):
+        return None     # (models fitted together: the tree of dkha.data.layout, no quick answer)
+    return _digest(group.get("attributes"))
 
 
 def _settings() -> dict:

@@ -17,13 +17,24 @@ import zarr
 from dkha.data import jsontext
 
 
+@contextlib.contextmanager
+def fixed_width_strings():
+    """A context in which zarr writes numpy's fixed-width strings (``<U``, what xarray reads back
+    as it wrote them: :func:`dkha.data.result.fixed_strings`) without its warning that their
+    zarr v3 data type is an extension, not yet in the specification (zarr-python and xarray
+    both read it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=zarr.errors.UnstableSpecificationWarning)
+        yield
+
+
 def consolidate(path: str) -> None:
     """Write consolidated metadata, so a plain ``xarray.open_zarr(path)`` opens without warning.
 
     (zarr warns that consolidated metadata is not yet in the v3 specification; zarr-python and
     xarray both read it.)
     """
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), fixed_width_strings():
         warnings.simplefilter("ignore", category=UserWarning)
         zarr.consolidate_metadata(path)
 
@@ -83,7 +94,8 @@ def write_zarr_atomically(ds, target: str | os.PathLike) -> str:
     os.makedirs(parent, exist_ok=True)
     tmp = aside(target)
     try:
-        ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
+        with fixed_width_strings():
+            ds.to_zarr(tmp, mode="w", consolidated=False, zarr_format=3)
         consolidate(tmp)
         replace_directory(tmp, target)
     except BaseException:

@@ -33,6 +33,7 @@ import numpy as np
 from dkha.data import result
 from dkha.data.atomic import fsync_directory, replace_directory, write_json_atomically
 from dkha.data.jsontext import dumps, exact_loads
+from dkha.data.layout import components_path
 from dkha.data.run_attrs import identity_map, saved_value
 from dkha.errors import (
     DkhaWarning,
@@ -201,7 +202,7 @@ class Checkpointer:
             if self._committed():
                 raise InputError(f"cannot resume {self.run_dir}: every checkpoint is damaged; "
                                  "start again without --resume (with --overwrite)")
-            if os.path.isdir(os.path.join(self.run_dir, result.COMPONENTS)):
+            if os.path.isdir(components_path(self.run_dir)):
                 raise InputError(f"cannot resume {self.run_dir}: it holds no checkpoint, its "
                                  f"fit is complete ({result.COMPONENTS}); fit again with "
                                  "--overwrite to replace it")
@@ -266,7 +267,7 @@ def finished(run_dir: str, checkpointer: Checkpointer, attrs: dict, identity) ->
     there is refused as a fit without ``--resume`` refuses it, pointing at ``--overwrite``)."""
     if checkpointer._committed():      # a checkpoint (even a damaged one): resumed as before
         return
-    if not os.path.isdir(os.path.join(run_dir, result.COMPONENTS)):
+    if not os.path.isdir(components_path(run_dir)):
         return
     result.check_run_dir(run_dir, attrs, False, identity)
     raise RunFinished.of(run_dir)

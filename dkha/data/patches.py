@@ -91,7 +91,9 @@ def patch_coords(images: list[dict], keep: list[np.ndarray] | None = None) -> di
     ``keep``: per image, the sorted raster positions of the patches kept (``--max-samples``)."""
     first = np.array([im["first_sample"] for im in images], dtype=np.int64)
     cols = np.array([im["grid"][1] for im in images], dtype=np.int64)
-    names = np.array([im["path"] for im in images], dtype=object)
+    # the names as numpy's fixed-width strings: xarray reads them back as such (zarr's
+    # variable-length strings come back as StringDType, which unstacking cannot pad)
+    names = np.array([str(im["path"]) for im in images])
     raster = None if keep is None else np.concatenate(keep).astype(np.int64)
 
     def image(a, b):
@@ -111,5 +113,5 @@ def patch_coords(images: list[dict], keep: list[np.ndarray] | None = None) -> di
         return (k % c).astype(np.int32)
 
     return {"image": (np.int32, lambda a, b: image(a, b).astype(np.int32)),
-            "image_name": (str, lambda a, b: names[image(a, b)].astype(str)),
+            "image_name": (names.dtype, lambda a, b: names[image(a, b)]),
             "row": (np.int32, row), "col": (np.int32, col)}

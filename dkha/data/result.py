@@ -8,7 +8,7 @@
   ``"sample"`` for a row estimated from ``center_sample`` columns);
 * history over ``evaluation``: ``error``, ``error_min``, ``excess`` with the coordinates
   ``pass``, ``step`` and ``wall_time`` (seconds of fitting, evaluations excluded) that index
-  it (``ds.excess.plot(x="pass")``, ``ds.swap_dims(evaluation="pass")``); every history
+  it (``ds.excess.plot.line(x="pass")``, ``ds.swap_dims(evaluation="pass")``); every history
   variable carries ``long_name`` and ``units`` attrs (:data:`HISTORY_ATTRS`). Runs saved before
   held ``pass``, ``step``, ``wall_time`` as data variables: :func:`load` makes them
   coordinates;
@@ -22,8 +22,15 @@
 * the backoffs over ``backoff`` (a step guard tripped; the fit rolled back to the start of the
   block and halved its gain): ``backoff_step``, ``backoff_pass`` (of the bad step),
   ``backoff_gain_before``, ``backoff_gain_after`` (the effective η0) — empty when none;
-* attrs: algorithm, kernel and its parameters, hyper-parameters, seed, data store path,
-  n_samples, n_features, centered, dkha version.
+* attrs: algorithm, kernel and its parameters, the hyper-parameters that played a part, seed,
+  data store path, n_samples, n_features, centered, dkha version, and CF's ``Conventions``,
+  ``title``, ``history``, ``source``; every variable's ``long_name`` and ``units``
+  (:mod:`dkha.data.cf`). Saved as every netCDF writer takes them (:func:`save`: dicts and
+  lists of strings as JSON text named in ``json_attrs``, ``None`` left out), read back as
+  Python values (:func:`load`). The variables along ``sample`` are chunked along ``sample``.
+
+Where the dataset lives (``RUN_DIR/components.zarr``, or a group of the tree of models fitted
+together): :mod:`dkha.data.layout`.
 """
 
 from __future__ import annotations
@@ -35,8 +42,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from dkha.data.atomic import consolidate, write_json_atomically, write_zarr_atomically
+from dkha.data import cf
+from dkha.data.atomic import (
+    fixed_width_strings,
+    write_json_atomically,
+    write_zarr_atomically,
+)
 from dkha.data.jsontext import dumps
+from dkha.data.layout import COMPONENTS, after_change, components_path, save_member, tree_members
 from dkha.data.run_attrs import identity_map, saved_value
 from dkha.errors import InputError, RunDirectoryError, StoreNotFoundError
 from dkha.progress import phase
@@ -44,7 +57,6 @@ from dkha.progress import phase
 if TYPE_CHECKING:
     from dkha.data.store import DataStore
 
-COMPONENTS = "components.zarr"
 HISTORY_FIELDS = ("pass", "step", "error", "error_min", "excess", "wall_time")
 #: the history fields that index the evaluations: coordinates along ``evaluation``
 HISTORY_COORDS = ("pass", "step", "wall_time")
@@ -114,17 +126,28 @@ def backoff_dataset(backoffs: list[dict]) -> dict:
     return data
 
 
-def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray]]:
-    """The coordinates along ``sample`` of a data store (``{name: ("sample", values)}``, empty
-    for stores without provenance), strings as Python objects: zarr reads them as numpy's
-    StringDType, which unstacking cannot pad with NaN."""
+def sample_coords(path: str) -> dict[str, tuple[str, np.ndarray, dict]]:
+    """The coordinates along ``sample`` of a data store (``{name: ("sample", values, attrs)}``,
+    empty for stores without provenance), strings as numpy's fixed-width ``str``
+    (:func:`fixed_strings`), with their ``long_name`` and ``units``."""
     ds = xr.open_zarr(path)
     out = {}
     for name, var in ds.coords.items():
         if var.dims == ("sample",):
             values = np.asarray(var.values)
-            out[name] = ("sample", values if values.dtype.kind in "biuf" else values.astype(object))
+            attrs = dict(cf.VARIABLE_ATTRS.get(name, {}), **var.attrs)
+            out[name] = ("sample", values if values.dtype.kind in "biuf" else
+                         fixed_strings(values), attrs)
     return out
+
+
+def fixed_strings(values) -> np.ndarray:
+    """Strings as numpy's fixed-width ``str`` (``<U``), which xarray saves in zarr and netCDF and
+    reads back as ``<U``: zarr's variable-length strings come back as numpy's StringDType,
+    which unstacking (the README's ``set_index(...).unstack()``, padding a coordinate with NaN)
+    cannot pad."""
+    values = np.asarray(values)
+    return values.astype(str) if values.size else values.astype("<U1")
 
 
 def projection_array(C: np.ndarray, store: DataStore | None) -> xr.DataArray:
@@ -134,6 +157,7 @@ def projection_array(C: np.ndarray, store: DataStore | None) -> xr.DataArray:
     coords = {"component": np.arange(C.shape[0])}
     if store is not None and store.rows is None:
         coords.update(sample_coords(store.path))
+    coords["component"] = ("component", coords["component"], cf.VARIABLE_ATTRS["component"])
     return xr.DataArray(np.ascontiguousarray(np.asarray(C, dtype=np.float64).T),
                         dims=("sample", "component"), coords=coords, name="projection")
 
@@ -164,10 +188,31 @@ def history_of(ds: xr.Dataset) -> list[dict]:
     return out
 
 
+#: bytes of a chunk of the variables along ``sample`` (``alpha``, ``projection``, ``mk``): a
+#: reader of some samples reads a few chunks, each with every component
+SAMPLE_CHUNK_BYTES = 4 * 2**20
+
+
+def sample_chunks(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with its variables along ``sample`` chunked along ``sample`` only (every component
+    in each chunk; :data:`SAMPLE_CHUNK_BYTES`), as saved."""
+    for name, var in ds.variables.items():
+        if "sample" in var.dims and var.ndim <= 2 and name not in ds.dims:
+            width = max(1, int(np.prod([n for d, n in var.sizes.items() if d != "sample"])))
+            rows = max(1, min(var.sizes["sample"], SAMPLE_CHUNK_BYTES // (8 * width)))
+            var.encoding["chunks"] = tuple(rows if d == "sample" else n
+                                           for d, n in var.sizes.items())
+    return ds
+
+
 def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict], attrs: dict,
                   *, mk: np.ndarray | None = None, mkm: float | None = None,
                   member_dim: str = "sample", extra: dict | None = None,
                   backoffs: list[dict] = ()) -> xr.Dataset:
+    """A run's ``components.zarr`` dataset (the module docstring), every variable with its
+    ``long_name`` and ``units`` and the run's global attrs (:func:`dkha.data.cf.dataset_attrs`:
+    ``Conventions``, ``title``, ``history``); its attrs as Python values (dicts, ``None``),
+    encoded for netCDF when saved (:func:`save`)."""
     data = {"alpha": (("component", member_dim), np.asarray(alpha, dtype=np.float64)),
             "eigenvalue": ("component", np.asarray(eigenvalue, dtype=np.float64))}
     if mk is not None:
@@ -182,7 +227,8 @@ def build_dataset(alpha: np.ndarray, eigenvalue: np.ndarray, history: list[dict]
         attrs["history_measures"] = [str(h.get("measure", "exact")) for h in history]
     if mkm is not None:
         attrs["mkm"] = float(mkm)
-    ds.attrs.update(jsonable(attrs))
+    ds = sample_chunks(cf.with_variable_attrs(ds))
+    ds.attrs.update(jsonable(cf.dataset_attrs(attrs)))
     return ds
 
 
@@ -198,11 +244,11 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
     which, with their former names: :func:`dkha.estimators.params.identity_attrs`)."""
     if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
         raise RunDirectoryError(f"{run_dir} exists and is not a directory")
-    comp = os.path.join(run_dir, COMPONENTS)
+    comp = components_path(run_dir)
     if overwrite or not os.path.exists(comp):
         return
     try:
-        old = dict(xr.open_zarr(comp, consolidated=False).attrs)
+        old = cf.decode_attrs(xr.open_zarr(comp, consolidated=False).attrs)
     except Exception:  # noqa: BLE001 - unreadable in any way: refused in one line
         raise RunDirectoryError(
             f"{run_dir} holds a components.zarr dkha cannot read; pass --overwrite to replace it"
@@ -217,22 +263,36 @@ def check_run_dir(run_dir: str, attrs: dict, overwrite: bool, identity) -> None:
         )
 
 
-def save(ds: xr.Dataset, run_dir: str) -> str:
-    """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename)."""
+def save(ds: xr.Dataset, run_dir: str, *, member: bool = False) -> str:
+    """Write ``ds`` as ``RUN_DIR/components.zarr`` atomically (aside, then rename), its attrs
+    as every netCDF writer takes them (:func:`dkha.data.cf.encode_attrs`; :func:`load` reads
+    them back); ``member``: as the group of a model fitted together in its parent's tree
+    (:mod:`dkha.data.layout`)."""
     phase(f"saving the run in {run_dir}")
-    return write_zarr_atomically(ds, os.path.join(run_dir, COMPONENTS))
+    if member:
+        return save_member(encoded(ds), run_dir)
+    return write_zarr_atomically(encoded(ds), os.path.join(run_dir, COMPONENTS))
+
+
+def encoded(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` (not copied but for its attrs) with its attrs encoded for netCDF
+    (:func:`dkha.data.cf.encode_attrs`): what plain xarray takes to ``to_netcdf``."""
+    out = ds.copy(deep=False)
+    out.attrs = cf.encode_attrs(ds.attrs)
+    return out
 
 
 def add_variable(run_dir: str, var: xr.DataArray) -> None:
     """Add the variable ``var`` (named, along the run's dimensions) to the saved run in
     ``run_dir``: its array is written beside the others, then the metadata consolidated again
     (a reader sees the run without it, or with it whole)."""
-    path = os.path.join(run_dir, COMPONENTS)
-    ds = xr.Dataset({var.name: var}).drop_vars([c for c in var.coords if c in var.dims])
+    path = components_path(run_dir)
     with xr.open_zarr(path) as saved:     # appending writes the group's attrs: the run's
+        ds = xr.Dataset({var.name: var}).drop_vars([c for c in var.coords if c in saved.variables])
         ds.attrs = dict(saved.attrs)
-    ds.to_zarr(path, mode="a", consolidated=False, zarr_format=3)
-    consolidate(path)
+    with fixed_width_strings():
+        ds.to_zarr(path, mode="a", consolidated=False, zarr_format=3)
+    after_change(path)
 
 
 TIMINGS = "timings.json"
@@ -257,10 +317,16 @@ def load(run_dir: str) -> xr.Dataset:
     run_dir = os.fspath(run_dir)
     if not os.path.exists(run_dir):
         raise StoreNotFoundError(f"no run directory at {run_dir}")
-    comp = os.path.join(run_dir, COMPONENTS)
+    comp = components_path(run_dir)
     if not os.path.isdir(comp):
         raise InputError(f"{run_dir} is not a dkha run directory (no {COMPONENTS}); "
                          "fit one with `dkha fit`")
+    models = tree_members(comp)
+    if models:
+        raise InputError(f"{run_dir} holds {len(models)} models fitted together "
+                         f"({', '.join(models)}): load one, e.g. "
+                         f"{os.path.join(run_dir, models[0])} (all of them: "
+                         f"xarray.open_datatree({comp!r}, engine='zarr'))")
     try:
         # read here, not through dask: no graph for the cluster (27 kB for a small run)
         ds = xr.open_zarr(comp, consolidated=False, chunks=None).load()
@@ -268,6 +334,7 @@ def load(run_dir: str) -> xr.Dataset:
         raise InputError(f"cannot read {comp}: {exc}") from None
     if "alpha" not in ds:
         raise InputError(f"{comp} has no alpha variable; it was not written by dkha")
+    ds.attrs = cf.decode_attrs(ds.attrs)
     return objects_for_strings(with_history_coords(ds))
 
 

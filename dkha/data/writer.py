@@ -10,7 +10,8 @@ import numpy as np
 import zarr
 
 from dkha import config
-from dkha.data.atomic import aside, consolidate, replace_directory
+from dkha.data import cf
+from dkha.data.atomic import aside, consolidate, fixed_width_strings, replace_directory
 from dkha.data.storage import is_url, storage_settings, url_fs
 from dkha.data.store import (
     FINITE_ATTR,
@@ -137,13 +138,7 @@ class StoreWriter:
             self.abort()
             raise InputError("nothing to ingest: the input holds no samples")
         for name, (dtype, values_of) in (coords or {}).items():
-            arr = self.group.create_array(
-                name, shape=(self.n,), chunks=(self.chunk_rows,), dtype=dtype,
-                dimension_names=["sample"],
-                compressors=chunk_codecs() if dtype is not str else "auto")
-            for a in range(0, self.n, self.chunk_rows):  # a chunk at a time
-                b = min(a + self.chunk_rows, self.n)
-                arr[a:b] = values_of(a, b)
+            self._write_coord(name, dtype, values_of)
         if coords:
             self.X.attrs["coordinates"] = " ".join(coords)
         # one metadata write (attrs.update writes the group's metadata once per key)
@@ -155,6 +150,21 @@ class StoreWriter:
             consolidate(self.tmp)
             replace_directory(self.tmp, self.out)
         return open_store(self.out)
+
+    def _write_coord(self, name: str, dtype, values_of) -> None:
+        """The coordinate ``name`` along ``sample``, a chunk at a time, with its ``long_name``
+        and ``units``; strings as numpy's fixed-width ``<U``, which xarray reads back so
+        (zarr's variable-length strings come back as StringDType, which unstacking cannot
+        pad)."""
+        with fixed_width_strings():
+            arr = self.group.create_array(
+                name, shape=(self.n,), chunks=(self.chunk_rows,), dtype=dtype,
+                dimension_names=["sample"],
+                compressors=chunk_codecs() if dtype is not str else "auto",
+                attributes=dict(cf.VARIABLE_ATTRS.get(name, {})))
+            for a in range(0, self.n, self.chunk_rows):
+                b = min(a + self.chunk_rows, self.n)
+                arr[a:b] = values_of(a, b)
 
     def abort(self) -> None:
         if self.tmp is not None:

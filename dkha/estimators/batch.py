@@ -15,6 +15,7 @@ from dkha.algorithms import AUTO, KRYLOV, has_mu, is_exact
 from dkha.apply.pictures import add_component_pictures, is_patch_store, pictures_cluster
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
+from dkha.data.layout import components_path
 from dkha.data.store import DataStore, open_store
 from dkha.errors import (
     RESUME_HINT,
@@ -53,7 +54,7 @@ from dkha.fit.request import (
     StreamSettings,
     frozen_mapping,
 )
-from dkha.fit.run_dir import write_run
+from dkha.fit.run_dir import run_dataset, write_run
 from dkha.kernels import kernel_names, pairwise, precomputed_rows, spec_of
 from dkha.runs.run import kernel_of
 from dkha.runs.transform import project_rows
@@ -282,14 +283,11 @@ DataStore
     def to_dataset(self):
         """The components as an xarray dataset (the ``components.zarr`` schema), with the
         training projections and, for patch data, the component pictures."""
-        extra = {}
-        if getattr(self, "projection_", None) is not None:
-            extra["projection"] = self.projection_
-        if getattr(self, "component_image_", None) is not None:
-            extra["component_image"] = self.component_image_
-        return result.build_dataset(self.alpha_, self.eigenvalues_, self.history_, self.attrs_,
-                                    mk=self.mk_, mkm=self.mkm_, extra=extra,
-                                    backoffs=getattr(self, "backoffs_", []))
+        return run_dataset(self.alpha_, self.eigenvalues_, self.history_, self.attrs_,
+                           mk=self.mk_, mkm=self.mkm_,
+                           projection=getattr(self, "projection_", None),
+                           pictures=getattr(self, "component_image_", None),
+                           backoffs=getattr(self, "backoffs_", []))
 
     def save(self, run_dir: str, *, resumable: bool = False) -> str:
         """Write the components to ``run_dir/components.zarr`` (and the timings beside).
@@ -380,11 +378,13 @@ def _from_dataset(cls, ds) -> KernelHebbianPCA:
     its fitted attributes from the run's variables."""
     a = ds.attrs
     l = int(a["n_samples"])
-    n_steps = int(a["n_steps"])
-    # older runs: no init attr
-    kw = dict({"init": "random"}, **from_attrs(BATCH, a, spec_of(a.get("kernel"))))
-    model = cls(**kw, passes=n_steps // l if n_steps % l == 0 else None,
-                steps=None if n_steps % l == 0 else n_steps)
+    kw = from_attrs(BATCH, a, spec_of(a.get("kernel")))
+    if "n_steps" in a:      # the KHA iterations (an exact path saves no length, nor start)
+        n_steps = int(a["n_steps"])
+        kw = dict({"init": "random"}, **kw)     # older runs: no init attr
+        kw.update(passes=n_steps // l if n_steps % l == 0 else None,
+                  steps=None if n_steps % l == 0 else n_steps)
+    model = cls(**kw)
     model.alpha_ = ds["alpha"].values.copy()
     model.eigenvalues_ = ds["eigenvalue"].values.copy()
     model.n_components_ = int(model.alpha_.shape[0])
@@ -619,7 +619,7 @@ def _undrawn_pictures(run_dirs: Sequence[str] | None, store: DataStore, client) 
     during them: :func:`_pictures`), from each saved run as it is (no fit: the pictures of the
     uninterrupted fit, bit for bit); the run directories drawn."""
     runs = {d: result.load(d) for d in run_dirs or ()
-            if os.path.isdir(os.path.join(d, result.COMPONENTS))}
+            if os.path.isdir(components_path(d))}
     undrawn = {d: ds for d, ds in runs.items() if "component_image" not in ds}
     if undrawn:
         with pictures_cluster(store, client) as c:

@@ -12,9 +12,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from dkha.algorithms import AUTO, has_mu, is_exact
 from dkha.config import Settings
-from dkha.data import result
+from dkha.data import cf, result
 from dkha.data.checkpoint import Checkpointer, open_fit
+from dkha.data.layout import shares_a_tree
 from dkha.data.store import DataStore
 from dkha.engine.budget import block_rows_for
 from dkha.errors import InputError, ParameterError, RunDirectoryError
@@ -71,7 +73,27 @@ def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelRequest, 
         "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
         "dkha_version": __version__,
         "centering": "exact" if settings.center_sample is None else "sample"})
+    for k in unused_settings(route, model.params):
+        attrs.pop(k, None)
     return routed_attrs(attrs, route)
+
+
+#: the settings of the KHA iterations (and their length): what an exact path (krylov, dense)
+#: takes no part of
+KHA_SETTINGS = ("eta0", "mu", "xi", "rho0", "gain_params", "init", "n_steps", "passes")
+#: SMD's settings: what the other KHA algorithms take no part of
+SMD_SETTINGS = ("mu", "xi", "rho0")
+
+
+def unused_settings(route: Route, asked) -> tuple[str, ...]:
+    """The saved settings that take no part in what ``route`` runs, left out of its attrs (so
+    not shown back by :func:`dkha.load` either): the KHA iterations' on an exact path (a
+    Krylov solve but for a start ``init`` given to it), SMD's on the other KHA algorithms."""
+    runs = route.runs
+    if runs == AUTO or runs == "dense" or is_exact(runs):
+        given_start = is_exact(runs) and asked.get("init") is not None
+        return tuple(k for k in KHA_SETTINGS if not (k == "init" and given_start))
+    return () if has_mu(runs) else SMD_SETTINGS
 
 
 def routed_attrs(attrs: dict, route: Route) -> dict:
@@ -86,6 +108,7 @@ def finished_attrs(attrs: dict, res, solver, meta: dict) -> dict:
         return attrs
     a = dict(attrs, top_eigenvalues=None if res.top_eigenvalues is None
              else [float(v) for v in res.top_eigenvalues])
+    a["history"] = cf.history_line(a)     # CF's history: when the fit ended, what ran
     if res.kept is not None:    # an earlier pass was better than the end: its state, and why
         a["kept_state"] = dict(res.kept)
         a["kept_reason"] = kept_reason(res.kept, attrs)
@@ -172,28 +195,46 @@ def settings_dropped_on_failure(run_dirs: Sequence[str] | None, resume: bool):
         raise
 
 
-def dataset_of(fit: ModelFit):
-    """The ``components.zarr`` dataset of a fitted model."""
-    return result.build_dataset(fit.alpha, fit.eigenvalues, fit.result.history, fit.attrs,
-                                mk=fit.mk, mkm=fit.mkm, extra={"projection": fit.projection},
-                                backoffs=fit.result.backoffs)
+def run_dataset(alpha, eigenvalues, history: list[dict], attrs: dict, *, mk, mkm: float,
+                projection=None, pictures=None, backoffs=()):
+    """The one builder of a batch run's ``components.zarr`` dataset (the schema:
+    :mod:`dkha.data.result`): what :func:`write_runs` writes at the end of a fit, what
+    :meth:`KernelHebbianPCA.to_dataset` and ``save()`` give, the same for the same fit; the
+    training ``projection`` and the component ``pictures`` (the step after the fit, which adds
+    them to the run the fit wrote: :func:`dkha.apply.pictures.add_component_pictures`) where
+    there are."""
+    extra = {}
+    if projection is not None:
+        extra["projection"] = projection
+    if pictures is not None:
+        extra["component_image"] = pictures
+    return result.build_dataset(alpha, eigenvalues, history, attrs, mk=mk, mkm=mkm, extra=extra,
+                                backoffs=backoffs)
+
+
+def dataset_of(fit: ModelFit, pictures=None):
+    """The ``components.zarr`` dataset of a fitted model (:func:`run_dataset`)."""
+    return run_dataset(fit.alpha, fit.eigenvalues, fit.result.history, fit.attrs, mk=fit.mk,
+                       mkm=fit.mkm, projection=fit.projection, pictures=pictures,
+                       backoffs=fit.result.backoffs)
 
 
 def write_run(run_dir: str, ds, timings: dict | None, *, spent: Checkpointer | None = None,
-              resumable: bool = False, final: ModelFit | None = None) -> str:
-    """Write a run directory: ``ds`` as ``components.zarr``, the ``timings`` as
-    ``timings.json``; then clear its ``spent`` checkpoints (in that order: a stop between the
-    two leaves a run that still resumes) or, ``resumable``, write the ``final`` fit's last
-    state as its one checkpoint (a fit with more passes continues it exactly where it ended;
-    refused where there is none: the exact paths, a loaded run). Returns the path of
-    ``components.zarr``."""
+              resumable: bool = False, final: ModelFit | None = None,
+              member: bool = False) -> str:
+    """Write a run directory: ``ds`` as ``components.zarr`` (``member``: as its model's group
+    in the parent's tree, :mod:`dkha.data.layout`), the ``timings`` as ``timings.json``; then
+    clear its ``spent`` checkpoints (in that order: a stop between the two leaves a run that
+    still resumes) or, ``resumable``, write the ``final`` fit's last state as its one
+    checkpoint (a fit with more passes continues it exactly where it ended; refused where there
+    is none: the exact paths, a loaded run). Returns the path of the components written."""
     if resumable and (final is None or final.solver is None):
         raise ParameterError("save(resumable=True) needs a fit of the KHA iterations in this "
                              "process (the exact paths and a loaded run keep no solver state "
                              "to continue)")
     if not resumable:
         final = None
-    out = result.save(ds, run_dir)
+    out = result.save(ds, run_dir, member=member)
     if timings:
         result.save_timings(timings, run_dir)
     if spent is not None:
@@ -209,13 +250,16 @@ def write_run(run_dir: str, ds, timings: dict | None, *, spent: Checkpointer | N
 
 
 def write_runs(fits: list[ModelFit], run_dirs: Sequence[str] | None) -> list[ModelFit]:
-    """Each completed model saved in its run directory (if any), its checkpoints cleared."""
+    """Each completed model saved in its run directory (if any), its checkpoints cleared;
+    models fitted together into directories of one parent as one zarr group tree
+    (:mod:`dkha.data.layout`)."""
     if run_dirs is None:
         return fits
     out = []
+    member = shares_a_tree(run_dirs)
     for f, d in zip(fits, run_dirs):
         if f.failure is None:
-            write_run(d, dataset_of(f), f.timings, spent=f.checkpointer)
+            write_run(d, dataset_of(f), f.timings, spent=f.checkpointer, member=member)
             f = replace(f, run_dir=d)
         out.append(f)
     return out

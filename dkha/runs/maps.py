@@ -25,6 +25,7 @@ import numpy as np
 import xarray as xr
 
 from dkha import config
+from dkha.data import cf
 from dkha.data.ingest import grey_values
 from dkha.data.patches import patch_grid, patch_windows
 from dkha.engine.cluster import client_for, shared
@@ -117,13 +118,17 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
         start += gr * gc
     return xr.DataArray(
         out, dims=("component", "image", "row", "col"), name="response",
-        coords={"component": run.ds["component"].values, "image": np.array(labels, dtype=object),
-                "row": np.arange(rows), "col": np.arange(cols),
-                "image_rows": ("image", np.array([g[0] for g in grids])),
-                "image_cols": ("image", np.array([g[1] for g in grids]))},
+        coords={"component": ("component", run.ds["component"].values,
+                              cf.VARIABLE_ATTRS["component"]),
+                "image": ("image", np.array(labels, dtype=object), {"long_name": "image"}),
+                "row": ("row", np.arange(rows), cf.VARIABLE_ATTRS["row"]),
+                "col": ("col", np.arange(cols), cf.VARIABLE_ATTRS["col"]),
+                "image_rows": ("image", np.array([g[0] for g in grids]),
+                               {"long_name": "rows of the image's patch grid", "units": "1"}),
+                "image_cols": ("image", np.array([g[1] for g in grids]),
+                               {"long_name": "columns of the image's patch grid", "units": "1"})},
         attrs={"long_name": "projection on the component", "units": "1", "patch": patch,
-               "step": step, "algorithm": run.attrs.get("algorithm"),
-               "run_store": run.store_path})
+               "step": step, **run.describe()})
 
 
 def _patch_blocks(img: np.ndarray, src, patch: int, step: int, block: int) -> da.Array:
@@ -159,5 +164,12 @@ def save_maps(maps: xr.DataArray, out: str, *, overwrite: bool = False) -> xr.Da
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     ds = maps.to_dataset()
     # zarr v3 strings
-    ds = ds.assign_coords(image=ds["image"].values.astype(np.dtypes.StringDType()))
+    ds = ds.assign_coords(image=("image", ds["image"].values.astype(np.dtypes.StringDType()),
+                                 ds["image"].attrs))
+    # attrs as netCDF takes them (the kernel's parameters as JSON text), CF's global ones
+    ds["response"].attrs = cf.encode_attrs(maps.attrs)
+    ds.attrs = cf.encode_attrs(cf.dataset_attrs({
+        "title": f"dkha response maps of {ds.sizes['image']} images on the components of "
+                 f"{maps.attrs.get('run', maps.attrs.get('run_store'))}",
+        "history": cf.stamped("maps")}))
     return write_dataset(ds, out)

@@ -35,6 +35,8 @@ class Run:
     ----------
     ds : xarray.Dataset
         The components (:func:`dkha.data.result.load`).
+    run_dir : str, optional
+        The run directory it was read from.
 
     Attributes
     ----------
@@ -44,14 +46,23 @@ class Run:
         otherwise a batch run over the training store's samples with its centering ``mk``.
     """
 
-    def __init__(self, ds: xr.Dataset):
+    def __init__(self, ds: xr.Dataset, run_dir: str | None = None):
         self.ds = ds
+        self.run_dir = run_dir
         self.is_dictionary = "dictionary" in ds
         self._kernel: Kernel | None = None
 
     @classmethod
     def open(cls, run_dir: str) -> Run:
-        return cls(result.load(run_dir))
+        return cls(result.load(run_dir), os.path.abspath(run_dir))
+
+    def describe(self) -> dict:
+        """What a product of this run (projections, maps) names it by: the run directory where
+        known, its training store, algorithm, kernel and the kernel's parameters (e.g. σ)."""
+        out = {} if self.run_dir is None else {"run": self.run_dir}
+        return {**out, "run_store": self.store_path, "algorithm": self.attrs.get("algorithm"),
+                "kernel": self.kernel.name, "kernel_parameters": dict(self.kernel.param_dict),
+                "n_components": self.n_components}
 
     @property
     def attrs(self) -> dict:

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import os
 
+import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
+from distributed import Client, as_completed, futures_of
 
 from dkha import config
+from dkha.data import cf, result
 from dkha.data.atomic import write_zarr_atomically
 from dkha.data.result import sample_coords
 from dkha.data.store import open_store
 from dkha.engine.cluster import client_for, shared
 from dkha.engine.tasks import project_rows
 from dkha.errors import InputError, RunDirectoryError
-from dkha.progress import phase
+from dkha.progress import Progress, phase
 from dkha.runs.run import Run, as_run
 
 
@@ -70,11 +73,14 @@ def transform_lazy(ds: xr.Dataset | Run, new_store: str, *, client=None) -> xr.D
     run.check_features(new.n_features, new_store)
     proj = project_blocks(run, da.from_zarr(new.array()), client=client)
     return xr.DataArray(proj, dims=("sample", "component"),
-                        coords={"component": ds["component"].values, **sample_coords(new.path)},
+                        coords={"component": ("component", ds["component"].values,
+                                              cf.VARIABLE_ATTRS["component"]),
+                                **sample_coords(new.path)},
                         name="projection",
-                        attrs={"run_store": ds.attrs["store"], "source": os.path.abspath(new_store)
-                               if "://" not in new_store else new_store,
-                               "algorithm": ds.attrs["algorithm"]})
+                        attrs={"long_name": "projection of the sample on the run's component",
+                               "units": "1", **run.describe(),
+                               "source": os.path.abspath(new_store)
+                               if "://" not in new_store else new_store})
 
 
 def project_blocks(run: Run, X: da.Array, *, client=None) -> da.Array:
@@ -105,26 +111,52 @@ def _project_chunk(Xc, path, kernel, mk, mkm, groups, alpha):
                         tuple((g,) for g in groups), alpha)
 
 
+def projected(proj: xr.DataArray, client, verbose: bool = True) -> xr.DataArray:
+    """``proj`` (lazy) computed on ``client``'s workers and held there (``n × r``: small), the
+    samples projected so far, of all, in the progress (a line every few seconds outside a
+    terminal); as it is where ``client`` is not a cluster's."""
+    if not isinstance(client, Client):
+        return proj
+    data = client.persist(proj.data)
+    rows = dict(zip((k[1] for k in dask.core.flatten(data.__dask_keys__())), data.chunks[0]))
+    with Progress(verbose, int(data.shape[0]), "transform: projecting", unit="sample") as bar:
+        for future in as_completed(futures_of(data)):
+            if future.status == "error":
+                future.result()     # the task's error, here
+            bar.update(rows[future.key[1]])
+    return proj.copy(data=data)
+
+
 def transform_store(ds: xr.Dataset | Run, new_store: str, out: str, *, overwrite: bool = False,
-                    client=None) -> xr.Dataset:
+                    client=None, verbose: bool = True) -> xr.Dataset:
     """Project every sample of a data store; write ``projection (sample, component)`` to ``out``
-    (blockwise on the cluster, written aside and renamed into place)."""
+    (blockwise on the cluster, the fraction of samples projected in the progress, then written
+    aside and renamed into place), its attrs naming the run (its directory where known, its
+    store, algorithm, kernel and the kernel's parameters, e.g. σ)."""
     run = as_run(ds)
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     if os.path.abspath(out) in (os.path.abspath(new_store), os.path.abspath(run.store_path)):
         raise RunDirectoryError(f"{out} is an input of this transform; write elsewhere")
     with client_for(client, settings=config.settings()) as c:
-        proj = transform_lazy(run, new_store, client=c)
+        proj = projected(transform_lazy(run, new_store, client=c), c, verbose)
         res = proj.to_dataset()
-        res.attrs = dict(proj.attrs)
-        return write_dataset(res, out, client=c)
+        # the run it came from (directory, kernel and its parameters, e.g. σ) in the global
+        # attrs, as netCDF takes them
+        run_name = proj.attrs.get("run", proj.attrs["run_store"])
+        about = {k: v for k, v in proj.attrs.items() if k not in ("long_name", "units")}
+        res.attrs = cf.dataset_attrs({
+            **about, "title": f"dkha projections of {proj.attrs['source']} on the "
+                                   f"components of {run_name}",
+            "history": cf.stamped(f"transform of {proj.attrs['source']} by {run_name}")})
+        res["projection"].attrs = {k: proj.attrs[k] for k in ("long_name", "units")}
+        return write_dataset(result.encoded(res), out, client=c)
 
 
 def write_dataset(res: xr.Dataset, out: str, *, client=None) -> xr.Dataset:
     """Write ``res`` (lazy parts computed on the cluster) aside and rename it into ``out``
     (:func:`~dkha.data.atomic.write_zarr_atomically`)."""
-    phase(f"projecting and writing {out} on the workers")
+    phase(f"writing {out}")
     with client_for(client, settings=config.settings()):
         write_zarr_atomically(res, out)
     return xr.open_zarr(out)
