@@ -35,6 +35,9 @@ class ArraySource:
     def read_rows(self, index: np.ndarray) -> np.ndarray:
         return self.X[np.asarray(index, dtype=np.int64)]
 
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self.X[start:stop]
+
     def sample(self, n: int, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
         n = min(n, self.n_samples)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 import warnings
 
 import numpy as np
@@ -40,7 +39,6 @@ import numpy as np
 from dkha import config
 from dkha.apply.preimage import RunPreimages
 from dkha.data.sources import ArraySource
-from dkha.data.store import DataStore
 from dkha.errors import DictionaryWarning, InputError, ParameterError
 from dkha.estimators import online_run
 from dkha.estimators.contract import DkhaTransformer, input_kind, resolve_store, validated_fit
@@ -53,22 +51,17 @@ from dkha.estimators.params import (
     saved_rows,
 )
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
-from dkha.fit.coordinator import resolve_kernel
 from dkha.fit.online import (
+    OnlineFit,
     OnlineRequest,
-    coordinator_threads,
-    eigenvalues_of,
+    OnlineSettings,
     fit_online,
-    history_entry,
-    new_solver,
-    scaled,
-    seeded_rows,
+    online_dataset,
 )
-from dkha.fit.request import RunOptions, frozen_mapping
-from dkha.fit.run_dir import saved_attrs, write_run
-from dkha.kernels import Kernel, kernel_names, pairwise
+from dkha.fit.request import RunOptions
+from dkha.fit.run_dir import write_run
+from dkha.kernels import kernel_names, pairwise
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
-from dkha.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +73,6 @@ IDENTITY = identity_attrs()
 #: the seeded order: one pass over a few hundred samples leaves the components far from converged)
 MIN_STEPS = 20_000
 
-def _kernel(model: OnlineKernelPCA, source, settings) -> Kernel:
-    """The model's kernel, its width resolved on ``source`` (the median-distance heuristic)."""
-    if pairwise(model.kernel):
-        raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
-                             "dictionary needs the kernel of each new sample against the "
-                             "members); use KernelHebbianPCA")
-    return resolve_kernel(source, model.kernel, model.seed, settings, sigma=model.sigma,
-                          degree=model.degree, offset=model.offset, gamma=model.kernel_gamma,
-                          kernel_params=model.kernel_params)
-
-
 def _check_dictionary(solver: OnlineKHA) -> None:
     """Warn where the dictionary holds fewer members than components (below ``r`` members the
     solver admits any independent sample, so the data span no more dimensions)."""
@@ -99,7 +81,7 @@ def _check_dictionary(solver: OnlineKHA) -> None:
         warnings.warn(f"the dictionary holds {m} members for {r} components: the data span only "
                       f"{m} dimensions in feature space, so components beyond that many are not "
                       f"independent; ask for at most {m} components", DictionaryWarning,
-                      stacklevel=4)
+                      stacklevel=3)
 
 
 # --- the estimator -------------------------------------------------------------------------------
@@ -151,9 +133,18 @@ class OnlineKernelPCA(DkhaTransformer):
     (4, 3)
     """
 
-    # -- validation (the table's, once at the top of ``fit`` and a first ``partial_fit``) --
-    def _validated(self) -> dict:
-        return validated_settings(self)
+    # -- the request (the table checked once at the top of ``fit`` and a first ``partial_fit``) --
+    def _request(self, source, state: OnlineFit | None = None, **fit) -> OnlineRequest:
+        """What :func:`dkha.fit.online.fit_online` is asked for: the validated settings (or the
+        ``state``'s, which a ``partial_fit`` continues) and every ``dkha.*`` setting, read now."""
+        settings = config.settings(block_rows=self.block_rows, prefetch=self.prefetch)
+        return OnlineRequest(
+            source=source, kernel=self.kernel, kernel_params={
+                "sigma": self.sigma, "degree": self.degree, "offset": self.offset,
+                "gamma": self.kernel_gamma, "kernel_params": self.kernel_params},
+            model=validated_settings(self, settings) if state is None else state.settings,
+            settings=settings, seed=self.seed, params=get_params(self, ONLINE),
+            recorded=recorded_params(self, ONLINE), saved=saved_rows(ONLINE), **fit)
 
     # -- fitting --
     @validated_fit
@@ -202,42 +193,17 @@ DataStore
             self._set_lazy_features(X)
             source, tmp, _ = resolve_store(X)
         try:
-            return self._fit_source(source, run_dir=run_dir, overwrite=overwrite,
-                                    ac_reference=ac_reference, checkpoint_every=checkpoint_every,
-                                    resume=resume)
+            n_steps = max(source.n_samples, MIN_STEPS) if self.steps is None else int(self.steps)
+            self._keep(fit_online(self._request(
+                source, n_steps=n_steps, verbose=self.verbose, ac_reference=ac_reference,
+                every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
+                run=RunOptions(run_dirs=None if run_dir is None else (os.fspath(run_dir),),
+                               overwrite=overwrite, checkpoint_every=checkpoint_every,
+                               resume=resume, identity=IDENTITY))))
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-
-    def _fit_source(self, source, *, run_dir, overwrite, ac_reference, checkpoint_every, resume):
-        settings = config.settings()
-        kernel = _kernel(self, source, settings)
-        p = scaled(self._validated(), source, kernel, self.seed, settings.median_sample)
-        l, n = source.n_samples, source.n_features
-        n_steps = max(l, MIN_STEPS) if self.steps is None else int(self.steps)
-        attrs = run_attrs(self, p, kernel, _store_path(source), l, n, n_steps)
-        fit = fit_online(OnlineRequest(
-            source=source, kernel=kernel, settings=frozen_mapping(p),
-            attrs=frozen_mapping(attrs), seed=self.seed, n_steps=n_steps,
-            every=n_steps if self.evaluate_every is None else int(self.evaluate_every),
-            blas_threads=settings.online_blas_threads, verbose=self.verbose,
-            ac_reference=ac_reference,
-            run=RunOptions(run_dirs=None if run_dir is None else (os.fspath(run_dir),),
-                           overwrite=overwrite, checkpoint_every=checkpoint_every, resume=resume,
-                           identity=frozen_mapping(IDENTITY)),
-            params=frozen_mapping(recorded_params(self, ONLINE))))
-        self.solver_ = fit.solver
-        self.kernel_ = kernel
-        self.n_features_in_ = n
-        self.history_, self.wall_time_ = fit.history, fit.wall_time
-        self.stream_stats_ = fit.stream_stats
-        self._reference_ = fit.reference
-        self._params_ = p
-        self._variance_sample_ = fit.variance_sample
-        self.n_samples_seen_, self.n_components_ = n_steps, p["n_components"]
-        _check_dictionary(self._read_solver())
-        self.eigenvalues_ = fit.eigenvalues
-        self.attrs_ = attrs
+        _check_dictionary(self.solver_)
         return self
 
     @validated_fit
@@ -272,43 +238,29 @@ DataStore
                                  "setting n_components to a fixed value.")
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
-        settings = config.settings()
-        if first_call:
-            kernel = _kernel(self, ArraySource(X), settings)
-            p = scaled(self._validated(), ArraySource(X), kernel, self.seed,
-                       settings.median_sample)
-            self.solver_ = new_solver(p, X.shape[1], kernel, self.seed)
-            self.kernel_ = kernel
-            self.n_features_in_ = X.shape[1]
-            self.history_ = []
-            self.wall_time_ = 0.0
-            self.n_samples_seen_ = 0
-            self.stream_stats_ = {}
-            self._reference_ = None
-            self._params_ = p
-            self.n_components_ = p["n_components"]
-        p = getattr(self, "_params_", None) or self._validated()
-        b = p["block_rows"]
-        t0 = time.perf_counter()
-        seen = self.n_samples_seen_
-        self._variance_sample_ = seeded_rows(X, p["eigenvalue_samples"], self.seed)
-        with coordinator_threads(settings.online_blas_threads):
-            for a in range(0, len(X), b):
-                rows = X[a:a + b]
-                self.solver_.apply_block(rows, np.arange(seen + a, seen + a + len(rows)))
-        self.wall_time_ += time.perf_counter() - t0
-        self.n_samples_seen_ = seen + len(X)
-        self._record(None)
-        self.eigenvalues_ = eigenvalues_of(self._read_solver(), self._variance_sample_)
-        self.attrs_ = run_attrs(self, p, self.kernel_, "<stream>", self.n_samples_seen_,
-                                  self.n_features_in_, self.n_samples_seen_)
+        state = None if first_call else self._state()
+        self._keep(fit_online(self._request(ArraySource(X), state), state))
         return self
 
-    def _record(self, n_samples: int | None) -> dict:
-        entry = history_entry(self.solver_, getattr(self, "_reference_", None),
-                              getattr(self, "_variance_sample_", None), self.wall_time_, n_samples)
-        self.history_.append(entry)
-        return entry
+    def _keep(self, fit: OnlineFit) -> None:
+        """The fitted attributes: the fit's result and its solver's state, copied (the solver
+        continued by :meth:`partial_fit`)."""
+        s = fit.solver
+        self.solver_, self.kernel_, self._settings_ = s, fit.kernel, fit.settings
+        self.n_features_in_, self._reference_ = s.n_features, fit.reference
+        self.history_, self.wall_time_ = list(fit.history), fit.wall_time
+        self.stream_stats_, self.attrs_ = dict(fit.stream_stats), dict(fit.attrs)
+        self.n_samples_seen_, self.n_components_ = fit.n_steps, fit.settings.n_components
+        self.eigenvalues_, self.backoffs_ = fit.eigenvalues, list(s.backoffs)
+        self.alpha_, self.dictionary_ = s.alpha(), s.dictionary()
+        self.member_index_, self.member_step_ = s.members()
+        self.mean_coefficient_, self.n_steps_ = s.mean_coefficients(), s.state.step
+
+    def _state(self) -> OnlineFit:
+        """The fitted state, which :meth:`partial_fit` continues."""
+        return OnlineFit(self.solver_, self._settings_, self.kernel_, self.history_,
+                         self.wall_time_, self.stream_stats_, self._reference_,
+                         self.eigenvalues_, self.n_samples_seen_, self.attrs_)
 
     def _check_fitted(self):
         if not hasattr(self, "solver_"):
@@ -350,9 +302,9 @@ DataStore
 
     def to_dataset(self):
         """The components as an xarray dataset (the ``components.zarr`` schema of a dictionary
-        run, :func:`dkha.estimators.online_run.dataset_of`)."""
+        run, :func:`dkha.fit.online.online_dataset`)."""
         self._check_fitted()
-        return online_run.dataset_of(self)
+        return online_dataset(self.solver_, self.history_, self.eigenvalues_, self.attrs_)
 
     def save(self, run_dir: str) -> str:
         """Write the run (its dictionary, coefficients and history) as
@@ -390,64 +342,36 @@ DataStore
     components_ = property(lambda self: input_axes(self), doc="The linear kernel's principal "
                            "axes in input space (:func:`input_axes`).")
 
-    def _read_solver(self) -> OnlineKHA:
-        """The fitted attributes the solver's state gives (coefficients, dictionary, members)."""
-        s = self.solver_
-        self.backoffs_ = list(s.backoffs)
-        self.alpha_ = s.alpha()
-        self.dictionary_ = s.dictionary()
-        self.member_index_, self.member_step_ = s.members()
-        self.mean_coefficient_ = s.mean_coefficients()
-        self.n_steps_ = s.state.step
-        return s
 
-
-def validated_settings(model: OnlineKernelPCA) -> dict:
-    """The online settings: every value of the table, with those that depend on several
-    parameters resolved and checked."""
-    algorithm = model.algorithm      # checked by the table
+def validated_settings(model: OnlineKernelPCA, settings: config.Settings) -> OnlineSettings:
+    """The online settings: the table's values the fit reads, with those that depend on several
+    parameters (or on the ``dkha.*`` ``settings``: ``block_rows``, ``prefetch``) resolved and
+    checked."""
+    if pairwise(model.kernel):
+        raise ParameterError("OnlineKernelPCA cannot take a precomputed kernel (its "
+                             "dictionary needs the kernel of each new sample against the "
+                             "members); use KernelHebbianPCA")
     if model.n_components is None:
         raise ParameterError("OnlineKernelPCA needs n_components (None, all components, is "
                              "KernelHebbianPCA's: a stream has no fixed number of samples)")
     r = int(model.n_components)
     if model.gain_decay is not None and model.tau is not None:
         raise ParameterError("give gain_decay (η = η0 γ^s) or tau (η = η0/(1 + s/τ)), not both")
-    gain_decay, tau = None, None
-    if model.tau is not None:
-        tau = float(model.tau)
-    else:
-        gain_decay = DEFAULT_GAMMA if model.gain_decay is None else float(model.gain_decay)
+    tau = None if model.tau is None else float(model.tau)
+    gain_decay = None if tau is not None else float(
+        DEFAULT_GAMMA if model.gain_decay is None else model.gain_decay)
     mm = int(model.max_members)
     if mm < r:
-        raise ParameterError(
-            f"max_members ({mm}) must be at least n_components ({r}): the components live "
-            "in the dictionary's span"
-        )
-    settings = config.settings(block_rows=model.block_rows, prefetch=model.prefetch)
-    block_rows, prefetch = int(settings.block_rows), int(settings.prefetch)
-    if block_rows < 1:
-        raise ParameterError(f"block_rows must be positive, got {block_rows}")
-    if prefetch < 1:
-        raise ParameterError(f"prefetch must be positive, got {prefetch}")
-    # every value of the table, with those resolved here
-    return dict(get_params(model, ONLINE), algorithm=algorithm, n_components=r,
-                eta0=float(model.eta0), gain_decay=gain_decay, tau=tau,
-                nu=None if model.nu is None else float(model.nu), max_members=mm,
-                center=bool(model.center), block_rows=block_rows, prefetch=prefetch)
-
-
-def run_attrs(model: OnlineKernelPCA, p: dict, kernel: Kernel, store_path, n_samples: int,
-              n_features: int, n_steps: int) -> dict:
-    """The attrs saved with the components: the table's saved rows, resolved, and the run's."""
-    attrs = saved_attrs(saved_rows(ONLINE), dict(p, seed=int(model.seed)), {}, kernel)
-    attrs.update({
-        "feature_norm": p["feature_norm"],
-        "gain": p["gain"],
-        "learning_rate": ("eta0/(1+s/tau)" if p["tau"] is not None else "eta0*gain_decay**s"),
-        "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1), "store": store_path,
-        "n_samples": int(n_samples), "n_features": int(n_features), "init": "random",
-        "dkha_version": __version__})
-    return attrs
+        raise ParameterError(f"max_members ({mm}) must be at least n_components ({r}): the "
+                             "components live in the dictionary's span")
+    for name in ("block_rows", "prefetch"):
+        if int(getattr(settings, name)) < 1:
+            raise ParameterError(f"{name} must be positive, got {getattr(settings, name)}")
+    return OnlineSettings(
+        algorithm=model.algorithm, n_components=r, eta0=float(model.eta0),
+        gain_decay=gain_decay, tau=tau, nu=None if model.nu is None else float(model.nu),
+        max_members=mm, eigenvalue_samples=model.eigenvalue_samples, center=bool(model.center),
+        on_divergence=model.on_divergence)
 
 
 def input_axes(model: OnlineKernelPCA) -> np.ndarray:
@@ -459,12 +383,6 @@ def input_axes(model: OnlineKernelPCA) -> np.ndarray:
         raise AttributeError("components_ is the linear kernel's (input-space axes) and needs "
                              "a fitted OnlineKernelPCA(kernel='linear')")
     return scale * (model.alpha_ @ model.dictionary_)
-
-
-def _store_path(source) -> str:
-    if isinstance(source, DataStore):
-        return os.path.abspath(source.path) if "://" not in source.path else source.path
-    return "<array>"
 
 
 __all__ = ["ALGORITHMS", "OnlineKernelPCA"]

@@ -1,7 +1,9 @@
-"""An online run saved and loaded: the ``components.zarr`` dataset of a dictionary run and the
-fitted estimator back from it (see :mod:`dkha.estimators.online` for the schema)."""
+"""An online run loaded: the fitted estimator back from a dictionary run's ``components.zarr``
+(:func:`dkha.fit.online.online_dataset`; its schema: :mod:`dkha.estimators.online`)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import xarray as xr
 
@@ -9,15 +11,9 @@ from dkha import algorithms
 from dkha.data import result
 from dkha.errors import InputError
 from dkha.estimators.params import ONLINE, from_attrs
-from dkha.fit.online import new_solver, online_dataset
+from dkha.fit.online import OnlineFit, new_solver
 from dkha.kernels import spec_of
 from dkha.runs.run import kernel_of
-
-
-def dataset_of(model) -> xr.Dataset:
-    """A fitted :class:`~dkha.estimators.online.OnlineKernelPCA` as its ``components.zarr``
-    dataset (:func:`dkha.fit.online.online_dataset`)."""
-    return online_dataset(model.solver_, model.history_, model.eigenvalues_, model.attrs_)
 
 
 def estimator_of(cls, ds: xr.Dataset):
@@ -31,33 +27,25 @@ def estimator_of(cls, ds: xr.Dataset):
         kwargs["algorithm"] = algorithms.exact_span_twin(kwargs["algorithm"],
                                                          algorithms.ONLINE) or kwargs["algorithm"]
     model = cls(**kwargs)
-    # the scales the run was fitted with (the unit of eta0, read off its data then)
-    p = dict(model._validated(), feature_norm=a["feature_norm"], gain=a["gain"])
+    # its settings as a fit would be asked them, with the scales the run was fitted with (the
+    # unit of eta0, read off its data then)
+    settings = replace(model._request(None).model, feature_norm=a["feature_norm"],
+                       gain=a["gain"])
     kernel = kernel_of(ds)
-    model.solver_ = new_solver(p, int(a["n_features"]), kernel, model.seed)
+    solver = new_solver(settings, int(a["n_features"]), kernel, model.seed)
     if "state_B" not in ds:
         raise InputError("this run was saved without the solver's state (dkha before "
                          "0.1.0+state); it can be analysed but not continued")
-    arrays = {"B": ds["state_B"].values, "L": ds["state_L"].values,
-              "cbar": ds["state_cbar"].values, "dictionary": ds["dictionary"].values,
-              "member_index": ds["member_index"].values,
-              "member_step": ds["member_step"].values, "a_init": ds["state_a_init"].values}
-    if "state_exact_S" in ds:
-        arrays.update(exact_S=ds["state_exact_S"].values, exact_s=ds["state_exact_s"].values)
-    model.solver_.restore(arrays, a["state_scalars"])
-    model.kernel_ = kernel
-    model.n_features_in_ = int(a["n_features"])
-    model.n_components_ = p["n_components"]
-    model._params_ = p
-    model._reference_ = None
-    model.history_ = result.history_of(ds)
-    model.wall_time_ = float(ds["wall_time"].values[-1]) if ds.sizes.get("evaluation") else 0.0
-    model.stream_stats_ = {}
-    model.n_samples_seen_ = int(a["n_steps"])
-    model._read_solver()
-    model.eigenvalues_ = ds["eigenvalue"].values.copy()
-    model.attrs_ = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
+    # the solver's snapshot (dkha.fit.online.online_dataset): its state_* and member variables
+    arrays = {k.removeprefix("state_"): ds[k].values for k in ds.data_vars
+              if k.startswith("state_") or k in ("dictionary", "member_index", "member_step")}
+    solver.restore(arrays, a["state_scalars"])
+    attrs = {k: v for k, v in a.items() if k not in ("members", "state_scalars")}
     if "algorithm" in a:
-        model.attrs_["algorithm"] = model.algorithm
+        attrs["algorithm"] = model.algorithm
+    model._keep(OnlineFit(
+        solver, settings, kernel, result.history_of(ds),
+        float(ds["wall_time"].values[-1]) if ds.sizes.get("evaluation") else 0.0, {}, None,
+        ds["eigenvalue"].values.copy(), int(a["n_steps"]), attrs))
     return model
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dkha.data.sources import ArraySource
 from dkha.data.store import DataStore, open_store
 from dkha.errors import ParameterError
 from dkha.kernels import Kernel
@@ -129,14 +130,15 @@ def ac_index(alpha: np.ndarray, dictionary: np.ndarray, X_reference: np.ndarray,
 def reference_of(reference, kernel, r: int, *, seed: int = 0,
                  max_samples: int = DEFAULT_REFERENCE_SAMPLES,
                  centered: bool = False) -> ACReference:
-    """An :class:`ACReference` as is, or exact KPCA on a data store (path or
-    :class:`~dkha.data.store.DataStore`; a seeded subset of at most ``max_samples``) or on an
-    array of reference samples."""
+    """An :class:`ACReference` as is, or exact KPCA on a data store (path,
+    :class:`~dkha.data.store.DataStore` or in-memory source; a seeded subset of at most
+    ``max_samples``) or on an array of reference samples."""
     if isinstance(reference, ACReference):
         return reference
-    if isinstance(reference, (str, os.PathLike, DataStore)):
-        store = reference if isinstance(reference, DataStore) else open_store(reference)
-        return ACReference.from_store(store, kernel, r, max_samples=max_samples, seed=seed,
+    if isinstance(reference, (str, os.PathLike)):
+        reference = open_store(reference)
+    if isinstance(reference, (DataStore, ArraySource)):
+        return ACReference.from_store(reference, kernel, r, max_samples=max_samples, seed=seed,
                                       centered=centered)
     return ACReference.from_data(np.asarray(reference, dtype=np.float64), kernel, r,
                                  centered=centered)

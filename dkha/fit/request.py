@@ -88,6 +88,9 @@ class RunOptions:
     #: the attrs that tell runs apart, with their former names
     identity: Mapping = field(default_factory=frozen_mapping)
 
+    def __post_init__(self):
+        object.__setattr__(self, "identity", frozen_mapping(self.identity))
+
 
 @dataclass(frozen=True)
 class FitRequest:

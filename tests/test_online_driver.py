@@ -1,0 +1,118 @@
+"""The online family's one driver (issue 44): ``OnlineKernelPCA.fit`` and ``partial_fit`` each
+call ``fit/`` once (:func:`dkha.fit.online.fit_online`), with one typed, frozen request whose
+settings are held to the parameter table here, and a frozen result."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import numpy as np
+import pytest
+
+import dkha
+from dkha.data.ingest import ingest_array
+from dkha.estimators import online as online_estimator
+from dkha.estimators import online_run
+from dkha.estimators.online import OnlineKernelPCA
+from dkha.estimators.params import ONLINE, parameters
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every call the online estimator's modules make into a function of ``dkha.fit``, by name
+    (each such function in their namespaces replaced by a spy that calls it)."""
+    made = []
+    for module in (online_estimator, online_run):
+        for name, value in list(vars(module).items()):
+            if inspect.isfunction(value) and value.__module__.startswith("dkha.fit."):
+                def spy(*args, _f=value, **kwargs):
+                    made.append(_f.__name__)
+                    return _f(*args, **kwargs)
+                monkeypatch.setattr(module, name, spy)
+    return made
+
+
+def _X(n=240, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, 5))
+
+
+def test_fit_and_partial_fit_each_call_the_driver_once(calls, tmp_path):
+    X = _X()
+    model = OnlineKernelPCA(3, sigma=3.0, steps=700, evaluate_every=300)
+    model.fit(X, ac_reference=True)
+    assert calls == ["fit_online"]
+    assert [h["step"] for h in model.history_] == [300, 600, 700]
+    model.partial_fit(X[:50])                        # continues the fit
+    assert calls == ["fit_online"] * 2 and model.n_samples_seen_ == 750
+
+    del calls[:]
+    streamed = OnlineKernelPCA(3, sigma=3.0)
+    for a in range(0, 240, 80):                      # a first call, then two continuing ones
+        streamed.partial_fit(X[a:a + 80])
+    assert calls == ["fit_online"] * 3
+    assert [h["step"] for h in streamed.history_] == [80, 160, 240]
+    assert streamed.member_index_.max() < 240 and streamed.n_steps_ == 240
+
+    store = str(tmp_path / "x.zarr")
+    ingest_array(X, store, chunk_rows=60)
+    del calls[:]
+    run = str(tmp_path / "run")
+    OnlineKernelPCA(3, sigma=3.0, steps=500, block_rows=32).fit(store, run_dir=run,
+                                                                checkpoint_every=200)
+    assert calls == ["fit_online"]
+    loaded = dkha.load(run)
+    del calls[:]
+    loaded.partial_fit(X[:30])
+    assert calls == ["fit_online"] and loaded.n_samples_seen_ == 530
+
+
+def test_a_stream_equals_its_blocks_applied_in_order():
+    """partial_fit through the driver is the solver fed the rows in order, blocks of
+    ``block_rows`` (the per-block form, written out here)."""
+    from dkha.fit.online import new_solver
+
+    X = _X(200, 1)
+    model = OnlineKernelPCA(3, sigma=3.0, block_rows=16, seed=4)
+    model.partial_fit(X[:120]).partial_fit(X[120:])
+    solver = new_solver(model._settings_, 5, model.kernel_, 4)
+    for a in range(0, 120, 16):
+        solver.apply_block(X[a:min(a + 16, 120)], np.arange(a, min(a + 16, 120)))
+    for a in range(120, 200, 16):
+        solver.apply_block(X[a:min(a + 16, 200)], np.arange(a, min(a + 16, 200)))
+    np.testing.assert_array_equal(model.alpha_, solver.alpha())
+    np.testing.assert_array_equal(model.member_index_, solver.members()[0])
+
+
+def test_the_request_is_typed_and_held_to_the_table_and_the_result_frozen():
+    from dkha.fit.online import OnlineFit, OnlineRequest, OnlineSettings
+
+    request = {f.name for f in dataclasses.fields(OnlineRequest)}
+    settings = {f.name for f in dataclasses.fields(OnlineSettings)}
+    # the rows the estimator hands over elsewhere in the request than its settings
+    elsewhere = {"kernel": "kernel", "sigma": "kernel_params", "degree": "kernel_params",
+                 "offset": "kernel_params", "kernel_params": "kernel_params",
+                 "kernel_gamma": "kernel_params", "steps": "n_steps",
+                 "evaluate_every": "every", "seed": "seed", "verbose": "verbose",
+                 "block_rows": "settings", "prefetch": "settings"}
+    resolved_by_the_fit = {"feature_norm", "gain"}
+    rows = {p.name for p in parameters(ONLINE)}
+    assert rows == (settings - resolved_by_the_fit) | set(elsewhere)
+    assert not (settings - resolved_by_the_fit) & set(elsewhere)
+    assert set(elsewhere.values()) <= request
+
+    model = OnlineKernelPCA(3, sigma=3.0, steps=300).fit(_X())
+    fit = model._state()
+    assert isinstance(fit, OnlineFit) and isinstance(fit.history, tuple)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fit.n_steps = 0
+    with pytest.raises(TypeError):
+        fit.attrs["n_steps"] = 0
+    req = model._request(None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.model.nu = 1.0
+    with pytest.raises(TypeError):
+        req.params["eta0"] = 1.0
+    # the fit resolved the scales on the data; the model's settings as asked leave them open
+    assert model._settings_.feature_norm > 0 and model._settings_.nu > 0
+    assert req.model.feature_norm is None and req.model.nu is None
