@@ -51,7 +51,6 @@ from dkha.fit.request import (
     ModelFit,
     ModelRequest,
     RunOptions,
-    StreamSettings,
     frozen_mapping,
 )
 from dkha.fit.run_dir import run_dataset, write_run
@@ -561,9 +560,8 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     request = FitRequest(
         store=store, kernel=first.kernel, kernel_params=frozen_mapping(first._kernel_params()),
         models=tuple(m._request(store.n_samples, settings) for m in models),
-        stream=StreamSettings(seed=first.seed, evaluate_every=first.evaluate_every,
-                              block_rows=first.block_rows, prefetch=first.prefetch,
-                              client=first.client),
+        seed=first.seed, evaluate_every=first.evaluate_every, block_rows=first.block_rows,
+        prefetch=first.prefetch, client=first.client,
         settings=settings,
         run=RunOptions(run_dirs=run_dirs, overwrite=overwrite,
                        checkpoint_every=checkpoint_every, resume=resume,

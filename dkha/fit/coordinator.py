@@ -50,7 +50,6 @@ from dkha.fit.request import (
     ModelFit,
     ModelRequest,
     RunOptions,
-    StreamSettings,
     settings_of,
 )
 from dkha.fit.run_dir import (
@@ -188,14 +187,14 @@ def _planned(request: FitRequest, kernel, first: Route, p0: ModelRequest, cks) -
     records."""
     if first.runs != AUTO:
         return first
-    store, stream, m = request.store, request.stream, request.models[0]
+    store, m = request.store, request.models[0]
     if cks and "plan" in cks[0].meta:
         plan = Plan.from_attrs(cks[0].meta["plan"])
-    elif not names_a_cluster(stream.client) or isinstance(stream.client, Client):
-        plan = plan_fit(store, kernel, p0, stream.client, stream.seed, request.settings)
+    elif not names_a_cluster(request.client) or isinstance(request.client, Client):
+        plan = plan_fit(store, kernel, p0, request.client, request.seed, request.settings)
     else:   # reached first: unreachable is refused
-        with client_for(stream.client, settings=request.settings) as client:
-            plan = plan_fit(store, kernel, p0, client, stream.seed, request.settings)
+        with client_for(request.client, settings=request.settings) as client:
+            plan = plan_fit(store, kernel, p0, client, request.seed, request.settings)
     return route(m.algorithm, m.params, m.n_components, store.n_samples, plan=plan)
 
 
@@ -208,9 +207,9 @@ def fit_batch(request: FitRequest) -> list[ModelFit]:
     only quietens the divergence's log line).
     """
     started = time.perf_counter()
-    store, stream = request.store, request.stream
-    kernel = resolve_kernel(store, request.kernel, stream.seed, request.settings,
-                            client=stream.client, **request.kernel_params)
+    store = request.store
+    kernel = resolve_kernel(store, request.kernel, request.seed, request.settings,
+                            client=request.client, **request.kernel_params)
     routes = [route(m.algorithm, m.params, m.n_components, store.n_samples)
               for m in request.models]
     settings = [settings_of(m, r, store.n_samples, request.settings)
@@ -228,16 +227,16 @@ def fit_batch(request: FitRequest) -> list[ModelFit]:
 def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route,
          attrs: list[dict], started: float) -> list[ModelFit]:
     """:func:`fit_batch` once the settings and attrs are resolved: the fits, not yet saved."""
-    store, stream, opts = request.store, request.stream, request.run
+    store, opts = request.store, request.run
     p0 = settings[0]
     asked = _asked_projections(request.settings, len(settings), opts)
-    checkpointers, metas, cks = open_runs(store, settings, stream, attrs, asked, opts,
+    checkpointers, metas, cks = open_runs(store, settings, request, attrs, asked, opts,
                                           [m.recorded for m in request.models], request.settings)
     verbose = any(p.verbose for p in settings)
     if request.settings.compile_ahead:     # the solver's loops compile while the fit starts
         for algorithm in sorted({p.algorithm for p in settings}):
             compile_ahead(algorithm)
-    stages = _check_data(store, verbose, client=stream.client, settings=request.settings)
+    stages = _check_data(store, verbose, client=request.client, settings=request.settings)
     # the stage bar is closed once the cluster is up, or by an error before (a bar left open
     # would be repeated by the heartbeat of a long-lived process)
     with stages, contextlib.ExitStack() as entering:
@@ -250,8 +249,8 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
             stages.close()
             return [_fit_dense(store, kernel, p0, request, attrs[0], first.plan, metas[0],
                                None if checkpointers is None else checkpointers[0], started)]
-        stages.describe(cluster_stage(stream.client, store.n_samples, request.settings))
-        client = entering.enter_context(client_for(stream.client, samples=store.n_samples,
+        stages.describe(cluster_stage(request.client, store.n_samples, request.settings))
+        client = entering.enter_context(client_for(request.client, samples=store.n_samples,
                                                    settings=request.settings))
         entering.enter_context(blas_threads_for(
             client, request.settings, gpu=computes_on_gpu(client, request.settings.device)))
@@ -272,11 +271,11 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
                 runs, started: float) -> list[ModelFit]:
     """The fit's passes on the cluster ``client``: the row engine, the MK row, the start, then
     the block stream or the exact solver."""
-    store, stream, opts = request.store, request.stream, request.run
+    store, opts = request.store, request.run
     checkpointers, metas, cks, checkpoints = runs
     verbose = any(p.verbose for p in settings)
     engine = RowEngine(store, kernel, client, replace(request.settings, projections=asked),
-                       block_rows=stream.block_rows, prefetch=stream.prefetch,
+                       block_rows=request.block_rows, prefetch=request.prefetch,
                        models=len(settings), layout=recorded_layout(cks))
     engine.verbose = verbose
     bands = engine.bands            # GPU workers: the passes' plan is the device's
@@ -289,13 +288,13 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
             meta["layout"] = engine.layout.as_dict()
     t0 = time.perf_counter()
     if cks is None:
-        engine.compute_mk(center_sample=settings[0].center_sample, seed=stream.seed)
+        engine.compute_mk(center_sample=settings[0].center_sample, seed=request.seed)
     elif checkpoints is not None:   # the exact solver resumed: its centering row
         engine.set_mk(cks[0].arrays["mk"], float(cks[0].meta["mkm"]))
     t1 = time.perf_counter()
     exact = is_exact(first.runs)
     settings, A_init, C_init = start(engine, settings, exact, metas, cks, store.n_samples,
-                                     stream.seed)
+                                     request.seed)
     p0 = settings[0]
     # seconds before the first pass (history wall times count the passes only), an earlier
     # attempt's added (its checkpoint's)
@@ -307,13 +306,13 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     if bands is not None:
         timings["bands"] = bands.as_dict()
     if exact or p0.n_components == 0:  # 0: K' = 0
-        results = [_krylov(engine, p0, stream, first.plan, A_init, checkpoints)]
+        results = [_krylov(engine, p0, request, first.plan, A_init, checkpoints)]
         solvers = [None]
     else:
         solvers = [_solver(p, store.n_samples) for p in settings]
         results = run_batches(
-            engine, solvers, n_steps=p0.n_steps, seed=stream.seed,
-            evaluate_every=stream.evaluate_every, verbose=verbose, A_init=A_init,
+            engine, solvers, n_steps=p0.n_steps, seed=request.seed,
+            evaluate_every=request.evaluate_every, verbose=verbose, A_init=A_init,
             tol=[p.tol for p in settings], checkpointers=checkpointers,
             checkpoint_every=int(opts.checkpoint_every or 0), checkpoint_metas=metas,
             resumes=cks, checkpoint_steps=int(opts.checkpoint_steps or 0), C_init=C_init,
@@ -368,21 +367,21 @@ def _exact_checkpoints(first: Route, p0: ModelRequest, checkpointers, metas, cks
              "every": int(opts.checkpoint_every or 0)}, None if resume is None else [resume])
 
 
-def _krylov(engine, p0: ModelRequest, stream: StreamSettings, plan, A_init, checkpoints):
+def _krylov(engine, p0: ModelRequest, request: FitRequest, plan, A_init, checkpoints):
     """:func:`~dkha.fit.krylov.run_krylov` as the default's Krylov path (``plan``; exact
     evaluation only when asked) or ``algorithm="krylov"`` runs it; ``checkpoints``: the
     settings of its :class:`~dkha.fit.krylov.KrylovCheckpoints` (``None``: no run directory)."""
     if checkpoints is not None:
         checkpoints = KrylovCheckpoints(engine=engine, **checkpoints)
     if plan is not None:
-        return run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
+        return run_krylov(engine, p0.n_components, seed=request.seed, A_init=A_init,
                           tol=auto_krylov_tol(p0.tol),
                           with_evaluation=(p0.tol is not None or
                                            str(engine.settings.evaluation) == "exact"),
-                          tracked=stream.evaluate_every >= 0, checkpoints=checkpoints)
-    return run_krylov(engine, p0.n_components, seed=stream.seed, A_init=A_init,
+                          tracked=request.evaluate_every >= 0, checkpoints=checkpoints)
+    return run_krylov(engine, p0.n_components, seed=request.seed, A_init=A_init,
                       tol=p0.tol if p0.tol is not None else 1e-8,
-                      with_evaluation=stream.evaluate_every >= 0, checkpoints=checkpoints)
+                      with_evaluation=request.evaluate_every >= 0, checkpoints=checkpoints)
 
 
 def _fit_dense(store: DataStore, kernel, p: ModelRequest, request: FitRequest, attrs: dict,
@@ -396,7 +395,7 @@ def _fit_dense(store: DataStore, kernel, p: ModelRequest, request: FitRequest, a
     try:
         with blas_limit(1) if small else contextlib.nullcontext():
             res, mk, mkm, stats = dense_fit(store.read(), kernel, p.n_components,
-                                            seed=request.stream.seed)
+                                            seed=request.seed)
     except Interrupted as exc:
         raise Interrupted(f"{exc}; " + (f"continue with {RESUME_HINT} (the dense path "
                                         "starts again: it keeps no partial state)"

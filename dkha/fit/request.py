@@ -2,8 +2,8 @@
 
 The estimators validate their parameters once and hand :func:`dkha.fit.coordinator.fit_batch`
 one frozen :class:`FitRequest`: each model as asked (:class:`ModelRequest`), the kernel as asked
-(its name and parameters, resolved on the data by the fit), the one kernel stream's settings
-(:class:`StreamSettings`) and where the runs are kept (:class:`RunOptions`). The fit resolves
+(its name and parameters, resolved on the data by the fit), the one kernel stream's seed,
+evaluations, blocks and cluster, and where the runs are kept (:class:`RunOptions`). The fit resolves
 the algorithm (:func:`dkha.fit.plan.route`) and each model's defaults (:func:`settings_of`)
 without changing the request, writes each run directory, and returns one :class:`ModelFit`
 per model, which the estimator copies into its fitted attributes.
@@ -64,18 +64,6 @@ class ModelRequest:
 
 
 @dataclass(frozen=True)
-class StreamSettings:
-    """What shapes the one kernel stream every model of a fit shares (the rest of it:
-    :attr:`FitRequest.settings`)."""
-
-    seed: int
-    evaluate_every: int
-    block_rows: int | None = None
-    prefetch: int | None = None
-    client: object = None
-
-
-@dataclass(frozen=True)
 class RunOptions:
     """Where and how a fit is kept: run directories, checkpoints, resume."""
 
@@ -102,11 +90,17 @@ class FitRequest:
     kernel: object
     kernel_params: Mapping
     models: tuple[ModelRequest, ...]
-    stream: StreamSettings
+    #: what shapes the one kernel stream every model shares (with ``block_rows``, ``prefetch``:
+    #: ``None`` leaves them to :func:`dkha.engine.budget.block_rows_for`; and the cluster)
+    seed: int
+    evaluate_every: int
     #: every ``dkha.*`` setting, read once by the estimator as the fit starts (with its
     #: ``projections``, ``cache_rows`` as ``row_cache``, ``precision`` and ``device``):
     #: nothing below reads the configuration
     settings: Settings
+    block_rows: int | None = None
+    prefetch: int | None = None
+    client: object = None
     run: RunOptions = field(default_factory=RunOptions)
     #: ``(parameter, attr)`` of every saved row of the estimator's parameter table
     saved: tuple[tuple[str, str], ...] = ()

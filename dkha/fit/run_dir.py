@@ -27,7 +27,6 @@ from dkha.fit.request import (
     ModelFit,
     ModelRequest,
     RunOptions,
-    StreamSettings,
 )
 from dkha.fit.track import kept_reason
 from dkha.version import __version__
@@ -64,7 +63,7 @@ def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelRequest, 
     estimator's ``get_params``), the kernel's parameters as resolved, the data and the length,
     and why ``auto`` ran what it ran."""
     store = request.store
-    attrs = saved_attrs(request.saved, dict(vars(settings), seed=int(request.stream.seed)),
+    attrs = saved_attrs(request.saved, dict(vars(settings), seed=int(request.seed)),
                         model.params, kernel)
     attrs.update({
         "n_steps": settings.n_steps,
@@ -152,12 +151,12 @@ def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> l
     return out
 
 
-def open_runs(store: DataStore, settings: list[ModelRequest], stream: StreamSettings,
+def open_runs(store: DataStore, settings: list[ModelRequest], request: FitRequest,
               attrs: list[dict], asked: str, opts: RunOptions, recorded: list, config: Settings):
     """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
     # what else a bit-identical continuation needs: the blocks and where they are projected
-    exact = {"block_rows": block_rows_for(store.n_samples, config, stream.block_rows),
-             "projections": asked, "evaluate_every": int(stream.evaluate_every)}
+    exact = {"block_rows": block_rows_for(store.n_samples, config, request.block_rows),
+             "projections": asked, "evaluate_every": int(request.evaluate_every)}
     # a longer run continues a shorter one exactly: the step count does not identify a run
     resume_identity = {**{k: f for k, f in opts.identity.items() if k != "n_steps"},
                        "n_samples": None, "n_features": None}
