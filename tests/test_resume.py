@@ -526,3 +526,72 @@ def test_a_resume_on_other_workers_and_memory_ends_bit_identical(krylov_store, t
     alpha, ds = _alpha(run)
     assert np.array_equal(alpha, ref.alpha_)
     assert np.array_equal(ds["eigenvalue"].values, ref.eigenvalues_)
+
+
+def _kha_store(tmp_path) -> str:
+    store = str(tmp_path / "x.zarr")      # 10 chunks: 1, 2, 4 or 5 column groups
+    ingest_array(np.random.default_rng(4).normal(size=(1000, 8)), store, chunk_rows=100)
+    return store
+
+
+def test_a_kha_fit_with_worker_projections_has_the_same_bits_on_any_cluster(tmp_path):
+    """Worker projections add a block's pieces column group by column group, so the groups are
+    the fit's arithmetic, now the layout's (:func:`dkha.engine.budget.layout_column_groups`),
+    not the cluster's (issue 43): a KHA-SMD fit on 1 thread, on 2 threads in-process and on 2
+    worker processes of 3 threads ends with the same bits. Before, the column groups were the
+    cluster's threads (1, 2 and 6) and the fits differed in the last bits."""
+    from distributed import Client, LocalCluster
+
+    from dkha import KernelHebbianPCA
+
+    store = _kha_store(tmp_path)
+    alphas = []
+    for workers, threads, processes in ((1, 1, False), (1, 2, False), (2, 3, True)):
+        with LocalCluster(n_workers=workers, threads_per_worker=threads, processes=processes,
+                          dashboard_address=None) as cluster, Client(cluster) as c:
+            alphas.append(KernelHebbianPCA(4, algorithm="kha-smd", passes=2, sigma=3.0,
+                                           block_rows=50, init="random", projections="workers",
+                                           client=c).fit(store).alpha_)
+    assert np.array_equal(alphas[1], alphas[0]) and np.array_equal(alphas[2], alphas[0])
+
+
+def test_a_float32_kha_resume_on_other_threads_ends_bit_identical(tmp_path, monkeypatch):
+    """float32 tiles shift by their column block's mean, so the row blocks' column groups are
+    the fit's arithmetic, now the layout's (issue 43). A float32 KHA-SMD fit on an in-process
+    cluster of 2 threads, killed after its first pass's checkpoint, resumed on 2 worker
+    processes of 3 threads and 2 GiB each, ends with the bits of the uninterrupted fit on 1
+    thread. Before, the row blocks were grouped by the cluster's threads ÷ prefetch (1, 1 and
+    2 groups): the resume differed in the last bits."""
+    from distributed import Client, LocalCluster
+
+    from dkha import KernelHebbianPCA
+    from dkha.data.checkpoint import Checkpointer
+
+    store = _kha_store(tmp_path)
+    params = dict(n_components=4, algorithm="kha-smd", passes=2, sigma=3.0, block_rows=50,
+                  init="random", projections="coordinator", precision="float32")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        ref = KernelHebbianPCA(**params, client=c).fit(store)
+    run = str(tmp_path / "run")
+    save = Checkpointer.save
+
+    def save_then_die(self, step, arrays, meta):    # killed as the first pass's checkpoint ends
+        path = save(self, step, arrays, meta)
+        if step > 0:
+            raise Killed
+        return path
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_die)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as c, \
+            pytest.raises(Killed):
+        KernelHebbianPCA(**params, client=c).fit(store, run_dir=run, checkpoint_every=1)
+    monkeypatch.setattr(Checkpointer, "save", save)
+    assert Checkpointer(run).steps()[0] == 1000     # the first pass's end
+    with LocalCluster(n_workers=2, threads_per_worker=3, processes=True, memory_limit="2GiB",
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        KernelHebbianPCA(**params, client=c).fit(store, run_dir=run, resume=True,
+                                                 checkpoint_every=1)
+    alpha, _ = _alpha(run)
+    assert np.array_equal(alpha, ref.alpha_)

@@ -166,6 +166,16 @@ class Layout:
         return cls(int(d["bands"]), int(d["column_groups"]), int(d.get("blas_threads", 1)))
 
 
+def layout_column_groups(prefetch: int) -> int:
+    """The column groups of the row blocks where ``dkha.column-groups`` is not set: enough for
+    :data:`LAYOUT_THREADS` threads with ``prefetch`` blocks in flight (``prefetch × groups ≥
+    threads``), whatever the cluster. Worker projections add a block's pieces group by group
+    and float32 tiles shift by their column block's mean, so the groups are the fit's
+    arithmetic: before, they were the cluster's threads, and a fit of those kinds changed its
+    bits with the machine (issue 43)."""
+    return -(-LAYOUT_THREADS // max(1, int(prefetch)))
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """What a row engine holds and runs at once, from the hardware (module docstring): printed

@@ -53,7 +53,13 @@ import numpy as np
 from dkha.config import Settings
 from dkha.data.store import DataStore
 from dkha.engine.bandpass import BandPlan, plan_for
-from dkha.engine.budget import LAYOUT_THREADS, Layout, configured_budget, memory_plan
+from dkha.engine.budget import (
+    LAYOUT_THREADS,
+    Layout,
+    configured_budget,
+    layout_column_groups,
+    memory_plan,
+)
 from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.held import held
 from dkha.engine.inline import InlineClient
@@ -155,7 +161,7 @@ class RowEngine(TilePasses):
     client : distributed.Client
     settings : dkha.config.Settings
         The ``dkha.*`` settings of the fit (:func:`dkha.config.settings`), of which:
-        ``column_groups`` (None: from the worker count); ``projections``, where a batch solver's
+        ``column_groups`` (None: the layout's, not the cluster's); ``projections``, where the
         block projections are computed (module docstring; ``auto``: :func:`choose_projections`,
         the choice and its reason in ``projections`` and ``projections_reason``);
         ``row_cache``, keep the kernel on the workers: the upper-triangle tiles ``K[I, J]``,
@@ -213,7 +219,8 @@ class RowEngine(TilePasses):
                                   block_rows=block_rows, layout=layout)
         self.block_rows, self.prefetch = self.memory.block_rows, self.memory.prefetch
         grouped = settings.column_groups is not None
-        ng = layout.column_groups if layout else settings.column_groups if grouped else threads
+        ng = layout.column_groups if layout else settings.column_groups or layout_column_groups(
+            self.prefetch)
         self.column_groups = _groups_of_chunks(store, int(ng))
         self.all_ranges = tuple(r for g in self.column_groups for r in g)
         # square tiles for the MK row and evaluation (dkha.engine.budget)
@@ -232,13 +239,12 @@ class RowEngine(TilePasses):
         self.layout = Layout(len(self.tile_groups), int(ng))
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
-        # the row stream's groups: where no column-groups are set and the blocks in flight
-        # keep every thread busy anyway (prefetch × groups ≥ threads), a block's rows come
-        # whole from fewer tasks, so the coordinator does not join b·l numbers from pieces
-        # (a copy of every block: 0.9 s of a 7 s pass at l = 20 000 on 2 cores)
-        self.row_groups = self.column_groups
-        if not grouped:
-            self.row_groups = _groups_of_chunks(store, -(-threads // self.prefetch))
+        # the row stream's groups, unless set: fewer where the blocks in flight keep every
+        # thread busy (no join of b·l numbers: 0.9 s of 7 s a pass at l = 20 000, 2 cores),
+        # but for float32 rows (shifted by their column block's mean: the layout's groups)
+        fewer = not grouped and self.kernel.precision != "float32"
+        self.row_groups = _groups_of_chunks(store, -(-threads // self.prefetch)) if fewer \
+            else self.column_groups
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
