@@ -327,6 +327,33 @@ class OnlineState:
                    member_index=np.zeros(capacity, dtype=np.int64),
                    member_step=np.zeros(capacity, dtype=np.int64))
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of the ``m`` members in use (views)."""
+        m = self.m
+        return {"B": self.B[:, :m], "L": self.L[:m, :m], "cbar": self.cbar[:m],
+                "dictionary": self.dictionary[:m], "member_index": self.member_index[:m],
+                "member_step": self.member_step[:m]}
+
+    def scalars(self) -> dict:
+        return {"m": int(self.m), "count": int(self.count), "step": int(self.step),
+                "capacity": int(self.capacity), "gain_factor": float(self.gain_factor)}
+
+    @classmethod
+    def restored(cls, arrays: dict[str, np.ndarray], scalars: dict, r: int, n_features: int,
+                 capacity: int) -> OnlineState:
+        """A state of room ``capacity`` holding :meth:`arrays` and :meth:`scalars`' members."""
+        st = cls.empty(r, capacity, n_features)
+        m = int(scalars["m"])
+        st.B[:, :m] = arrays["B"]
+        st.L[:m, :m] = arrays["L"]
+        st.cbar[:m] = arrays["cbar"]
+        st.dictionary[:m] = arrays["dictionary"]
+        st.member_index[:m] = arrays["member_index"]
+        st.member_step[:m] = arrays["member_step"]
+        st.m, st.count, st.step = m, int(scalars["count"]), int(scalars["step"])
+        st.gain_factor = float(scalars.get("gain_factor", 1.0))
+        return st
+
 
 class OnlineKHA:
     """One online algorithm's state and updates, fed blocks of samples in stream order.
@@ -373,7 +400,7 @@ class OnlineKHA:
         self.a_init = np.ascontiguousarray(a_init, dtype=np.float64)
         if self.a_init.shape != (self.r,):
             raise ValueError(f"a_init must have shape ({self.r},)")
-        self.state = self._allocate(min(self.max_members, 64))
+        self.state = OnlineState.empty(self.r, min(self.max_members, 64), self.n_features)
         self._factor_copy: tuple[int, np.ndarray] | None = None  # (m, Fortran copy of L[:m,:m])
         self.stream_length: int | None = None  # samples per pass, when known (for messages)
         self.on_divergence = check_on_divergence(on_divergence)
@@ -387,25 +414,13 @@ class OnlineKHA:
         self._settled = True
 
     # -- storage --
-    def _allocate(self, capacity: int) -> OnlineState:
-        return OnlineState.empty(self.r, capacity, self.n_features)
-
     def _reserve(self, extra: int) -> None:
         st = self.state
         need = min(self.max_members, st.m + extra)
         if need <= st.capacity:
             return
-        new = self._allocate(min(self.max_members, max(need, 2 * st.capacity)))
-        m = st.m
-        new.B[:, :m] = st.B[:, :m]
-        new.L[:m, :m] = st.L[:m, :m]
-        new.cbar[:m] = st.cbar[:m]
-        new.dictionary[:m] = st.dictionary[:m]
-        new.member_index[:m] = st.member_index[:m]
-        new.member_step[:m] = st.member_step[:m]
-        new.m, new.count, new.step = st.m, st.count, st.step
-        new.gain_factor = st.gain_factor
-        self.state = new
+        self.state = OnlineState.restored(st.arrays(), st.scalars(), self.r, self.n_features,
+                                          min(self.max_members, max(need, 2 * st.capacity)))
 
     # -- checkpoints --
     def snapshot(self) -> tuple[dict[str, np.ndarray], dict]:
@@ -416,13 +431,7 @@ class OnlineKHA:
         stream position and, through it, the step size) and the allocated capacity.
         """
         self._settle()
-        st = self.state
-        m = st.m
-        arrays = {"B": st.B[:, :m], "L": st.L[:m, :m], "cbar": st.cbar[:m],
-                  "dictionary": st.dictionary[:m], "member_index": st.member_index[:m],
-                  "member_step": st.member_step[:m], "a_init": self.a_init}
-        scalars = {"m": int(m), "count": int(st.count), "step": int(st.step),
-                   "capacity": int(st.capacity), "gain_factor": float(st.gain_factor)}
+        arrays, scalars = dict(self.state.arrays(), a_init=self.a_init), self.state.scalars()
         if self.exact is not None:
             arrays.update(self.exact.arrays())
             scalars["exact_n"] = int(self.exact.n)
@@ -441,16 +450,8 @@ class OnlineKHA:
                                  f"expected {shape}")
         if not np.array_equal(arrays["a_init"], self.a_init):
             raise ValueError("checkpoint of a run with other initial coefficients")
-        st = self._allocate(max(int(scalars["capacity"]), m))
-        st.B[:, :m] = arrays["B"]
-        st.L[:m, :m] = arrays["L"]
-        st.cbar[:m] = arrays["cbar"]
-        st.dictionary[:m] = arrays["dictionary"]
-        st.member_index[:m] = arrays["member_index"]
-        st.member_step[:m] = arrays["member_step"]
-        st.m, st.count, st.step = m, int(scalars["count"]), int(scalars["step"])
-        st.gain_factor = float(scalars.get("gain_factor", 1.0))
-        self.state = st
+        self.state = OnlineState.restored(arrays, scalars, self.r, self.n_features,
+                                          max(int(scalars["capacity"]), m))
         self._factor_copy = None
         # runs saved before the exact span, or past it: streaming only
         self.exact = (ExactSpan.restored(arrays, scalars["exact_n"])
