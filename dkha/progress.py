@@ -50,6 +50,12 @@ def phase(desc: str) -> None:
         _logged(desc)
 
 
+def new_command() -> None:
+    """A command begins: no phase said yet (the first of a command run after another in this
+    process is said, even where it is the one the other said last)."""
+    _last_event[:] = [None, 0.0]
+
+
 def mark(desc: str) -> None:
     """What is going on now, for the :func:`heartbeat`'s lines, where another line said it (a
     pipeline's stage); no line of its own."""

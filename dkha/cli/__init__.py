@@ -45,6 +45,7 @@ def progress_shown(args):
         finally:
             progress.NOTICES_SHOWN[0] = False
         return
+    progress.new_command()
     handler = progress_lines(args.command)
     logger = logging.getLogger("dkha.progress")
     level = logger.level
