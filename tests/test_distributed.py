@@ -14,6 +14,7 @@ import pytest
 import xarray as xr
 
 from dkha import config
+from dkha.data import cf
 from dkha.data.ingest import ingest_array
 from tests.processes import dkha_in_process, start_dask_cluster, stop_processes
 
@@ -107,7 +108,7 @@ def _dense_evaluation(store_path, ds):
     from dkha.data.store import open_store
 
     X = open_store(store_path).read()
-    sigma = ds.attrs["kernel_parameters"]["sigma"]
+    sigma = cf.decode_attrs(ds.attrs)["kernel_parameters"]["sigma"]    # (saved as JSON text)
     d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
     K = np.exp(-d2 / (2 * sigma**2))
     l = len(K)

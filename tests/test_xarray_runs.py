@@ -221,6 +221,7 @@ def test_the_readme_xarray_recipes_run_on_the_krylov_run_of_a_max_samples_store(
         blocks = [b for b in python_blocks(f.read()) if 'xr.open_zarr("run/components.zarr")' in b]
     assert len(blocks) == 2, "the README's xarray recipes moved"
     names: dict = {"dkha": dkha, "xr": xr}
+    plt.close("all")      # (figure 1 is the README's: one another test left open is not)
     with contextlib.chdir(d):
         for block in blocks:
             exec(compile(block, "README.md", "exec"), names)    # noqa: S102 - the README's code
