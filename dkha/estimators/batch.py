@@ -566,7 +566,7 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
         run=RunOptions(run_dirs=run_dirs, overwrite=overwrite,
                        checkpoint_every=checkpoint_every, resume=resume,
                        checkpoint_steps=checkpoint_steps, skip_diverged=skip_diverged,
-                       identity=frozen_mapping(identity_attrs())),
+                       identity=identity_attrs()),
         saved=saved_rows(BATCH))
     try:
         fits = fit_batch(request)
