@@ -20,8 +20,8 @@ from dkha.data.checkpoint import state_from_arrays, state_to_arrays
 from dkha.errors import NumericalError, ParameterError
 from dkha.solvers import compiled
 from dkha.solvers.batch import BatchKHA, default_eta0, initial_coefficients
-from dkha.solvers.updates.gha import kha_block
-from dkha.solvers.updates.smd import smd_block
+from dkha.solvers.updates.gha import kha_block_logged
+from dkha.solvers.updates.smd import smd_block_logged
 
 R = 8
 PASSES = 3
@@ -266,7 +266,8 @@ def test_smd_gram_update_follows_the_definitions(rng):
 
 def twin_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
                cond_limit):
-    """A plain NumPy transcription of ``kha_block`` (``rho is None``) and ``smd_block``."""
+    """A plain NumPy transcription of ``kha_block_logged`` (``rho is None``) and
+    ``smd_block_logged``, without a log of direct steps."""
     smd = rho is not None
     m = T.shape[0]
     r = m // 2 if smd else m
@@ -347,10 +348,12 @@ def test_block_loops_match_twin(kc, mid_run, rng, smd, cond_limit, fresh):
     args_c = [T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, MU, XI, start, fresh, cond_limit]
     args_t = [x.copy() if isinstance(x, np.ndarray) else x for x in args_c]
     want = twin_block(*args_t)
+    unlogged = (np.zeros((0, 0)), np.full(1, np.inf))    # no log of direct steps; bound unknown
     if smd:
-        got = smd_block(*args_c)
+        got = smd_block_logged(*args_c, *unlogged)
     else:
-        got = kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit)
+        got = kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit,
+                               *unlogged)
     assert got == want
     if cond_limit == 1.5:
         assert got[1]                   # a fold was asked for

@@ -45,9 +45,6 @@ class InlineFuture:
     def done(self) -> bool:
         return True
 
-    def cancel(self) -> None:
-        """Nothing to cancel: the task has run."""
-
     def release(self) -> None:
         """Nothing held elsewhere."""
 
@@ -123,9 +120,6 @@ class InlineClient:
             if on_error == "ignore":
                 return {}
             raise
-
-    def cancel(self, futures, **kwargs) -> None:
-        """Nothing to cancel: every task has run."""
 
     def replicate(self, futures, **kwargs) -> None:
         """One worker: nothing to copy."""

@@ -54,8 +54,8 @@ from dkha.solvers.factored import DEFAULT_FOLD_CONDITION, BadStep, FactoredState
 
 log = logging.getLogger(__name__)
 
-#: the batch algorithms the package defines (:func:`check_algorithm` also takes those
-#: registered later)
+#: the batch algorithms the package defines (:func:`batch_spec` also takes those registered
+#: later)
 ALGORITHMS = BATCH_ALGORITHMS
 ENGINES = ("factored", "reference")
 WARM_ETA0_MAX = 0.05
@@ -149,11 +149,6 @@ def batch_spec(algorithm: str) -> AlgorithmSpec:
     not served here (:data:`dkha.solvers.updates.TABLE`), is refused in one line."""
     return algorithms.served(algorithm, BATCH, updates.names(), label="algorithm",
                              by="the batch solvers")
-
-
-def check_algorithm(algorithm: str) -> str:
-    """``algorithm`` if it is a batch algorithm (:func:`batch_spec`)."""
-    return batch_spec(algorithm).name
 
 
 def initial_coefficients(n_components: int, n_samples: int, rng: np.random.Generator, *,

@@ -8,7 +8,8 @@ state ``S = [A; B]`` (``m = 2r`` rows for KHA-SMD, ``m = r`` rows of ``A`` for t
 column of ``S̃``. For a block of ``b`` rows ``P`` it computes, in NumPy/BLAS,
 ``Y₀ = S̃ K'_Pᵀ`` (one GEMM) and afterwards the deferred ``C̃ += U_Aᵀ K'_P`` (one more GEMM); what
 lies between, the ``b`` sequential steps of ``O(r² + b r)`` work each, is one call of
-:func:`~dkha.solvers.updates.gha.kha_block` or :func:`~dkha.solvers.updates.smd.smd_block`.
+:func:`~dkha.solvers.updates.gha.kha_block_logged` or
+:func:`~dkha.solvers.updates.smd.smd_block_logged`.
 Measured (benchmarks/coordinator_speed.py): BLAS computes ``Y₀`` some 20× faster than a compiled
 naive loop, while NumPy's per-call overhead would dominate the small per-step products: hence
 this split.

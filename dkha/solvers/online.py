@@ -105,15 +105,9 @@ def sample_scales(K: np.ndarray) -> tuple[float, float]:
     return float(diagonal.mean() - K.mean()), float((diagonal * diagonal).sum() / diagonal.sum())
 
 
-def check_algorithm(algorithm: str) -> str:
-    """``algorithm`` if it is an online algorithm whose update the compiled loop serves
-    (:data:`UPDATES`), else a one-line :class:`ParameterError`."""
-    return online_spec(algorithm).name
-
-
 def online_spec(algorithm: str) -> algorithms.AlgorithmSpec:
-    """The spec of the online ``algorithm`` (its update, whether it starts exact in the span),
-    refused as :func:`check_algorithm` refuses it."""
+    """The spec of the online ``algorithm`` (its update, whether it starts exact in the span); a
+    one-line :class:`ParameterError` where the compiled loop serves none (:data:`UPDATES`)."""
     return algorithms.served(algorithm, ONLINE, UPDATES, label="online algorithm",
                              by="the online solvers")
 

@@ -96,16 +96,6 @@ def kha_direct_step(S, C, rows, Y, U, Kpp, a, y, j, p, b, has_s, has_c):
 
 
 @njit(cache=True, nogil=True)
-def kha_block(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit):
-    """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.
-
-    :func:`kha_block_logged` without the log of direct steps (see there for the parameters).
-    """
-    return kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit,
-                            np.zeros((0, 0)), np.full(1, np.inf))
-
-
-@njit(cache=True, nogil=True)
 def kha_block_logged(T, S, C, rows, Y, U, Kpp, index, eta, start, fresh, cond_limit, direct_log,
                      bound):
     """Steps ``start..b-1`` of a block of KHA, KHA/t or KHA/et in the factored form ``A = T · S̃``.

@@ -144,23 +144,12 @@ def smd_direct_step(S, C, rows, Y, U, Kpp, a, cb, y, z, c, xi, j, p, b, has_s):
 
 
 @njit(cache=True, nogil=True)
-def smd_block(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
-              cond_limit):
-    """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
-
-    :func:`smd_block_logged` without the log of direct steps (see there).
-    """
-    return smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start,
-                            fresh, cond_limit, np.zeros((0, 0)), np.full(1, np.inf))
-
-
-@njit(cache=True, nogil=True)
 def smd_block_logged(T, S, C, gaa, gab, rho, rows, Y, U, Kpp, index, eta, mu, xi, start, fresh,
                      cond_limit, direct_log, bound):
     """Steps ``start..b-1`` of a block of KHA-SMD (Algorithm 1) in the factored form ``S = T · S̃``.
 
-    As :func:`kha_block`, with ``S = [A; B]`` (``2r`` rows, ``T`` ``2r×2r``), ``C`` (r, l) the
-    ``C̃`` of ``C = T_AA C̃``, ``rho`` (r) the log-gains (eq. 16), and ``gaa``, ``gab`` (r, r) the
+    As :func:`kha_block_logged`, with ``S = [A; B]`` (``2r`` rows, ``T`` ``2r×2r``), ``C`` (r, l)
+    the ``C̃`` of ``C = T_AA C̃``, ``rho`` (r) the log-gains (eq. 16), and ``gaa``, ``gab`` (r, r) the
     Grams ``A K' Aᵀ`` and ``A K' Bᵀ`` kept by their recurrences. Per step: eq. 16 (ρ), then
     eqs. 21, 15 (``T ← G T``, ``S̃[:, p] += T⁻¹ c``), and eq. 18 deferred to the caller's
     ``C̃ += U_A K'_P`` (``U_A = U[:, :r]``).
