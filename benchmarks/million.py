@@ -196,7 +196,7 @@ def child_compare(a: dict) -> dict:
     from dkha.engine.cluster import blas_threads_for, client_for
     from dkha.engine.rows import RowEngine
     from dkha.fit.evaluate import evaluate, top_eigenvalues
-    from dkha.fit.kha_stream import run_batch
+    from dkha.fit.kha_stream import run_batches
     from dkha.kernels import make_kernel
     from dkha.solvers.batch import BatchKHA
 
@@ -214,7 +214,7 @@ def child_compare(a: dict) -> dict:
         solver = _Timed(BatchKHA("kha-smd", r, l, eta0=a["eta0"], mu=a["mu"]), t0,
                         [m * a["budget"] for m in a["multiples"]])
         try:
-            run_batch(engine, solver, n_steps=1000 * l, seed=0, evaluate_every=-1)
+            run_batches(engine, [solver], n_steps=1000 * l, seed=0, evaluate_every=-1)
         except _Budget:
             pass
         solver_mk = (engine.mk, engine.mkm)

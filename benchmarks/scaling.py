@@ -128,11 +128,14 @@ def measure_median(engine, client, kind, run, repeat):
 
 
 def kha_pass(engine, l, r, seed=0, n_steps=None):
-    from dkha.fit.kha_stream import run_batch
+    from dkha.fit.kha_stream import run_batches
     from dkha.solvers.batch import BatchKHA
 
     solver = BatchKHA("kha-smd", r, l, eta0=0.01, mu=0.01)
-    return run_batch(engine, solver, n_steps=n_steps or l, seed=seed, evaluate_every=-1).alpha
+    res = run_batches(engine, [solver], n_steps=n_steps or l, seed=seed, evaluate_every=-1)[0]
+    if res.failure is not None:
+        raise RuntimeError(res.failure)
+    return res.alpha
 
 
 def krylov_fit(engine, r):

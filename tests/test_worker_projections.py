@@ -72,7 +72,8 @@ def make_engine(store, client, projections, column_groups=3):
 
 def drive(engine, algorithm, *, passes=PASSES, seed=3, fold_condition=1e3, on_block=None,
           solver=None, start_step=0):
-    """:func:`dkha.fit.kha_stream.run_batch`'s loop, with a hook before each block is applied."""
+    """The loop of :func:`dkha.fit.kha_stream.run_batches` for one solver, with a hook before
+    each block is applied."""
     if solver is None:
         solver = BatchKHA(algorithm, R, L, eta0=default_eta0(algorithm, warm=False), mu=0.2,
                           xi=0.99, fold_condition=fold_condition)

@@ -118,15 +118,6 @@ class ACReference:
         return float(np.mean(self.cosines(alpha, dictionary)))
 
 
-def ac_index(alpha: np.ndarray, dictionary: np.ndarray, X_reference: np.ndarray, kernel: Kernel,
-             *, centered: bool = False) -> float:
-    """AC index of components ``alpha`` (``r × m``) over ``dictionary`` against exact KPCA on
-    ``X_reference`` (uncentered, as eq. 62, unless ``centered``)."""
-    alpha = np.atleast_2d(alpha)
-    ref = ACReference.from_data(X_reference, kernel, alpha.shape[0], centered=centered)
-    return ref.score(alpha, dictionary)
-
-
 def reference_of(reference, kernel, r: int, *, seed: int = 0,
                  max_samples: int = DEFAULT_REFERENCE_SAMPLES,
                  centered: bool = False) -> ACReference:

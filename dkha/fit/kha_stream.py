@@ -49,37 +49,6 @@ class BatchResult:
     kept: dict | None = None
 
 
-def run_batch(engine, solver: BatchKHA, *, n_steps: int, seed: int, evaluate_every: int = 1,
-              verbose: bool = False, A_init: np.ndarray | None = None,
-              tol: float | None = None, checkpointer=None, checkpoint_every: int = 0,
-              checkpoint_meta: dict | None = None, resume=None,
-              checkpoint_steps: int = 0) -> BatchResult:
-    """Fit ``solver`` for ``n_steps`` steps over ``engine``'s kernel rows.
-
-    ``evaluate_every``: evaluate (eq. 22) every that many passes and at the end; 0 evaluates only
-    at the end; a negative value never evaluates. ``tol``: stop at the first evaluation whose
-    excess error is at most ``tol`` (evaluating at least every pass).
-
-    ``checkpointer`` (a :class:`dkha.data.checkpoint.Checkpointer`) writes the complete state every
-    ``checkpoint_every`` passes, at the first block boundary after every ``checkpoint_steps``
-    steps, and at the next block boundary when :data:`STOP` is set (then
-    :class:`~dkha.errors.Interrupted` is raised). ``resume``: a loaded checkpoint to continue
-    from; the continued run equals the uninterrupted one bit for bit.
-
-    One model of :func:`run_batches`; a diverged run raises :class:`~dkha.errors.NumericalError`.
-    """
-    res = run_batches(engine, [solver], n_steps=n_steps, seed=seed,
-                      evaluate_every=evaluate_every, verbose=verbose, A_init=A_init, tol=tol,
-                      checkpointers=None if checkpointer is None else [checkpointer],
-                      checkpoint_every=checkpoint_every,
-                      checkpoint_metas=None if checkpoint_meta is None else [checkpoint_meta],
-                      resumes=None if resume is None else [resume],
-                      checkpoint_steps=checkpoint_steps)[0]
-    if res.failure is not None:
-        raise NumericalError(res.failure)
-    return res
-
-
 @dataclass
 class _Model:
     """One solver of a shared stream and what belongs to it alone."""
@@ -129,7 +98,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
 
     Every block of centered rows is computed once and applied by every solver in turn, in the
     same schedule (``seed``, ``n_steps``); each model's coefficients equal those of its fit
-    alone (:func:`run_batch`). The solvers share the number of components and the initial
+    alone (a list of one). ``evaluate_every``: eq. 22 every that many passes and at the end (0:
+    at the end, negative: never). The solvers share the number of components and the initial
     coefficients (``A_init``, or the seeded random start), so the start's ``C = A K'`` and the
     pass-0 evaluation are computed once; later evaluations of all models share one pass for
     ``C`` and one for the residuals (:func:`dkha.fit.evaluate.evaluate_many`).
@@ -141,9 +111,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     off on its own (rolls back to its block's start and halves its gain) and is set aside only
     when backoffs do not help. ``divergence_level``: the log level of backoffs and set-aside
     models beside others (INFO where a table reports them). ``checkpointers``,
-    ``checkpoint_metas`` and ``resumes`` are one per solver
-    (see :func:`run_batch`, also for ``checkpoint_every`` and ``checkpoint_steps``); resumed
-    checkpoints must all be at the same step.
+    ``checkpoint_metas`` and ``resumes`` (continued bit for bit, all at one step) are one per
+    solver: saved every ``checkpoint_every`` passes, ``checkpoint_steps`` steps and on a STOP.
 
     A model at the default gains for a Nyström start that its first evaluation after the start
     does not improve on stops there, keeping the start (:func:`at_the_floor`, issue 42).
