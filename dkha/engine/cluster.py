@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -38,6 +39,10 @@ from dkha.errors import ParameterError
 from dkha.progress import phase
 
 log = logging.getLogger(__name__)
+
+#: what a failure to reach a TLS scheduler adds
+TLS_HINT = ("; a TLS scheduler needs the client certificate settings "
+            "(distributed.comm.tls.ca-file, .client.cert, .client.key — see cluster/README.md)")
 
 
 @dataclass(frozen=True)
@@ -123,42 +128,7 @@ def client_for(client=None, samples: int | None = None, *, settings: Settings
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
     if scheduler and scheduler_file:
         raise ParameterError("give either --scheduler or --scheduler-file, not both")
-    if scheduler_file:
-        if not os.path.exists(scheduler_file):
-            raise ParameterError(f"scheduler file {scheduler_file} does not exist")
-        phase(cluster_stage(w))
-        try:
-            c = Client(scheduler_file=scheduler_file, timeout=settings.connect_timeout)
-        except (OSError, TimeoutError, TypeError, ValueError) as exc:
-            raise ParameterError(f"cannot reach the Dask scheduler of {scheduler_file}: "
-                                 f"{exc}") from None
-        say_dashboard(c)
-        try:
-            with watching_workers(c):
-                yield c
-        finally:
-            c.close()
-        return
-    if address:
-        phase(cluster_stage(w))
-        try:
-            c = Client(address, timeout=settings.connect_timeout)
-        except (OSError, TimeoutError, TypeError, ValueError) as exc:
-            hint = ""
-            if str(address).startswith("tls://"):
-                hint = ("; a TLS scheduler needs the client certificate settings "
-                        "(distributed.comm.tls.ca-file, .client.cert, .client.key — see "
-                        "cluster/README.md)")
-            raise ParameterError(f"cannot reach the Dask scheduler at {address}: "
-                                 f"{exc}{hint}") from None
-        say_dashboard(c)
-        try:
-            with watching_workers(c):
-                yield c
-        finally:
-            c.close()
-        return
-    if not workers:
+    if not (scheduler_file or address or workers):
         active = _active_client()
         if active is not None:
             yield active
@@ -166,14 +136,30 @@ def client_for(client=None, samples: int | None = None, *, settings: Settings
         if samples is not None and samples <= int(settings.inline_samples):
             yield InlineClient()
             return
-    cluster, moved = _start_local(w, samples, settings)
-    c = Client(cluster)
-    say_dashboard(c, moved, cluster, w.dashboard)
+    if scheduler_file or address:
+        if scheduler_file and not os.path.exists(scheduler_file):
+            raise ParameterError(f"scheduler file {scheduler_file} does not exist")
+        phase(cluster_stage(w))
+        try:
+            c = (Client(scheduler_file=scheduler_file, timeout=settings.connect_timeout)
+                 if scheduler_file else Client(address, timeout=settings.connect_timeout))
+        except (OSError, TimeoutError, TypeError, ValueError) as exc:
+            where = f"of {scheduler_file}" if scheduler_file else f"at {address}"
+            tls = not scheduler_file and str(address).startswith("tls://")
+            raise ParameterError(f"cannot reach the Dask scheduler {where}: {exc}"
+                                 + (TLS_HINT if tls else "")) from None
+        say_dashboard(c)
+        close = c.close
+    else:
+        cluster, moved = _start_local(w, samples, settings)
+        c = Client(cluster)
+        say_dashboard(c, moved, cluster, w.dashboard)
+        close = functools.partial(_close_started, c, cluster, processes=bool(workers))
     try:
         with watching_workers(c):
             yield c
     finally:
-        _close_started(c, cluster, processes=bool(workers))
+        close()
 
 
 def _start_local(w: Where, samples: int | None, settings: Settings):
