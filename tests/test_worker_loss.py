@@ -89,3 +89,59 @@ def test_no_worker_is_said_lost_while_the_client_refreshes_its_cache(caplog, mon
     lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
     assert len(lost) == 1 and lost[0].startswith(f"worker {gone} ") and lost[0].endswith(
         "its tasks run again on the 1 workers left; the work goes on"), lost
+
+
+def test_the_worker_set_is_asked_afresh_as_workers_join_and_leave():
+    """What the engine reads of the cluster's workers (their threads, GPUs, memory, the band
+    passes' workers, where projections run, whether a pass's input is copied to every worker)
+    follows the workers that join and leave, while the client's periodic update of its cached
+    identity (no worker listed) runs all the while. Before, each read
+    ``Client.scheduler_info()``, which returns that cache: read after the update replaced it,
+    a cluster of 2 or 3 workers had none (1 thread, no band worker, "0 worker processes")."""
+    import threading
+    from types import SimpleNamespace
+
+    from distributed import Client, LocalCluster
+
+    from dkha.engine.bandpass import wants_bands
+    from dkha.engine.budget import Hardware
+    from dkha.engine.cluster import total_threads
+    from dkha.engine.rows import choose_projections
+
+    compiled = SimpleNamespace(compiled=True, device="cpu")
+
+    def seen(client) -> set:
+        """The worker counts each reader gives, over many reads."""
+        counts = set()
+        for _ in range(20):
+            counts |= {total_threads(client), len(wants_bands(compiled, client, True)),
+                       len(Hardware.of(client).workers),
+                       int(choose_projections("auto", client)[1].split()[0])}
+        return counts
+
+    # (threads that talk TCP: not the coordinator's process to the engine, and quick to start)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        stop = threading.Event()
+
+        def refresh():      # what the client's periodic callback does, as often as it can
+            while not stop.is_set():
+                client.sync(client._update_scheduler_info)
+
+        thread = threading.Thread(target=refresh, daemon=True)
+        thread.start()
+        try:
+            assert seen(client) == {2}
+            cluster.scale(3)                                  # one joins
+            client.wait_for_workers(3, timeout=60)
+            assert seen(client) == {3}
+            gone = min(cluster.scheduler.workers)             # one leaves
+            client.retire_workers([gone], close_workers=True)
+            deadline = time.time() + 60
+            while len(cluster.scheduler.workers) != 2:
+                assert time.time() < deadline
+                time.sleep(0.05)
+            assert seen(client) == {2}
+        finally:
+            stop.set()
+            thread.join()

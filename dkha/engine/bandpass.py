@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dkha.config import Settings
+from dkha.engine.budget import workers_of
 from dkha.engine.cluster import gpu_workers
 from dkha.engine.device import band_task, combine, device_info, to_host
 from dkha.engine.tasks import release
@@ -82,7 +83,7 @@ def wants_bands(kernel, client, mode) -> list[str] | None:
     if mode is False or not kernel.compiled:      # a NumPy block: the CPU's tile passes
         return None
     gpus = gpu_workers(client)
-    everyone = sorted(client.scheduler_info().get("workers", {}))
+    everyone = sorted(workers_of(client))
     if mode is True:
         return gpus if gpus and kernel.device != "cpu" else everyone
     if kernel.device == "cuda":

@@ -85,6 +85,19 @@ def _count(n: int) -> str:
     return f"{n:,}".replace(",", " ")
 
 
+def workers_of(client) -> dict:
+    """The workers of ``client``'s scheduler, asked afresh: what every reader of the cluster's
+    worker set uses (threads, GPUs, memory, the band passes' workers, the watcher). (Not
+    ``Client.scheduler_info()``: it fetches into the client's cached identity and returns that,
+    which the client's periodic update (every 2 s) replaces with one that lists no worker; read
+    after it, a fit's cluster seemed to have lost its only worker ("worker inproc://… (0) lost:
+    no worker is left" in a fit that went on), or to have none: 1 thread, "0 worker
+    processes".)"""
+    if getattr(client, "scheduler", None) is not None and not client.asynchronous:
+        return dict(client.sync(client.scheduler.identity, n_workers=-1).get("workers", {}))
+    return dict(client.scheduler_info().get("workers", {}))
+
+
 @dataclass(frozen=True)
 class Hardware:
     """What the cluster's workers have: their threads, memory limits and kind."""
@@ -93,11 +106,11 @@ class Hardware:
 
     @classmethod
     def of(cls, client) -> Hardware:
-        """The workers ``client.scheduler_info()`` reports (none where it cannot be asked)."""
+        """The workers of ``client``'s scheduler, asked afresh (none where it cannot be asked)."""
         if client is None:
             return cls()
         try:
-            workers = client.scheduler_info().get("workers", {}).values()
+            workers = workers_of(client).values()
         except Exception:  # noqa: BLE001 - no scheduler information: nothing reported
             return cls()
         specs = []

@@ -33,6 +33,7 @@ from threadpoolctl import ThreadpoolController
 
 from dkha.config import Settings
 from dkha.data.storage import apply_storage_settings, storage_settings, url_protocol
+from dkha.engine.budget import workers_of
 from dkha.engine.dashboard import DASHBOARD, port_moves, say_dashboard, watching_workers
 from dkha.engine.inline import InlineClient
 from dkha.errors import ParameterError
@@ -237,7 +238,7 @@ def local_gpus() -> int:
 def gpu_workers(client) -> list[str]:
     """The workers that declare a ``GPU`` resource (``dask worker --resources GPU=1``, the
     in-process cluster on a GPU host), in address order."""
-    workers = client.scheduler_info().get("workers", {})
+    workers = workers_of(client)
     return sorted(a for a, w in workers.items()
                   if float((w.get("resources") or {}).get("GPU", 0)) > 0)
 
@@ -293,8 +294,8 @@ def shares_process(client) -> bool:
 
 
 def total_threads(client) -> int:
-    info = client.scheduler_info()
-    return max(1, sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()))
+    """The threads of ``client``'s workers, asked afresh (:func:`dkha.engine.budget.workers_of`)."""
+    return max(1, sum(w.get("nthreads", 1) for w in workers_of(client).values()))
 
 
 #: glibc's settings for the kernel blocks (``mallopt``; the same as its ``MALLOC_*_`` variables):

@@ -13,6 +13,7 @@ import urllib.request
 import warnings
 from collections.abc import Iterator
 
+from dkha.engine.budget import workers_of
 from dkha.progress import notice
 
 log = logging.getLogger("dkha.engine.cluster")
@@ -91,16 +92,6 @@ def say_dashboard(client, moved=(), cluster=None, asked: str | None = DASHBOARD)
     except ImportError:
         extra.append("its pages need bokeh: pip install bokeh")
     notice(f"Dask dashboard: {link}" + (f" ({'; '.join(extra)})" if extra else ""))
-
-
-def workers_of(client) -> dict:
-    """The workers of ``client``'s scheduler, asked afresh. (Not ``Client.scheduler_info()``:
-    it returns the client's cached identity, which the client's periodic update replaces with
-    one that lists no worker; read between the two, a fit's cluster seemed to have lost its
-    only worker: "worker inproc://… (0) lost: no worker is left" in a fit that went on.)"""
-    if getattr(client, "scheduler", None) is not None and not client.asynchronous:
-        return dict(client.sync(client.scheduler.identity, n_workers=-1).get("workers", {}))
-    return dict(client.scheduler_info().get("workers", {}))
 
 
 #: seconds between two looks at the cluster's workers (:func:`watching_workers`)

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 from distributed import wait as wait_for
 
+from dkha.engine.budget import workers_of
 from dkha.engine.cluster import shares_process, total_threads
 from dkha.engine.stop import check_stop
 from dkha.engine.tasks import ReplicaLostError, accumulate, identity, release
@@ -122,7 +123,7 @@ class ClusterPasses:
 
     def spread(self, future):
         """``future``'s result copied to every worker (:meth:`put`'s ``everywhere``)."""
-        if len(self.client.scheduler_info().get("workers", {})) > 1:
+        if len(workers_of(self.client)) > 1:
             try:
                 self.client.replicate([future])
             except Exception as exc:  # noqa: BLE001 - placement only: the pass runs without it

@@ -59,6 +59,7 @@ from dkha.engine.budget import (
     configured_budget,
     layout_column_groups,
     memory_plan,
+    workers_of,
 )
 from dkha.engine.cluster import share_storage_options, shares_process, total_threads
 from dkha.engine.held import held
@@ -107,7 +108,7 @@ def choose_projections(requested: str, client, cache_rows: bool = False,
     if shares_process(client):
         return "coordinator", "the workers share the coordinator's process"
     address = str(getattr(getattr(client, "scheduler", None), "address", "") or "")
-    n = len(client.scheduler_info().get("workers", {}))
+    n = len(workers_of(client))
     return "workers", (f"{n} worker process{'es' if n != 1 else ''} at {address}: projections "
                        "travel instead of kernel rows")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dkha.engine.budget import workers_of
 from dkha.engine.tasks import assemble_rows, kernel_tile, release, tile_take
 from dkha.errors import ParameterError
 from dkha.kernels import Kernel
@@ -42,7 +43,7 @@ class TileCache:
         """Refuse a cache over half of the workers' memory (:class:`ParameterError`)."""
         import psutil
 
-        workers = self.client.scheduler_info().get("workers", {}).values()
+        workers = workers_of(self.client).values()
         limits = [w.get("memory_limit") or 0 for w in workers]
         total = sum(m if m else psutil.virtual_memory().total for m in limits) or 1
         need = self.nbytes()
