@@ -201,7 +201,7 @@ def test_apply_right(rng):
     a, cb, y, z = vectors(rng, 6)
     X = rng.standard_normal((4, 6))
     out = np.empty_like(X)
-    compiled.apply_m_right(X, a, y, out)
+    compiled.apply_m(X.T, a, y, out.T)
     np.testing.assert_allclose(out, X @ m_matrix(a, y).T, rtol=1e-13, atol=1e-13)
     compiled.apply_na_right(X, a, cb, y, z, XI, out)
     np.testing.assert_allclose(out, X @ na_matrix(a, cb, y, z, XI).T, rtol=1e-13, atol=1e-13)

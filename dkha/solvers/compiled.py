@@ -61,7 +61,8 @@ GUARD_GRAM = 6            # non-finite Gram matrices (SMD)
 
 @njit(cache=True, nogil=True)
 def apply_m(X, a, y, out):
-    """``out = (I − tril(a yᵀ)) X`` for ``X`` with ``len(a)`` rows; ``out`` may be ``X``."""
+    """``out = (I − tril(a yᵀ)) X`` for ``X`` with ``len(a)`` rows; ``out`` may be ``X``. On
+    transposes, ``X (I − tril(a yᵀ))ᵀ``: ``apply_m(X.T, a, y, out.T)``."""
     r = a.shape[0]
     n = X.shape[1]
     acc = np.zeros(n)
@@ -96,21 +97,6 @@ def apply_g(X, a, cb, y, z, xi, out):
             acc_b[q] += yi * bottom
             out[i, q] = top - ai * acc_y[q]
             out[r + i, q] = xi * bottom - xai * acc_b[q] - cbi * acc_y[q] - xai * acc_z[q]
-
-
-@njit(cache=True, nogil=True)
-def apply_m_right(X, a, y, out):
-    """``out = X (I − tril(a yᵀ))ᵀ``; ``out`` may be ``X``."""
-    r = a.shape[0]
-    n = X.shape[0]
-    acc = np.zeros(n)
-    for i in range(r):            # column prefix sums, independent across rows q
-        yi = y[i]
-        ai = a[i]
-        for q in range(n):
-            x = X[q, i]
-            acc[q] += yi * x
-            out[q, i] = x - ai * acc[q]
 
 
 @njit(cache=True, nogil=True)
@@ -263,8 +249,8 @@ def smd_gram_update(gaa, gab, a, cb, y, z, kappa, xi):
         my[i] = y[i] - a[i] * acc_yy
         # N_A y = −c_B Σ y_k y_k − ξ a Σ z_k y_k ;  N_B z = ξ (z − a Σ y_k z_k)
         nay_nbz[i] = -cb[i] * acc_yy - xi * a[i] * acc_zy + xi * (z[i] - a[i] * acc_zy)
-    apply_m_right(mgaa, a, y, gaa)
-    apply_m_right(mgab, a, y, mgab)
+    apply_m(mgaa.T, a, y, gaa.T)     # right products, Mᵀ: M on the transposes
+    apply_m(mgab.T, a, y, mgab.T)
     apply_na_right(mgaa, a, cb, y, z, xi, mgaa)
     for i in range(r):
         for k in range(r):
