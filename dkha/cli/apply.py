@@ -12,6 +12,7 @@ names to the functions that run them (each takes the parsed arguments and return
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 
@@ -32,8 +33,6 @@ def preimage_kwargs(args) -> dict:
 
 
 def cmd_denoise(args: argparse.Namespace) -> int:
-    import os
-
     choosing = args.run_dir is None
     if not choosing and os.path.isdir(args.image):
         return _denoise_vectors(args)
@@ -77,8 +76,6 @@ CHOICE_OPTIONS = {"risk": "risk", "model": "model", "widths": "widths", "ranks":
 def _fit_denoise(args: argparse.Namespace):
     """``dkha denoise IMAGE``: :func:`dkha.apply.choose.fit_denoise`; the options of a given
     run (pre-images, blocks, cluster) are refused."""
-    import os
-
     if os.path.isdir(args.image):
         raise ParameterError(f"{args.image} is a data store: denoising vectors needs a run "
                              "(dkha denoise RUN_DIR NOISY.zarr -o OUT.zarr)")
@@ -144,8 +141,6 @@ def _denoise_vectors(args: argparse.Namespace) -> int:
 
 
 def cmd_superresolve(args: argparse.Namespace) -> int:
-    import os
-
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
     kw = preimage_kwargs(args)
@@ -171,11 +166,6 @@ def cmd_superresolve(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    import os
-
-    import numpy as np
-
-
     res = cluster_run(args.run_dir, args.k, scale=args.scale, seed=args.seed, verbose=True,
                       **cluster_kwargs(args))
     save_clusters(res, args.out, overwrite=args.overwrite,

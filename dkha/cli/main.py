@@ -24,6 +24,8 @@ import sys
 import tempfile
 import warnings
 
+import numpy as np
+
 from dkha import config
 from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
@@ -71,9 +73,6 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    import numpy as np
-
-
     run = Run.open(args.run_dir)
     ds = run.ds
     if args.variance_samples and not args.variance:
@@ -142,9 +141,6 @@ def _print_variance(out: dict) -> None:
 
 def _evaluate_online(args, ds) -> int:
     """Online runs: the AC index against exact KPCA (a seeded subset of ≤ 2000 samples)."""
-    import numpy as np
-
-
     store = open_store(ds.attrs["store"])
     r = ds.sizes["component"]
     ref = ACReference.from_store(store, Run(ds).kernel, r, seed=int(ds.attrs.get("seed", 0)))
@@ -217,7 +213,6 @@ def cmd_run(args) -> int:
 
 def cmd_demo(args) -> int:
     import dask
-    import numpy as np
     from sklearn.datasets import load_digits
 
     out = args.out or tempfile.mkdtemp(prefix="dkha-demo-")   # never into the working directory
