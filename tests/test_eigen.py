@@ -127,3 +127,44 @@ def test_orthonormal_columns_drops_dependent_directions(seed):
 def test_start_block_narrower_than_r_is_refused():
     with pytest.raises(ValueError, match="at least r"):
         top_eigenpairs(lambda V: V, np.ones((10, 2)), 3)
+
+
+def test_the_krylov_solvers_dense_eigh_is_said_and_saved(digits_store, digits, tmp_path):
+    """On at most ``max(200, 5·block)`` samples the Krylov solver's eigenpairs come from a dense
+    ``eigh`` of ``K'``: the run says so among its first lines and in its summary, and saves
+    ``path: dense`` with the reason (before: ``krylov``, or nothing for ``--algorithm krylov``),
+    its eigenvalues those of the oracle's ``eigh``. Above that, the Krylov products run and
+    nothing claims a dense path."""
+    from dkha.data import result
+    from dkha.pipeline.report import settings_rows
+    from tests.conftest import centered_kernel_oracle
+    from tests.processes import dkha_in_process, progress_lines
+
+    w = np.linalg.eigvalsh(centered_kernel_oracle(np.array(digits), "gaussian", sigma=4)[1])[::-1]
+    why = "300 samples, at most max(200, 5 × the Krylov block of 75) = 375: "
+    for name, algorithm, config in (("auto", (), {"dkha.dense-bytes": 0}),
+                                    ("krylov", ("--algorithm", "krylov"), None)):
+        run = tmp_path / name
+        p = dkha_in_process("fit", digits_store.path, "-o", str(run), "--components", "50",
+                            "--sigma", "4", *algorithm, config=config)
+        assert p.returncode == 0, p.stderr
+        said = [m for _, m in progress_lines(p.stderr)]
+        line = (f"dkha fit: path: dense ({why}the exact eigenpairs by a dense eigh of the "
+                "300×300 K' instead of Krylov products)")
+        assert [m for m in said if m.startswith("dkha fit: path: ")] == [line], said
+        assert not [m for m in said if m.startswith(("dkha fit: estimate", "dkha fit: Krylov"))]
+        assert f"\npath: dense ({why}" in p.stdout, p.stdout
+        ds = result.load(str(run))
+        assert ds.attrs["path"] == "dense" and ds.attrs["path_reason"].startswith(why)
+        assert "(dense)" in ds.attrs["history"]
+        rows = dict(settings_rows(ds, None))          # the report's settings table
+        assert rows["algorithm"] == f"{name} → dense" and rows["why this path"].startswith(why)
+        np.testing.assert_allclose(ds["eigenvalue"].values, w[:50], rtol=1e-10, atol=1e-12)
+    run = tmp_path / "products"                 # 300 > max(200, 5 × 13): Krylov products
+    p = dkha_in_process("fit", digits_store.path, "-o", str(run), "--components", "3",
+                        "--sigma", "4", "--algorithm", "krylov")
+    assert p.returncode == 0, p.stderr
+    ds = result.load(str(run))
+    assert "path" not in ds.attrs and "path: dense" not in p.stdout + p.stderr, p.stdout
+    assert "after " in p.stdout and " Krylov products" in p.stdout
+    np.testing.assert_allclose(ds["eigenvalue"].values, w[:3], rtol=1e-8)

@@ -60,7 +60,7 @@ from dkha.fit.run_dir import (
     settings_dropped_on_failure,
     write_runs,
 )
-from dkha.fit.spectrum import finalise_components
+from dkha.fit.spectrum import dense_shortcut, finalise_components
 from dkha.kernels import make_kernel, median_distance
 from dkha.progress import Progress, announce
 from dkha.solvers.batch import (
@@ -242,7 +242,12 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
     with stages, contextlib.ExitStack() as entering:
         first = _planned(request, kernel, first, p0, cks)
         attrs[0] = routed_attrs(attrs[0], first)
-        if first.plan is not None and not cks:     # the cost model's estimate, as an ETA
+        shortcut = (dense_shortcut(store.n_samples, p0.n_components)
+                    if is_exact(first.runs) and p0.n_components > 0 else None)
+        if shortcut is not None:        # the Krylov solver's dense eigh: said and saved
+            attrs[0] = {**attrs[0], "path": "dense", "path_reason": shortcut}
+            announce(f"path: dense ({shortcut})", verbose)
+        elif first.plan is not None and not cks:     # the cost model's estimate, as an ETA
             announce(first.plan.eta_line(), verbose)
         checkpoints, cks = _exact_checkpoints(first, p0, checkpointers, metas, cks, opts)
         if first.runs == "dense":

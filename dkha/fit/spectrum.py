@@ -86,6 +86,19 @@ def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxit
     return w, V
 
 
+def dense_shortcut(l: int, r: int, oversample: int | None = None) -> str | None:
+    """Why the block Krylov solve of the top ``r`` eigenpairs of ``l`` samples is a dense
+    ``eigh`` of ``K'`` held whole instead (:func:`krylov_solve`'s shortcut: at most
+    ``max(SMALL_DENSE, 5·block)`` samples, where the basis would span most of the space), said
+    and saved as the run's path; ``None`` where the Krylov products run."""
+    k = min(l - 1, r + (oversample if oversample is not None else default_oversample(r)))
+    limit = max(SMALL_DENSE, 5 * k)
+    if l > limit:
+        return None
+    return (f"{l} samples, at most max({SMALL_DENSE}, 5 × the Krylov block of {k}) = {limit}: "
+            f"the exact eigenpairs by a dense eigh of the {l}×{l} K' instead of Krylov products")
+
+
 def default_oversample(r: int) -> int:
     """Columns of the Krylov block beyond ``r``: ``max(10, r/2)``. A wider block converges the
     ``r``-th component at the gap ``λ_r/λ_{block+1}``: on 3 500 patches (r = 20, median σ) the
@@ -113,7 +126,7 @@ def krylov_solve(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: i
     """
     l = engine.n_samples
     k = min(l - 1, r + (oversample if oversample is not None else default_oversample(r)))
-    if l <= max(SMALL_DENSE, 5 * k):     # small: a dense eigh (exact where K' is rank-deficient)
+    if dense_shortcut(l, r, oversample):     # a dense eigh (exact where K' is rank-deficient)
         with engine.labelled("eigenpairs of K' (dense)"):
             Kc = engine.dense()
         w, V = np.linalg.eigh(0.5 * (Kc + Kc.T))
