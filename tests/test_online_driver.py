@@ -9,9 +9,11 @@ import inspect
 
 import numpy as np
 import pytest
+import xarray as xr
 
 import dkha
 from dkha.data.ingest import ingest_array
+from dkha.data.layout import components_path
 from dkha.estimators import online as online_estimator
 from dkha.estimators import online_run
 from dkha.estimators.online import OnlineKernelPCA
@@ -65,6 +67,29 @@ def test_fit_and_partial_fit_each_call_the_driver_once(calls, tmp_path):
     del calls[:]
     loaded.partial_fit(X[:30])
     assert calls == ["fit_online"] and loaded.n_samples_seen_ == 530
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "oo-kha"])
+def test_save_writes_the_run_that_fit_writes(tmp_path, algorithm):
+    """One builder of a run (:func:`dkha.fit.run_dir.run_dataset`), as the batch family's
+    (tests/test_xarray_runs.py): an online model's ``save()`` writes what ``fit(run_dir=…)``
+    wrote, the same datasets, attrs (the CF history line too: stamped when the fit ended) and
+    chunks; the run saved after a ``partial_fit`` is the continued state."""
+    X = _X()
+    fitted, saved = str(tmp_path / "fitted"), str(tmp_path / "saved")
+    model = OnlineKernelPCA(3, algorithm=algorithm, sigma=3.0, steps=600, evaluate_every=200)
+    model.fit(X, run_dir=fitted, ac_reference=True)
+    model.save(saved)
+    a = xr.open_zarr(components_path(fitted)).load()
+    b = xr.open_zarr(components_path(saved)).load()
+    xr.testing.assert_identical(a, b)
+    assert a.attrs == b.attrs
+    for name in a.variables:
+        assert a[name].encoding.get("chunks") == b[name].encoding.get("chunks"), name
+    model.partial_fit(X[:40]).save(saved)
+    c = dkha.load(saved)
+    assert c.n_samples_seen_ == 640 and len(c.history_) == 4
+    np.testing.assert_array_equal(c.alpha_, model.alpha_)
 
 
 def test_a_stream_equals_its_blocks_applied_in_order():

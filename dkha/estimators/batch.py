@@ -282,7 +282,7 @@ DataStore
     def to_dataset(self):
         """The components as an xarray dataset (the ``components.zarr`` schema), with the
         training projections and, for patch data, the component pictures."""
-        return run_dataset(self.alpha_, self.eigenvalues_, self.history_, self.attrs_,
+        return run_dataset(self.history_, self.eigenvalues_, self.attrs_, alpha=self.alpha_,
                            mk=self.mk_, mkm=self.mkm_,
                            projection=getattr(self, "projection_", None),
                            pictures=getattr(self, "component_image_", None),

@@ -56,10 +56,9 @@ from dkha.fit.online import (
     OnlineRequest,
     OnlineSettings,
     fit_online,
-    online_dataset,
 )
 from dkha.fit.request import RunOptions
-from dkha.fit.run_dir import write_run
+from dkha.fit.run_dir import run_dataset, write_run
 from dkha.kernels import kernel_names, pairwise
 from dkha.solvers.online import ALGORITHMS, DEFAULT_GAMMA, OnlineKHA
 
@@ -302,9 +301,9 @@ DataStore
 
     def to_dataset(self):
         """The components as an xarray dataset (the ``components.zarr`` schema of a dictionary
-        run, :func:`dkha.fit.online.online_dataset`)."""
+        run, :func:`dkha.fit.run_dir.run_dataset`)."""
         self._check_fitted()
-        return online_dataset(self.solver_, self.history_, self.eigenvalues_, self.attrs_)
+        return run_dataset(self.history_, self.eigenvalues_, self.attrs_, solver=self.solver_)
 
     def save(self, run_dir: str) -> str:
         """Write the run (its dictionary, coefficients and history) as

@@ -1,5 +1,5 @@
 """An online run loaded: the fitted estimator back from a dictionary run's ``components.zarr``
-(:func:`dkha.fit.online.online_dataset`; its schema: :mod:`dkha.estimators.online`)."""
+(:func:`dkha.fit.run_dir.run_dataset`; its schema: :mod:`dkha.estimators.online`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def estimator_of(cls, ds: xr.Dataset):
     if "state_B" not in ds:
         raise InputError("this run was saved without the solver's state (dkha before "
                          "0.1.0+state); it can be analysed but not continued")
-    # the solver's snapshot (dkha.fit.online.online_dataset): its state_* and member variables
+    # the solver's snapshot (dkha.fit.run_dir.run_dataset): its state_* and member variables
     arrays = {k.removeprefix("state_"): ds[k].values for k in ds.data_vars
               if k.startswith("state_") or k in ("dictionary", "member_index", "member_step")}
     solver.restore(arrays, a["state_scalars"])

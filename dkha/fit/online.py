@@ -6,27 +6,24 @@ scales (:func:`scaled`) on the data, applies the blocks to an
 driver (:class:`dkha.fit.control.BlockDriver`: stop, checkpoints, progress, timing): ``fit``'s
 ``n_steps`` samples in the seeded schedule's order (:func:`dkha.data.sources.stream_blocks`,
 read ahead), a history entry every ``every`` steps, with checkpoints, resume and the run
-directory written (:func:`online_dataset`); ``partial_fit``'s array once in its own order,
-continuing the :class:`OnlineFit` it is given, one history entry a call."""
+directory written (:func:`dkha.fit.run_dir.run_dataset`); ``partial_fit``'s array once in its
+own order, continuing the :class:`OnlineFit` it is given, one history entry a call."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 import numpy as np
-import xarray as xr
 
 from dkha import schedule
 from dkha.config import Settings
-from dkha.data import result
+from dkha.data import cf
 from dkha.data.checkpoint import open_fit
 from dkha.data.sources import stream_blocks
-from dkha.data.store import DataStore
 from dkha.engine.cluster import blas_limit
 from dkha.errors import ParameterError
 from dkha.fit.ac_index import ACReference, reference_of
@@ -34,7 +31,7 @@ from dkha.fit.control import BlockDriver
 from dkha.fit.coordinator import resolve_kernel
 from dkha.fit.evaluate import variance_of
 from dkha.fit.request import RunOptions, frozen_mapping
-from dkha.fit.run_dir import saved_attrs, write_run
+from dkha.fit.run_dir import data_attrs, run_dataset, saved_attrs, store_path, write_run
 from dkha.kernels import Kernel
 from dkha.solvers.online import INIT_STD, NU_RELATIVE, OnlineKHA, sample_scales
 from dkha.version import __version__
@@ -145,7 +142,7 @@ def fit_online(request: OnlineRequest, state: OnlineFit | None = None) -> Online
 def _schedule(request: OnlineRequest, state: OnlineFit) -> OnlineFit:
     """``request.n_steps`` samples of its source in the seeded order, a history entry every
     ``request.every`` steps, with checkpoints and resume in its run directory, which is
-    written at the end (:func:`online_dataset`, :func:`dkha.fit.run_dir.write_run`)."""
+    written at the end (:func:`~dkha.fit.run_dir.run_dataset`, ``write_run``)."""
     source, seed, n_steps, opts = request.source, request.seed, request.n_steps, request.run
     solver, kernel, p = state.solver, state.kernel, state.settings
     run_dir = opts.run_dirs[0] if opts.run_dirs else None
@@ -204,8 +201,9 @@ def _schedule(request: OnlineRequest, state: OnlineFit) -> OnlineFit:
     finally:
         driver.close()
     eigenvalues = eigenvalues_of(solver, sample)
+    attrs["history"] = cf.history_line(attrs)    # CF's history: when the fit ended, what ran
     if run_dir is not None:     # the run written, its spent checkpoints cleared
-        write_run(run_dir, online_dataset(solver, history, eigenvalues, attrs), None,
+        write_run(run_dir, run_dataset(history, eigenvalues, attrs, solver=solver), None,
                   spent=checkpointer)
     return OnlineFit(solver, p, kernel, history, driver.seconds, stats, reference, eigenvalues,
                      n_steps, attrs)
@@ -232,6 +230,7 @@ def _stream(request: OnlineRequest, state: OnlineFit) -> OnlineFit:
     # the history entry after the BLAS limit, as the stream's always was
     entry = history_entry(solver, state.reference, sample, driver.seconds, None)
     attrs = run_attrs(request, p, state.kernel, "<stream>", stop, solver.n_features, stop)
+    attrs["history"] = cf.history_line(attrs)
     return replace(state, history=(*state.history, entry), wall_time=driver.seconds,
                    eigenvalues=eigenvalues_of(solver, sample), n_steps=stop, attrs=attrs)
 
@@ -262,20 +261,11 @@ def run_attrs(request: OnlineRequest, p: OnlineSettings, kernel: Kernel, store: 
     the fit resolves none, as asked (``request.params``), and the run's."""
     attrs = saved_attrs(request.saved, dict(vars(p), seed=int(request.seed)), request.params,
                         kernel)
-    attrs.update({
-        "feature_norm": p.feature_norm, "gain": p.gain,
-        "learning_rate": ("eta0/(1+s/tau)" if p.tau is not None else "eta0*gain_decay**s"),
-        "n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1), "store": store,
-        "n_samples": int(n_samples), "n_features": int(n_features), "init": "random",
-        "dkha_version": __version__})
+    attrs.update(feature_norm=p.feature_norm, gain=p.gain, learning_rate=(
+        "eta0/(1+s/tau)" if p.tau is not None else "eta0*gain_decay**s"),
+        **data_attrs(store, n_samples, n_features, n_steps), init="random",
+        dkha_version=__version__)
     return attrs
-
-
-def store_path(source) -> str:
-    """The ``store`` attr: a data store's path (absolute where local), ``<array>`` else."""
-    if isinstance(source, DataStore):
-        return os.path.abspath(source.path) if "://" not in source.path else source.path
-    return "<array>"
 
 
 def scaled(p: OnlineSettings, source, kernel: Kernel, seed: int, n_sample: int
@@ -364,37 +354,3 @@ def eigenvalues_of(solver: OnlineKHA, sample: np.ndarray) -> np.ndarray:
     Y = solver.transform(sample)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.mean(Y**2, axis=0) / solver.component_norms()**2
-
-
-def online_dataset(solver: OnlineKHA, history: list[dict], eigenvalues: np.ndarray,
-                   attrs: dict) -> xr.Dataset:
-    """A dictionary run's ``components.zarr`` dataset: ``solver``'s components and dictionary,
-    the ``history``, ``eigenvalues`` and ``attrs``, with the solver's complete state (so that
-    :func:`dkha.load` continues it)."""
-    hist = history
-    member_index, member_step = solver.members()
-    dictionary = solver.dictionary()
-    extra = {
-        "dictionary": (("member", "feature"), dictionary),
-        "member_index": ("member", member_index),
-        "member_step": ("member", member_step),
-        "mean_coefficient": ("member", solver.mean_coefficients()),
-        "ac_index": ("evaluation", np.array([h["ac_index"] for h in hist], dtype=np.float64)),
-        "members": ("evaluation", np.array([h["members"] for h in hist], dtype=np.int64)),
-        "explained_variance": (("evaluation", "component"), np.array(
-            [h["explained_variance"] for h in hist], dtype=np.float64).reshape(
-                len(hist), solver.r)),
-    }
-    # the solver's complete state, so that dkha.load continues the run (partial_fit)
-    arrays, scalars = solver.snapshot()
-    extra.update({"state_B": (("component", "member"), arrays["B"]),
-                  "state_L": (("member", "member_column"), arrays["L"]),
-                  "state_cbar": ("member", arrays["cbar"]),
-                  "state_a_init": ("component", arrays["a_init"])})
-    if "exact_S" in arrays:         # the exact span's sums (dkha.solvers.online_exact)
-        extra.update({"state_exact_S": (("member", "member_column"), arrays["exact_S"]),
-                      "state_exact_s": ("member", arrays["exact_s"])})
-    attrs = dict(attrs, members=int(dictionary.shape[0]), state_scalars=scalars)
-    return result.build_dataset(solver.alpha(), eigenvalues, hist, attrs,
-                                member_dim="member", extra=extra,
-                                backoffs=list(solver.backoffs))

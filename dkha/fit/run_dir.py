@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from dkha.algorithms import AUTO, has_mu, is_exact
 from dkha.config import Settings
 from dkha.data import cf, result
@@ -65,16 +67,25 @@ def run_attrs(request: FitRequest, model: ModelRequest, settings: ModelRequest, 
     store = request.store
     attrs = saved_attrs(request.saved, dict(vars(settings), seed=int(request.seed)),
                         model.params, kernel)
-    attrs.update({
-        "n_steps": settings.n_steps,
-        "passes": settings.n_steps / store.n_samples,
-        "store": os.path.abspath(store.path) if "://" not in store.path else store.path,
-        "n_samples": store.n_samples, "n_features": store.n_features, "centered": True,
-        "dkha_version": __version__,
-        "centering": "exact" if settings.center_sample is None else "sample"})
+    attrs.update(data_attrs(store_path(store), store.n_samples, store.n_features,
+                            settings.n_steps), centered=True, dkha_version=__version__,
+                 centering="exact" if settings.center_sample is None else "sample")
     for k in unused_settings(route, model.params):
         attrs.pop(k, None)
     return routed_attrs(attrs, route)
+
+
+def data_attrs(store: str, n_samples: int, n_features: int, n_steps: int) -> dict:
+    """A run's attrs of its data and length (batch and online)."""
+    return {"n_steps": int(n_steps), "passes": n_steps / max(n_samples, 1), "store": store,
+            "n_samples": int(n_samples), "n_features": int(n_features)}
+
+
+def store_path(source) -> str:
+    """The ``store`` attr: a data store's path (absolute where local), ``<array>`` else."""
+    if isinstance(source, DataStore):
+        return os.path.abspath(source.path) if "://" not in source.path else source.path
+    return "<array>"
 
 
 #: the settings of the KHA iterations (and their length): what an exact path (krylov, dense)
@@ -194,28 +205,52 @@ def settings_dropped_on_failure(run_dirs: Sequence[str] | None, resume: bool):
         raise
 
 
-def run_dataset(alpha, eigenvalues, history: list[dict], attrs: dict, *, mk, mkm: float,
-                projection=None, pictures=None, backoffs=()):
-    """The one builder of a batch run's ``components.zarr`` dataset (the schema:
-    :mod:`dkha.data.result`): what :func:`write_runs` writes at the end of a fit, what
-    :meth:`KernelHebbianPCA.to_dataset` and ``save()`` give, the same for the same fit; the
-    training ``projection`` and the component ``pictures`` (the step after the fit, which adds
-    them to the run the fit wrote: :func:`dkha.apply.pictures.add_component_pictures`) where
-    there are."""
-    extra = {}
-    if projection is not None:
-        extra["projection"] = projection
-    if pictures is not None:
-        extra["component_image"] = pictures
-    return result.build_dataset(alpha, eigenvalues, history, attrs, mk=mk, mkm=mkm, extra=extra,
-                                backoffs=backoffs)
+def run_dataset(history: Sequence[dict], eigenvalues, attrs: Mapping, *, alpha=None, mk=None,
+                mkm: float | None = None, projection=None, pictures=None, backoffs=(),
+                solver=None):
+    """The one builder of every run's ``components.zarr`` dataset (the schema:
+    :mod:`dkha.data.result`): what a fit writes at the end (:func:`write_runs`,
+    :func:`dkha.fit.online.fit_online`), what the estimators' ``to_dataset()`` and ``save()``
+    give, the same for the same fit. A batch run: ``alpha`` over the samples, the centering row
+    ``mk``, ``mkm``, the training ``projection`` and the component ``pictures`` (the step after
+    the fit adds them to the run the fit wrote:
+    :func:`dkha.apply.pictures.add_component_pictures`) where there are. A dictionary run (the
+    online family): its ``solver``'s components over the dictionary's members, with the solver's
+    complete state (so that :func:`dkha.load` continues it)."""
+    extra = {k: v for k, v in (("projection", projection), ("component_image", pictures))
+             if v is not None}
+    if solver is not None:
+        alpha, backoffs = solver.alpha(), solver.backoffs
+        attrs = dict(attrs, **_dictionary_variables(solver, history, extra))
+    return result.build_dataset(alpha, eigenvalues, list(history), attrs, mk=mk, mkm=mkm,
+                                member_dim="sample" if solver is None else "member",
+                                extra=extra, backoffs=list(backoffs))
 
 
-def dataset_of(fit: ModelFit, pictures=None):
-    """The ``components.zarr`` dataset of a fitted model (:func:`run_dataset`)."""
-    return run_dataset(fit.alpha, fit.eigenvalues, fit.result.history, fit.attrs, mk=fit.mk,
-                       mkm=fit.mkm, projection=fit.projection, pictures=pictures,
-                       backoffs=fit.result.backoffs)
+def _dictionary_variables(solver, history: Sequence[dict], extra: dict) -> dict:
+    """A dictionary run's variables (its members, its history's AC index, members and
+    explained variance, the solver's state) added to ``extra``; the attrs they add."""
+    member_index, member_step = solver.members()
+    dictionary = solver.dictionary()
+    arrays, scalars = solver.snapshot()
+    extra.update({
+        "dictionary": (("member", "feature"), dictionary),
+        "member_index": ("member", member_index),
+        "member_step": ("member", member_step),
+        "mean_coefficient": ("member", solver.mean_coefficients()),
+        "ac_index": ("evaluation", np.array([h["ac_index"] for h in history], dtype=np.float64)),
+        "members": ("evaluation", np.array([h["members"] for h in history], dtype=np.int64)),
+        "explained_variance": (("evaluation", "component"), np.array(
+            [h["explained_variance"] for h in history], dtype=np.float64).reshape(
+                len(history), solver.r)),
+        "state_B": (("component", "member"), arrays["B"]),
+        "state_L": (("member", "member_column"), arrays["L"]),
+        "state_cbar": ("member", arrays["cbar"]),
+        "state_a_init": ("component", arrays["a_init"])})
+    if "exact_S" in arrays:         # the exact span's sums (dkha.solvers.online_exact)
+        extra.update({"state_exact_S": (("member", "member_column"), arrays["exact_S"]),
+                      "state_exact_s": ("member", arrays["exact_s"])})
+    return {"members": int(dictionary.shape[0]), "state_scalars": scalars}
 
 
 def write_run(run_dir: str, ds, timings: dict | None, *, spent: Checkpointer | None = None,
@@ -258,7 +293,9 @@ def write_runs(fits: list[ModelFit], run_dirs: Sequence[str] | None) -> list[Mod
     member = shares_a_tree(run_dirs)
     for f, d in zip(fits, run_dirs):
         if f.failure is None:
-            write_run(d, dataset_of(f), f.timings, spent=f.checkpointer, member=member)
+            ds = run_dataset(f.result.history, f.eigenvalues, f.attrs, alpha=f.alpha, mk=f.mk,
+                             mkm=f.mkm, projection=f.projection, backoffs=f.result.backoffs)
+            write_run(d, ds, f.timings, spent=f.checkpointer, member=member)
             f = replace(f, run_dir=d)
         out.append(f)
     return out
