@@ -123,6 +123,11 @@ def test_run_twice_does_the_work_once_and_writes_a_report(tmp_path, monkeypatch)
     # the figures are the fits' own histories, and the clustering scored against the labels
     ds = xr.open_zarr(os.path.join(run_dir, "fits", "smd", "components.zarr"))
     assert summary["figures"]["smd"]["excess"] == pytest.approx(float(ds["excess"].values[-1]))
+    # the fit's seconds: its total as timings.json adds it up (before: its passes' only)
+    timings = json.loads(pathlib.Path(run_dir, "fits", "smd", "timings.json").read_text())
+    state = json.loads(pathlib.Path(run_dir, "state.json").read_text())
+    assert summary["figures"]["smd"]["fit_seconds"] == timings["total"] > timings["stream"]
+    assert state["stages"]["fit:smd"]["result"]["fit_seconds"] == timings["total"]
     cluster = summary["figures"]["apply-0-cluster"]
     assert 0 <= cluster["vi"] < cluster["vi_random"]
     mtime = os.path.getmtime(os.path.join(run_dir, "fits", "smd", "components.zarr", "zarr.json"))

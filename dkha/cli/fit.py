@@ -38,7 +38,9 @@ def _fit_summary(model, run_dir: str) -> dict:
             "excess_precision": excess_precision(
                 last.get("error_min"), model.attrs_.get("top_eigenvalues"), model.n_samples_)
             if last else None,
-            "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
+            "fit_seconds": (getattr(model, "timings_", None) or {}).get("total",
+                                                                        last.get("wall_time")),
+            "backoffs": len(model.backoffs_),
             "times": {k: v for k, v in (getattr(model, "timings_", None) or {}).items()
                       if k in TIMES},
             **kept_summary(model.attrs_), **centering_summary(model.attrs_)}

@@ -392,19 +392,26 @@ class Runner:
             return res
         kept = model.attrs_.get("kept_state")
         last = result_entry(model.history_, kept)
+        # the fit's total (timings.json: startup, centering, start, passes, the rest, earlier
+        # attempts'), not only its passes' (the history's wall time)
+        total = (getattr(model, "timings_", None) or {}).get("total", last.get("wall_time"))
         return {"run_dir": run, "excess": last.get("excess"), "pass": last.get("pass"),
-                "fit_seconds": last.get("wall_time"), "backoffs": len(model.backoffs_),
+                "fit_seconds": total, "backoffs": len(model.backoffs_),
                 **kept_figures(model.attrs_)}
 
     def evaluate(self, f: dict) -> dict:
-        """The fit's figures for ``summary.json``: its last evaluation, the state it kept and
-        why (:func:`kept_figures`), and every evaluation along the way (:func:`along`)."""
+        """The fit's figures for ``summary.json``: its last evaluation, its seconds
+        (``fit_seconds``: timings.json's total), the state it kept and why
+        (:func:`kept_figures`), and every evaluation along the way (:func:`along`)."""
         ds = result.load(self.fit_dir(f["name"]))
         out = {}
         for key in ("pass", "excess", "error", "error_min", "ac_index", "wall_time"):
             if key in ds and ds.sizes.get("evaluation", 0):
                 v = ds[key].values[-1]
                 out[key] = None if not np.isfinite(v) else float(v)
+        timings = result.load_timings(self.fit_dir(f["name"])) or {}
+        if "total" in timings:      # the fit's seconds as timings.json adds them up
+            out["fit_seconds"] = float(timings["total"])
         out.update(kept_figures(ds.attrs), **along(ds),
                    **paper_figures(self.p.report, f["name"]))
         self.figures[f["name"]] = out
