@@ -77,6 +77,15 @@ def test_a_resumed_fit_keeps_the_first_attempts_times(digits_store, tmp_path, mo
     assert first["attempts"] == 1 and first["centering"] > 0 and first["startup"] > 0
     resumed = dkha_in_process(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
+    # an ETA among the first lines of both attempts: the passes asked, then the passes left
+    # (before: none for a named algorithm)
+    for p, passes in ((stopped, r"3 kha-smd passes"), (resumed, r"\S+ kha-smd passes \(resumed\)")):
+        said = [m for _, m in progress_lines(p.stderr)]
+        eta = [i for i, m in enumerate(said) if re.fullmatch(
+            rf"dkha fit: estimate: about \S+ s for {passes} on \d+ threads "
+            r"\(ETA \d\d:\d\d:\d\d\)", m)]
+        work = [i for i, m in enumerate(said) if m.startswith("dkha fit: kha-smd")]
+        assert len(eta) == 1 and (not work or eta[0] < min(work)), said
     t = json.loads((tmp_path / "run" / result.TIMINGS).read_text())
     _adds_up(t)
     assert t["attempts"] == 2
@@ -84,3 +93,42 @@ def test_a_resumed_fit_keeps_the_first_attempts_times(digits_store, tmp_path, mo
     assert t["earlier"] >= sum(first[k] for k in PHASES)
     assert t["total"] >= t["earlier"] + t["startup"] - first["startup"]
     assert "over 2 attempts" in resumed.stdout
+
+
+def test_a_resumed_krylov_fit_and_an_online_fit_say_an_estimate(digits_store, tmp_path,
+                                                                  monkeypatch):
+    """A default (Krylov) fit resumed after a product checkpoint says the estimate of the rest
+    of its solve; an online fit says it has none (before: neither said anything)."""
+    from dkha.engine.stop import STOP
+
+    run = str(tmp_path / "run")
+    args = ("fit", digits_store.path, "-o", run, "--components", "3", "--sigma", "4",
+            "--checkpoint-every", "1")
+    save = Checkpointer.save
+
+    def save_then_stop(self, step, *a, **k):
+        out = save(self, step, *a, **k)
+        if step > 0:                # a Krylov product's checkpoint, not the settings' (step 0)
+            STOP.set()
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(Checkpointer, "save", save_then_stop)
+        stopped = dkha_in_process(*args, config=KRYLOV)
+    assert stopped.returncode == 75, stopped.stderr
+    done = Checkpointer(run).newest_meta()["krylov"]["products"]
+    resumed = dkha_in_process(*args, "--resume", config=KRYLOV)
+    assert resumed.returncode == 0, resumed.stderr
+    said = [m for _, m in progress_lines(resumed.stderr)]
+    assert [m for m in said if m.startswith("dkha fit: estimate")] and re.fullmatch(
+        rf"dkha fit: estimate: about \S+ s for the krylov path resumed after {done} products "
+        r"on \d+ threads \(ETA \d\d:\d\d:\d\d\)",
+        next(m for m in said if m.startswith("dkha fit: estimate"))), said
+    online = dkha_in_process("fit", digits_store.path, "-o", str(tmp_path / "online"),
+                             "--algorithm", "on-kha", "--components", "3", "--sigma", "4",
+                             "--passes", "1")
+    assert online.returncode == 0, online.stderr
+    said = [m for _, m in progress_lines(online.stderr)]
+    assert [m for m in said if m.startswith("dkha fit: estimate")] == [
+        ("dkha fit: estimate: none for on-kha (no cost model for the online algorithms: each "
+         "step's cost follows the dictionary it grows; the progress bar gives the time left)")]

@@ -44,7 +44,7 @@ from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
 from dkha.fit.kha_stream import run_batches
 from dkha.fit.krylov import KrylovCheckpoints, run_krylov
-from dkha.fit.plan import Plan, Route, auto_krylov_tol, plan_fit, route
+from dkha.fit.plan import Plan, Route, auto_krylov_tol, passes_eta_line, plan_fit, route
 from dkha.fit.request import (
     FitRequest,
     ModelFit,
@@ -247,8 +247,9 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
         if shortcut is not None:        # the Krylov solver's dense eigh: said and saved
             attrs[0] = {**attrs[0], "path": "dense", "path_reason": shortcut}
             announce(f"path: dense ({shortcut})", verbose)
-        elif first.plan is not None and not cks:     # the cost model's estimate, as an ETA
-            announce(first.plan.eta_line(), verbose)
+        elif first.plan is not None:     # the cost model's estimate, as an ETA (of the rest)
+            announce(first.plan.eta_line(n_samples=store.n_samples,
+                                         products=_products_done(cks)), verbose)
         checkpoints, cks = _exact_checkpoints(first, p0, checkpointers, metas, cks, opts)
         if first.runs == "dense":
             stages.close()
@@ -286,6 +287,10 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     bands = engine.bands            # GPU workers: the passes' plan is the device's
     plan_line = bands.describe() if bands is not None else engine.memory.describe()
     announce(plan_line, verbose)
+    if first.plan is None and settings[0].n_components:   # a named algorithm's ETA
+        line = _eta_line(request, kernel, client, first, settings[0], cks)
+        if line is not None:
+            announce(line, verbose)
     for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
         if meta is not None and isinstance(meta.get("exact"), dict):
             meta["exact"]["projections"] = engine.projections
@@ -331,6 +336,30 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
                       None if checkpointers is None else checkpointers[i])
             for i, (p, a, res, solver, meta) in enumerate(zip(settings, attrs, results, solvers,
                                                               metas))]
+
+
+def _products_done(cks) -> int:
+    """The Krylov products a resumed checkpoint holds (0: none, or a fresh fit)."""
+    return int(cks[0].meta.get(KRYLOV, {}).get("products", 0)) if cks else 0
+
+
+def _eta_line(request: FitRequest, kernel, client, first: Route, p0: ModelRequest,
+              cks) -> str | None:
+    """The cost model's estimate of a named algorithm's fit (the KHA iterations' passes left,
+    or the Krylov solve's rest) as an ETA line; ``None`` where the Krylov solver's dense
+    shortcut was said instead."""
+    store = request.store
+    client = client if isinstance(client, Client) else None     # tasks inline: probed here
+    if is_exact(first.runs):
+        if dense_shortcut(store.n_samples, p0.n_components):
+            return None
+        plan = plan_fit(store, kernel, p0, client, request.seed, request.settings)
+        return Plan(KRYLOV, "", plan.estimates, plan.rate, plan.threads).eta_line(
+            n_samples=store.n_samples, products=_products_done(cks))
+    done = cks[0].step if cks else 0
+    return passes_eta_line(store, kernel, client, p0.algorithm,
+                           (p0.n_steps - done) / store.n_samples, request.seed,
+                           request.settings, landmarks=p0.landmarks, resumed=bool(cks))
 
 
 def model_fit(store: DataStore, kernel, settings: ModelRequest, attrs: dict, res, mk, mkm,

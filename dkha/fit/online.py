@@ -33,6 +33,7 @@ from dkha.fit.evaluate import variance_of
 from dkha.fit.request import RunOptions, frozen_mapping
 from dkha.fit.run_dir import data_attrs, run_dataset, saved_attrs, store_path, write_run
 from dkha.kernels import Kernel
+from dkha.progress import announce
 from dkha.solvers.online import INIT_STD, NU_RELATIVE, OnlineKHA, sample_scales
 from dkha.version import __version__
 
@@ -181,6 +182,11 @@ def _schedule(request: OnlineRequest, state: OnlineFit) -> OnlineFit:
         return ((idx, rows) for _, _, idx, rows in stream_blocks(
             source, seed, start, stop, block_rows, prefetch, stats))
 
+    # among the first lines, as the batch paths' ETA: the cost model has none for a stream
+    # whose every step costs what its growing dictionary holds
+    announce(f"estimate: none for {p.algorithm} (no cost model for the online algorithms: "
+             "each step's cost follows the dictionary it grows; the progress bar gives the "
+             "time left)", request.verbose)
     driver = BlockDriver(n_steps, solver.state.step, desc=p.algorithm, verbose=request.verbose,
                          save=None if checkpointer is None else save,
                          checkpoint_steps=checkpoint_every, seconds=seconds)

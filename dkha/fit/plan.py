@@ -130,16 +130,55 @@ class Plan:
                                    for k, v in self.estimates.items()},
                 "path_probe_rate": float(self.rate), "path_threads": int(self.threads)}
 
-    def eta_line(self, now: float | None = None) -> str:
+    def eta_line(self, now: float | None = None, *, n_samples: int = 0,
+                 products: int = 0) -> str:
         """The cost model's seconds for the path chosen as one of the fit's first lines, with
-        the clock time it gives (an ETA: the estimate, not a promise)."""
+        the clock time it gives (an ETA: the estimate, not a promise); a Krylov solve resumed
+        after ``products`` products of ``n_samples`` samples: the seconds of the rest."""
         seconds = self.estimates.get(self.path)
         if seconds is None:
             return f"path: {self.path} (no estimate)"
-        end = time.strftime("%H:%M:%S", time.localtime((time.time() if now is None else now)
-                                                       + float(seconds)))
-        return (f"estimate: about {float(seconds):.2g} s for the {self.path} path on "
-                f"{self.threads} threads (ETA {end})")
+        what = f"the {self.path} path"
+        if products and self.path == KRYLOV and n_samples:
+            per_pass = 0.5 * n_samples**2 / (max(self.rate, 1e-9) * self.threads)
+            seconds = max(per_pass, float(seconds) - products * (per_pass + KRYLOV_PASS_SECONDS))
+            what += f" resumed after {products} products"
+        return eta_text(seconds, what, self.threads, now)
+
+
+def eta_text(seconds: float, what: str, threads: int, now: float | None = None) -> str:
+    """``estimate: about S s for WHAT on N threads (ETA HH:MM:SS)``."""
+    end = time.strftime("%H:%M:%S", time.localtime((time.time() if now is None else now)
+                                                   + float(seconds)))
+    return f"estimate: about {float(seconds):.2g} s for {what} on {threads} threads (ETA {end})"
+
+
+def passes_estimate(l: int, passes: float, *, rate: float, threads: int,
+                    landmarks: int | None = None, centering: bool = True) -> float:
+    """The cost model's seconds for ``passes`` passes of the KHA iterations over ``l`` samples:
+    each computes every kernel row once (``l²`` entries) and pays a pass's scheduling
+    (:data:`KRYLOV_PASS_SECONDS`), after the centering's MK row (``l²/2``; none on a resume)
+    and a Nyström start of ``landmarks`` (its ``landmarks × l`` entries and one pass). The
+    evaluations along the way (``--evaluate-every``) are not counted."""
+    per_entry = 1.0 / (max(rate, 1e-9) * max(1, int(threads)))
+    pass_seconds = l * l * per_entry + KRYLOV_PASS_SECONDS
+    start = ((landmarks * l * per_entry + pass_seconds) if landmarks else 0.0)
+    mk = 0.5 * l * l * per_entry if centering else 0.0
+    return mk + start + float(passes) * pass_seconds
+
+
+def passes_eta_line(store, kernel, client, algorithm: str, passes: float, seed: int,
+                    settings: Settings, *, landmarks: int | None = None,
+                    resumed: bool = False) -> str:
+    """The ETA line of the KHA iterations (:func:`passes_estimate`, the rate from a probe tile
+    as :func:`plan_fit` times it), ``passes`` left of them."""
+    rate = on_sample(store, client, min(store.n_samples, 2 * PROBE_COLUMNS), seed, _probe,
+                     kernel, settings=settings)
+    threads = cluster_threads(client)
+    seconds = passes_estimate(store.n_samples, passes, rate=rate, threads=threads,
+                              landmarks=None if resumed else landmarks, centering=not resumed)
+    what = f"{passes:.3g} {algorithm} passes" + (" (resumed)" if resumed else "")
+    return eta_text(seconds, what, threads)
 
 
 def probe_rate(kernel, sample: np.ndarray, repeat: int = 2) -> float:
