@@ -235,7 +235,6 @@ def _cmd_fit(args) -> int:
 
 def _fit_many(args, settings: list[dict], metas: list[dict] | None = None) -> int:
     """Several batch models in one pass over the kernel rows, one run directory each."""
-    _families([s["algorithm"] for s in settings])
     for s in settings:
         if not algorithms.streams_together(s["algorithm"]):
             raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "

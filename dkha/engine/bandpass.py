@@ -143,12 +143,6 @@ def plan_for(engine) -> BandPlan | None:
     return plan
 
 
-def band_matmat(engine, V: np.ndarray, kernel) -> np.ndarray:
-    """``K' V`` by one band pass (:meth:`dkha.engine.rows.RowEngine.matmat` on GPU workers)."""
-    return band_pass(engine, "product", kernel, V=V, what="a K' V product pass",
-                     progress="product K' V")
-
-
 def band_residuals(engine, Cs: tuple) -> tuple[float, list[float]]:
     """``‖K'‖²`` and ``‖K' − CᵀC‖²`` for each ``C`` by one band pass in float64
     (:meth:`dkha.engine.rows.RowEngine.residuals` on GPU workers)."""

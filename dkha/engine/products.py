@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dkha.engine.bandpass import band_matmat, band_residuals
+from dkha.engine.bandpass import band_pass, band_residuals
 from dkha.engine.tasks import dense_pair, product_tiles, residual_tiles
 
 
@@ -54,7 +54,8 @@ class TilePasses:
         mk = self.mk_future()
         kernel = self.exact_kernel if exact else self.kernel
         if self.bands is not None:
-            return band_matmat(self, V, kernel)
+            return band_pass(self, "product", kernel, V=V, what="a K' V product pass",
+                             progress="product K' V")
         Vf = self.passes.put(V, everywhere=True)
         g, tasks = self.tile_groups, self.tile_tasks()
         # K'[I, J] V[J] to band i, K'[J, I] V[I] (off the diagonal) to band j: piece 2p and

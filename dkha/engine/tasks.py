@@ -282,10 +282,7 @@ def column_operands(path: str | np.ndarray, kernel: Kernel, cols: tuple):
     shift and cast cost ``O(|J| n)`` a block — 0.5 s of a pass at l = 20 000. The same numbers
     as preparing them each time."""
     try:
-        if isinstance(path, np.ndarray):    # rows held in this process: the array itself
-            key = (id(path), path.__array_interface__["data"][0], path.shape, cols, kernel)
-        else:
-            key = (path, cols, _store_token(path), kernel)
+        key = (store_key(path), cols, kernel)      # rows held in this process: by the array
         hash(key)
     except TypeError:       # a kernel with unhashable parameters: prepared each time
         return kernel.prepared_columns(group_rows(path, cols))

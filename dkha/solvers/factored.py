@@ -474,11 +474,6 @@ def _record_steps(ops: list, U: np.ndarray, direct_log: np.ndarray, start: int, 
         ops.append(("cols", j0, stop, np.array(U[j0:stop])))
 
 
-def _direct_transform(X: np.ndarray, update: str, payload: tuple) -> np.ndarray:
-    """``X ← G X`` in place for a direct step's ``G`` (by its ``update``); returns ``c``."""
-    return updates.get(update).direct(X, payload)
-
-
 def replay_message(Y: np.ndarray, ops, cols: np.ndarray | None) -> None:
     """Bring projections ``Y`` (``b×m``, ``Y[i] = S̃_v k'_{q_i}``) over one message, in place.
 
@@ -494,7 +489,7 @@ def replay_message(Y: np.ndarray, ops, cols: np.ndarray | None) -> None:
             Y[...] = Y @ op[1].T
         elif kind == "direct":
             _, j, update, payload = op
-            c = _direct_transform(Y.T, update, payload)
+            c = updates.get(update).direct(Y.T, payload)     # Y ← Y Gᵀ
             Y += np.outer(cols[:, j], c)
         elif kind != "c":
             raise ValueError(f"unknown operation {kind!r} in a message")
@@ -521,7 +516,7 @@ def apply_message(S: np.ndarray, C: np.ndarray | None, lo: int, hi: int,
                 lower_times_inplace(F[:C.shape[0], :C.shape[0]], C)
         elif kind == "direct":
             _, j, update, payload = op
-            c = _direct_transform(S, update, payload)
+            c = updates.get(update).direct(S, payload)       # S ← G S
             p = int(index[j])
             if lo <= p < hi:
                 S[:, p - lo] += c
