@@ -197,3 +197,40 @@ def test_cli_fit_lists_and_tune(digits_store, client, seed, tmp_path, capsys):
     # a TUNE_DIR that holds something is refused, one line, before any work
     assert main(["tune", digits_store.path, "-o", tune_dir, "--eta0", "0.1", *common]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_a_model_stopped_early_resumes_beside_one_still_running(digits_store, client, seed,
+                                                                tmp_path, monkeypatch):
+    """Two models on one stream, one stopped by its ``tol`` at its start while the other runs
+    on: the stopped model's checkpoints stay at its stopping step, so a stop in pass 3 and a
+    resume must take each model's own newest checkpoint (not ask for a common step the stopped
+    model never reached) and end as the uninterrupted fit ends."""
+    def models():
+        return [make(client, seed, "kha-smd", passes=4, tol=1e6),
+                make(client, seed, "kha-et", passes=4)]
+
+    full = fit_together(models(), digits_store)
+    assert [h["pass"] for h in full[0].history_][-1] == 0     # stopped by its tol at once
+    assert [h["pass"] for h in full[1].history_][-1] == 4
+    runs = [str(tmp_path / "smd"), str(tmp_path / "et")]
+    l = digits_store.n_samples
+    calls = {"n": 0}
+    original = BatchKHA.apply_block
+
+    def counting(self, index, rows):
+        original(self, index, rows)
+        calls["n"] += 1
+        if self.state.t > 2 * l + 2 * BLOCK:        # mid-pass 3
+            control.STOP.set()
+
+    monkeypatch.setattr(BatchKHA, "apply_block", counting)
+    try:
+        with pytest.raises(Interrupted):
+            fit_together(models(), digits_store, run_dirs=runs, checkpoint_every=1)
+    finally:
+        control.STOP.clear()
+    monkeypatch.setattr(BatchKHA, "apply_block", original)
+    resumed = fit_together(models(), digits_store, run_dirs=runs, resume=True)
+    for m, ref in zip(resumed, full):
+        np.testing.assert_array_equal(m.alpha_, ref.alpha_)
+        assert [h["pass"] for h in m.history_] == [h["pass"] for h in ref.history_]

@@ -152,7 +152,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     except Interrupted as exc:
         raise fit.stopped(exc) from None
     desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
-    start_step = solvers[0].state.t
+    start_step = fit.running_step()
     fit.driver = BlockDriver(
         n_steps, start_step, desc=desc, verbose=verbose, seconds=fit.fit_seconds,
         save=fit.save_checkpoints if any(m.checkpointer is not None for m in models) else None,
@@ -160,7 +160,8 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     try:
         fit.stream(start_step, checkpoint_every,
                    pass_end_pending=resumes is not None and bool(start_step)
-                   and bool(resumes[0].meta.get("pass_end_pending")))
+                   and any(ck.meta.get("pass_end_pending") and ck.step == start_step
+                           for ck in resumes))
         return fit.finish()
     except Interrupted as exc:
         raise fit.stopped(exc) from None
@@ -185,13 +186,21 @@ class _SharedStream:
     def active(self) -> list[_Model]:
         return [m for m in self.models if m.active]
 
+    def running_step(self) -> int:
+        """The step the stream is at: the running models' (all at one step); a stopped model's
+        state may be older (or, after a stop between two models' checkpoints, newer)."""
+        running = self.active() or self.models
+        return max(m.solver.state.t for m in running)
+
     def restore(self, resumes) -> None:
         """Every model's state from its checkpoint (all at the same step)."""
-        steps = {ck.step for ck in resumes}
+        # a model that had stopped (its tol, the noise floor) keeps its checkpoint at the step
+        # it stopped at; the running ones must agree
+        steps = {ck.step for ck in resumes if ck.meta.get("active", True)}
         if len(steps) > 1:
             raise ParameterError(f"the checkpoints to resume are at different steps "
                                  f"({', '.join(map(str, sorted(steps)))})")
-        first = resumes[0]
+        first = max(resumes, key=lambda ck: ck.step)
         self.engine.set_mk(first.arrays["mk"], float(first.meta["mkm"]))
         l, r = self.l, self.r
         for m, ck in zip(self.models, resumes):
@@ -206,7 +215,7 @@ class _SharedStream:
                 m.best_arrays = (ck.arrays["best.A"], ck.arrays["best.C"])
             if "previous.A" in ck.arrays:            # the span of the last tracked entry
                 m.previous = (ck.arrays["previous.A"], ck.arrays.get("previous.Li"))
-            m.active = not at_the_floor(m)          # stopped at the start: stays stopped
+            m.active = ck.meta.get("active", True) and not at_the_floor(m)   # stays stopped
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         self.fit_seconds = float(first.meta["fit_seconds"])
         if "top_eigenvalues" in first.arrays:
@@ -335,7 +344,7 @@ class _SharedStream:
         is consistent, so it is checkpointed as a stop between blocks would have."""
         if getattr(exc, "checkpointed", False):
             return exc
-        t, l = self.models[0].solver.state.t, self.l
+        t, l = self.running_step(), self.l
         if t > 0 and any(m.checkpointer is not None for m in self.models):
             self.save_checkpoints(t, pass_end_pending=t % l == 0)
             return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
@@ -548,5 +557,6 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
     meta = dict(meta or {}, mkm=mkm, best=best, history=history, fit_seconds=fit_seconds,
                 backoffs=solver.backoffs,
                 state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
-                pass_end_pending=pass_end_pending)
+                pass_end_pending=pass_end_pending,
+                active=True if tracked is None else bool(tracked.active))
     return checkpointer.save(solver.state.t, out, meta)

@@ -145,12 +145,14 @@ def check_run_dirs(run_dirs: list[str], store: DataStore, attrs: list[dict], *, 
 
 
 def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> list:
-    """The checkpoints to resume several models from: the newest step that all of them hold (a
-    stop between two models' checkpoints leaves some a step ahead), at most ``n_steps``."""
-    step = min(ck.step for ck in cks)
+    """The checkpoints to resume several models from: the newest step that all the running ones
+    hold (a stop between two models' checkpoints leaves some a step ahead), at most ``n_steps``;
+    a model that had stopped (its tol, the noise floor) resumes from its own newest."""
+    running = [ck for ck in cks if ck.meta.get("active", True)]
+    step = min(ck.step for ck in running or cks)
     out = []
     for c, ck in zip(checkpointers, cks):
-        if ck.step != step:
+        if ck.step != step and ck.meta.get("active", True):
             ck = c.at_step(step)
             if ck is None:
                 raise InputError(f"cannot resume {c.run_dir}: the models' checkpoints are at "
