@@ -44,7 +44,17 @@ from dkha.fit.evaluate import projections
 from dkha.fit.init import nystrom_coefficients, unit_norm_components
 from dkha.fit.kha_stream import run_batches
 from dkha.fit.krylov import KrylovCheckpoints, run_krylov
-from dkha.fit.plan import Plan, Route, auto_krylov_tol, passes_eta_line, plan_fit, route
+from dkha.fit.plan import (
+    Plan,
+    Route,
+    auto_krylov_tol,
+    choose_path,
+    cluster_threads,
+    passes_eta_line,
+    plan_fit,
+    probed_rate,
+    route,
+)
 from dkha.fit.request import (
     FitRequest,
     ModelFit,
@@ -353,8 +363,12 @@ def _eta_line(request: FitRequest, kernel, client, first: Route, p0: ModelReques
     if is_exact(first.runs):
         if dense_shortcut(store.n_samples, p0.n_components):
             return None
-        plan = plan_fit(store, kernel, p0, client, request.seed, request.settings)
-        return Plan(KRYLOV, "", plan.estimates, plan.rate, plan.threads).eta_line(
+        plan = choose_path(store.n_samples, p0.n_components,
+                           rate=probed_rate(store, kernel, client, request.seed,
+                                            request.settings),
+                           threads=cluster_threads(client), dense_bytes=0,
+                           landmarks=p0.landmarks)      # its krylov estimate
+        return plan.eta_line(
             n_samples=store.n_samples, products=_products_done(cks))
     done = cks[0].step if cks else 0
     return passes_eta_line(store, kernel, client, p0.algorithm,

@@ -172,8 +172,7 @@ def passes_eta_line(store, kernel, client, algorithm: str, passes: float, seed: 
                     resumed: bool = False) -> str:
     """The ETA line of the KHA iterations (:func:`passes_estimate`, the rate from a probe tile
     as :func:`plan_fit` times it), ``passes`` left of them."""
-    rate = on_sample(store, client, min(store.n_samples, 2 * PROBE_COLUMNS), seed, _probe,
-                     kernel, settings=settings)
+    rate = probed_rate(store, kernel, client, seed, settings)
     threads = cluster_threads(client)
     seconds = passes_estimate(store.n_samples, passes, rate=rate, threads=threads,
                               landmarks=None if resumed else landmarks, centering=not resumed)
@@ -254,12 +253,18 @@ def cluster_threads(client) -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def probed_rate(store, kernel, client, seed: int, settings: Settings) -> float:
+    """:func:`probe_rate` on a seeded sample of ``store`` (on a worker of ``client`` where its
+    workers are other processes: their rate, and nothing of ``X`` read here)."""
+    return on_sample(store, client, min(store.n_samples, 2 * PROBE_COLUMNS), seed, _probe,
+                     kernel, settings=settings)
+
+
 def plan_fit(store, kernel, model, client, seed: int, settings: Settings) -> Plan:
     """The default fit's :class:`Plan` for ``store`` (a probe tile on a seeded sample of it, on a
     worker of ``client`` where its workers are other processes: their rate, and nothing of ``X``
     read here); ``model``: its settings (``n_components``, ``landmarks``)."""
-    rate = on_sample(store, client, min(store.n_samples, 2 * PROBE_COLUMNS), seed, _probe,
-                     kernel, settings=settings)
+    rate = probed_rate(store, kernel, client, seed, settings)
     plan = choose_path(store.n_samples, int(model.n_components),
                        rate=rate, threads=cluster_threads(client),
                        dense_bytes=float(settings.dense_bytes), landmarks=model.landmarks)
