@@ -154,19 +154,24 @@ def panel_rows(n_cols: int, itemsize: int) -> int:
     return int(max(64, min(4096, PANEL_BYTES // max(1, n_cols * itemsize))))
 
 
+def _panels(spec, ops, refine, mr, mc, mkm):
+    """``(a, b, T)``: the centered tile's rows ``a:b`` computed into ``T``, a panel of
+    :func:`panel_rows` rows at a time (one per-thread buffer for them all)."""
+    Xs, Ys, xx, yy, X64, Y64 = ops
+    m, n = len(Xs), len(Ys)
+    step = panel_rows(n, spec.dtype.itemsize)
+    panel = scratch("panel", (min(step, m), n), spec.dtype)
+    for a in range(0, m, step):
+        b = min(a + step, m)
+        yield a, b, cpu_panel(spec, Xs[a:b], Ys, xx[a:b] if len(xx) else xx, yy, X64[a:b], Y64,
+                              refine, mr[a:b], mc, mkm, out=panel[:b - a])
+
+
 def panel_products(spec, ops, refine, mr, mc, mkm, Vd, Wd, TV, TW, rowsum, colsum):
     """:func:`dkha.tiles.tile_product` on the CPU: each panel's products taken while it is in
     cache, into ``TV``, ``TW``, ``rowsum``, ``colsum`` (those not None)."""
-    Xs, Ys, xx, yy, X64, Y64 = ops
-    m, n = len(Xs), len(Ys)
-    dt = spec.dtype
-    step = panel_rows(n, dt.itemsize)
-    panel = scratch("panel", (min(step, m), n), dt)
-    TWp = None if Wd is None else scratch("product", TW.shape, np.result_type(dt, Wd))
-    for a in range(0, m, step):
-        b = min(a + step, m)
-        T = cpu_panel(spec, Xs[a:b], Ys, xx[a:b] if len(xx) else xx, yy, X64[a:b], Y64, refine,
-                      mr[a:b], mc, mkm, out=panel[:b - a])
+    TWp = None if Wd is None else scratch("product", TW.shape, np.result_type(spec.dtype, Wd))
+    for a, b, T in _panels(spec, ops, refine, mr, mc, mkm):
         if Vd is not None:
             TV[a:b] = T @ Vd
         if Wd is not None:
@@ -178,20 +183,13 @@ def panel_products(spec, ops, refine, mr, mc, mkm, Vd, Wd, TV, TW, rowsum, colsu
 
 def panel_residuals(spec, ops, refine, mr, mc, mkm, Cs, C_rows, C_cols, out):
     """:func:`dkha.tiles.tile_residuals` on the CPU, panel by panel, summed into ``out``."""
-    Xs, Ys, xx, yy, X64, Y64 = ops
-    m, n = len(Xs), len(Ys)
     rows0 = C_rows.start or 0
-    step = panel_rows(n, spec.dtype.itemsize)
-    panel = scratch("panel", (min(step, m), n), spec.dtype)
-    residual = scratch("residual", (min(step, m), n), np.float64)
-    for a in range(0, m, step):
-        b = min(a + step, m)
-        T = cpu_panel(spec, Xs[a:b], Ys, xx[a:b] if len(xx) else xx, yy, X64[a:b], Y64, refine,
-                      mr[a:b], mc, mkm, out=panel[:b - a])
+    for a, b, T in _panels(spec, ops, refine, mr, mc, mkm):
         flat = T.ravel()
         out[0] += float(np.dot(flat, flat))
         for k, C in enumerate(Cs):
-            R = np.matmul(C[:, rows0 + a:rows0 + b].T, C[:, C_cols], out=residual[:b - a])
+            R = np.matmul(C[:, rows0 + a:rows0 + b].T, C[:, C_cols],
+                          out=scratch("residual", T.shape, np.float64))
             R -= T
             flat = R.ravel()
             out[1 + k] += float(np.dot(flat, flat))
