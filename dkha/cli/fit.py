@@ -7,7 +7,7 @@ import os
 
 from dkha import algorithms
 from dkha.cli import rerun
-from dkha.cli.options import centering_line, centering_summary, raise_param
+from dkha.cli.options import centering_line, centering_summary
 from dkha.cli.output import (
     TIMES,
     errors_text,
@@ -21,7 +21,7 @@ from dkha.cli.where import cluster_kwargs
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.layout import components_path
-from dkha.errors import NumericalError, RunDirectoryError, RunFinished
+from dkha.errors import NumericalError, ParameterError, RunDirectoryError, RunFinished
 from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
 from dkha.estimators.params import PARAMETERS, cli_values
@@ -79,7 +79,7 @@ def _families(names) -> list[str]:
     try:
         return [algorithms.family(name, option="--algorithm") for name in names]
     except Exception as exc:  # noqa: BLE001 - an unknown name of any kind: one line
-        raise_param(str(exc))
+        raise ParameterError(str(exc))
 
 
 def _model_settings(args) -> list[dict]:
@@ -90,8 +90,8 @@ def _model_settings(args) -> list[dict]:
     k = max(len(v) for v in lists.values())
     for name, v in lists.items():
         if len(v) not in (1, k):
-            raise_param(f"--{name} gives {len(v)} values for {k} models; give one value or one "
-                        "per model")
+            raise ParameterError(f"--{name} gives {len(v)} values for {k} models; give one value "
+                                 "or one per model")
     return [{name: v[i] if len(v) > 1 else v[0] for name, v in lists.items()} for i in range(k)]
 
 
@@ -237,9 +237,9 @@ def _fit_many(args, settings: list[dict], metas: list[dict] | None = None) -> in
     """Several batch models in one pass over the kernel rows, one run directory each."""
     for s in settings:
         if not algorithms.streams_together(s["algorithm"]):
-            raise_param(f"{s['algorithm']} fits one model at a time; list only batch algorithms "
-                        f"({', '.join(algorithms.names(algorithms.BATCH))}) to fit several "
-                        "together")
+            raise ParameterError(f"{s['algorithm']} fits one model at a time; list only batch "
+                                 f"algorithms ({', '.join(algorithms.names(algorithms.BATCH))}) "
+                                 "to fit several together")
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise RunDirectoryError(f"{args.out} exists and is not a directory")
     models = [_model(args, s["algorithm"], s["eta0"], s["mu"]) for s in settings]
@@ -284,8 +284,8 @@ def cmd_tune(args) -> int:
     names = [a.strip() for a in args.algorithm.split(",")]
     for name, family in zip(names, _families(names)):
         if family != algorithms.BATCH:
-            raise_param(f"cannot tune {name!r}: tuning applies to the batch algorithms "
-                        + ", ".join(algorithms.names(algorithms.BATCH)))
+            raise ParameterError(f"cannot tune {name!r}: tuning applies to the batch algorithms "
+                                 + ", ".join(algorithms.names(algorithms.BATCH)))
     proto = _model(args, names[0], projections="coordinator", tol=None)
     shared = {k: v for k, v in proto.__dict__.items()
               if k not in ("algorithm", "eta0", "mu", "passes", "steps")}

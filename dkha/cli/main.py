@@ -29,7 +29,7 @@ import numpy as np
 from dkha import config
 from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
-from dkha.cli.options import centering_line, centering_summary, raise_param
+from dkha.cli.options import centering_line, centering_summary
 from dkha.cli.output import (
     LineFormatter,
     LogFormatter,
@@ -45,7 +45,7 @@ from dkha.data.ingest import ingest_array, ingest_images
 from dkha.data.storage import set_storage_options
 from dkha.data.store import open_store
 from dkha.engine.cluster import client_for
-from dkha.errors import DkhaError, Interrupted
+from dkha.errors import DkhaError, Interrupted, ParameterError
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.fit.ac_index import ACReference
 from dkha.fit.control import STOP
@@ -76,7 +76,7 @@ def cmd_evaluate(args) -> int:
     run = Run.open(args.run_dir)
     ds = run.ds
     if args.variance_samples and not args.variance:
-        raise_param("--variance-samples needs --variance")
+        raise ParameterError("--variance-samples needs --variance")
     if run.is_dictionary:
         return _evaluate_online(args, ds)
     eig = ds.attrs.get("top_eigenvalues")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from dkha.data.storage import parse_storage_option
-from dkha.errors import DkhaError, ParameterError
+from dkha.errors import DkhaError
 
 
 def positive_int(s: str) -> int:
@@ -78,10 +78,6 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--performance-report", metavar="FILE.html",
                    help="write Dask's performance report of the command's work on the cluster "
                         "(dask.distributed.performance_report; needs bokeh)")
-
-
-def raise_param(msg: str):
-    raise ParameterError(msg)
 
 
 def centering_summary(attrs) -> dict:

@@ -107,13 +107,10 @@ def watching_workers(client) -> Iterator[None]:
     a client subscribed to them had a fit's tasks cancelled for "lost dependencies".)"""
     done = threading.Event()
 
-    def workers() -> dict:
-        return workers_of(client)
-
     def watch(seen: dict) -> None:
         while not done.wait(WATCH_EVERY):
             try:
-                now = workers()
+                now = workers_of(client)
             except Exception:  # noqa: BLE001 - a closing or lost scheduler: the work says so
                 return
             for address in sorted(set(seen) - set(now)):
@@ -127,7 +124,7 @@ def watching_workers(client) -> Iterator[None]:
             seen = now
 
     try:
-        first = workers()
+        first = workers_of(client)
     except Exception:  # noqa: BLE001 - nothing to watch
         first = None
     thread = None
