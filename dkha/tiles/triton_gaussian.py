@@ -188,31 +188,3 @@ def _launch(kern, grid, X, Y, Vc, xx, yy, ri_t, cj_t, out, sums, m, n, d, r, s, 
                m, n, d, r, float(s), X.stride(0), Y.stride(0), Vc.stride(0), out.stride(0),
                CENTERED=centered, HAS_V=has_v, ROWSUM=rowsum, PRECISION=precision,
                BM=BLOCK_M, BN=BLOCK_N, BD=BLOCK_D, BR=br)
-
-
-def numpy_product(X, Y, s: float, V=None, mk_rows=None, mk_cols=None, mkm: float = 0.0,
-                  *, rowsum: bool = False):
-    """:func:`gaussian_product` from NumPy float64 rows, on the CPU (the interpreter) or the
-    GPU torch sees: the rows shifted by ``Y``'s mean, float32 operands, float64 norms, as the
-    float32 tiles take them. Returns NumPy float64 arrays."""
-    import torch
-
-    dev = "cpu" if interpreted() or not torch.cuda.is_available() else "cuda"
-    X = np.asarray(X, dtype=np.float64)
-    Y = np.asarray(Y, dtype=np.float64)
-    shift = Y.mean(axis=0) if len(Y) else np.zeros(Y.shape[1])
-    Xc, Yc = X - shift, Y - shift
-
-    def t(a, dt):
-        return torch.as_tensor(np.ascontiguousarray(a, dtype=dt), device=dev)
-
-    ri = cj = None
-    if mk_rows is not None:
-        ri = t(np.asarray(mk_rows, dtype=np.float64) - mkm, np.float64)
-        cj = t(mk_cols, np.float64)
-    KV, sums = gaussian_product(
-        t(Xc, np.float32), t(Yc, np.float32), t(np.einsum("ij,ij->i", Xc, Xc), np.float64),
-        t(np.einsum("ij,ij->i", Yc, Yc), np.float64), s,
-        None if V is None else t(V, np.float32), ri, cj, rowsum=rowsum)
-    return (None if KV is None else KV.cpu().numpy()), (None if sums is None else
-                                                          sums.cpu().numpy())
