@@ -76,6 +76,7 @@ from dkha.apply.denoise import (
     patch_corners,
     reference_figures,
 )
+from dkha.apply.estimate import Estimate, delivered
 from dkha.apply.preimage import Training, conformal, expansion, fixed_point
 from dkha.apply.risk import (
     HOLD_OFFSETS,
@@ -142,7 +143,9 @@ class Choice:
     why), the chosen candidate, its estimated risk (MSE per pixel; for the held-out rule also its
     loss) and the risk of every candidate tried, best first; ``space``: where the risks are
     measured, ``image`` or ``anscombe`` (the stabilised space, where the noise's standard
-    deviation is ``σ̂``; no PSNR is implied there)."""
+    deviation is ``σ̂``; no PSNR is implied there); ``estimate``: for SURE's rule, the PSNR the
+    result delivers as a point and a range (:mod:`dkha.apply.estimate`: the candidates' SURE at
+    σ̂, which ranks them, read as that PSNR was 0.5-2 dB optimistic on photographs)."""
 
     noise: dict
     rule: str
@@ -151,12 +154,15 @@ class Choice:
     table: list = field(default_factory=list)
     seconds: float = 0.0
     space: str = "image"
+    estimate: Estimate | None = None
 
     def summary(self) -> dict:
         psnr = psnr_of_risk(self.risk) if self.space == "image" else None
+        delivered = ({"estimated_psnr": psnr, "estimated_psnr_range": None}
+                     if self.estimate is None else self.estimate.summary())
         return {**self.noise, "rule": self.rule, "chosen": asdict(self.chosen),
                 "chosen_label": self.chosen.label(), "estimated_risk": self.risk,
-                "risk_space": self.space, "estimated_psnr": psnr, "candidates": self.table,
+                "risk_space": self.space, **delivered, "candidates": self.table,
                 "choice_seconds": self.seconds}
 
 
@@ -403,18 +409,31 @@ def fit_denoise(image, *, model: str = "kernel", reference=None, patch: int = DE
     phase(f"denoising with {best.label()}")
     final = evals[0] if rule.rule == "sure" else Evaluation(work, patch, step, train,
                                                             report.sigma, max(ranks))
-    out = np.clip(final.images([best])[best], 0.0, 1.0)
-    if stab is not None:
-        out = np.clip(stab.inverse(out), 0.0, 1.0)
+    raw = final.images([best])[best]
+    out = np.clip(raw if stab is None else stab.inverse(np.clip(raw, 0.0, 1.0)), 0.0, 1.0)
     table = [{"candidate": c.label(), "risk": r, **({} if h is None else {"held_out_loss": h})}
              for c, r, h, _ in scored]
     choice = Choice(noise=report.summary(), rule=report.rule, chosen=best, risk=best_risk,
-                    table=table, seconds=time.perf_counter() - t0,
-                    space="image" if stab is None else "anscombe")
+                    table=table, space="image" if stab is None else "anscombe",
+                    estimate=_delivered(rule, evals, best, raw, seed) if stab is None else None)
+    choice.seconds = time.perf_counter() - t0
     return DenoiseResult(image=out, noisy=y, n_patches=n_windows, patch=patch, step=step,
                          iterations=0, converged=n_windows, undefined=0,
                          seconds=time.perf_counter() - t0, method=best.preimage, choice=choice,
                          **reference_figures(clean, y, out))
+
+
+def _delivered(rule: RiskRule, evals: list, best: Candidate, raw: np.ndarray,
+               seed: int) -> Estimate | None:
+    """The PSNR the chosen candidate delivers, a point and a range
+    (:func:`dkha.apply.estimate.delivered`), for SURE's rule; None for the held-out rule (its
+    noise is not gaussian: the clip model does not apply)."""
+    if rule.rule != "sure":
+        return None
+    phase("estimating what the chosen denoiser delivers")
+    _, divergence = sure_parts(rule.y, raw, evals[1].images([best])[best], rule.b,
+                               rule.epsilon, clip=(0.0, 1.0))
+    return delivered(rule.y, raw, divergence, seed)
 
 
 def _rounds(evals: list, rule: RiskRule, model: str, first: list, ridges,

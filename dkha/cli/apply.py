@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-import numpy as np
-
-from dkha.apply.choose import fit_denoise
+from dkha.apply.choose import fit_denoise, psnr_of_risk
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
 from dkha.apply.superresolve import superresolve
@@ -99,10 +97,21 @@ def _print_choice(res, out: str, choice_file: str) -> None:
     space = ", of the Anscombe-transformed image" if c.rule == "anscombe" else ""
     print(f"noise σ̂ {c.noise['noise_sigma']:.4f} (finest diagonal Haar MAD{space}); rule "
           f"{c.rule}: {c.noise['rule_reason']}")
-    implied = (f"PSNR ≈ {10 * np.log10(1 / c.risk) if c.risk > 0 else float('inf'):.2f} dB"
-               if c.space == "image" else "in the Anscombe-transformed image")
+    if c.estimate is not None:
+        e = c.estimate
+        implied = "SURE at σ̂, which ranks the candidates"
+        delivered = (f"expected result: {e.text()}: the MSE {e.mse:.3g} at noise level "
+                     f"{e.sigma:.4f} with the clip to [0, 1] modelled; the range from the noise "
+                     f"level {e.sigma_range[0]:.4f} (fine texture read as noise) to "
+                     f"{e.sigma_range[1]:.4f}")
+    else:
+        implied = ("in the Anscombe-transformed image" if c.space != "image" else
+                   f"held-out loss less σ̂²: PSNR ≈ {psnr_of_risk(c.risk):.2f} dB, no range")
+        delivered = None
     print(f"chosen: {c.chosen.label()}; estimated MSE {c.risk:.3g} ({implied}), "
           f"best of {len(c.table)} candidates in {c.seconds:.1f} s")
+    if delivered:
+        print(delivered)
     _print_figures(res)
     print(f"saved {out} and the choice in {choice_file}")
 
