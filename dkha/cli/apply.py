@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import numpy as np
+
 from dkha.apply.choose import fit_denoise, psnr_of_risk
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
