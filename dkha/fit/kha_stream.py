@@ -76,6 +76,12 @@ def at_the_floor(m: _Model) -> bool:
             and m.best["pass"] == 0 and any(h["pass"] > 0 for h in m.history))
 
 
+def running_step(models: Sequence[_Model]) -> int:
+    """The step a shared stream is at: its running models' (all at one step); a stopped model's
+    state may be older (or, after a stop between two models' checkpoints, newer)."""
+    return max(m.solver.state.t for m in ([m for m in models if m.active] or models))
+
+
 def stopped_after(m: _Model, n_steps: int) -> int | None:
     """The pass after which :func:`at_the_floor` stopped ``m``: its first evaluation after the
     start, where that came before the schedule's last step (``None`` otherwise: every pass ran,
@@ -152,16 +158,14 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     except Interrupted as exc:
         raise fit.stopped(exc) from None
     desc = solvers[0].algorithm if len(solvers) == 1 else f"{len(solvers)} models"
-    start_step = fit.running_step()
+    start_step = running_step(fit.models)
     fit.driver = BlockDriver(
         n_steps, start_step, desc=desc, verbose=verbose, seconds=fit.fit_seconds,
         save=fit.save_checkpoints if any(m.checkpointer is not None for m in models) else None,
         checkpoint_steps=checkpoint_steps)
     try:
         fit.stream(start_step, checkpoint_every,
-                   pass_end_pending=resumes is not None and bool(start_step)
-                   and any(ck.meta.get("pass_end_pending") and ck.step == start_step
-                           for ck in resumes))
+                   pass_end_pending=bool(start_step) and fit.pass_end_pending)
         return fit.finish()
     except Interrupted as exc:
         raise fit.stopped(exc) from None
@@ -180,17 +184,11 @@ class _SharedStream:
         self.n_steps, self.seed, self.evaluate_every = n_steps, seed, evaluate_every
         self.l, self.r = engine.n_samples, models[0].solver.r
         self.eig_top: np.ndarray | None = None
-        self.fit_seconds = 0.0
+        self.fit_seconds, self.pass_end_pending = 0.0, False
         self.driver: BlockDriver | None = None
 
     def active(self) -> list[_Model]:
         return [m for m in self.models if m.active]
-
-    def running_step(self) -> int:
-        """The step the stream is at: the running models' (all at one step); a stopped model's
-        state may be older (or, after a stop between two models' checkpoints, newer)."""
-        running = self.active() or self.models
-        return max(m.solver.state.t for m in running)
 
     def restore(self, resumes) -> None:
         """Every model's state from its checkpoint (all at the same step)."""
@@ -218,6 +216,7 @@ class _SharedStream:
             m.active = ck.meta.get("active", True) and not at_the_floor(m)   # stays stopped
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         self.fit_seconds = float(first.meta["fit_seconds"])
+        self.pass_end_pending = bool(first.meta.get("pass_end_pending"))
         if "top_eigenvalues" in first.arrays:
             self.eig_top = first.arrays["top_eigenvalues"]
 
@@ -344,7 +343,7 @@ class _SharedStream:
         is consistent, so it is checkpointed as a stop between blocks would have."""
         if getattr(exc, "checkpointed", False):
             return exc
-        t, l = self.running_step(), self.l
+        t, l = running_step(self.models), self.l
         if t > 0 and any(m.checkpointer is not None for m in self.models):
             self.save_checkpoints(t, pass_end_pending=t % l == 0)
             return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
