@@ -174,3 +174,14 @@ def test_each_pipeline_stage_is_what_the_heartbeat_names(tmp_path, monkeypatch):
     progress.phase("component pictures")
     progress.mark("stage denoise:d")
     assert progress._last_event[0] == "stage denoise:d"
+
+
+def test_the_stage_names_the_scheduler_file_client_for_connects_to(monkeypatch):
+    """--scheduler-file with DASK_SCHEDULER_ADDRESS also set: client_for connects to the file's
+    scheduler, so the progress line names the file, not the environment's address."""
+    from dkha.engine.cluster import Where, cluster_stage
+
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://127.0.0.1:1")
+    assert cluster_stage(Where(scheduler_file="s.json")) == \
+        "connecting to the Dask scheduler of s.json"
+    assert cluster_stage(Where()) == "connecting to the Dask scheduler at tcp://127.0.0.1:1"

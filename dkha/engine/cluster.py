@@ -93,7 +93,7 @@ def cluster_stage(client=None, samples: int | None = None, settings: Settings | 
         return "using the given Dask client"
     w = where_of(client)
     address = w.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
-    if w.scheduler_file and not address:
+    if w.scheduler_file and not w.scheduler:    # the file, as client_for, before the environment
         return f"connecting to the Dask scheduler of {w.scheduler_file}"
     if address:
         return f"connecting to the Dask scheduler at {address}"
