@@ -431,9 +431,7 @@ def _delivered(rule: RiskRule, evals: list, best: Candidate, raw: np.ndarray,
     if rule.rule != "sure":
         return None
     phase("estimating what the chosen denoiser delivers")
-    _, divergence = sure_parts(rule.y, raw, evals[1].images([best])[best], rule.b,
-                               rule.epsilon, clip=(0.0, 1.0))
-    return delivered(rule.y, raw, divergence, seed)
+    return delivered(rule.y, raw, evals[1].images([best])[best], rule.b, rule.epsilon, seed)
 
 
 def _rounds(evals: list, rule: RiskRule, model: str, first: list, ridges,

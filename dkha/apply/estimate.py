@@ -40,10 +40,12 @@ texture the denoiser smoothed away still reads as noise, so ``s`` can only be hi
 (adding a signal to symmetric unimodal noise only raises its absolute values, Anderson 1955).
 
 *The range*: ``R`` at ``s (1 + 2 e)`` (the optimistic end; ``e`` the MAD's relative
-sampling error, from the four draws) and at ``s (1 − TEXTURE_DOUBT)`` (the pessimistic end:
-the texture that can hide in ``s``). A point estimate cannot be held to 0.5 dB on photographs in
-principle: texture finer than the windows is indistinguishable from noise in one image, and at
-σ ≥ 0.1 a few % of σ is more than 0.5 dB; so the range is printed beside the point.
+sampling error, from the four draws), held below the PSNR of the variance the noise leaves in
+the result at the low level (:func:`output_variance`: the MSE is at least that variance), and
+``R`` at ``s (1 − TEXTURE_DOUBT)`` (the pessimistic end: the texture that can hide in ``s``).
+The point is ``R(s)``, held below the high end. A point estimate cannot be held to 0.5 dB on
+photographs in principle: texture finer than the windows is indistinguishable from noise in one
+image, and at σ ≥ 0.1 a few % of σ is more than 0.5 dB; so the range is printed beside it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.apply.noise import MAD_TO_SIGMA, censored, haar_diagonal
+from dkha.apply.risk import sure_parts
 from dkha.schedule import Stream, random_stream
 
 #: how far below the calibrated level ``s`` the noise may be (texture read as noise): the
@@ -131,13 +134,32 @@ def clipped_risk(noisy: np.ndarray, denoised: np.ndarray, divergence: np.ndarray
     return float(np.mean(terms))
 
 
-def delivered(noisy: np.ndarray, denoised: np.ndarray, divergence: np.ndarray,
-              seed: int = 0) -> Estimate:
+def output_variance(denoised: np.ndarray, perturbed: np.ndarray, epsilon: float,
+                    s: float) -> float:
+    """The variance the noise leaves in the clipped result, to first order: per pixel
+    ``v_s(x̂_i) Σ_j J_ij²`` (``J`` the denoiser's Jacobian, fit included; ``Σ_j J_ij²`` by
+    Hutchinson's estimate ``((f(y + εb) − f(y)) / ε)_i²`` with the Rademacher probe ``b``), 0
+    where the clip bites. The MSE is this variance plus the squared bias, so it bounds the MSE
+    from below whatever the image's texture (:func:`delivered`)."""
+    g = np.clip(denoised, 0.0, 1.0)
+    m, _ = censored(_GRID, np.full_like(_GRID, s))
+    _, var = censored(np.interp(g, m, _GRID), np.full_like(g, s))
+    inside = (denoised > 0.0) & (denoised < 1.0)
+    return float(np.mean(inside * var * ((perturbed - denoised) / epsilon) ** 2))
+
+
+def delivered(noisy: np.ndarray, denoised: np.ndarray, perturbed: np.ndarray,
+              probe: np.ndarray, epsilon: float, seed: int = 0) -> Estimate:
     """The point and range of the module docstring for the denoiser's output ``denoised``
-    (before the clip) on ``noisy``, ``divergence`` its Monte-Carlo divergence terms."""
+    (before the clip) on ``noisy`` and ``perturbed`` on ``noisy + ε·probe``. The high end is
+    also held below the PSNR of :func:`output_variance` at the low noise level (where the image
+    is smooth, its risk is a small fraction of σ² and SURE's ``−σ²`` makes any error of ``s``
+    a large one: rocket at σ 0.1 had no upper bound), and the point below the high end."""
+    _, divergence = sure_parts(noisy, denoised, perturbed, probe, epsilon, clip=(0.0, 1.0))
     s, e = calibrated_level(noisy, denoised, seed)
     levels = (s * (1.0 - TEXTURE_DOUBT), s * (1.0 + 2.0 * e))
-    mse = clipped_risk(noisy, denoised, divergence, s)
     low, high = (psnr_of(clipped_risk(noisy, denoised, divergence, v)) for v in levels)
-    point = psnr_of(mse)
-    return Estimate(mse, point, min(low, point), max(high, point), s, levels)
+    high = min(high, psnr_of(output_variance(denoised, perturbed, epsilon, levels[0])))
+    point = min(psnr_of(clipped_risk(noisy, denoised, divergence, s)), high)
+    low = min(low, point)
+    return Estimate(10.0 ** (-point / 10.0), point, low, max(high, point), s, levels)
