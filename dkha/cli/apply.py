@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from dkha.apply.choose import fit_denoise, psnr_of_risk
+from dkha.apply.choose import fit_denoise
 from dkha.apply.clustering import cluster_run, save_clusters
 from dkha.apply.denoise import denoise_image, denoise_store, save_image, store_mse
 from dkha.apply.superresolve import superresolve
@@ -108,8 +108,11 @@ def _print_choice(res, out: str, choice_file: str) -> None:
                      f"{e.sigma_range[1]:.4f}")
     else:
         implied = ("in the Anscombe-transformed image" if c.space != "image" else
-                   f"held-out loss less σ̂²: PSNR ≈ {psnr_of_risk(c.risk):.2f} dB, no range")
-        delivered = None
+                   "held-out loss less σ̂², which ranks the candidates")
+        delivered = ("no PSNR estimate for the held-out rule: its loss less σ̂² is the MSE only "
+                     "where σ̂ is the noise's standard deviation, which the gaussian Haar MAD is "
+                     "not under impulses or speckle"
+                     if c.rule == "held-out" else None)
     print(f"chosen: {c.chosen.label()}; estimated MSE {c.risk:.3g} ({implied}), "
           f"best of {len(c.table)} candidates in {c.seconds:.1f} s")
     if delivered:
