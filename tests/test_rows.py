@@ -172,6 +172,41 @@ def test_transform_new_samples(stores, oracle, digits, client, seed):
     assert_rel(engine.transform(Xnew, alpha), want, scale=(np.abs(Kc_new) @ np.abs(alpha.T)).max())
 
 
+def test_a_projection_task_holds_a_bounded_block_of_kernel_rows(stores, oracle, digits,
+                                                                  monkeypatch, seed):
+    """``project_rows`` (a transform task) holds ``PROJECTION_BYTES`` of kernel rows of the new
+    samples at a time, not its whole chunk's rows against every training sample (a chunk of
+    2 048 new samples against 100 000 training ones: 1.6 GB a thread; `dkha transform` peaked
+    at twice the fit's memory, issue 43); its projections are the dense oracle's all the same."""
+    from scipy.spatial.distance import cdist
+
+    from dkha.engine import tasks
+
+    K, _ = oracle["gaussian"]
+    rng = np.random.default_rng(seed)
+    Xnew = digits[rng.choice(300, 23)] + 0.1 * rng.normal(size=(23, 64))
+    alpha = rng.normal(size=(3, 300))
+    Knew = np.exp(-cdist(Xnew, digits, "sqeuclidean") / (2 * SIGMA**2))
+    Kc_new = Knew - K.mean(axis=0)[None, :] - Knew.mean(axis=1)[:, None] + K.mean()
+    want = Kc_new @ alpha.T
+    store = stores[64]
+    groups = tuple((store.chunk_bounds(i),) for i in range(store.n_chunks))
+    kernel = kernel_of("gaussian")
+
+    class Recorded:             # the kernel, recording the rows of new samples of each block
+        rows: list = []
+
+        def block(self, X, Y):
+            self.rows.append(len(X))
+            return kernel.block(X, Y)
+
+    monkeypatch.setattr(tasks, "PROJECTION_BYTES", 5 * 300 * 8)     # 5 rows of 300 columns
+    got = tasks.project_rows(str(store.path), Recorded(), Xnew, K.mean(axis=0), K.mean(),
+                             groups, alpha)
+    assert max(Recorded.rows) == 5 and sum(Recorded.rows) == 23 * len(groups)
+    assert_rel(got, want, scale=(np.abs(Kc_new) @ np.abs(alpha.T)).max())
+
+
 @pytest.mark.parametrize("path", ["rows", "dense", "transform", "diagonal"])
 def test_direct_paths_wait_through_the_stop_checks(stores, oracle, digits, client, path):
     """``rows()``, ``dense()``, ``transform()`` and the centered diagonal wait for their tasks
