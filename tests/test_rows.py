@@ -193,17 +193,17 @@ def test_a_projection_task_holds_a_bounded_block_of_kernel_rows(stores, oracle, 
     groups = tuple((store.chunk_bounds(i),) for i in range(store.n_chunks))
     kernel = kernel_of("gaussian")
 
-    class Recorded:             # the kernel, recording the rows of new samples of each block
-        rows: list = []
+    rows = []
 
+    class Recorded:             # the kernel, recording the rows of new samples of each block
         def block(self, X, Y):
-            self.rows.append(len(X))
+            rows.append(len(X))
             return kernel.block(X, Y)
 
     monkeypatch.setattr(tasks, "PROJECTION_BYTES", 5 * 300 * 8)     # 5 rows of 300 columns
     got = tasks.project_rows(str(store.path), Recorded(), Xnew, K.mean(axis=0), K.mean(),
                              groups, alpha)
-    assert max(Recorded.rows) == 5 and sum(Recorded.rows) == 23 * len(groups)
+    assert max(rows) == 5 and sum(rows) == 23 * len(groups)
     assert_rel(got, want, scale=(np.abs(Kc_new) @ np.abs(alpha.T)).max())
 
 

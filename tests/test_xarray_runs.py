@@ -11,6 +11,7 @@ import contextlib
 import copy
 import itertools
 import json
+import logging
 import os
 import re
 import warnings
@@ -331,10 +332,17 @@ def test_models_fitted_together_by_an_older_dkha_still_load(runs, tmp_path):
     assert not os.path.exists(tmp_path / "old" / "components.zarr")
 
 
-def test_a_transform_output_names_its_run_and_opens_in_plain_xarray(runs, tmp_path):
+def test_a_transform_output_names_its_run_and_opens_in_plain_xarray(runs, tmp_path, caplog):
     d, store, model, _ = runs
     out = tmp_path / "projected.zarr"
+    caplog.set_level(logging.INFO, logger="dkha.progress")
     transform_store(str(d / "run"), store.path, str(out))
+    # its progress: the samples projected, of all (issue 43: it had no fraction)
+    lines = [r.getMessage() for r in caplog.records if r.name == "dkha.progress"
+             and r.getMessage().startswith("transform: projecting")]
+    n = store.n_samples
+    assert lines[0] == f"transform: projecting: 0/{n} samples so far in 0 s", lines
+    assert re.fullmatch(rf"transform: projecting: {n}/{n} samples in \d+ s", lines[-1]), lines
     ds = _open(out)
     a = cf.decode_attrs(ds.attrs)
     assert a["run"] == str(d / "run") and a["kernel"] == "gaussian"
