@@ -17,7 +17,7 @@ from dkha.data.layout import components_path
 from dkha.estimators import online as online_estimator
 from dkha.estimators import online_run
 from dkha.estimators.online import OnlineKernelPCA
-from dkha.estimators.params import ONLINE, parameters
+from dkha.estimators.params import BATCH, ONLINE, parameters
 
 
 @pytest.fixture
@@ -141,3 +141,31 @@ def test_the_request_is_typed_and_held_to_the_table_and_the_result_frozen():
     # the fit resolved the scales on the data; the model's settings as asked leave them open
     assert model._settings_.feature_norm > 0 and model._settings_.nu > 0
     assert req.model.feature_norm is None and req.model.nu is None
+
+
+def test_both_requests_take_the_tables_rows_by_name():
+    """Each field of the batch ``ModelRequest`` and of ``OnlineSettings`` named as a row of its
+    estimator's table holds that row's value, of the row's type
+    (:func:`dkha.estimators.params.request_values`): a new setting is a row and a field."""
+    from dkha import KernelHebbianPCA, config
+    from dkha.fit.online import OnlineSettings
+    from dkha.fit.request import ModelRequest
+
+    batch = KernelHebbianPCA(3, algorithm="kha-smd", eta0=1, mu=0.5, rho0=0, init="random",
+                             tol=1, steps=50)
+    req = batch._request(40, config.settings())
+    own = {"n_components", "center_sample", "verbose"}      # checked against the data
+    rows = {p.name for p in parameters(BATCH)} & {f.name for f in dataclasses.fields(ModelRequest)}
+    assert rows - own == {"algorithm", "eta0", "mu", "xi", "rho0", "init", "tol", "on_divergence"}
+    for name in rows - own:
+        assert getattr(req, name) == getattr(batch, name), name
+    assert [type(getattr(req, k)) for k in ("eta0", "rho0", "tol")] == [float] * 3
+    assert req.xi is None and req.n_steps == 50      # xi's default is the fit's (settings_of)
+
+    online = OnlineKernelPCA(3, eta0=1, nu=2, max_members=np.int64(50), center=np.bool_(True))
+    settings = online._request(None).model
+    assert isinstance(settings, OnlineSettings)
+    assert (settings.eta0, settings.nu, settings.max_members, settings.center) == (1.0, 2.0, 50,
+                                                                                   True)
+    assert [type(v) for v in (settings.eta0, settings.nu, settings.max_members,
+                              settings.center)] == [float, float, int, bool]

@@ -40,6 +40,7 @@ from dkha.estimators.params import (
     get_params,
     identity_attrs,
     recorded_params,
+    request_values,
     saved_rows,
     shared_settings,
 )
@@ -57,12 +58,7 @@ from dkha.fit.run_dir import run_dataset, write_run
 from dkha.kernels import kernel_names, pairwise, precomputed_rows, spec_of
 from dkha.runs.run import kernel_of
 from dkha.runs.transform import project_rows
-from dkha.solvers.batch import (
-    ALGORITHMS,
-    DEFAULT_XI,
-    default_eta0,
-    default_mu,
-)
+from dkha.solvers.batch import ALGORITHMS, default_eta0, default_mu
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +162,11 @@ class KernelHebbianPCA(DkhaTransformer):
                 raise ParameterError(f"center_sample must be an integer in 1..{n_samples} (the "
                                      f"number of samples), got {center_sample!r}")
             center_sample = int(center_sample)
-        return ModelRequest(
-            algorithm=str(self.algorithm), n_components=int(r), n_steps=n_steps,
-            eta0=None if self.eta0 is None else float(self.eta0),
-            mu=None if self.mu is None else float(self.mu),
-            xi=DEFAULT_XI if self.xi is None else float(self.xi), rho0=float(self.rho0),
-            init=None if self.init is None else str(self.init), center_sample=center_sample,
-            tol=self.tol, on_divergence=self.on_divergence, verbose=bool(self.verbose),
-            params=frozen_mapping(get_params(self, BATCH)),
-            recorded=frozen_mapping(recorded_params(self, BATCH)))
+        return ModelRequest(**{
+            **request_values(self, BATCH, ModelRequest), "n_components": int(r),
+            "n_steps": n_steps, "center_sample": center_sample, "verbose": bool(self.verbose),
+            "params": frozen_mapping(get_params(self, BATCH)),
+            "recorded": frozen_mapping(recorded_params(self, BATCH))})
 
     def _kernel_params(self) -> dict:
         """The kernel's parameters as asked (resolved on the data by the fit)."""

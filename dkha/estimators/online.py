@@ -48,6 +48,7 @@ from dkha.estimators.params import (
     get_params,
     identity_attrs,
     recorded_params,
+    request_values,
     saved_rows,
 )
 from dkha.fit.ac_index import DEFAULT_REFERENCE_SAMPLES, reference_of
@@ -366,11 +367,8 @@ def validated_settings(model: OnlineKernelPCA, settings: config.Settings) -> Onl
     for name in ("block_rows", "prefetch"):
         if int(getattr(settings, name)) < 1:
             raise ParameterError(f"{name} must be positive, got {getattr(settings, name)}")
-    return OnlineSettings(
-        algorithm=model.algorithm, n_components=r, eta0=float(model.eta0),
-        gain_decay=gain_decay, tau=tau, nu=None if model.nu is None else float(model.nu),
-        max_members=mm, eigenvalue_samples=model.eigenvalue_samples, center=bool(model.center),
-        on_divergence=model.on_divergence)
+    return OnlineSettings(**{**request_values(model, ONLINE, OnlineSettings), "n_components": r,
+                             "gain_decay": gain_decay, "tau": tau})
 
 
 def input_axes(model: OnlineKernelPCA) -> np.ndarray:

@@ -151,6 +151,15 @@ class Param:
             return None
         return self.flag or "--" + self.dest.replace("_", "-")
 
+    def resolved(self, value):
+        """``value`` (accepted) as a typed request holds it: ``None`` as is, else of the row's
+        type (a number of its :class:`Interval`'s kind; a ``str`` of options or a ``str`` row,
+        a ``bool`` of a ``bool`` row); values of other rows as they are."""
+        a = self.accepts
+        kind = a.kind if isinstance(a, Interval) else str if isinstance(a, Options) else a
+        cast = {Integral: int, Real: float, str: str, bool: bool}.get(kind)
+        return value if value is None or cast is None else cast(value)
+
     def check(self, value, owner: str | None = None) -> None:
         """Raise :class:`~dkha.errors.ParameterError` unless ``value`` is accepted; with the
         estimator's class name ``owner``, :class:`InvalidParameter` in scikit-learn's words

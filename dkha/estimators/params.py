@@ -20,6 +20,7 @@ A new fit option is one :class:`Param` entry here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import warnings
 from functools import partial
@@ -569,6 +570,16 @@ def recorded_params(estimator, model: str) -> dict:
             continue
         out[p.name] = v
     return out
+
+
+def request_values(estimator, model: str, request) -> dict:
+    """``{name: value}`` of each row of ``model`` that the typed ``request`` (a dataclass) has a
+    field of, as ``estimator`` holds it, of the row's type (:meth:`Param.resolved`): what a
+    request takes from the table as it is, so that such a setting is declared once, a row and a
+    field of the same name."""
+    names = {f.name for f in dataclasses.fields(request)}
+    return {p.name: p.resolved(getattr(estimator, p.name)) for p in parameters(model)
+            if p.name in names}
 
 
 def get_params(estimator, model: str) -> dict:

@@ -25,7 +25,7 @@ from dkha.data.store import DataStore
 from dkha.fit.init import start_of
 from dkha.fit.kha_stream import BatchResult
 from dkha.fit.plan import Route
-from dkha.solvers.batch import BatchKHA, default_eta0, default_mu
+from dkha.solvers.batch import DEFAULT_XI, BatchKHA, default_eta0, default_mu
 
 
 def frozen_mapping(d: Mapping | None = None) -> Mapping:
@@ -35,9 +35,11 @@ def frozen_mapping(d: Mapping | None = None) -> Mapping:
 
 @dataclass(frozen=True)
 class ModelRequest:
-    """One model as its estimator validated it: the values that do not depend on the algorithm
-    run resolved (``n_components`` at most ``l − 1``, the steps, the centering sample), those
-    that do left as asked (``eta0``, ``mu``, ``init``: ``None`` is the algorithm's default);
+    """One model as its estimator validated it (each field named as a row of the parameter
+    table: that row's value, :func:`dkha.estimators.params.request_values`): the values that do
+    not depend on the algorithm run resolved (``n_components`` at most ``l − 1``, the steps, the
+    centering sample), those that do left as asked (``eta0``, ``mu``, ``xi``, ``init``:
+    ``None`` is the algorithm's default);
     then, the same type, as the fit resolved them (:func:`settings_of`: its start's
     ``landmarks`` or ``support``; ``eta0`` ``None`` from a Nyström start, set by
     :func:`dkha.fit.coordinator.start`)."""
@@ -47,7 +49,7 @@ class ModelRequest:
     n_steps: int
     eta0: float | None
     mu: float | None
-    xi: float
+    xi: float | None
     rho0: float
     init: str | None
     center_sample: int | None
@@ -123,6 +125,7 @@ def settings_of(model: ModelRequest, route: Route, n_samples: int, config: Setti
         model, algorithm=algorithm, landmarks=landmarks, support=support,
         eta0=default_eta0(algorithm, warm=warm) if model.eta0 is None else model.eta0,
         mu=default_mu(warm=warm) if model.mu is None else model.mu,
+        xi=DEFAULT_XI if model.xi is None else model.xi,
         init=(f"nystrom:{landmarks}" if landmarks else f"random:{support}" if support
               else "random"))
 
