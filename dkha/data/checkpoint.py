@@ -26,7 +26,9 @@ import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -216,7 +218,8 @@ class Checkpointer:
 
 def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
              checkpoint_every: int = 0, exact: dict | None = None, identity=(),
-             resume_identity=None) -> tuple[Checkpointer | None, Checkpoint | None, dict]:
+             resume_identity=None, repeat: Mapping = MappingProxyType({})
+             ) -> tuple[Checkpointer | None, Checkpoint | None, Mapping]:
     """Prepare ``run_dir`` for a fit: returns ``(checkpointer, checkpoint, meta)``.
 
     ``checkpointer`` is ``None`` without a run directory; ``checkpoint`` the one to resume from
@@ -226,7 +229,8 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
     settings (those a bit-identical continuation also needs, e.g. the block size) must equal the
     current ones, else the resume is refused listing the differences. Without ``resume`` a
     directory holding a different run, or checkpoints of an unfinished one, is refused unless
-    ``overwrite`` (then the checkpoints are removed). ``meta`` goes into every checkpoint written.
+    ``overwrite`` (then the checkpoints are removed). ``meta`` (read-only: the attrs, the exact
+    settings and what a bare resume ``repeat``-s) goes into every checkpoint written.
     """
     if checkpoint_every and int(checkpoint_every) < 0:
         raise ParameterError(f"checkpoint_every must be a positive number, got {checkpoint_every}")
@@ -234,7 +238,7 @@ def open_fit(run_dir: str | None, attrs: dict, *, overwrite: bool, resume: bool,
         raise ParameterError("checkpoints and --resume need a run directory")
     attrs = result.jsonable(attrs)
     exact = result.jsonable(exact or {})
-    meta = {"attrs": attrs, "exact": exact}
+    meta = MappingProxyType({"attrs": attrs, "exact": exact, **repeat})
     if run_dir is None:
         return None, None, meta
     checkpointer = Checkpointer(run_dir)

@@ -60,6 +60,7 @@ from dkha.fit.request import (
     ModelFit,
     ModelRequest,
     RunOptions,
+    frozen_mapping,
     settings_of,
 )
 from dkha.fit.run_dir import (
@@ -107,51 +108,53 @@ def resolve_kernel(store, kernel: str, seed: int, settings: Settings, client=Non
     return k
 
 
-def start(engine, settings: list[ModelRequest], exact: bool, metas: list[dict], cks,
-          n_samples: int, seed: int):
-    """``(settings, A_init, C_init)``: the shared start (``None`` for the paper's random start
-    or a resume) and the settings it leaves: the components the Nyström start found (fewer
-    where ``K'`` has a lower rank) and the default ``eta0`` of each model that has none: from a
-    Nyström start, scaled to unit feature-space norm, :func:`~dkha.solvers.batch.warm_eta0` of
-    its eigenvalue deficit (kept in the checkpoints' meta, read back on a resume). ``exact``:
-    the exact solver runs (it takes the Nyström start as it is)."""
+def start(engine, settings: list[ModelRequest], exact: bool, cks, n_samples: int, seed: int):
+    """``(settings, A_init, C_init, starts)``: the shared start (``None`` for the paper's random
+    start or a resume) and the settings it leaves: the components the Nyström start found
+    (fewer where ``K'`` has a lower rank) and the default ``eta0`` of each model that has none:
+    from a Nyström start, scaled to unit feature-space norm,
+    :func:`~dkha.solvers.batch.warm_eta0` of its eigenvalue deficit; ``starts``: what each
+    model's checkpoints record of it (the deficit, read back on a resume, and ``warm_gains``:
+    the default gains for the start, so that a pass that does not improve on it stops the model
+    at once). ``exact``: the exact solver runs (it takes the Nyström start as it is)."""
     p0 = settings[0]
     A_init = C_init = None
+    starts = [{} for _ in settings]
     if p0.landmarks and cks is None:
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
         if len(A_init) < p0.n_components:   # K' has that rank: the start is exact, the rest null
             settings = [replace(p, n_components=len(A_init)) for p in settings]
             if not len(A_init):
-                return settings, None, None
+                return settings, None, None, starts
         if not exact:     # unit norms: one pass for C = A K'
             A_init, C_init = unit_norm_components(A_init, projections(engine, A_init))
             deficit = start_deficit(s, eigenvalue_estimate(A_init, C_init))
             log.info("Nyström start: eigenvalue deficit %.3g", deficit)
-            for meta, p in zip(metas, settings):
-                meta["start_deficit"] = deficit
-                if p.eta0 is None:      # the default gains for the start: a pass that does
-                    meta["warm_gains"] = True   # not improve on it stops the model at once
+            starts = [{"start_deficit": deficit, **({"warm_gains": True} if p.eta0 is None
+                                                     else {})} for p in settings]
             settings = [p if p.eta0 is not None else
                         replace(p, eta0=warm_eta0(p.algorithm, deficit)) for p in settings]
     elif p0.support and cks is None:
         A_init = initial_coefficients(p0.n_components, n_samples, schedule.init_generator(seed),
                                       support=p0.support)
     if cks is not None and not exact:
-        settings = [_resumed_gain(p, meta, ck) for p, meta, ck in zip(settings, metas, cks)]
-    return settings, A_init, C_init
+        starts = [_resumed_start(p, ck) for p, ck in zip(settings, cks)]
+        settings = [p if p.eta0 is not None else
+                    replace(p, eta0=warm_eta0(p.algorithm, m["start_deficit"]))
+                    for p, m in zip(settings, starts)]
+    return settings, A_init, C_init, starts
 
 
-def _resumed_gain(p: ModelRequest, meta: dict, ck) -> ModelRequest:
-    """A resumed model's default ``eta0``: the gain the run started with."""
+def _resumed_start(p: ModelRequest, ck) -> dict:
+    """What a resumed model's checkpoints record of its start: for the default ``eta0``, the
+    deficit the run started with (its gain follows from it)."""
     if p.eta0 is not None:
-        return p
+        return {}
     if ck.meta.get("start_deficit") is None:
         raise ParameterError(f"cannot resume {ck.path} with the default eta0: the "
                              "checkpoint does not record its start (an older dkha); "
                              "give --eta0")
-    meta["start_deficit"] = float(ck.meta["start_deficit"])
-    meta["warm_gains"] = True
-    return replace(p, eta0=warm_eta0(p.algorithm, meta["start_deficit"]))
+    return {"start_deficit": float(ck.meta["start_deficit"]), "warm_gains": True}
 
 
 def _solver(p: ModelRequest, n_samples: int) -> BatchKHA:
@@ -252,6 +255,8 @@ def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route
     with stages, contextlib.ExitStack() as entering:
         first = _planned(request, kernel, first, p0, cks)
         attrs[0] = routed_attrs(attrs[0], first)
+        if first.plan is not None:      # the checkpoints record the path (a resume keeps it)
+            metas = [frozen_mapping(dict(m, plan=first.plan.attrs())) for m in metas]
         shortcut = (dense_shortcut(store.n_samples, p0.n_components)
                     if is_exact(first.runs) and p0.n_components > 0 else None)
         if shortcut is not None:        # the Krylov solver's dense eigh: said and saved
@@ -301,11 +306,6 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
         line = _eta_line(request, kernel, client, first, settings[0], cks)
         if line is not None:
             announce(line, verbose)
-    for meta in metas:      # checkpoints record the mode chosen (a resume keeps it)
-        if meta is not None and isinstance(meta.get("exact"), dict):
-            meta["exact"]["projections"] = engine.projections
-        if meta is not None:    # and the layout the bits follow (a resume reuses it)
-            meta["layout"] = engine.layout.as_dict()
     t0 = time.perf_counter()
     if cks is None:
         engine.compute_mk(center_sample=settings[0].center_sample, seed=request.seed)
@@ -313,12 +313,19 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
         engine.set_mk(cks[0].arrays["mk"], float(cks[0].meta["mkm"]))
     t1 = time.perf_counter()
     exact = is_exact(first.runs)
-    settings, A_init, C_init = start(engine, settings, exact, metas, cks, store.n_samples,
-                                     request.seed)
+    settings, A_init, C_init, starts = start(engine, settings, exact, cks, store.n_samples,
+                                             request.seed)
     p0 = settings[0]
     # seconds before the first pass (history wall times count the passes only), an earlier
     # attempt's added (its checkpoint's)
-    timings = {**phase_times(started, t0, t1, time.perf_counter(), cks, metas),
+    times = phase_times(started, t0, t1, time.perf_counter(), cks)
+    # the checkpoints' meta, built once: the projections' mode chosen and the layout the bits
+    # follow (a resume keeps both), the start, this attempt's phases (every checkpoint after)
+    metas = [frozen_mapping(dict(m, exact=dict(m["exact"], projections=engine.projections),
+                                 layout=engine.layout.as_dict(), **st,
+                                 times={k: times[k] for k in (*PHASES, "attempts")}))
+             for m, st in zip(metas, starts)]
+    timings = {**times,
                "projections": {"asked": asked, "chosen": engine.projections,
                                "reason": engine.projections_reason},
                "memory": engine.memory.as_dict(), "plan": plan_line,
@@ -326,6 +333,7 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     if bands is not None:
         timings["bands"] = bands.as_dict()
     if exact or p0.n_components == 0:  # 0: K' = 0
+        checkpoints = None if checkpoints is None else dict(checkpoints, meta=metas[0])
         results = [_krylov(engine, p0, request, first.plan, A_init, checkpoints)]
         solvers = [None]
     else:
@@ -393,9 +401,9 @@ def model_fit(store: DataStore, kernel, settings: ModelRequest, attrs: dict, res
 
 def _exact_checkpoints(first: Route, p0: ModelRequest, checkpointers, metas, cks,
                        opts: RunOptions):
-    """The exact paths' checkpoints (dense and Krylov): ``(KrylovCheckpoints' settings, the
-    checkpoints to resume from)``, both ``None`` without a run directory; ``(None, cks)`` where
-    the KHA iterations run (they checkpoint in their block stream).
+    """The exact paths' checkpoints (dense and Krylov): ``(KrylovCheckpoints' settings but its
+    meta, the checkpoints to resume from)``, both ``None`` without a run directory;
+    ``(None, cks)`` where the KHA iterations run (they checkpoint in their block stream).
 
     A fresh fit writes its settings (with the default's path) as the checkpoint of step 0
     before any work, so that a run stopped or killed at any moment resumes (``--resume``
@@ -405,13 +413,10 @@ def _exact_checkpoints(first: Route, p0: ModelRequest, checkpointers, metas, cks
         return None, cks
     if checkpointers is None:
         return None, cks
-    meta = metas[0]
-    if first.plan is not None:
-        meta["plan"] = first.plan.attrs()
     if cks is None:
-        checkpointers[0].save(0, {}, meta)
+        checkpointers[0].save(0, {}, dict(metas[0]))
     resume = cks[0] if cks and KRYLOV in cks[0].meta else None
-    return ({"checkpointer": checkpointers[0], "meta": meta, "resume": resume,
+    return ({"checkpointer": checkpointers[0], "resume": resume,
              "every": int(opts.checkpoint_every or 0)}, None if resume is None else [resume])
 
 
@@ -463,18 +468,14 @@ def _fit_dense(store: DataStore, kernel, p: ModelRequest, request: FitRequest, a
 PHASES = ("startup", "centering", "init")
 
 
-def phase_times(started: float, t0: float, t1: float, t2: float, cks, metas) -> dict:
+def phase_times(started: float, t0: float, t1: float, t2: float, cks) -> dict:
     """:data:`PHASES`' seconds of this attempt (``started`` → ``t0`` → ``t1`` → ``t2``), added
     to those of the attempts before that the resumed checkpoint records (``attempts`` counts
-    them, ``earlier`` is their seconds to it: phases and passes); recorded in each of ``metas``
-    (every checkpoint written after carries them)."""
+    them, ``earlier`` is their seconds to it: phases and passes)."""
     recorded = (cks[0].meta.get("times") or {}) if cks else {}
     times = {k: float(recorded.get(k, 0.0)) + v
              for k, v in zip(PHASES, (t0 - started, t1 - t0, t2 - t1))}
     times["attempts"] = int(recorded.get("attempts", 0)) + 1
-    for meta in metas or ():
-        if meta is not None:
-            meta["times"] = dict(times)
     times["earlier"] = (sum(float(recorded.get(k, 0.0)) for k in PHASES)
                         + float(cks[0].meta.get("fit_seconds", 0.0)) if cks else 0.0)
     return times

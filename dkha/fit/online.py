@@ -156,8 +156,9 @@ def _schedule(request: OnlineRequest, state: OnlineFit) -> OnlineFit:
              "ac_reference": describe_reference(request.ac_reference)}
     checkpointer, ck, ck_meta = open_fit(run_dir, attrs, overwrite=opts.overwrite,
                                          resume=opts.resume, checkpoint_every=checkpoint_every,
-                                         exact=exact, identity=opts.identity)
-    ck_meta.update(params=dict(request.recorded), checkpoint_steps=checkpoint_every)
+                                         exact=exact, identity=opts.identity,
+                                         repeat={"params": dict(request.recorded),
+                                                 "checkpoint_steps": checkpoint_every})
     reference = ac_reference_for(request.ac_reference, source, kernel, p.n_components, seed)
     solver.stream_length = source.n_samples
     sample = source.sample(p.eigenvalue_samples, seed)

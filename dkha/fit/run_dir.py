@@ -166,7 +166,8 @@ def common_step(checkpointers: list[Checkpointer], cks: list, n_steps: int) -> l
 
 def open_runs(store: DataStore, settings: list[ModelRequest], request: FitRequest,
               attrs: list[dict], asked: str, opts: RunOptions, recorded: list, config: Settings):
-    """``(checkpointers, metas, checkpoints to resume from)`` of the run directories."""
+    """``(checkpointers, metas, checkpoints to resume from)`` of the run directories (each meta
+    read-only, with what a bare resume repeats: ``recorded``, the checkpoint options)."""
     # what else a bit-identical continuation needs: the blocks and where they are projected
     exact = {"block_rows": block_rows_for(store.n_samples, config, request.block_rows),
              "projections": asked, "evaluate_every": int(request.evaluate_every)}
@@ -179,13 +180,12 @@ def open_runs(store: DataStore, settings: list[ModelRequest], request: FitReques
                        identity=opts.identity)
     opened = [open_fit(d, a, overwrite=opts.overwrite, resume=opts.resume,
                        checkpoint_every=opts.checkpoint_every or opts.checkpoint_steps,
-                       exact=exact, identity=opts.identity, resume_identity=resume_identity)
-              for d, a in zip(run_dirs or [None] * len(settings), attrs)]
+                       exact=exact, identity=opts.identity, resume_identity=resume_identity,
+                       repeat={"params": dict(r), "checkpoint_every": opts.checkpoint_every,
+                               "checkpoint_steps": opts.checkpoint_steps})
+              for d, a, r in zip(run_dirs or [None] * len(settings), attrs, recorded)]
     checkpointers = None if run_dirs is None else [o[0] for o in opened]
     metas = [o[2] for o in opened]
-    for i, meta in enumerate(metas):    # what a bare resume repeats
-        meta.update(params=dict(recorded[i]),
-                    checkpoint_every=opts.checkpoint_every, checkpoint_steps=opts.checkpoint_steps)
     cks = None
     if opts.resume:
         cks = common_step(checkpointers, [o[1] for o in opened], settings[0].n_steps)
