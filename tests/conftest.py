@@ -30,12 +30,37 @@ SERIAL = frozenset({"test_stop_phases", "test_resume", "test_cli", "test_progres
                     "test_churn", "test_worker_loss", "test_checkpoint"})
 
 
+#: what a test marked ``slow`` or ``cluster`` (a minute's work: processes started, a real
+#: server) counts for beside an ordinary test (about a second) when the groups are ordered
+LONG_TEST = 40
+
+
+def pytest_configure(config):
+    # xdist hands the groups out in the order the workers collected them (below), longest first,
+    # not by its own reorder (by their number of tests): that sent the one-test modules of a
+    # minute (the device check's dry run, TLS) last, one worker running them as the other idled
+    if getattr(config.option, "dist", None) == "loadgroup":
+        config.option.loadscopereorder = False
+
+
+def _group(item) -> str:
+    """The item's xdist group, as pytest-xdist names it."""
+    return "_".join(sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                            for m in item.iter_markers("xdist_group")}))
+
+
 @pytest.hookimpl(tryfirst=True)     # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             module = item.module.__name__.rpartition(".")[2]
             item.add_marker(pytest.mark.xdist_group("serial" if module in SERIAL else module))
+    if os.environ.get("PYTEST_XDIST_WORKER"):      # each worker collects: the same order in all
+        cost: dict[str, int] = {}
+        for item in items:
+            long = item.get_closest_marker("slow") or item.get_closest_marker("cluster")
+            cost[_group(item)] = cost.get(_group(item), 0) + (LONG_TEST if long else 1)
+        items.sort(key=lambda item: -cost[_group(item)])     # stable: a group's own order kept
 
 
 DIGITS_PER_CLASS = 30
