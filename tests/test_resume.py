@@ -32,7 +32,7 @@ ONLINE_FIT = ["--algorithm", "on-kha", "--components", "4", "--sigma", "4", "--n
               "300", "--block", "32", "--quiet"]
 # for SIGTERM: 150 blocks a pass and no evaluation until the end, so a stop lands mid-pass
 # unless it lands in a pass's last block (then the checkpoint is at the pass end: tried again)
-TERM_FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "30",
+TERM_FIT = ["--algorithm", "kha-smd", "--components", "5", "--sigma", "4", "--passes", "10",
             "--seed", "2", "--evaluate-every", "0", "--checkpoint-every", "1", "--block", "4",
             "--quiet"]
 SETTINGS = {"kha-smd": FIT, "on-kha": ONLINE_FIT, "term": TERM_FIT}
@@ -175,7 +175,7 @@ def test_sigterm_checkpoints_mid_pass_and_exits_75(store, full_runs, tmp_path):
     mid_pass = 0
     for trial in range(4):
         run = str(tmp_path / f"term{trial}")
-        # at pass 1's checkpoint: 29 passes of 150 blocks are left, no evaluation before the end
+        # at pass 1's checkpoint: 9 passes of 150 blocks are left, no evaluation before the end
         proc = _start(store, run, TERM_FIT, pipe=True, poll=0.005)
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=300)

@@ -2,7 +2,9 @@
 
 The test makes a temporary certificate authority and certificate, starts ``dask scheduler`` and
 ``dask worker`` with ``--tls-*`` options on 127.0.0.1, and runs ``dkha fit`` with the TLS client
-settings given as Dask configuration through the environment (how users configure it too).
+settings given as Dask configuration through the environment (how users configure it too). The
+embedded run it is compared with and the plain clients that are refused run the command in this
+process (:func:`tests.processes.dkha_in_process`), which has no TLS settings.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 import xarray as xr
 
 from dkha.data.ingest import ingest_array
-from tests.processes import start_dask_cluster, stop_processes, subprocess_env
+from tests.processes import dkha_in_process, start_dask_cluster, stop_processes, subprocess_env
 
 cryptography = pytest.importorskip("cryptography")
 
@@ -92,11 +94,22 @@ def tls_cluster(tmp_path_factory):
         stop_processes([scheduler, *workers])
 
 
+FIT = ["--algorithm", "kha-et", "--components", "4", "--sigma", "4", "--passes", "2",
+       "--evaluate-every", "0", "--quiet"]
+
+
 def _fit(store, out, *extra, env):
-    return subprocess.run([sys.executable, "-m", "dkha.cli", "fit", store, "-o", out,
-                           "--algorithm", "kha-et", "--components", "4", "--sigma", "4",
-                           "--passes", "2", "--evaluate-every", "0", "--quiet", *extra],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    """``dkha fit`` as a process of its own, its TLS settings from the environment ``env``."""
+    return subprocess.run([sys.executable, "-m", "dkha.cli", "fit", store, "-o", out, *FIT,
+                           *extra], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def _fit_here(store, out, *extra):
+    """``dkha fit`` in this process: no TLS settings (this process has none), a 5 s connect
+    timeout as :func:`_env` gives."""
+    return dkha_in_process("fit", store, "-o", out, *FIT, *extra,
+                           config={"dkha.connect-timeout": "5s"})
 
 
 def test_fit_over_tls_equals_the_embedded_run_and_plain_clients_are_refused(tls_cluster, tmp_path):
@@ -108,16 +121,16 @@ def test_fit_over_tls_equals_the_embedded_run_and_plain_clients_are_refused(tls_
     ingest_array(load_digits().data[:400] / 8.0 - 1.0, store, chunk_rows=100)
     p = _fit(store, str(tmp_path / "tls"), "--scheduler", address, env=_env(tls))
     assert p.returncode == 0, p.stderr
-    p = _fit(store, str(tmp_path / "local"), env=_env())
+    p = _fit_here(store, str(tmp_path / "local"))      # the embedded run
     assert p.returncode == 0, p.stderr
     a = xr.open_zarr(str(tmp_path / "tls" / "components.zarr"))["alpha"].values
     b = xr.open_zarr(str(tmp_path / "local" / "components.zarr"))["alpha"].values
     assert np.max(np.abs(a - b)) <= 1e-10 * np.max(np.abs(b))
     # a client without the certificates cannot attach
-    plain = _fit(store, str(tmp_path / "plain"), "--scheduler", address, env=_env())
+    plain = _fit_here(store, str(tmp_path / "plain"), "--scheduler", address)
     assert plain.returncode != 0
     assert "Traceback" not in plain.stderr and plain.stderr.startswith("dkha: error:")
     assert not os.path.exists(tmp_path / "plain" / "components.zarr")
-    tcp = _fit(store, str(tmp_path / "tcp"), "--scheduler", address.replace("tls://", "tcp://"),
-               env=_env())
+    tcp = _fit_here(store, str(tmp_path / "tcp"), "--scheduler",
+                    address.replace("tls://", "tcp://"))
     assert tcp.returncode != 0 and "Traceback" not in tcp.stderr

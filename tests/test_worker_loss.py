@@ -23,8 +23,8 @@ FIT = ["--algorithm", "kha-smd", "--components", "6", "--sigma", "4", "--passes"
 def test_killing_a_worker_mid_fit_leaves_alpha_unchanged(tmp_path):
     from sklearn.datasets import load_digits
 
-    store = str(tmp_path / "d.zarr")
-    ingest_array(load_digits().data[:1200] / 8.0 - 1.0, store, chunk_rows=150)
+    store = str(tmp_path / "d.zarr")      # 8 chunks over 3 workers, 19 blocks a pass
+    ingest_array(load_digits().data[:600] / 8.0 - 1.0, store, chunk_rows=75)
     _, sched_file, scheduler, workers = start_dask_cluster(str(tmp_path), 3, nanny=False)
     procs = [scheduler, *workers]
     try:
