@@ -100,7 +100,7 @@ def test_a_stream_equals_its_blocks_applied_in_order():
     X = _X(200, 1)
     model = OnlineKernelPCA(3, sigma=3.0, block_rows=16, seed=4)
     model.partial_fit(X[:120]).partial_fit(X[120:])
-    solver = new_solver(model._settings_, 5, model.kernel_, 4)
+    solver = new_solver(model._fit.settings, 5, model.kernel_, 4)
     for a in range(0, 120, 16):
         solver.apply_block(X[a:min(a + 16, 120)], np.arange(a, min(a + 16, 120)))
     for a in range(120, 200, 16):
@@ -127,7 +127,7 @@ def test_the_request_is_typed_and_held_to_the_table_and_the_result_frozen():
     assert set(elsewhere.values()) <= request
 
     model = OnlineKernelPCA(3, sigma=3.0, steps=300).fit(_X())
-    fit = model._state()
+    fit = model._fit
     assert isinstance(fit, OnlineFit) and isinstance(fit.history, tuple)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fit.n_steps = 0
@@ -139,7 +139,7 @@ def test_the_request_is_typed_and_held_to_the_table_and_the_result_frozen():
     with pytest.raises(TypeError):
         req.params["eta0"] = 1.0
     # the fit resolved the scales on the data; the model's settings as asked leave them open
-    assert model._settings_.feature_norm > 0 and model._settings_.nu > 0
+    assert model._fit.settings.feature_norm > 0 and model._fit.settings.nu > 0
     assert req.model.feature_norm is None and req.model.nu is None
 
 

@@ -238,16 +238,15 @@ DataStore
                                  "setting n_components to a fixed value.")
         if not np.isfinite(X).all():
             raise InputError("partial_fit: the data holds NaN or inf")
-        state = None if first_call else self._state()
+        state = None if first_call else self._fit
         self._keep(fit_online(self._request(ArraySource(X), state), state))
         return self
 
     def _keep(self, fit: OnlineFit) -> None:
-        """The fitted attributes: the fit's result and its solver's state, copied (the solver
-        continued by :meth:`partial_fit`)."""
-        s = fit.solver
-        self.solver_, self.kernel_, self._settings_ = s, fit.kernel, fit.settings
-        self.n_features_in_, self._reference_ = s.n_features, fit.reference
+        """The fitted attributes: the fit itself (the state :meth:`partial_fit` continues) and
+        its result and its solver's state, copied."""
+        s, self._fit = fit.solver, fit
+        self.solver_, self.kernel_, self.n_features_in_ = s, fit.kernel, s.n_features
         self.history_, self.wall_time_ = list(fit.history), fit.wall_time
         self.stream_stats_, self.attrs_ = dict(fit.stream_stats), dict(fit.attrs)
         self.n_samples_seen_, self.n_components_ = fit.n_steps, fit.settings.n_components
@@ -255,12 +254,6 @@ DataStore
         self.alpha_, self.dictionary_ = s.alpha(), s.dictionary()
         self.member_index_, self.member_step_ = s.members()
         self.mean_coefficient_, self.n_steps_ = s.mean_coefficients(), s.state.step
-
-    def _state(self) -> OnlineFit:
-        """The fitted state, which :meth:`partial_fit` continues."""
-        return OnlineFit(self.solver_, self._settings_, self.kernel_, self.history_,
-                         self.wall_time_, self.stream_stats_, self._reference_,
-                         self.eigenvalues_, self.n_samples_seen_, self.attrs_)
 
     def _check_fitted(self):
         if not hasattr(self, "solver_"):
@@ -293,7 +286,7 @@ DataStore
         """
         self._check_fitted()
         r = self.solver_.r
-        ref = getattr(self, "_reference_", None) if reference is None else reference_of(
+        ref = self._fit.reference if reference is None else reference_of(
             reference, self.kernel_, r, seed=self.seed, max_samples=max_samples, centered=centered)
         if ref is None:
             raise ParameterError("no AC reference: pass reference samples or a data store")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from itertools import pairwise
 
 import numpy as np
@@ -124,6 +124,10 @@ class OnlineFit:
         for name in ("stream_stats", "attrs"):
             object.__setattr__(self, name, frozen_mapping(getattr(self, name)))
         object.__setattr__(self, "history", tuple(self.history))
+
+    def __reduce__(self):       # a fitted estimator pickles (a mapping proxy does not)
+        return type(self), tuple(dict(v) if isinstance(v, Mapping) else v
+                                 for v in (getattr(self, f.name) for f in fields(self)))
 
 
 def fit_online(request: OnlineRequest, state: OnlineFit | None = None) -> OnlineFit:
