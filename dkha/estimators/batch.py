@@ -39,6 +39,7 @@ from dkha.estimators.params import (
     from_attrs,
     get_params,
     identity_attrs,
+    kernel_values,
     recorded_params,
     request_values,
     saved_rows,
@@ -167,11 +168,6 @@ class KernelHebbianPCA(DkhaTransformer):
             "n_steps": n_steps, "center_sample": center_sample, "verbose": bool(self.verbose),
             "params": frozen_mapping(get_params(self, BATCH)),
             "recorded": frozen_mapping(recorded_params(self, BATCH))})
-
-    def _kernel_params(self) -> dict:
-        """The kernel's parameters as asked (resolved on the data by the fit)."""
-        return {"sigma": self.sigma, "degree": self.degree, "offset": self.offset,
-                "gamma": self.gamma, "coef0": self.coef0, "kernel_params": self.kernel_params}
 
     def _keep(self, fit: ModelFit, store: DataStore, tmp_store, X_fit) -> None:
         """The fitted attributes: the fit's result, copied."""
@@ -550,7 +546,7 @@ def _fit_models(models: list[KernelHebbianPCA], X, *, run_dirs=None, overwrite=F
     settings = config.settings(projections=first.projections, row_cache=first.cache_rows,
                                precision=first.precision, device=first.device)
     request = FitRequest(
-        store=store, kernel=first.kernel, kernel_params=frozen_mapping(first._kernel_params()),
+        store=store, kernel=first.kernel, kernel_params=frozen_mapping(kernel_values(first, BATCH)),
         models=tuple(m._request(store.n_samples, settings) for m in models),
         seed=first.seed, evaluate_every=first.evaluate_every, block_rows=first.block_rows,
         prefetch=first.prefetch, client=first.client,

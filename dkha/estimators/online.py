@@ -47,6 +47,7 @@ from dkha.estimators.params import (
     declare,
     get_params,
     identity_attrs,
+    kernel_values,
     recorded_params,
     request_values,
     saved_rows,
@@ -139,9 +140,7 @@ class OnlineKernelPCA(DkhaTransformer):
         ``state``'s, which a ``partial_fit`` continues) and every ``dkha.*`` setting, read now."""
         settings = config.settings(block_rows=self.block_rows, prefetch=self.prefetch)
         return OnlineRequest(
-            source=source, kernel=self.kernel, kernel_params={
-                "sigma": self.sigma, "degree": self.degree, "offset": self.offset,
-                "gamma": self.kernel_gamma, "kernel_params": self.kernel_params},
+            source=source, kernel=self.kernel, kernel_params=kernel_values(self, ONLINE),
             model=validated_settings(self, settings) if state is None else state.settings,
             settings=settings, seed=self.seed, params=get_params(self, ONLINE),
             recorded=recorded_params(self, ONLINE), saved=saved_rows(ONLINE), **fit)

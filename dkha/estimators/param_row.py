@@ -104,7 +104,8 @@ class Param:
         kernel's parameters are saved together, see ``kernel_param``; the length as ``n_steps``).
     kernel_param : the kernel's parameter this row sets (a key of
         :attr:`~dkha.kernels.Kernel.param_dict`): saved, as resolved (e.g. the median-distance
-        ``sigma``), in the run's one ``kernel_parameters`` attr, and read back from it.
+        ``sigma``), in the run's one ``kernel_parameters`` attr, and read back from it
+        (``coef0``, a keyword of :func:`~dkha.kernels.make_kernel`, is saved as ``offset``).
     identity : part of a run's identity: a run directory or checkpoint holding another value is
         another run (resuming it is refused, writing over it needs ``overwrite``).
     old : the parameter's former name, still accepted with a ``FutureWarning`` as the

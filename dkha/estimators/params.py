@@ -129,7 +129,7 @@ PARAMETERS: tuple[Param, ...] = (
           cli={"type": float, "group": "kernel"}, doc_type="float, optional",
           short="polynomial / sigmoid offset", kernel_param="offset"),
     Param("coef0", None, "scikit-learn's name of ``offset`` (give one of them).",
-          models=(BATCH,), flag=None, doc_type="float, optional"),
+          models=(BATCH,), flag=None, doc_type="float, optional", kernel_param="coef0"),
     Param("gamma", None,
           "Kernel coefficient, scikit-learn's ``gamma``: ``rbf``/``gaussian`` "
           "``exp(−gamma ‖x−y‖²)`` (instead of ``sigma``), ``poly``/``polynomial`` and "
@@ -580,6 +580,13 @@ def request_values(estimator, model: str, request) -> dict:
     names = {f.name for f in dataclasses.fields(request)}
     return {p.name: p.resolved(getattr(estimator, p.name)) for p in parameters(model)
             if p.name in names}
+
+
+def kernel_values(estimator, model: str) -> dict:
+    """The kernel's parameters as ``estimator`` holds them (resolved on the data by the fit):
+    each ``kernel_param`` row's value under that parameter's name, and ``kernel_params``."""
+    return {**{p.kernel_param: getattr(estimator, p.name) for p in parameters(model)
+               if p.kernel_param is not None}, "kernel_params": estimator.kernel_params}
 
 
 def get_params(estimator, model: str) -> dict:
