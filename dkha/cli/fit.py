@@ -26,7 +26,7 @@ from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
 from dkha.estimators.params import PARAMETERS, cli_values
 from dkha.estimators.tune import tune
-from dkha.fit.track import result_entry
+from dkha.fit.track import kept_figures, result_entry
 
 
 def _fit_summary(model, run_dir: str) -> dict:
@@ -43,22 +43,14 @@ def _fit_summary(model, run_dir: str) -> dict:
             "backoffs": len(model.backoffs_),
             "times": {k: v for k, v in (getattr(model, "timings_", None) or {}).items()
                       if k in TIMES},
-            **kept_summary(model.attrs_), **centering_summary(model.attrs_)}
-
-
-def kept_summary(attrs: dict) -> dict:
-    """A fit that kept an earlier state: the pass kept and why (``kept_pass``, ``kept_reason``;
-    nothing when the last state is the result)."""
-    kept = attrs.get("kept_state")
-    return {"kept_pass": kept["pass"], "kept_reason": attrs.get("kept_reason")} if kept else {}
+            **kept_figures(model.attrs_), **centering_summary(model.attrs_)}
 
 
 def _print_kept(attrs: dict) -> None:
     """One line where the fit kept an earlier state than its last: which, and why."""
-    kept = attrs.get("kept_state")
+    kept = kept_figures(attrs)
     if kept:
-        print(f"kept the state of pass {kept['pass']}, not the last: "
-              f"{attrs.get('kept_reason', 'an earlier pass was better')}")
+        print(f"kept the state of pass {kept['kept_pass']}, not the last: {kept['kept_reason']}")
 
 
 def _print_backoffs(backoffs: list[dict]) -> None:

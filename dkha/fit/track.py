@@ -169,3 +169,13 @@ def kept_reason(kept: dict, attrs: dict) -> str:
         advice += ", or leave eta0 unset for the gains that suit a Nyström start"
     return (f"{GAINS_TOO_LARGE}: every pass left it worse than the start ({lost}), so {state} "
             f"is the result and the passes were thrown away; try {advice}")
+
+
+def kept_figures(attrs) -> dict:
+    """Where a fit kept an earlier state than its last: ``kept_pass`` and ``kept_reason`` (the
+    run's attrs, :func:`kept_reason`); nothing otherwise."""
+    kept = attrs.get("kept_state")
+    if not kept:
+        return {}
+    return {"kept_pass": int(kept["pass"]),
+            "kept_reason": str(attrs.get("kept_reason", "an earlier pass was better"))}

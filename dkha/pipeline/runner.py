@@ -51,7 +51,7 @@ from dkha.data.store import open_store
 from dkha.errors import RESUME_HINT, DkhaError, InputError, Interrupted, ParameterError
 from dkha.estimators.factory import estimator_for, fit_run
 from dkha.estimators.params import pipeline_keys
-from dkha.fit.track import result_entry
+from dkha.fit.track import kept_figures, result_entry
 from dkha.pipeline.report import write_report
 from dkha.progress import mark
 
@@ -437,16 +437,6 @@ class Runner:
                                     if isinstance(v, (int, float, str)) or v is None}}
         self.figures[f"apply-{i}-{a['kind']}"] = out
         return out
-
-
-def kept_figures(attrs) -> dict:
-    """Where a fit kept an earlier state than its last: ``kept_pass`` and ``kept_reason`` (the
-    run's attrs, :func:`dkha.fit.track.kept_reason`); nothing otherwise."""
-    kept = attrs.get("kept_state")
-    if not kept:
-        return {}
-    return {"kept_pass": int(kept["pass"]),
-            "kept_reason": str(attrs.get("kept_reason", "an earlier pass was better"))}
 
 
 def along(ds) -> dict:
