@@ -681,3 +681,18 @@ def test_cluster_reuses_the_runs_projections_and_says_what_it_does(blobs_run, cl
     again = clustering.cluster_run(ds.drop_vars("projection"), 3, client=client)
     np.testing.assert_array_equal(res.clusters, again.clusters)
     assert res.vi == pytest.approx(0.0, abs=1e-12)
+
+
+def test_one_application_imports_no_other():
+    """A fit's component pictures (``dkha.apply.pictures``, imported by every ``dkha fit``) do
+    not import the denoiser's choice, whose modules cost seconds at every command's start; the
+    package's names still load on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dkha.apply.pictures, dkha.apply as a; "
+            "print('dkha.apply.choose' in sys.modules, 'dkha.apply.clustering' in sys.modules); "
+            "print(a.fit_denoise.__module__, a.spectral_clustering.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    assert out.stdout.split("\n")[:2] == ["False False", "dkha.apply.choose dkha.apply.clustering"]

@@ -14,29 +14,27 @@ clustering.
   the training samples; the variation of information.
 """
 
-from dkha.apply.choose import fit_denoise
-from dkha.apply.clustering import (
-                                   cluster_run,
-                                   entropy,
-                                   spectral_clustering,
-                                   variation_of_information,
-)
-from dkha.apply.denoise import denoise_image, snr
-from dkha.apply.preimage import (
-                                   METHODS,
-                                   RunPreimages,
-                                   conformal,
-                                   expansion,
-                                   fixed_point,
-                                   gradient,
-                                   preimages,
-)
-from dkha.apply.risk import noise_level
-
-__all__ = ["METHODS", "RunPreimages", "cluster_run", "conformal", "denoise_image", "entropy",
-           "expansion", "fit_denoise", "fixed_point", "gradient", "noise_level", "preimages",
-           "snr", "spectral_clustering", "variation_of_information"]
+import importlib
 
 from dkha.lazy import submodules as _submodules
 
-__getattr__, __dir__ = _submodules(__name__, __path__)
+#: the names this package exports, each loaded from its module on first use (PEP 562): importing
+#: one application (``dkha.apply.pictures`` for a fit's component pictures) does not import the
+#: others (the denoiser's choice pulls in ``scipy.stats``, seconds at every command's start)
+_EXPORTS = {
+    "fit_denoise": "choose", "noise_level": "risk", "snr": "denoise", "denoise_image": "denoise",
+    **dict.fromkeys(("cluster_run", "entropy", "spectral_clustering",
+                     "variation_of_information"), "clustering"),
+    **dict.fromkeys(("METHODS", "RunPreimages", "conformal", "expansion", "fixed_point",
+                     "gradient", "preimages"), "preimage"),
+}
+__all__ = ["METHODS", "RunPreimages", "cluster_run", "conformal", "denoise_image", "entropy",
+           "expansion", "fit_denoise", "fixed_point", "gradient", "noise_level", "preimages",
+           "snr", "spectral_clustering", "variation_of_information"]
+_module, __dir__ = _submodules(__name__, __path__)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    return _module(name)
