@@ -3,9 +3,11 @@ the log says so in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import threading
 import time
 
 import numpy as np
@@ -52,13 +54,31 @@ def test_killing_a_worker_mid_fit_leaves_alpha_unchanged(tmp_path):
         stop_processes(procs)
 
 
+@contextlib.contextmanager
+def refreshing(client):
+    """While inside: a thread doing what the client's periodic callback does (replace its cached
+    identity, with no worker listed), as often as it can."""
+    stop = threading.Event()
+
+    def refresh():
+        while not stop.is_set():
+            client.sync(client._update_scheduler_info)
+
+    thread = threading.Thread(target=refresh, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_no_worker_is_said_lost_while_the_client_refreshes_its_cache(caplog, monkeypatch):
     """The watcher asks the scheduler for its workers afresh: the client's periodic update of
     its cached identity (every 2 s, with no worker listed) running all the while makes no
     "lost" line (before, a fit's in-process worker was said lost when a look read the cache
     between the two), and a worker that does leave is said so."""
     import logging
-    import threading
 
     from distributed import Client, LocalCluster
 
@@ -67,25 +87,12 @@ def test_no_worker_is_said_lost_while_the_client_refreshes_its_cache(caplog, mon
     monkeypatch.setattr(dashboard, "WATCH_EVERY", 0.01)
     caplog.set_level(logging.WARNING, logger="dkha.engine.cluster")
     with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        stop = threading.Event()
-
-        def refresh():      # what the client's periodic callback does, as often as it can
-            while not stop.is_set():
-                client.sync(client._update_scheduler_info)
-
-        thread = threading.Thread(target=refresh, daemon=True)
-        thread.start()
-        try:
-            with dashboard.watching_workers(client):
-                time.sleep(1.5)
-                assert not [r for r in caplog.records if "lost" in r.getMessage()]
-                gone = min(cluster.scheduler.workers)
-                client.sync(cluster.scheduler.remove_worker, gone, stimulus_id="test")
-                time.sleep(0.5)
-        finally:
-            stop.set()
-            thread.join()
+            Client(cluster) as client, refreshing(client), dashboard.watching_workers(client):
+        time.sleep(1.5)
+        assert not [r for r in caplog.records if "lost" in r.getMessage()]
+        gone = min(cluster.scheduler.workers)
+        client.sync(cluster.scheduler.remove_worker, gone, stimulus_id="test")
+        time.sleep(0.5)
     lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
     assert len(lost) == 1 and lost[0].startswith(f"worker {gone} ") and lost[0].endswith(
         "its tasks run again on the 1 workers left; the work goes on"), lost
@@ -98,7 +105,6 @@ def test_the_worker_set_is_asked_afresh_as_workers_join_and_leave():
     identity (no worker listed) runs all the while. Before, each read
     ``Client.scheduler_info()``, which returns that cache: read after the update replaced it,
     a cluster of 2 or 3 workers had none (1 thread, no band worker, "0 worker processes")."""
-    import threading
     from types import SimpleNamespace
 
     from distributed import Client, LocalCluster
@@ -121,27 +127,16 @@ def test_the_worker_set_is_asked_afresh_as_workers_join_and_leave():
 
     # (threads that talk TCP: not the coordinator's process to the engine, and quick to start)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
-        stop = threading.Event()
-
-        def refresh():      # what the client's periodic callback does, as often as it can
-            while not stop.is_set():
-                client.sync(client._update_scheduler_info)
-
-        thread = threading.Thread(target=refresh, daemon=True)
-        thread.start()
-        try:
-            assert seen(client) == {2}
-            cluster.scale(3)                                  # one joins
-            client.wait_for_workers(3, timeout=60)
-            assert seen(client) == {3}
-            gone = min(cluster.scheduler.workers)             # one leaves
-            client.retire_workers([gone], close_workers=True)
-            deadline = time.time() + 60
-            while len(cluster.scheduler.workers) != 2:
-                assert time.time() < deadline
-                time.sleep(0.05)
-            assert seen(client) == {2}
-        finally:
-            stop.set()
-            thread.join()
+                      dashboard_address=None) as cluster, Client(cluster) as client, \
+            refreshing(client):
+        assert seen(client) == {2}
+        cluster.scale(3)                                  # one joins
+        client.wait_for_workers(3, timeout=60)
+        assert seen(client) == {3}
+        gone = min(cluster.scheduler.workers)             # one leaves
+        client.retire_workers([gone], close_workers=True)
+        deadline = time.time() + 60
+        while len(cluster.scheduler.workers) != 2:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert seen(client) == {2}
