@@ -25,7 +25,8 @@ import _data  # noqa: F401 - first: this checkout's dkha on the path
 import numpy as np
 from denoise_photo import add_noise, photograph
 
-from dkha.apply.choose import fit_denoise, psnr_of_risk
+from dkha.apply.choose import fit_denoise
+from dkha.apply.estimate import psnr_of
 
 PANEL = ("chelsea", "coffee", "rocket", "moon")
 GAUSSIAN = ("gaussian-0.05", "gaussian-0.1", "gaussian-0.2")
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             res = fit_denoise(add_noise(clean, kind, args.seed + i), seed=args.seed)
             got = float(10 * np.log10(1.0 / np.mean((res.image - clean) ** 2)))
-            before = psnr_of_risk(res.choice.risk)
+            before = psnr_of(res.choice.risk)
             e = res.choice.estimate
             holds = {"before": abs(before - got) <= 0.5, "point": abs(e.psnr - got) <= 0.5,
                      "range": e.low <= got <= e.high,

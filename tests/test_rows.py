@@ -157,17 +157,23 @@ def test_set_mk_is_used(stores, oracle, client):
     assert_rel(engine.rows(idx), Kc[idx] - 0.5)
 
 
+def new_samples(K, digits, seed, n):
+    """``n`` noisy copies of digits, random coefficients ``alpha`` (3 × 300) and the dense
+    oracle of the new samples' centered kernel rows against the training digits (``K`` theirs)."""
+    from scipy.spatial.distance import cdist
+
+    rng = np.random.default_rng(seed)
+    Xnew = digits[rng.choice(300, n)] + 0.1 * rng.normal(size=(n, 64))
+    alpha = rng.normal(size=(3, 300))
+    Knew = np.exp(-cdist(Xnew, digits, "sqeuclidean") / (2 * SIGMA**2))
+    return Xnew, alpha, Knew - K.mean(axis=0)[None, :] - Knew.mean(axis=1)[:, None] + K.mean()
+
+
 def test_transform_new_samples(stores, oracle, digits, client, seed):
     K, _ = oracle["gaussian"]
     engine = RowEngine(stores[17], kernel_of("gaussian"), client, config.settings(column_groups=3))
     engine.compute_mk()
-    rng = np.random.default_rng(seed)
-    Xnew = digits[rng.choice(300, 6)] + 0.1 * rng.normal(size=(6, 64))
-    alpha = rng.normal(size=(3, 300))
-    from scipy.spatial.distance import cdist
-
-    Knew = np.exp(-cdist(Xnew, digits, "sqeuclidean") / (2 * SIGMA**2))
-    Kc_new = Knew - K.mean(axis=0)[None, :] - Knew.mean(axis=1)[:, None] + K.mean()
+    Xnew, alpha, Kc_new = new_samples(K, digits, seed, 6)
     want = Kc_new @ alpha.T
     assert_rel(engine.transform(Xnew, alpha), want, scale=(np.abs(Kc_new) @ np.abs(alpha.T)).max())
 
@@ -178,16 +184,10 @@ def test_a_projection_task_holds_a_bounded_block_of_kernel_rows(stores, oracle, 
     samples at a time, not its whole chunk's rows against every training sample (a chunk of
     2 048 new samples against 100 000 training ones: 1.6 GB a thread; `dkha transform` peaked
     at twice the fit's memory, issue 43); its projections are the dense oracle's all the same."""
-    from scipy.spatial.distance import cdist
-
     from dkha.engine import tasks
 
     K, _ = oracle["gaussian"]
-    rng = np.random.default_rng(seed)
-    Xnew = digits[rng.choice(300, 23)] + 0.1 * rng.normal(size=(23, 64))
-    alpha = rng.normal(size=(3, 300))
-    Knew = np.exp(-cdist(Xnew, digits, "sqeuclidean") / (2 * SIGMA**2))
-    Kc_new = Knew - K.mean(axis=0)[None, :] - Knew.mean(axis=1)[:, None] + K.mean()
+    Xnew, alpha, Kc_new = new_samples(K, digits, seed, 23)
     want = Kc_new @ alpha.T
     store = stores[64]
     groups = tuple((store.chunk_bounds(i),) for i in range(store.n_chunks))

@@ -167,11 +167,6 @@ class Choice:
                 "choice_seconds": self.seconds}
 
 
-def psnr_of_risk(risk: float) -> float:
-    """``10 log10(1 / risk)`` dB (peak 1); ``inf`` for a non-positive risk estimate."""
-    return float(10 * np.log10(1.0 / risk)) if risk > 0 else float("inf")
-
-
 class Windows:
     """The windows of one image on the patch grid, and their average back into an image."""
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.noise import MAD_TO_SIGMA, censored, haar_diagonal
+from dkha.apply.noise import MAD_TO_SIGMA, censored, mad
 from dkha.apply.risk import sure_parts
 from dkha.schedule import Stream, random_stream
 
@@ -91,12 +91,14 @@ class Estimate:
 
 
 def psnr_of(mse: float) -> float:
+    """``10 log10(1 / mse)`` dB (peak 1); ``inf`` for a non-positive MSE (estimate)."""
     return float(10 * np.log10(1.0 / mse)) if mse > 0 else float("inf")
 
 
-def mad(image: np.ndarray) -> float:
-    """The median absolute finest diagonal Haar coefficient."""
-    return float(np.median(np.abs(haar_diagonal(image))))
+def _clean(g: np.ndarray, s: float) -> np.ndarray:
+    """``x̂ = m_s⁻¹(g)``: the clean value whose censored mean at noise level ``s`` is ``g``."""
+    m, _ = censored(_GRID, np.full_like(_GRID, s))
+    return np.interp(g, m, _GRID)
 
 
 def calibrated_level(noisy: np.ndarray, denoised: np.ndarray, seed: int = 0
@@ -127,8 +129,7 @@ def clipped_risk(noisy: np.ndarray, denoised: np.ndarray, divergence: np.ndarray
     under the clip model at noise level ``s``; ``divergence`` the Monte-Carlo terms of
     :func:`dkha.apply.risk.sure_parts`."""
     g = np.clip(denoised, 0.0, 1.0)
-    m, _ = censored(_GRID, np.full_like(_GRID, s))
-    x_hat = np.interp(g, m, _GRID)
+    x_hat = _clean(g, s)
     mean, var = censored(x_hat, np.full_like(x_hat, s))
     terms = (noisy - g) ** 2 - var + 2.0 * var * divergence + (mean - x_hat) ** 2
     return float(np.mean(terms))
@@ -142,8 +143,7 @@ def output_variance(denoised: np.ndarray, perturbed: np.ndarray, epsilon: float,
     where the clip bites. The MSE is this variance plus the squared bias, so it bounds the MSE
     from below whatever the image's texture (:func:`delivered`)."""
     g = np.clip(denoised, 0.0, 1.0)
-    m, _ = censored(_GRID, np.full_like(_GRID, s))
-    _, var = censored(np.interp(g, m, _GRID), np.full_like(g, s))
+    _, var = censored(_clean(g, s), np.full_like(g, s))
     inside = (denoised > 0.0) & (denoised < 1.0)
     return float(np.mean(inside * var * ((perturbed - denoised) / epsilon) ** 2))
 

@@ -70,14 +70,19 @@ def haar_diagonal(image: np.ndarray) -> np.ndarray:
     return (y[0::2, 0::2] - y[0::2, 1::2] - y[1::2, 0::2] + y[1::2, 1::2]) / 2.0
 
 
-def noise_level(image: np.ndarray) -> float:
-    """``σ̂``: the median absolute finest diagonal Haar coefficient over 0.6745 (module
-    docstring); an estimate of the standard deviation of white noise in ``image``."""
+def mad(image: np.ndarray) -> float:
+    """The median absolute finest diagonal Haar coefficient of ``image``."""
     hh = haar_diagonal(image)
     if hh.size == 0:
         raise ParameterError(f"an image of shape {np.shape(image)} is too small to estimate "
                              "its noise level")
-    return float(np.median(np.abs(hh)) / MAD_TO_SIGMA)
+    return float(np.median(np.abs(hh)))
+
+
+def noise_level(image: np.ndarray) -> float:
+    """``σ̂``: the median absolute finest diagonal Haar coefficient over 0.6745 (module
+    docstring); an estimate of the standard deviation of white noise in ``image``."""
+    return mad(image) / MAD_TO_SIGMA
 
 
 def _trim_factor() -> float:
