@@ -77,6 +77,7 @@ No iteration: it is rough where the projection is far from the data (the paper's
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,73 +221,32 @@ def fixed_point_sums(Z: np.ndarray, X_block: np.ndarray, kernel: Kernel, weights
     return W @ X_block, W.sum(axis=1), np.abs(W).sum(axis=1)
 
 
-def array_sums(X_train: np.ndarray, kernel: Kernel, alpha: np.ndarray, *,
-               block: int | None = None) -> Callable:
-    """The fixed-point sums over an in-memory training set, ``block`` samples at a time."""
-    X_train = np.ascontiguousarray(X_train, dtype=np.float64)
-    alpha = np.asarray(alpha, dtype=np.float64)
-    block = DEFAULT_BLOCK if block is None else int(block)
-
-    def sums(Z: np.ndarray, exp: Expansion):
-        num = np.zeros_like(Z)
-        den = np.zeros(len(Z))
-        mag = np.zeros(len(Z))
-        for a in range(0, len(X_train), block):
-            n_, d_, m_ = fixed_point_sums(Z, X_train[a:a + block], kernel, exp.weights,
-                                          alpha[:, a:a + block], exp.offset)
-            num += n_
-            den += d_
-            mag += m_
-        return num, den, mag
-
-    return sums
+def _add_up(parts) -> tuple:
+    """Tuples of arrays (each group's or block's share of a reduction) added element by
+    element from zeros, in their order: sums of the same bits on every run."""
+    totals = None
+    for part in parts:
+        if totals is None:
+            totals = tuple(np.zeros(np.shape(p)) for p in part)
+        for total, p in zip(totals, part):
+            total += p
+    return totals
 
 
 def _store_group_sums(path: str, kernel: Kernel, cols: tuple, Z: np.ndarray, weights: np.ndarray,
                       alpha_group: np.ndarray, offset: np.ndarray, block: int):
     """Worker task: the sums over one column group of a data store (chunk ranges ``cols``)."""
-    num = np.zeros_like(Z)
-    den = np.zeros(len(Z))
-    mag = np.zeros(len(Z))
     a0 = cols[0][0]
-    for a, b in cols:
-        X = load_rows(path, a, b)
-        for s in range(a, b, block):
-            e = min(s + block, b)
-            n_, d_, m_ = fixed_point_sums(Z, X[s - a:e - a], kernel, weights,
-                                          alpha_group[:, s - a0:e - a0], offset)
-            num += n_
-            den += d_
-            mag += m_
-    return num, den, mag
 
+    def blocks():
+        for a, b in cols:
+            X = load_rows(path, a, b)
+            for s in range(a, b, block):
+                e = min(s + block, b)
+                yield fixed_point_sums(Z, X[s - a:e - a], kernel, weights,
+                                       alpha_group[:, s - a0:e - a0], offset)
 
-def engine_sums(engine, alpha: np.ndarray, *, block: int | None = None) -> Callable:
-    """The fixed-point sums over a :class:`~dkha.engine.rows.RowEngine`'s store, one task per column
-    group (the workers read their chunks from the store and keep them cached)."""
-    block = DEFAULT_BLOCK if block is None else int(block)
-    client = engine.client
-    groups = engine.column_groups
-    alpha = np.asarray(alpha, dtype=np.float64)
-    parts = []
-    for cols in groups:
-        a, b = cols[0][0], cols[-1][1]
-        parts.append(client.scatter(np.ascontiguousarray(alpha[:, a:b]), hash=False))
-
-    def sums(Z: np.ndarray, exp: Expansion):
-        futs = [client.submit(_store_group_sums, engine.source, engine.kernel, cols, Z,
-                              exp.weights, part, exp.offset, block, pure=False)
-                for cols, part in zip(groups, parts)]
-        num = np.zeros_like(Z)
-        den = np.zeros(len(Z))
-        mag = np.zeros(len(Z))
-        for n_, d_, m_ in engine.passes.results(futs, "a pre-image iteration's sums"):
-            num += n_  # fixed order: reproducible sums
-            den += d_
-            mag += m_
-        return num, den, mag
-
-    return sums
+    return _add_up(blocks())
 
 
 def _store_group_moments(path: str, cols: tuple, alpha_group: np.ndarray):
@@ -322,66 +282,62 @@ class Training:
     @classmethod
     def from_array(cls, X: np.ndarray, kernel: Kernel, alpha: np.ndarray, *,
                    block: int | None = None) -> Training:
+        """An in-memory training set, ``block`` samples at a time."""
         X = np.ascontiguousarray(X, dtype=np.float64)
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
-        return cls(kernel, alpha, array_sums(X, kernel, alpha, block=block),
-                   _once(lambda: (alpha @ X, X.sum(axis=0))), X)
+        block = DEFAULT_BLOCK if block is None else int(block)
+
+        def sums(Z: np.ndarray, exp: Expansion):
+            return _add_up(fixed_point_sums(Z, X[a:a + block], kernel, exp.weights,
+                                            alpha[:, a:a + block], exp.offset)
+                           for a in range(0, len(X), block))
+
+        return cls(kernel, alpha, sums, functools.cache(lambda: (alpha @ X, X.sum(axis=0))), X)
 
     @classmethod
     def from_engine(cls, engine, alpha: np.ndarray, *, block: int | None = None) -> Training:
-        """A data store on the cluster: each reduction is one task per column group."""
+        """A :class:`~dkha.engine.rows.RowEngine`'s store on the cluster: each reduction is one
+        task per column group (the workers read their chunks from the store and keep them
+        cached)."""
         alpha = np.ascontiguousarray(alpha, dtype=np.float64)
+        client, groups = engine.client, engine.column_groups
+        parts = [client.scatter(np.ascontiguousarray(alpha[:, cols[0][0]:cols[-1][1]]),
+                                hash=False) for cols in groups]
 
-        def moments():
-            futs = [engine.client.submit(_store_group_moments, engine.source, cols,
-                                         np.ascontiguousarray(alpha[:, cols[0][0]:cols[-1][1]]),
-                                         pure=False) for cols in engine.column_groups]
-            M = np.zeros((alpha.shape[0], engine.store.n_features))
-            total = np.zeros(engine.store.n_features)
-            for m, t in engine.passes.results(futs, "the pre-images' moments"):
-                M += m  # fixed order: reproducible sums
-                total += t
-            return M, total
+        def run(task, args: list, what: str):
+            return engine.passes.results([client.submit(task, *a, pure=False) for a in args],
+                                         what)
 
-        return cls(engine.kernel, alpha, engine_sums(engine, alpha, block=block), _once(moments))
+        return cls._over_groups(engine.source, engine.kernel, groups, alpha, parts, run, block)
 
     @classmethod
     def from_chunks(cls, path: str, kernel: Kernel, groups: tuple, alpha: np.ndarray, *,
                     block: int | None = None) -> Training:
         """A data store read inside one task (chunks from the per-process cache): the reductions
         run here, group after group, for tasks that pre-image a whole block of samples."""
+        parts = [alpha[:, cols[0][0]:cols[-1][1]] for cols in groups]
+        return cls._over_groups(path, kernel, groups, alpha, parts,
+                                lambda task, args, what: (task(*a) for a in args), block)
+
+    @classmethod
+    def _over_groups(cls, path: str, kernel: Kernel, groups: tuple, alpha: np.ndarray,
+                     parts: list, run: Callable, block: int | None) -> Training:
+        """The reductions over the column groups ``groups`` of the store at ``path``: one task
+        per group (``parts``: its columns of ``alpha``), the results as ``run(task, the tasks'
+        arguments, what)`` yields them, in the groups' order."""
         block = DEFAULT_BLOCK if block is None else int(block)
 
         def sums(Z: np.ndarray, exp: Expansion):
-            num = np.zeros_like(Z)
-            den = np.zeros(len(Z))
-            mag = np.zeros(len(Z))
-            for cols in groups:
-                a, b = cols[0][0], cols[-1][1]
-                n_, d_, m_ = _store_group_sums(path, kernel, cols, Z, exp.weights, alpha[:, a:b],
-                                               exp.offset, block)
-                num += n_
-                den += d_
-                mag += m_
-            return num, den, mag
+            return _add_up(run(_store_group_sums, [
+                (path, kernel, cols, Z, exp.weights, part, exp.offset, block)
+                for cols, part in zip(groups, parts)], "a pre-image iteration's sums"))
 
         def moments():
-            parts = [_store_group_moments(path, cols, alpha[:, cols[0][0]:cols[-1][1]])
-                     for cols in groups]
-            return sum(p[0] for p in parts), sum(p[1] for p in parts)
+            return _add_up(run(_store_group_moments, [(path, cols, part) for cols, part
+                                                      in zip(groups, parts)],
+                               "the pre-images' moments"))
 
-        return cls(kernel, alpha, sums, _once(moments))
-
-
-def _once(func: Callable) -> Callable:
-    cache: list = []
-
-    def wrapper():
-        if not cache:
-            cache.append(func())
-        return cache[0]
-
-    return wrapper
+        return cls(kernel, alpha, sums, functools.cache(moments))
 
 
 # --- the iteration ------------------------------------------------------------------------------
@@ -419,7 +375,7 @@ def fixed_point(sums: Callable, expansion_: Expansion, start: np.ndarray, *,
     """Mika et al.'s fixed-point iteration, from ``start``, for all rows at once.
 
     ``sums(Z, expansion)`` returns ``(Σ_j w_j x_j, Σ_j w_j, Σ_j |w_j|)`` with
-    ``w_j = γ_j k(z, x_j)`` (:func:`array_sums`, :func:`engine_sums`). Converged samples leave
+    ``w_j = γ_j k(z, x_j)`` (:attr:`Training.sums`). Converged samples leave
     the active set, so later iterations cost less.
     """
     iterations, tol = _check_iteration(iterations, tol)
