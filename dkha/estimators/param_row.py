@@ -37,24 +37,6 @@ class Interval:
                                        else value < self.right)
         return lo_ok and hi_ok
 
-    def describe(self) -> str:
-        if self.kind is Integral and self.left in (0, 1) and self.right is None:
-            return "a positive integer" if self.left == 1 or self.closed == "neither" else \
-                "a non-negative integer"
-        if self.left == 0 and self.right is None:
-            return "a positive number" if self.closed in ("neither", "right") else \
-                "a non-negative number"
-        if self.left is None and self.right is None:
-            return "an integer" if self.kind is Integral else "finite"
-        lo = "[" if self.closed in ("left", "both") else "("
-        hi = "]" if self.closed in ("right", "both") else ")"
-        return f"lie in {lo}{self.left:g}, {self.right:g}{hi}"
-
-    def message(self, name: str, value) -> str:
-        d = self.describe()
-        verb = "must" if d.startswith("lie") else "must be"
-        return f"{name} {verb} {d}, got {value!r}"
-
 
 @dataclass(frozen=True)
 class Options:
@@ -70,9 +52,6 @@ class Options:
 
     def __contains__(self, value) -> bool:
         return value in self.choices
-
-    def message(self, name: str, value) -> str:
-        return f"unknown {name} {value!r}; choose one of {', '.join(map(str, self.choices))}"
 
 
 @dataclass(frozen=True)
@@ -161,11 +140,10 @@ class Param:
         cast = {Integral: int, Real: float, str: str, bool: bool}.get(kind)
         return value if value is None or cast is None else cast(value)
 
-    def check(self, value, owner: str | None = None) -> None:
-        """Raise :class:`~dkha.errors.ParameterError` unless ``value`` is accepted; with the
-        estimator's class name ``owner``, :class:`InvalidParameter` in scikit-learn's words
-        (``The 'eta0' parameter of KernelHebbianPCA must be a float in the range (0.0, inf) or
-        None. Got -1 instead.``)."""
+    def check(self, value, owner: str) -> None:
+        """Raise :class:`InvalidParameter` unless ``value`` is accepted, in scikit-learn's words
+        with the estimator's class name ``owner`` (``The 'eta0' parameter of KernelHebbianPCA
+        must be a float in the range (0.0, inf) or None. Got -1 instead.``)."""
         if value is None and (self.default is None or self.none):
             return
         a = self.accepts
@@ -177,15 +155,9 @@ class Param:
             ok = (isinstance(value, a) or a is bool and type(value).__name__ == "bool_")
         if ok:
             return
-        if owner is not None:
-            allowed = _sklearn_words(a) + (" or None" if self.default is None or self.none
-                                           else "")
-            raise InvalidParameter(f"The {self.name!r} parameter of {owner} must be {allowed}. "
-                                   f"Got {value!r} instead.")
-        if isinstance(a, (Interval, Options)):
-            raise ParameterError(a.message(self.name, value))
-        names = " or ".join(t.__name__ for t in (a if isinstance(a, tuple) else (a,)))
-        raise ParameterError(f"{self.name} must be {names}, got {value!r}")
+        allowed = _sklearn_words(a) + (" or None" if self.default is None or self.none else "")
+        raise InvalidParameter(f"The {self.name!r} parameter of {owner} must be {allowed}. "
+                               f"Got {value!r} instead.")
 
 
 class InvalidParameter(ParameterError, TypeError):
