@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import textwrap
 import warnings
 from functools import partial
 from numbers import Integral, Real
@@ -483,13 +484,8 @@ def _docs(model: str, kernels: tuple[str, ...]) -> str:
     names = "{" + ", ".join(f'"{k}"' for k in kernels) + "}"
     for p in parameters(model):
         out.append(f"    {p.name} : {(p.doc_type or _doc_type(p)).replace('{kernels}', names)}")
-        words, line = p.help.split(), "       "
-        for w in words:
-            if len(line) + 1 + len(w) > 96:
-                out.append(line)
-                line = "       "
-            line += " " + w
-        out.append(line)
+        out += textwrap.wrap(p.help, 96, initial_indent=" " * 8, subsequent_indent=" " * 8,
+                             break_long_words=False, break_on_hyphens=False)
     return "\n".join(out)
 
 
