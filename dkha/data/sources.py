@@ -39,9 +39,15 @@ class ArraySource:
         return self.X[start:stop]
 
     def sample(self, n: int, seed: int) -> np.ndarray:
-        rng = np.random.default_rng(seed)
-        n = min(n, self.n_samples)
-        return self.X[np.sort(rng.choice(self.n_samples, size=n, replace=False))]
+        return seeded_rows(self.X, n, seed)
+
+
+def seeded_rows(X: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``X`` itself up to ``n`` rows, else ``n`` of its rows drawn by ``seed``, in order (the
+    rows :meth:`DataStore.sample <dkha.data.store.DataStore.sample>` reads)."""
+    if len(X) <= n:
+        return X
+    return X[np.sort(np.random.default_rng(seed).choice(len(X), n, replace=False))]
 
 
 def read_block(source, index: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from dkha.apply.pictures import add_component_pictures, is_patch_store, pictures
 from dkha.apply.preimage import preimages, run_preimages
 from dkha.data import result
 from dkha.data.layout import components_path
+from dkha.data.sources import seeded_rows
 from dkha.data.store import DataStore, open_store
 from dkha.errors import (
     RESUME_HINT,
@@ -347,11 +348,7 @@ DataStore
 
     def _start_candidates(self) -> np.ndarray:
         if getattr(self, "X_fit_", None) is not None:
-            X = self.X_fit_
-            if len(X) <= START_CANDIDATES:
-                return X
-            pick = np.random.default_rng(self.seed).choice(len(X), START_CANDIDATES, replace=False)
-            return X[np.sort(pick)]
+            return seeded_rows(self.X_fit_, START_CANDIDATES, self.seed)
         return self.store_.sample(START_CANDIDATES, self.seed)
 
     def _preimages(self, Y: np.ndarray, start: np.ndarray) -> np.ndarray:

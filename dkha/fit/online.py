@@ -23,7 +23,7 @@ from dkha import schedule
 from dkha.config import Settings
 from dkha.data import cf
 from dkha.data.checkpoint import open_fit
-from dkha.data.sources import stream_blocks
+from dkha.data.sources import seeded_rows, stream_blocks
 from dkha.engine.cluster import blas_limit
 from dkha.errors import ParameterError
 from dkha.fit.ac_index import ACReference, reference_of
@@ -349,13 +349,6 @@ def history_entry(solver: OnlineKHA, reference: ACReference | None, sample, wall
             "error": float("nan"), "error_min": float("nan"), "excess": float("nan"),
             "wall_time": float(wall_time), "ac_index": ac, "members": int(st.m),
             "explained_variance": variance}
-
-
-def seeded_rows(X: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """``X`` itself up to ``n`` rows, else ``n`` of its rows drawn by ``seed``, in order."""
-    if len(X) <= n:
-        return X
-    return X[np.sort(np.random.default_rng(seed).choice(len(X), n, replace=False))]
 
 
 def eigenvalues_of(solver: OnlineKHA, sample: np.ndarray) -> np.ndarray:
