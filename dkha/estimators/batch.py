@@ -8,6 +8,7 @@ import shutil
 import weakref
 from collections.abc import Sequence
 
+import dask.array as da
 import numpy as np
 
 from dkha import config
@@ -403,8 +404,6 @@ def _lazy_precomputed_rows(X):
     """The rows of a lazy square kernel matrix (dask array, DataArray or data store) with
     their index appended (:func:`dkha.kernels.precomputed_rows`), blockwise: the matrix is
     read chunk by chunk and must be symmetric already."""
-    import dask.array as da
-
     arr = lazy_values(X)
     if arr.shape[0] != arr.shape[1]:
         raise InputError(f"a precomputed kernel must be a square matrix, got shape {arr.shape}")

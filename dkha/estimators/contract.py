@@ -20,7 +20,9 @@ import os
 import shutil
 import tempfile
 
+import dask.array as da
 import numpy as np
+import xarray as xr
 from sklearn import get_config
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.exceptions import NotFittedError
@@ -30,7 +32,7 @@ from dkha.data.ingest import ingest_array, ingest_dask
 from dkha.data.result import sample_coords
 from dkha.data.store import DataStore, held_in_memory, open_store
 from dkha.errors import InputError
-from dkha.estimators.params import InvalidParameter, validate  # noqa: F401 (its home before)
+from dkha.estimators.params import validate
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +70,8 @@ def input_kind(X) -> str:
     ``"array"`` (anything else: validated by scikit-learn)."""
     if isinstance(X, (str, os.PathLike, DataStore)):
         return "store"
-    try:
-        import xarray as xr
-
-        if isinstance(X, (xr.DataArray, xr.Dataset)):
-            return "xarray"
-    except ImportError:  # pragma: no cover - xarray is a dependency
-        pass
+    if isinstance(X, (xr.DataArray, xr.Dataset)):
+        return "xarray"
     if type(X).__module__.startswith("dask.array") and hasattr(X, "chunks"):
         return "dask"
     return "array"
@@ -82,8 +79,6 @@ def input_kind(X) -> str:
 
 def data_array(X):
     """The DataArray of an xarray input (a Dataset's variable ``X``), 2-d ``(sample, feature)``."""
-    import xarray as xr
-
     if isinstance(X, xr.Dataset):
         if "X" not in X:
             raise InputError(f"a Dataset input needs a variable X; it holds {list(X.data_vars)}")
@@ -95,8 +90,6 @@ def data_array(X):
 
 def lazy_values(X):
     """A dask array of the rows of a lazy input (chunked along samples only)."""
-    import dask.array as da
-
     kind = input_kind(X)
     if kind == "store":
         store = X if isinstance(X, DataStore) else open_store(X)
@@ -212,8 +205,6 @@ Dataset, or str
         return self._transform_lazy(X, kind)
 
     def _transform_lazy(self, X, kind: str):
-        import xarray as xr
-
         arr = lazy_values(X)
         if arr.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {arr.shape[1]} features, but {type(self).__name__} is "
