@@ -137,12 +137,11 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         evaluate_every = 1
     # the exact E_min only when asked for: a tol on the excess, or dkha.evaluation: exact
     exact = any(t is not None for t in tols) or str(engine.settings.evaluation) == "exact"
-    models = [_Model(s, t) for s, t in zip(solvers, tols)]
+    n = len(solvers)
+    models = [_Model(*row) for row in zip(solvers, tols, checkpointers or [None] * n,
+                                          checkpoint_metas or [None] * n)]
     for s in solvers:
         s.log_level = divergence_level
-    for m, ck, meta in zip(models, checkpointers or [None] * len(models),
-                           checkpoint_metas or [None] * len(models)):
-        m.checkpointer, m.meta = ck, meta
     fit = _SharedStream(engine, models, n_steps=n_steps, seed=seed, evaluate_every=evaluate_every,
                         divergence_level=divergence_level, exact=exact)
     C1 = fit.restore(resumes) if resumes is not None else fit.start(A_init, C_init)
@@ -173,8 +172,10 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         fit.driver.close()
 
 
-class _SharedStream:
-    """The state of :func:`run_batches`: its models, the shared evaluations and the driver."""
+class _StreamState:
+    """The settings of :func:`run_batches` and what it carries across a stop (its models, the top
+    eigenvalues of the exact evaluations, the fit seconds), held by one checkpoint per model, all
+    at one step: written together, read back together to resume."""
 
     def __init__(self, engine, models: list[_Model], *, n_steps: int, seed: int,
                  evaluate_every: int, divergence_level: int = logging.WARNING, exact: bool = True):
@@ -189,6 +190,10 @@ class _SharedStream:
 
     def active(self) -> list[_Model]:
         return [m for m in self.models if m.active]
+
+    @property
+    def seconds(self) -> float:
+        return self.fit_seconds if self.driver is None else self.driver.seconds
 
     def restore(self, resumes) -> None:
         """Every model's state from its checkpoint (all at the same step)."""
@@ -220,6 +225,35 @@ class _SharedStream:
         if "top_eigenvalues" in first.arrays:
             self.eig_top = first.arrays["top_eigenvalues"]
 
+    def save_checkpoints(self, t: int | None = None, pass_end_pending: bool = False) -> None:
+        for m in self.models:
+            if m.checkpointer is not None and m.failure is None:
+                save_checkpoint(m.checkpointer, m.solver, self.engine.mk, self.engine.mkm,
+                                history=m.history, top_eigenvalues=self.eig_top,
+                                fit_seconds=self.seconds, meta=m.meta, n_steps=self.n_steps,
+                                pass_end_pending=pass_end_pending, tracked=m)
+
+    def stopped(self, exc: Interrupted) -> Interrupted:
+        """The error to raise for a stop asked outside the driver's check between blocks
+        (inside an evaluation, while waiting for a block): the state at the last block boundary
+        is consistent, so it is checkpointed as a stop between blocks would have."""
+        if getattr(exc, "checkpointed", False):
+            return exc
+        t, l = running_step(self.models), self.l
+        if t > 0 and any(m.checkpointer is not None for m in self.models):
+            self.save_checkpoints(t, pass_end_pending=t % l == 0)
+            return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
+                               f"continue with {RESUME_HINT}")
+        if t > 0:
+            return Interrupted(f"{exc} at step {t}; no checkpoint (fit with a run directory to "
+                               "make runs resumable)")
+        return Interrupted(f"{exc}, before the first step; nothing to keep: run the command again")
+
+
+class _SharedStream(_StreamState):
+    """The stepping of :func:`run_batches`: the start, every block applied to every active model,
+    the evaluations recorded between passes, and the results."""
+
     def start(self, A_init: np.ndarray | None,
               C_init: np.ndarray | None = None) -> np.ndarray | None:
         """The shared start (``A_init`` or the seeded random one); returns its ``C = A K'``
@@ -236,15 +270,6 @@ class _SharedStream:
         for s in solvers:
             s.start(A1, C=C1 if s.needs_projection else None)
         return C1
-
-    def save_checkpoints(self, t: int | None = None, pass_end_pending: bool = False) -> None:
-        seconds = self.fit_seconds if self.driver is None else self.driver.seconds
-        for m in self.models:
-            if m.checkpointer is not None and m.failure is None:
-                save_checkpoint(m.checkpointer, m.solver, self.engine.mk, self.engine.mkm,
-                                history=m.history, top_eigenvalues=self.eig_top,
-                                fit_seconds=seconds, meta=m.meta, n_steps=self.n_steps,
-                                pass_end_pending=pass_end_pending, tracked=m)
 
     def record(self, which: list[_Model], Cs=None, shared_start: bool = False) -> None:
         """Evaluate ``which`` (one pass for C unless given, one for the residuals)."""
@@ -264,21 +289,14 @@ class _SharedStream:
         evs = evaluate_many(engine, As, self.eig_top, Cs=Cs, announce=False)
         if shared_start:
             As, evs, Cs = As * len(which), evs * len(which), list(Cs[:1]) * len(which)
-        seconds = self.fit_seconds if self.driver is None else self.driver.seconds
         for m, A, ev, C in zip(which, As, evs, Cs):
-            t = m.solver.state.t
-            pass_index = -(-t // self.l)
-            m.history.append({"pass": pass_index, "step": t, "error": ev.error,
-                              "error_min": ev.error_min, "excess": ev.excess,
-                              "wall_time": seconds})
-            self._keep_if_best(m, A, C)
-            self._stop_at_the_floor(m)
-            log.info("%s pass %d step %d: excess error %.3e", m.solver.algorithm, pass_index, t,
-                     ev.excess)
+            entry = self._entered(m, A, C, ev.error, ev.error_min, ev.excess)
+            log.info("%s pass %d step %d: excess error %.3e", m.solver.algorithm, entry["pass"],
+                     entry["step"], ev.excess)
             if m.tol is not None and ev.excess <= m.tol and m.active:
                 m.active = False
                 log.info("%s: excess error %.3e ≤ tol %.3e after pass %d: stopping",
-                         m.solver.algorithm, ev.excess, m.tol, pass_index)
+                         m.solver.algorithm, ev.excess, m.tol, entry["pass"])
         shown = [m.history[-1]["excess"] for m in self.models if m.history]
         if shown and self.driver is not None:
             self.driver.show(excess=f"{min(shown):.2e}")
@@ -288,70 +306,53 @@ class _SharedStream:
         (KHA/et, SMD; given as ``Cs``, or one projection pass for the others), no ``E_min``.
         The best entry's state is kept: the fit never ends worse than its best evaluation.
         ``shared_start``: every model still holds the one start, whose ``C`` serves all."""
-        seconds = self.fit_seconds if self.driver is None else self.driver.seconds
         if shared_start:
-            if Cs is None:
-                C = getattr(which[0].solver.state, "C", None)
-                Cs = [C] if C is not None else projections_many(self.engine, [which[0].solver.A])
-            Cs = [np.array(Cs[0])] * len(which)
+            C = np.array(Cs[0]) if Cs is not None else self._projections(which[:1])[0]
+            Cs = [C] * len(which)
         if Cs is None:
-            kept = [getattr(m.solver.state, "C", None) for m in which]
-            missing = [m.solver.A for m, C in zip(which, kept) if C is None]
-            computed = iter(projections_many(self.engine, missing) if missing else [])
-            Cs = [next(computed) if C is None else np.array(C) for C in kept]
+            Cs = self._projections(which)
         for m, C in zip(which, Cs):
             A = m.solver.A
-            t = m.solver.state.t
-            pass_index = -(-t // self.l)
             got = tracked(A, C, m.previous)
             m.previous = state_of(A, C)
-            m.history.append({"pass": pass_index, "step": t, "error": float("nan"),
-                              "error_min": float("nan"), "excess": float("nan"),
-                              "wall_time": seconds, "measure": TRACKED, **got})
+            entry = self._entered(m, A, C, measure=TRACKED, **got)
             log.info("%s pass %d step %d: captured Σθ² %.10g, span change %.2e",
-                     m.solver.algorithm, pass_index, t, got["captured"], got["change"])
-            self._keep_if_best(m, A, C)
-            self._stop_at_the_floor(m)
+                     m.solver.algorithm, entry["pass"], entry["step"], got["captured"],
+                     got["change"])
         if self.driver is not None:
             shown = [m.history[-1]["change"] for m in self.models if m.history]
             shown = [v for v in shown if not np.isnan(v)]
             if shown:
                 self.driver.show(change=f"{max(shown):.1e}")
 
-    @staticmethod
-    def _keep_if_best(m: _Model, A: np.ndarray, C: np.ndarray) -> None:
-        """Keep the state ``A``, ``C`` of ``m``'s last history entry where it is the best so far
-        (:func:`~dkha.fit.track.better`)."""
-        entry = m.history[-1]
+    def _entered(self, m: _Model, A: np.ndarray, C: np.ndarray, error: float = float("nan"),
+                 error_min: float = float("nan"), excess: float = float("nan"), **more) -> dict:
+        """An evaluation of ``m``'s state ``A``, ``C`` entered in its history (returned; a tracked
+        one has no ``error``, ``error_min``, ``excess``): the state kept where it is the best so
+        far (:func:`~dkha.fit.track.better`); ``m`` stopped at once where its passes at the
+        default gains for a Nyström start did not improve on the start (:func:`at_the_floor`):
+        the start is as good as they can make it."""
+        t = m.solver.state.t
+        entry = {"pass": -(-t // self.l), "step": t, "error": error, "error_min": error_min,
+                 "excess": excess, "wall_time": self.seconds, **more}
+        m.history.append(entry)
         if better(entry, m.best):
             m.best = best_entry(entry)
             m.best_arrays = (np.array(A, copy=True), np.array(C, copy=True))
-
-    @staticmethod
-    def _stop_at_the_floor(m: _Model) -> None:
-        """Stop ``m`` at once where its passes at the default gains for a Nyström start did not
-        improve on the start (:func:`at_the_floor`): the start is as good as they can make it."""
         if m.active and at_the_floor(m):
             m.active = False
             log.info("%s: pass %d did not improve on the Nyström start at the default gains: the "
                      "start is already as good as the passes can make it; stopping",
-                     m.solver.algorithm, m.history[-1]["pass"])
+                     m.solver.algorithm, entry["pass"])
+        return entry
 
-    def stopped(self, exc: Interrupted) -> Interrupted:
-        """The error to raise for a stop asked outside the driver's check between blocks
-        (inside an evaluation, while waiting for a block): the state at the last block boundary
-        is consistent, so it is checkpointed as a stop between blocks would have."""
-        if getattr(exc, "checkpointed", False):
-            return exc
-        t, l = running_step(self.models), self.l
-        if t > 0 and any(m.checkpointer is not None for m in self.models):
-            self.save_checkpoints(t, pass_end_pending=t % l == 0)
-            return Interrupted(f"{exc} at step {t} (pass {-(-t // l)}); checkpoint written: "
-                               f"continue with {RESUME_HINT}")
-        if t > 0:
-            return Interrupted(f"{exc} at step {t}; no checkpoint (fit with a run directory to "
-                               "make runs resumable)")
-        return Interrupted(f"{exc}, before the first step; nothing to keep: run the command again")
+    def _projections(self, models: list[_Model], kept: bool = True) -> list[np.ndarray]:
+        """Each model's ``C = A K'``: the one its state keeps (KHA/et, SMD: eq. 18) where it keeps
+        one (and ``kept``), the others' from one projection pass for all of them."""
+        Cs = [getattr(m.solver.state, "C", None) if kept else None for m in models]
+        missing = [m.solver.A for m, C in zip(models, Cs) if C is None]
+        computed = iter(projections_many(self.engine, missing) if missing else [])
+        return [next(computed) if C is None else np.array(C) for C in Cs]
 
     def set_aside(self, m: _Model, exc: NumericalError) -> None:
         m.active, m.failure = False, str(exc)
@@ -431,11 +432,7 @@ class _SharedStream:
         eq. 18) instead of a pass."""
         engine, models = self.engine, self.models
         done = [m for m in models if m.failure is None]
-        kept = [getattr(m.solver.state, "C", None)
-                if self.evaluate_every < 0 or not self.exact else None for m in done]
-        missing = [m.solver.A for m, C in zip(done, kept) if C is None]
-        computed = iter(projections_many(engine, missing) if missing else [])
-        Cs = [next(computed) if C is None else np.array(C) for C in kept]
+        Cs = self._projections(done, kept=self.evaluate_every < 0 or not self.exact)
         if self.evaluate_every >= 0:
             last = [(m, C) for m, C in zip(done, Cs)
                     if not m.history or m.history[-1]["step"] != m.solver.state.t]
