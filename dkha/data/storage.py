@@ -12,7 +12,7 @@ import json
 import fsspec
 import fsspec.config
 
-from dkha.errors import ParameterError
+from dkha.errors import InputError, ParameterError
 
 
 def is_url(path: str) -> bool:
@@ -74,3 +74,17 @@ def url_fs(path: str):
     except (ImportError, ValueError) as exc:
         raise ParameterError(f"cannot open {path}: {exc} (object stores need their fsspec "
                              "package, e.g. s3fs for s3://)") from None
+
+
+def reach(path: str, name: str = "") -> tuple:
+    """``(file system, root, whether root/name exists)`` of the store URL ``path``, its
+    settings applied (:func:`storage_settings`), or a one-line error where it cannot be
+    reached."""
+    storage_settings(path)
+    fs, root = url_fs(path)
+    try:
+        return fs, root, fs.exists(f"{root.rstrip('/')}/{name}" if name else root)
+    except Exception as exc:  # noqa: BLE001 - botocore/aiohttp raise many kinds
+        raise InputError(f"cannot reach the data store {path}: {type(exc).__name__}: {exc} "
+                         "(check the endpoint and credentials: AWS_ENDPOINT_URL, "
+                         "AWS_ACCESS_KEY_ID, … or --storage-option KEY=VALUE)") from None

@@ -23,7 +23,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from dkha.data.storage import is_url, storage_settings, url_fs
+from dkha.data.storage import is_url, reach
 from dkha.errors import InputError, StoreNotFoundError
 
 FORMAT = "dkha-store"
@@ -244,8 +244,8 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
     """
     path = os.fspath(path)
     if is_url(path):
-        storage_settings(path)
-        _check_url_store(path)
+        if not reach(path, "zarr.json")[2]:
+            raise StoreNotFoundError(f"no data store at {path}")
     else:
         if not os.path.exists(path):
             raise StoreNotFoundError(f"no data store at {path}")
@@ -304,19 +304,6 @@ def open_store(path: str | os.PathLike, *, check_finite: bool = False) -> DataSt
     if check_finite:
         store.check_finite()
     return store
-
-
-def _check_url_store(path: str) -> None:
-    """A one-line error for a store URL that cannot be reached or holds nothing."""
-    fs, root = url_fs(path)
-    try:
-        found = fs.exists(f"{root.rstrip('/')}/zarr.json")
-    except Exception as exc:  # noqa: BLE001 - botocore/aiohttp raise many kinds
-        raise InputError(f"cannot reach the data store {path}: {type(exc).__name__}: {exc} "
-                         "(check the endpoint and credentials: AWS_ENDPOINT_URL, "
-                         "AWS_ACCESS_KEY_ID, … or --storage-option KEY=VALUE)") from None
-    if not found:
-        raise StoreNotFoundError(f"no data store at {path}")
 
 
 def _check_chunks_present(X: zarr.Array, path: str) -> None:

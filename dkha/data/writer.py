@@ -12,7 +12,7 @@ import zarr
 from dkha import config
 from dkha.data import cf
 from dkha.data.atomic import aside, consolidate, fixed_width_strings, replace_directory
-from dkha.data.storage import is_url, storage_settings, url_fs
+from dkha.data.storage import is_url, reach, url_fs
 from dkha.data.store import (
     FINITE_ATTR,
     FORMAT,
@@ -77,15 +77,8 @@ class StoreWriter:
         """Object storage has no atomic rename: the store is written in place, its group
         metadata (with ``format``, which marks a complete dkha store) last, and removed on
         failure. An existing store is removed first (``overwrite``)."""
-        storage_settings(self.out)
-        fs, root = url_fs(self.out)
+        fs, root, exists = reach(self.out)
         self.tmp = None
-        try:
-            exists = fs.exists(root)
-        except Exception as exc:  # noqa: BLE001 - botocore/aiohttp raise many kinds
-            raise InputError(f"cannot reach {self.out}: {type(exc).__name__}: {exc} (check the "
-                             "endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, … or "
-                             "--storage-option KEY=VALUE)") from None
         if exists:
             if not overwrite:
                 raise RunDirectoryError(f"{self.out} already exists; "
