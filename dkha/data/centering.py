@@ -42,9 +42,10 @@ def centering_key(store: DataStore, description: dict, checksum: str | None = No
     return name, identity
 
 
-def _row_checksum(mk: np.ndarray, mkm: float) -> str:
-    return hashlib.sha256(np.ascontiguousarray(mk, dtype="<f8").tobytes()
-                          + np.float64(mkm).tobytes()).hexdigest()
+def values_checksum(values) -> str:
+    """The SHA-256 of ``values`` as little-endian float64: a cache entry's check of its values
+    (a centering row's ``mk`` then ``mkm``, a spectrum's eigenvalues)."""
+    return hashlib.sha256(np.ascontiguousarray(values, dtype="<f8").tobytes()).hexdigest()
 
 
 def read_centering(store: DataStore, key: tuple[str, dict]) -> tuple[np.ndarray, float] | None:
@@ -67,7 +68,7 @@ def read_centering(store: DataStore, key: tuple[str, dict]) -> tuple[np.ndarray,
             raise ValueError(f"its shape is {arr.shape}, the store holds {store.n_samples} samples")
         mk = np.asarray(arr[:], dtype=np.float64)
         mkm = float(attrs["mkm"])
-        if _row_checksum(mk, mkm) != attrs.get("sha256"):
+        if values_checksum(np.append(mk, mkm)) != attrs.get("sha256"):
             raise ValueError("its values do not match their checksum")
     except Exception as exc:  # noqa: BLE001 - a damaged entry is recomputed, never used
         log.warning("ignoring the cached centering row %s (%s); computing it again", where, exc)
@@ -102,7 +103,7 @@ def write_centering(store: DataStore, key: tuple[str, dict], mk: np.ndarray, mkm
                                 fill_value=np.nan, dimension_names=["sample"])
         arr[:] = mk
         arr.attrs.update({"identity": identity, "mkm": float(mkm),
-                          "sha256": _row_checksum(mk, mkm)})
+                          "sha256": values_checksum(np.append(mk, mkm))})
         replace_directory(tmp, os.path.join(group_dir, name))
         for entry in os.listdir(group_dir):
             path = os.path.join(group_dir, entry)

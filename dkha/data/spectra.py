@@ -10,14 +10,13 @@ entry per kernel, parameters and centering (keyed like the centering rows, with 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 
 import numpy as np
 
 from dkha.data.atomic import write_json_atomically
-from dkha.data.centering import centering_key
+from dkha.data.centering import centering_key, values_checksum
 from dkha.data.jsontext import exact_loads
 from dkha.data.store import DataStore
 
@@ -35,10 +34,6 @@ def spectrum_key(store: DataStore, centering: dict, checksum: str | None = None
     return centering_key(store, dict(description, what="spectrum"), checksum)
 
 
-def _checksum(values: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(values, dtype="<f8").tobytes()).hexdigest()
-
-
 def read_spectrum(store: DataStore, key: tuple[str, dict], r: int) -> np.ndarray | None:
     """The cached top ``r`` eigenvalues of entry ``key`` (descending), or ``None`` (no entry,
     fewer than ``r`` values, another identity, or a checksum that does not match: logged)."""
@@ -52,7 +47,7 @@ def read_spectrum(store: DataStore, key: tuple[str, dict], r: int) -> np.ndarray
     except (OSError, ValueError):
         return None
     values = np.asarray(entry.get("eigenvalues", []), dtype=np.float64)
-    if entry.get("identity") != identity or entry.get("sha256") != _checksum(values):
+    if entry.get("identity") != identity or entry.get("sha256") != values_checksum(values):
         log.warning("ignoring the cached spectrum %s (written for other data or damaged)", path)
         return None
     if len(values) < r:
@@ -75,8 +70,8 @@ def write_spectrum(store: DataStore, key: tuple[str, dict], eigenvalues: np.ndar
     try:
         os.makedirs(group, exist_ok=True)
         write_json_atomically({"identity": identity, "eigenvalues": values,
-                               "sha256": _checksum(values)}, os.path.join(group, name + ".json"),
-                              exact=True)
+                               "sha256": values_checksum(values)},
+                              os.path.join(group, name + ".json"), exact=True)
     except OSError as exc:
         log.warning("the spectrum is not cached in %s (%s)", store.path, exc)
         return False
