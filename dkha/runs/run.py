@@ -15,6 +15,7 @@ import xarray as xr
 from dkha import config
 from dkha.data import result
 from dkha.data.store import DataStore, open_store
+from dkha.engine.mkrow import describe_centering
 from dkha.engine.rows import RowEngine
 from dkha.errors import InputError
 from dkha.kernels import Kernel, make_kernel
@@ -110,13 +111,10 @@ class Run:
         engine.set_mk(self.ds["mk"].values, float(self.ds.attrs["mkm"]))
         # what the row is (as RowEngine.compute_mk describes it): keys the store's caches
         a = self.ds.attrs
-        centering = {"kernel": engine.kernel.name, "parameters": engine.kernel.param_dict,
-                     "centering": a.get("centering", "exact")}
-        if engine.kernel.precision != "float64":
-            centering["precision"] = engine.kernel.precision
-        if centering["centering"] == "sample":
-            centering.update(center_sample=int(a["center_sample"]), seed=int(a["seed"]))
-        engine.centering = dict(centering, cached=True)
+        sampled = a.get("centering", "exact") == "sample"
+        engine.centering = dict(describe_centering(
+            engine.kernel, store.n_samples, int(a["center_sample"]) if sampled else None,
+            int(a["seed"]) if sampled else 0), cached=True)
         return engine
 
     def dictionary_part(self) -> xr.Dataset:
