@@ -34,18 +34,11 @@ def _plain(o, nonfinite):
     return o
 
 
-def finite_or_none(o):
-    """``o`` with every non-finite float (NaN: not measured) replaced by None, recursively
-    through dicts, lists and tuples (tuples become lists); numpy scalars and arrays as Python
-    numbers and lists."""
-    return _plain(o, lambda _: None)
-
-
 def dumps(obj, **kwargs) -> str:
     """``obj`` as strict JSON (RFC 8259: no bare NaN or Infinity; non-finite numbers, the
     figures not measured, are null); what is not JSON is written as its ``str``."""
     kwargs.setdefault("default", str)
-    return json.dumps(finite_or_none(obj), allow_nan=False, **kwargs)
+    return json.dumps(_plain(obj, lambda _: None), allow_nan=False, **kwargs)
 
 
 def _tag(x: float) -> dict:
