@@ -133,16 +133,11 @@ class DataStore:
         return np.asarray(zarr.open_group(self.path, mode="r")["label"][:])
 
     def iter_chunks(self) -> Iterator[tuple[int, int, np.ndarray]]:
-        """``(start, stop, X[start:stop])`` chunk by chunk."""
-        if self.rows is not None:
-            for i in range(self.n_chunks):
-                a, b = self.chunk_bounds(i)
-                yield a, b, self.rows[a:b]
-            return
-        arr = self.array()
+        """``(start, stop, X[start:stop])`` chunk by chunk (from :attr:`rows` where held)."""
+        arr = self.array() if self.rows is None else None
         for i in range(self.n_chunks):
             a, b = self.chunk_bounds(i)
-            yield a, b, read_slice(arr, a, b, self.path)
+            yield a, b, self.rows[a:b] if arr is None else read_slice(arr, a, b, self.path)
 
     @property
     def known_finite(self) -> bool:
