@@ -100,18 +100,11 @@ def patch_coords(images: list[dict], keep: list[np.ndarray] | None = None) -> di
         return np.searchsorted(first, np.arange(a, b), side="right") - 1
 
     def position(a, b):
+        """The patches' raster positions on their images' grids, and the grids' widths."""
         i = image(a, b)
-        k = np.arange(a, b) - first[i] if raster is None else raster[a:b]
-        return i, k, cols[i]
-
-    def row(a, b):
-        _, k, c = position(a, b)
-        return (k // c).astype(np.int32)
-
-    def col(a, b):
-        _, k, c = position(a, b)
-        return (k % c).astype(np.int32)
+        return (np.arange(a, b) - first[i] if raster is None else raster[a:b]), cols[i]
 
     return {"image": (np.int32, lambda a, b: image(a, b).astype(np.int32)),
             "image_name": (names.dtype, lambda a, b: names[image(a, b)]),
-            "row": (np.int32, row), "col": (np.int32, col)}
+            "row": (np.int32, lambda a, b: np.floor_divide(*position(a, b)).astype(np.int32)),
+            "col": (np.int32, lambda a, b: np.remainder(*position(a, b)).astype(np.int32))}
