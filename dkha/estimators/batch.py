@@ -239,9 +239,6 @@ DataStore
         self : KernelHebbianPCA
             The fitted estimator.
         """
-        if self.fit_inverse_transform not in (True, False, "preimage"):
-            raise ParameterError("fit_inverse_transform must be True, False or 'preimage', got "
-                                 f"{self.fit_inverse_transform!r}")
         precomputed = pairwise(self.kernel)
         if precomputed and self.fit_inverse_transform is True:
             raise ParameterError("Cannot fit_inverse_transform with a precomputed kernel.")

@@ -372,7 +372,7 @@ PARAMETERS: tuple[Param, ...] = (
           "samples, conjugate gradients on blockwise products on the workers above, never "
           "``l × l``, to relative residual ``dkha.ridge-tol``); "
           "``False`` none (``inverse_transform`` raises ``NotFittedError``, as scikit-learn's).",
-          (bool, str), models=(BATCH,), flag=None, pipeline=False,
+          Options(("preimage", True, False)), models=(BATCH,), flag=None, pipeline=False,
           doc_type="{'preimage', True, False}, default 'preimage'"),
     Param("alpha", 1.0, "Ridge of the learned pre-image (``fit_inverse_transform=True``); "
           "above ``dkha.dense-eigh-limit`` samples it must be positive (the conjugate "
