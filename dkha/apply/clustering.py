@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import xarray as xr
@@ -144,9 +144,9 @@ class ClusteringResult:
     entropy_clusters: float | None = None
 
     def summary(self) -> dict:
-        return {"n_samples": len(self.clusters), "n_clusters": self.n_clusters, "vi": self.vi,
-                "vi_random": self.vi_random, "entropy_labels": self.entropy_labels,
-                "entropy_clusters": self.entropy_clusters}
+        """The number of samples and every field but the clusters, in their order."""
+        return {"n_samples": len(self.clusters),
+                **{f.name: getattr(self, f.name) for f in fields(self)[1:]}}
 
 
 def score(clusters: np.ndarray, labels, *, seed: int = 0) -> dict:
@@ -178,11 +178,8 @@ def cluster_run(run, n_clusters: int, *, scale: str = "eigenvectors", seed: int 
     labels = run.training_store().labels()
     phase(f"k-means: {n_clusters} clusters of {len(Y)} samples, {n_init} starts")
     clusters = spectral_clustering(Y, n_clusters, scale=scale, seed=seed, n_init=n_init)
-    res = ClusteringResult(clusters=clusters, n_clusters=int(n_clusters))
-    if labels is not None:
-        for k, v in score(clusters, labels, seed=seed).items():
-            setattr(res, k, v)
-    return res
+    return ClusteringResult(clusters=clusters, n_clusters=int(n_clusters),
+                            **({} if labels is None else score(clusters, labels, seed=seed)))
 
 
 def stored_projections(run) -> np.ndarray | None:

@@ -173,11 +173,6 @@ def as_image(image, what: str) -> np.ndarray:
     return arr
 
 
-def load_run(run) -> xr.Dataset:
-    """The components of a run given as a directory, a dataset or a :class:`~dkha.runs.run.Run`."""
-    return as_run(run).ds
-
-
 def preimage_patches(ds, image: np.ndarray, patch: int, grid: int, *, desc: str,
                      block: int | None, verbose: bool, client=None, **preimage
                      ) -> tuple[np.ndarray, dict]:
@@ -302,7 +297,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
     >>> res.snr_noisy, res.snr_denoised, res.psnr_denoised                # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    ds = load_run(run)
+    ds = as_run(run).ds
     check_options(method, kernel_of(ds), eta=eta, step=step, nonnegative=nonnegative)
     patch, step_ = check_patch_run(ds)
     noisy = as_image(image, "image")
@@ -365,7 +360,7 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
 
 
     t0 = time.perf_counter()
-    ds = load_run(run)
+    ds = as_run(run).ds
     kernel = kernel_of(ds)
     options = {"iterations": iterations, "tol": tol, "eta": eta, "step": step,
                "nonnegative": nonnegative}

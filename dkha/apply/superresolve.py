@@ -15,14 +15,14 @@ Quality, given the original: ``PSNR = 10 log10(1 / mean((orig − x)²))`` dB fo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from dkha.apply.denoise import as_image, check_patch_run, load_run, preimage_patches, psnr
+from dkha.apply.denoise import as_image, check_patch_run, preimage_patches, psnr
 from dkha.apply.preimage import check_options
 from dkha.errors import InputError, ParameterError
-from dkha.runs.run import kernel_of
+from dkha.runs.run import as_run, kernel_of
 
 UPSCALING = ("replicate", "bilinear")
 
@@ -60,9 +60,8 @@ class SuperresolveResult:
     seconds: float
 
     def summary(self) -> dict:
-        return {k: getattr(self, k) for k in (
-            "psnr_upscaled", "psnr", "factor", "patch", "step", "n_patches", "iterations",
-            "converged", "undefined", "method", "upscaling", "seconds")}
+        """Every field but the two images, in their order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)[2:]}
 
 
 def upscale(image: np.ndarray, factor: int, how: str = "replicate") -> np.ndarray:
@@ -118,11 +117,8 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
         As :func:`dkha.apply.denoise.denoise_image`.
     """
     t0 = time.perf_counter()
-    ds = load_run(run)
+    ds = as_run(run).ds
     check_options(method, kernel_of(ds), eta=eta, step=gradient_step, nonnegative=nonnegative)
-    if upscaling not in UPSCALING:
-        raise ParameterError(f"unknown upscaling {upscaling!r}; choose one of "
-                             f"{', '.join(UPSCALING)}")
     patch, store_step = check_patch_run(ds)
     step = store_step if step is None else int(step)
     if step < 1:
