@@ -36,8 +36,7 @@ def cmd_denoise(args: argparse.Namespace) -> int:
     choosing = args.run_dir is None
     if not choosing and os.path.isdir(args.image):
         return _denoise_vectors(args)
-    asked = [f"--{k.replace('_', '-')}" for k, v in CHOICE_OPTIONS.items()
-             if getattr(args, v) is not None]
+    asked = [f"--{k.replace('_', '-')}" for k in CHOICE_OPTIONS if getattr(args, k) is not None]
     if os.path.lexists(args.out) and not args.overwrite:
         raise RunDirectoryError(f"{args.out} already exists; pass --overwrite to replace it")
     if choosing:
@@ -67,10 +66,9 @@ def cmd_denoise(args: argparse.Namespace) -> int:
     return 0
 
 
-#: ``fit_denoise`` keyword → the parsed argument that gives it
-CHOICE_OPTIONS = {"risk": "risk", "model": "model", "widths": "widths", "ranks": "ranks",
-                  "patch": "patch", "patch_step": "patch_step", "samples": "samples",
-                  "seed": "seed"}
+#: the options of ``dkha denoise IMAGE`` without a run: ``fit_denoise``'s keywords (``patch_step``
+#: its ``step``)
+CHOICE_OPTIONS = ("risk", "model", "widths", "ranks", "patch", "patch_step", "samples", "seed")
 
 
 def _fit_denoise(args: argparse.Namespace):
@@ -88,7 +86,7 @@ def _fit_denoise(args: argparse.Namespace):
         raise ParameterError(f"--{', --'.join(given)}: only with a run; without RUN_DIR the "
                              "pre-image is chosen from the noisy image and the work runs in "
                              "this process")
-    kw = {k: getattr(args, v) for k, v in CHOICE_OPTIONS.items() if getattr(args, v) is not None}
+    kw = {k: getattr(args, k) for k in CHOICE_OPTIONS if getattr(args, k) is not None}
     if "patch_step" in kw:
         kw["step"] = kw.pop("patch_step")
     return fit_denoise(args.image, reference=args.reference, **kw)

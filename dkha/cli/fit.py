@@ -24,7 +24,7 @@ from dkha.data.layout import components_path
 from dkha.errors import NumericalError, ParameterError, RunDirectoryError, RunFinished
 from dkha.estimators.batch import fit_together, run_names
 from dkha.estimators.factory import estimator_for, fit_run
-from dkha.estimators.params import PARAMETERS, cli_values
+from dkha.estimators.params import BATCH, PARAMETERS, cli_values, parameters
 from dkha.estimators.tune import tune
 from dkha.fit.track import kept_figures, result_entry
 
@@ -295,8 +295,8 @@ def cmd_tune(args) -> int:
         shown = "diverged" if row["excess"] is None else f"{row['excess']:.3e}"
         print(f"  {row['algorithm']:10s} {row['eta0']:>8g} {mu:>8s}  {shown}"
               + _backed_off(row.get("backoffs")) + ("  ← best" if row.get("best") else ""))
-    options = {"sigma": "--sigma", "degree": "--degree", "offset": "--offset",
-               "gamma": "--kernel-gamma"}
+    options = {p.kernel_param: p.option for p in parameters(BATCH)      # --sigma, --kernel-gamma…
+               if p.kernel_param is not None and p.option is not None}
     kernel = " ".join(f"{options[k]} {v!r}" for k, v in summary["kernel_parameters"].items()
                       if k in options)
     rest = ",".join(f"{k}={v}" for k, v in summary["kernel_parameters"].items()

@@ -87,8 +87,8 @@ def cmd_evaluate(args) -> int:
         known = None if (args.recompute or not eig or len(eig) < r) else np.asarray(eig)
         if known is None and not (args.exact or args.recompute):
             known = cached_top_eigenvalues(engine, r)
-        if known is None and not (args.exact or args.recompute):
-            known = np.full(r, np.nan)      # E(A) only: E_min is asked for with --exact
+            if known is None:
+                known = np.full(r, np.nan)      # E(A) only: E_min is asked for with --exact
         ev = evaluate(engine, ds["alpha"].values, known)
         out = {"run_dir": args.run_dir, "n_samples": int(ds.sizes["sample"]),
                "n_components": int(r), **ev.as_dict(), **_variance(args, ds, client),
