@@ -235,8 +235,6 @@ DataStore
             raise ParameterError(f"Number of components has changed from {self.n_components_} "
                                  f"to {self.n_components} between calls to partial_fit! Try "
                                  "setting n_components to a fixed value.")
-        if not np.isfinite(X).all():
-            raise InputError("partial_fit: the data holds NaN or inf")
         state = None if first_call else self._fit
         self._keep(fit_online(self._request(ArraySource(X), state), state))
         return self
