@@ -595,3 +595,44 @@ def test_a_float32_kha_resume_on_other_threads_ends_bit_identical(tmp_path, monk
                                                  checkpoint_every=1)
     alpha, _ = _alpha(run)
     assert np.array_equal(alpha, ref.alpha_)
+
+
+def test_a_kha_fit_with_worker_projections_stopped_mid_pass_resumes_bit_identical(tmp_path):
+    """Worker projections of a block are computed ahead, on the version of ``S̃`` of their
+    submission, and brought up to date by the coordinator's messages; ``C̃`` lives on the
+    replicas during a pass. A KHA-SMD fit on 2 worker processes (no evaluation between passes:
+    the second pass starts from the replicas' ``C̃``), killed at its checkpoint inside its first
+    pass, and again at its first pass's end, resumed on the same cluster and on 3 workers of
+    2 GiB, ends with the bits of the uninterrupted fit. Before, a resume projected the blocks
+    that were in flight on the checkpoint's ``S̃`` and recomputed ``C̃ = S̃_A K'``: the fits
+    differed by about 1e-15."""
+    import shutil
+
+    from distributed import Client, LocalCluster
+
+    from dkha import KernelHebbianPCA
+    from dkha.data.checkpoint import Checkpointer
+
+    store = str(tmp_path / "x.zarr")      # 10 chunks, 10 blocks a pass, 4 of them in flight
+    ingest_array(np.random.default_rng(4).normal(size=(400, 8)), store, chunk_rows=40)
+    params = dict(n_components=4, algorithm="kha-smd", passes=2, sigma=3.0, block_rows=40,
+                  init="random", projections="workers", evaluate_every=0)
+    runs = {step: str(tmp_path / f"run{step}") for step in (120, 400)}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        ref = KernelHebbianPCA(**params, client=c).fit(store)
+        for step, run in runs.items():     # inside the first pass; at its end
+            with killed_after(1):
+                KernelHebbianPCA(**params, client=c).fit(store, run_dir=run,
+                                                         checkpoint_steps=step)
+            assert Checkpointer(run).steps() == [step]
+            shutil.copytree(run, run + "-other")
+            KernelHebbianPCA(**params, client=c).fit(store, run_dir=run, resume=True)
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, memory_limit="2GiB",
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        for run in runs.values():
+            KernelHebbianPCA(**params, client=c).fit(store, run_dir=run + "-other", resume=True)
+    for run in runs.values():
+        for where in (run, run + "-other"):
+            alpha, _ = _alpha(where)
+            assert np.array_equal(alpha, ref.alpha_), (where, np.abs(alpha - ref.alpha_).max())

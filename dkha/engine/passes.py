@@ -164,19 +164,23 @@ class ClusterPasses:
         """The results of ``futures``, in order, each waited for as :meth:`wait` waits."""
         return [self.wait(future, what) for future in futures]
 
-    def wait_pinned(self, futures: list, workers: list, what: str) -> list:
+    def wait_pinned(self, futures: list, workers: list, what: str, *,
+                    stop_grace: float = 0.0) -> list:
         """The results of ``futures`` (tasks pinned to ``workers``), checking every
         ``_PINNED_POLL_SECONDS`` that those workers are still in the cluster (also while a result
         is fetched: a result held by a worker that dies is recomputed, and a task pinned to a gone
-        worker would wait for ever): :class:`ReplicaLostError` when one left."""
+        worker would wait for ever): :class:`ReplicaLostError` when one left. A stop is obeyed
+        once ``stop_grace`` seconds of the wait have passed."""
         out = []
+        stoppable_at = time.monotonic() + stop_grace
         for f in futures:
             while True:
                 try:
                     out.append(f.result(timeout=_PINNED_POLL_SECONDS))
                     break
                 except TimeoutError:
-                    check_stop(what)
+                    if time.monotonic() >= stoppable_at:
+                        check_stop(what)
                     alive = set(self.client.nthreads())
                     gone = sorted({w for w in workers if w not in alive})
                     if gone:

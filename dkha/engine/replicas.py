@@ -26,7 +26,7 @@ from dkha.engine.tasks import (
     replica_replay,
     replica_update,
 )
-from dkha.errors import ClusterLostError
+from dkha.errors import ClusterLostError, Interrupted
 from dkha.solvers.factored import replay_message
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 _UPDATE_PRIORITY = 1        # replica updates before any block's tasks (those have priority −seq)
 _REBALANCE_SECONDS = 1.0    # how often the replicas look for workers that joined
+# a stop asked while waiting on the replicas lets their tasks finish for this long: the fit then
+# stops at the next block boundary, with a checkpoint that carries the blocks in flight
+_STOP_GRACE_SECONDS = 30.0
 
 
 @dataclass
@@ -46,6 +49,7 @@ class _PendingBlock:
     partials: list          # futures of (K'[P, J] S̃_v[:, J]ᵀ, K'[P, W ∩ J]), one per group
     offsets: dict           # block seq -> first column of its rows in the window
     combined: object = None  # future of (Σ_J partials, K'[P, W ∪ P]) on a worker (> 1 group)
+    carried: np.ndarray | None = None   # its projection carried by a checkpoint (Carried)
 
     def release(self) -> None:
         """Let go of its tasks (:func:`~dkha.engine.tasks.release`)."""
@@ -68,6 +72,39 @@ class ProjectedBlock:
     projection: np.ndarray
     window: np.ndarray
     offsets: dict
+    window_index: np.ndarray | None = None
+
+
+@dataclass
+class Carried:
+    """A block in flight when a checkpoint was written, for the resume to take up where the run
+    was (issue 43): ``projection`` is its ``K'_P S̃ᵀ`` computed on the version of ``S̃`` it was
+    submitted on and brought up to the checkpoint's by the same messages the run replayed on it,
+    so the resumed run replays the rest on the same numbers; ``window_index`` and ``offsets``
+    (the window's column of each block carried before it and its own, by their order in the
+    checkpoint) make its window again. A resume that projected these blocks on the checkpoint's
+    ``S̃`` would differ from the uninterrupted run in the last bits."""
+
+    index: np.ndarray
+    projection: np.ndarray
+    window_index: np.ndarray
+    offsets: dict           # order among the carried blocks -> first column in the window
+
+    @staticmethod
+    def to_checkpoint(carried: list) -> tuple[dict, list]:
+        """``(arrays, meta)`` for a checkpoint: arrays ``carried.{i}.*``, the offsets as JSON."""
+        arrays = {}
+        for i, c in enumerate(carried):
+            arrays.update({f"carried.{i}.index": c.index, f"carried.{i}.projection": c.projection,
+                           f"carried.{i}.window_index": c.window_index})
+        return arrays, [sorted([int(k), int(v)] for k, v in c.offsets.items()) for c in carried]
+
+    @staticmethod
+    def from_checkpoint(arrays: dict, meta: list | None) -> list:
+        """The blocks a checkpoint carries (none in one written without them)."""
+        return [Carried(arrays[f"carried.{i}.index"], arrays[f"carried.{i}.projection"],
+                        arrays[f"carried.{i}.window_index"], {int(k): int(v) for k, v in offs})
+                for i, offs in enumerate(meta or [])]
 
 
 class Messages:
@@ -84,9 +121,11 @@ class Messages:
         self.keep_from = 0      # the oldest version a block in flight was submitted on
         self.bases: list = []
         self.history: list = []
+        self.applied = -1       # the seq of the last block whose message was recorded
 
     def record_block(self, block: ProjectedBlock, ops: list) -> None:
         """Record the message of ``block`` (the operations the solver appended to ``ops``)."""
+        self.applied = block.seq
         self._record((self.version + 1, block.seq, block.index, tuple(ops)))
 
     def record_fold(self, F: np.ndarray) -> None:
@@ -132,6 +171,12 @@ class Messages:
     def projections(self, block: ProjectedBlock) -> tuple[np.ndarray, np.ndarray]:
         """``(Y₀ᵀ, K'[P, P])`` for ``block`` on the coordinator's current ``S̃``: its projection
         with every message since its version replayed (coordinator-math.md §4)."""
+        off, b = block.offsets[block.seq], len(block.index)
+        return self.brought_up(block), np.ascontiguousarray(block.window[:, off:off + b])
+
+    def brought_up(self, block: ProjectedBlock) -> np.ndarray:
+        """``Y₀ᵀ`` of ``block`` on the current ``S̃``: its projection, every message since its
+        version replayed in order."""
         Y = np.array(block.projection)
         if block.version < self.version:
             if not self.log or self.log[0][0] > block.version + 1:
@@ -149,8 +194,7 @@ class Messages:
                     cols = block.window[:, off:off + len(index)]
                 replay_message(Y, ops, cols)
                 self.stats.messages_replayed += 1
-        off, b = block.offsets[block.seq], len(block.index)
-        return Y, np.ascontiguousarray(block.window[:, off:off + b])
+        return Y
 
 
 class WorkerReplicas:
@@ -181,6 +225,8 @@ class WorkerReplicas:
         self.rebuilds = 0
         self._checked = time.monotonic()    # when rebalance last asked who is in the cluster
         self.exact = False      # whether the last build reproduced the lost replicas exactly
+        self.in_flight = ()     # the stream's FIFO of [tag, index, seq, pending] (submitted)
+        self.held = None        # the ProjectedBlock the stream gave out last
 
     def _key(self, g: int) -> tuple:
         return (self.run_id, self.epoch, g)
@@ -317,10 +363,18 @@ class WorkerReplicas:
         if not self.exact:
             return self.submit(pending.seq, pending.index, ahead)
         return self._submit_at(pending.seq, pending.index, pending.version,
-                               pending.window_index, pending.offsets)
+                               pending.window_index, pending.offsets, pending.carried)
+
+    def take_up(self, seq: int, carried: Carried) -> _PendingBlock:
+        """Block ``seq`` carried by the checkpoint a stream resumes from (:class:`Carried`), on
+        the current version (the checkpoint's): its tasks make its window and keep its kernel
+        rows for ``C̃``; its projection is the one carried (``carried.offsets`` by seq here)."""
+        return self._submit_at(seq, np.asarray(carried.index), self.messages.version,
+                               np.asarray(carried.window_index), carried.offsets,
+                               np.asarray(carried.projection, dtype=np.float64))
 
     def _submit_at(self, seq: int, index: np.ndarray, version: int, window_index: np.ndarray,
-                   offsets: dict) -> _PendingBlock:
+                   offsets: dict, carried: np.ndarray | None = None) -> _PendingBlock:
         eng = self.engine
         mk = eng.mk_future()
         keep = bool(self.state.keeps_c)
@@ -334,15 +388,22 @@ class WorkerReplicas:
             combined = self._pinned(0, combine_projections, self.bounds, window_index, *partials,
                                     priority=-seq)
         return _PendingBlock(seq, index, version, self.epoch, window_index, partials, offsets,
-                             combined)
+                             combined, carried)
 
     def _wait(self, futures: list, what: str) -> list:
         """The results of ``futures`` (tasks pinned to the replicas' workers):
         :class:`ReplicaLostError` where one of those workers left the cluster meanwhile
         (:meth:`dkha.engine.passes.ClusterPasses.wait_pinned`)."""
-        return self.engine.passes.wait_pinned(futures, self.workers, what)
+        return self.engine.passes.wait_pinned(futures, self.workers, what,
+                                              stop_grace=_STOP_GRACE_SECONDS)
 
     def wait_block(self, pending: _PendingBlock, what: str) -> ProjectedBlock:
+        block, nbytes = self._block(pending, what)
+        self.rebuilds = 0       # a block got done: the rebuilds so far are survived
+        self.engine.stats.bytes_received += nbytes
+        return block
+
+    def _block(self, pending: _PendingBlock, what: str) -> tuple[ProjectedBlock, int]:
         if pending.combined is not None:
             Y, window = self._wait([pending.combined], what)[0]
             nbytes = Y.nbytes + window.nbytes
@@ -350,10 +411,42 @@ class WorkerReplicas:
             results = self._wait(pending.partials, what)
             nbytes = sum(Y.nbytes + part.nbytes for Y, part in results)
             Y, window = combine_projections(self.bounds, pending.window_index, *results)
-        self.rebuilds = 0       # a block got done: the rebuilds so far are survived
-        self.engine.stats.bytes_received += nbytes
+        if pending.carried is not None:
+            Y = pending.carried
         return ProjectedBlock(pending.seq, pending.index, pending.version, Y, window,
-                              pending.offsets)
+                              pending.offsets, pending.window_index), nbytes
+
+    # -- checkpoints --
+    def checkpoint(self) -> tuple[dict, list] | None:
+        """What a checkpoint at a block boundary needs beyond the state, for a resume to go on
+        bit for bit: ``C̃`` brought home into the state (the replicas' own bits), and the blocks
+        in flight (:class:`Carried`, as ``(arrays, meta)``). None, with a warning, where they
+        cannot be had (a replica or the cluster lost, a stop that would not wait): the resume
+        then projects those blocks again and recomputes ``C̃``, equal up to rounding."""
+        st = self.state
+        try:
+            if st.keeps_c and st.c_stale:
+                st.set_c_tilde(self.synchronise())
+            return Carried.to_checkpoint(self.carry())
+        except (ReplicaLostError, ClusterLostError, Interrupted) as exc:
+            log.warning("the checkpoint carries neither C̃ nor the blocks in flight; a resume "
+                        "from it ends equal up to rounding, not bit for bit: %s", exc)
+            return None
+
+    def carry(self) -> list[Carried]:
+        """The blocks submitted and not yet applied, in order (:class:`Carried`): none where
+        the replicas were rebuilt since."""
+        msgs, blocks = self.messages, []
+        if self.held is not None and self.held.seq > msgs.applied:   # given out, not applied
+            blocks.append(self.held)
+        for tag, index, _, pending in self.in_flight:
+            if pending.epoch != self.epoch:
+                return []
+            blocks.append(self._block(pending, f"the block of rows {tag!r} (to checkpoint)")[0])
+        order = {b.seq: i for i, b in enumerate(blocks)}
+        return [Carried(np.asarray(b.index), msgs.brought_up(b), np.asarray(b.window_index),
+                        {order[s]: off for s, off in b.offsets.items() if s in order})
+                for b in blocks]
 
     # -- pass ends --
     def synchronise(self) -> np.ndarray | None:

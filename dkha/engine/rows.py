@@ -344,7 +344,7 @@ class RowEngine(TilePasses):
         parts = self.passes.results(self.submit_rows(index), f"the rows of {len(index)} samples")
         return np.concatenate(parts, axis=1)
 
-    def stream(self, blocks: Iterable[tuple[object, np.ndarray]], solver=None
+    def stream(self, blocks: Iterable[tuple[object, np.ndarray]], solver=None, carried=()
                ) -> Iterator[tuple[object, np.ndarray, object]]:
         """``(tag, index, K'[index, :])`` for each ``(tag, index)``, in order, ``prefetch`` ahead.
 
@@ -355,11 +355,13 @@ class RowEngine(TilePasses):
         ``projections="workers"``, a factored solver gets a :class:`ProjectedBlock` instead of
         the kernel rows (pass it to ``solver.apply_block`` as is); the solver is attached to the
         replicas for the stream's lifetime, and its ``C̃`` is brought home when the stream ends.
+        ``carried``: the blocks in flight a checkpoint carries, taken up by that stream
+        (:class:`~dkha.engine.replicas.Carried`).
         """
         if solver is not None:
             state = solver.state
             if self.projections == "workers" and isinstance(state, FactoredState):
-                return stream_projections(self, blocks, solver)
+                return stream_projections(self, blocks, solver, carried)
             if isinstance(state, FactoredState) and state.c_stale:
                 # e.g. resumed from a state saved mid-pass with C̃ on the replicas: C̃ = S̃_A K'
                 state.set_c_tilde(self.matmat(state.S_tilde[:solver.r].T).T)

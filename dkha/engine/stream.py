@@ -73,17 +73,21 @@ def stream_rows(engine, blocks):
             release(futs)
 
 
-def stream_projections(engine, blocks, solver):
+def stream_projections(engine, blocks, solver, carried=()):
     """The block stream with the projections on the workers (coordinator-math.md §4): a
-    :class:`~dkha.engine.replicas.ProjectedBlock` a block, the replicas rebuilt when lost."""
+    :class:`~dkha.engine.replicas.ProjectedBlock` a block, the replicas rebuilt when lost.
+    ``carried``: the blocks in flight that the checkpoint resumed from carries
+    (:class:`~dkha.engine.replicas.Carried`), the schedule's first."""
     replicas = WorkerReplicas(engine, solver.state)
     queue: collections.deque = collections.deque()    # [tag, index, seq, pending]
+    replicas.in_flight = queue
     it = iter(blocks)
     seq = 0
     stats = engine.stats
     solver.attach_replicas(replicas)
     try:
         replicas.build()
+        it, seq = _take_up(replicas, queue, it, list(carried))
         while True:
             replicas.flush()
             replicas.rebalance()
@@ -109,11 +113,28 @@ def stream_projections(engine, blocks, solver):
             queue.popleft()
             stats.blocks += 1
             stats.rows += len(idx)
+            replicas.held = block
             yield tag, idx, block
     finally:
         for entry in queue:
             entry[3].release()
         _close_replicas(replicas, solver)
+
+
+def _take_up(replicas: WorkerReplicas, queue, it, carried: list):
+    """Put the ``carried`` blocks in flight again (:meth:`WorkerReplicas.take_up`) where they
+    are the schedule's next; returns the rest of the schedule and the next seq."""
+    if not carried:
+        return it, 0
+    first = _next_blocks(it, len(carried))
+    if len(first) < len(carried) or any(not np.array_equal(idx, c.index)
+                                        for (_, idx), c in zip(first, carried)):
+        log.warning("the blocks the checkpoint carries are not the schedule's next: projecting "
+                    "them again (equal up to rounding)")
+        return itertools.chain(first, it), 0
+    for seq, ((tag, idx), c) in enumerate(zip(first, carried)):
+        queue.append([tag, idx, seq, replicas.take_up(seq, c)])
+    return it, len(carried)
 
 
 def _resubmit(replicas: WorkerReplicas, queue) -> None:

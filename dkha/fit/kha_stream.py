@@ -17,6 +17,7 @@ import numpy as np
 
 from dkha import schedule
 from dkha.data.checkpoint import state_from_arrays, state_to_arrays
+from dkha.engine.replicas import Carried
 from dkha.errors import RESUME_HINT, Interrupted, NumericalError, ParameterError
 from dkha.fit.control import BlockDriver
 from dkha.fit.evaluate import announce_cost, evaluate_many, projections, projections_many
@@ -186,6 +187,7 @@ class _StreamState:
         self.l, self.r = engine.n_samples, models[0].solver.r
         self.eig_top: np.ndarray | None = None
         self.fit_seconds, self.pass_end_pending = 0.0, False
+        self.carried: list = []     # the blocks in flight a resumed checkpoint carries
         self.driver: BlockDriver | None = None
 
     def active(self) -> list[_Model]:
@@ -222,6 +224,7 @@ class _StreamState:
             log.info("resuming at step %d from %s", s.state.t, ck.path)
         self.fit_seconds = float(first.meta["fit_seconds"])
         self.pass_end_pending = bool(first.meta.get("pass_end_pending"))
+        self.carried = Carried.from_checkpoint(first.arrays, first.meta.get("carried"))
         if "top_eigenvalues" in first.arrays:
             self.eig_top = first.arrays["top_eigenvalues"]
 
@@ -366,7 +369,7 @@ class _SharedStream(_StreamState):
                   schedule.blocks(self.seed, self.l, self.n_steps, engine.block_rows,
                                   start_step=start_step))
         if len(solvers) == 1:
-            return engine.stream(tagged, solver=solvers[0])
+            return engine.stream(tagged, solver=solvers[0], carried=self.carried)
         for s in solvers:   # e.g. resumed from a state saved mid-pass with C̃ on the replicas
             if isinstance(s.state, FactoredState) and s.state.c_stale:
                 s.state.set_c_tilde(engine.matmat(s.state.S_tilde[:self.r].T).T)
@@ -537,8 +540,12 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
 
     ``pass_end_pending``: written after a pass's last block but before its end-of-pass work
     (evaluation, pass checkpoint), which a resume then does first."""
+    # worker projections: C̃ brought home and the blocks in flight (a resume goes on bit for bit)
+    carried = solver.replicas.checkpoint() if solver.replicas is not None else None
     arrays, scalars = state_to_arrays(solver.state)
     out = {f"state.{k}": v for k, v in arrays.items()}
+    if carried is not None:
+        out.update(carried[0])
     out["mk"] = mk
     if top_eigenvalues is not None:
         out["top_eigenvalues"] = np.asarray(top_eigenvalues)
@@ -553,6 +560,6 @@ def save_checkpoint(checkpointer, solver: BatchKHA, mk: np.ndarray, mkm: float, 
     meta = dict(meta or {}, mkm=mkm, best=best, history=history, fit_seconds=fit_seconds,
                 backoffs=solver.backoffs,
                 state_scalars=scalars, state_class=type(solver.state).__name__, n_steps=n_steps,
-                pass_end_pending=pass_end_pending,
+                pass_end_pending=pass_end_pending, carried=carried and carried[1],
                 active=True if tracked is None else bool(tracked.active))
     return checkpointer.save(solver.state.t, out, meta)
