@@ -274,16 +274,21 @@ def photograph_crop(name: str = "astronaut", crop: int = 64) -> np.ndarray:
     return np.ascontiguousarray(img[crop // 2:crop // 2 + crop, crop // 2:crop // 2 + crop])
 
 
-def test_the_estimated_psnr_holds_what_the_denoiser_delivers():
-    """On a noisy photograph (astronaut, σ 0.1, clipped to [0, 1] as a saved image is) the PSNR
-    the choice says its result delivers — the point within 0.5 dB, or the range within 0.5 dB —
-    holds the PSNR it does deliver. Before, the candidates' SURE at σ̂ was read as that PSNR:
-    26.18 dB for 24.48 delivered (σ̂ reads the photograph's texture as noise, and SURE does not
-    see the clip of the noisy image: dkha.apply.estimate)."""
+@pytest.mark.parametrize("name,sigma,width", [("astronaut", 0.1, 3.0), ("clock", 0.2, 14.0)])
+def test_the_estimated_psnr_holds_what_the_denoiser_delivers(name, sigma, width):
+    """On a noisy photograph (clipped to [0, 1] as a saved image is) the PSNR the choice says
+    its result delivers — the point within 0.5 dB, or the range within 0.5 dB — holds the PSNR
+    it does deliver. Before, the candidates' SURE at σ̂ was read as that PSNR: 26.18 dB for
+    24.48 delivered on astronaut at σ 0.1 (σ̂ reads the photograph's texture as noise, and SURE
+    does not see the clip of the noisy image: dkha.apply.estimate). On a smooth photograph at
+    high noise (clock, σ 0.2) the high end is the variance the noise leaves in the result; taken
+    through the refit from one probe it was no bound (24.8 dB for 26.64 delivered), with the fit
+    held fixed and two standard errors below it, it is; the range is wide there (64×64 at σ 0.2:
+    the fit's own noise, which the held map leaves out, is much of the error) but finite."""
     from skimage.util import random_noise
 
-    x = photograph_crop()
-    y = random_noise(x, mode="gaussian", var=0.1 ** 2, rng=0)
+    x = photograph_crop(name)
+    y = random_noise(x, mode="gaussian", var=sigma ** 2, rng=0)
     res = choose.fit_denoise(y, widths=(3.0,), ranks=(4, 8, 16), samples=300,
                              fixed_point=False, seed=0)
     delivered = 10 * np.log10(1.0 / np.mean((res.image - x) ** 2))
@@ -295,7 +300,7 @@ def test_the_estimated_psnr_holds_what_the_denoiser_delivers():
     assert abs(point - delivered) <= 0.5 or low - 0.5 <= delivered <= high + 0.5, (
         point, low, high, delivered)
     # the range says something: a few dB, not everything
-    assert high - low < 3.0
+    assert high - low < width
 
 
 def test_no_psnr_is_claimed_under_impulse_noise():

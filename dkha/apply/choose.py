@@ -63,6 +63,7 @@ own choice is made from its noisy pixels alone.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -173,7 +174,7 @@ class Windows:
     def __init__(self, image: np.ndarray, patch: int, step: int):
         from skimage.util import view_as_windows
 
-        self.image, self.patch = image, patch
+        self.image, self.patch, self.step = image, patch, step
         self.corners = patch_corners(image.shape, patch, step)
         w = view_as_windows(np.ascontiguousarray(image), (patch, patch))
         self.Y = np.ascontiguousarray(
@@ -198,23 +199,41 @@ class Evaluation:
         self.train_index, self.sigma_hat = train_index, sigma_hat
         self.max_rank = max_rank
         self.fits: dict = {}
+        self.projectors: dict = {}
+        self.source = self                 # the evaluation whose fits these are (held)
         self.median = median_distance(self.T)
 
     def fit(self, width: float | None):
         """``(kernel, alpha, projections of every window)`` for ``width`` (None: linear PCA,
-        ``(None, V, coefficients)``)."""
+        ``(mean, V, coefficients)``)."""
         if width not in self.fits:
             if width is None:
                 mean = self.T.mean(axis=0)
                 V = np.linalg.svd(self.T - mean, full_matrices=False)[2][:self.max_rank]
-                self.fits[width] = (mean, V, (self.windows.Y - mean) @ V.T)
+                first, A = mean, V
+                self.projectors[width] = lambda Y: (Y - mean) @ V.T
             else:
                 kernel = make_kernel("gaussian", sigma=width * self.median)
                 res, mk, mkm, _ = dense_fit(self.T, kernel, self.max_rank)
-                K = kernel.block(self.windows.Y, self.T)
-                center_block(K, K.mean(axis=1), mk, mkm)
-                self.fits[width] = (kernel, res.alpha, K @ res.alpha.T)
+                first, A = kernel, res.alpha
+
+                def project(Y, T=self.T):
+                    K = kernel.block(Y, T)
+                    return center_block(K, K.mean(axis=1), mk, mkm) @ res.alpha.T
+                self.projectors[width] = project
+            self.fits[width] = (first, A, self.projectors[width](self.windows.Y))
         return self.fits[width]
+
+    def held(self, image: np.ndarray, width: float | None) -> Evaluation:
+        """This evaluation's fit for ``width`` (training windows, basis, pre-images' training)
+        applied to the windows of ``image``: the denoiser with its fit held fixed, a local map
+        (a window's output depends on that window alone), whose Jacobian
+        :func:`dkha.apply.estimate.output_variance` takes."""
+        first, A, _ = self.fit(width)
+        held = copy.copy(self)
+        held.windows = Windows(image, self.windows.patch, self.windows.step)
+        held.fits = {width: (first, A, self.projectors[width](held.windows.Y))}
+        return held
 
     def patches(self, c: Candidate, start: np.ndarray | None = None) -> np.ndarray:
         """The reconstructed windows of candidate ``c`` (aggregation aside)."""
@@ -230,7 +249,7 @@ class Evaluation:
         if c.preimage == "fixed-point":
             start = conformal(training, exp).Z if start is None else start
             return fixed_point(training.sums, exp, start, tol=CHOICE_TOL).Z
-        P_train = beta[self.train_index, :r]
+        P_train = self.source.fit(c.width)[2][self.train_index, :r]
         ridge_kernel = make_kernel("gaussian",
                                    sigma=LEARNED_WIDTH * median_distance(P_train))
         coef = learned_preimage(P_train, self.T, ridge_kernel, c.ridge, None,
@@ -427,7 +446,9 @@ def _delivered(rule: RiskRule, evals: list, best: Candidate, raw: np.ndarray,
     if rule.rule != "sure":
         return None
     phase("estimating what the chosen denoiser delivers")
-    return delivered(rule.y, raw, evals[1].images([best])[best], rule.b, rule.epsilon, seed)
+    held = evals[0].held(rule.inputs[1], best.width).images([best])[best]
+    return delivered(rule.y, raw, evals[1].images([best])[best], held, rule.b, rule.epsilon,
+                     2 * evals[0].windows.patch, seed)
 
 
 def _rounds(evals: list, rule: RiskRule, model: str, first: list, ridges,

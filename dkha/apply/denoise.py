@@ -149,19 +149,6 @@ def patch_corners(shape: tuple[int, int], patch: int, step: int) -> np.ndarray:
     return np.stack(np.meshgrid(rows, cols, indexing="ij"), axis=-1).reshape(-1, 2)
 
 
-def patch_geometry(run_ds: xr.Dataset) -> tuple[int, int]:
-    """``(patch, step)`` from the attrs of the run's training store."""
-    store = open_store(run_ds.attrs["store"])
-    patch, step = store.attrs.get("patch"), store.attrs.get("step")
-    if patch is None or step is None:
-        raise InputError(
-            f"the run's training store {store.path} was not ingested from images (no patch/step "
-            "attrs); denoising needs a run fitted on patches (`dkha ingest images`, or "
-            "`dkha ingest array --patch P`)"
-        )
-    return int(patch), int(step)
-
-
 def as_image(image, what: str) -> np.ndarray:
     if isinstance(image, (str, os.PathLike)):
         return read_grey_image(os.fspath(image))
@@ -241,15 +228,6 @@ def accumulate_patches(total: np.ndarray, count: np.ndarray, corners: np.ndarray
             count[rows, cols] += w
 
 
-def check_patch_run(ds: xr.Dataset) -> tuple[int, int]:
-    """``(patch, step)`` of a run fitted on image patches; refuses other runs."""
-    patch, step = patch_geometry(ds)
-    if patch * patch != int(ds.attrs["n_features"]):
-        raise InputError(f"the run has {ds.attrs['n_features']} features, "
-                         f"not {patch}×{patch} patches")
-    return patch, step
-
-
 def denoise_image(run, image, *, reference=None, method: str | None = None,
                   iterations: int | None = None, tol: float | None = None,
                   eta: float | None = None, step: float | None = None, nonnegative: bool = False,
@@ -299,7 +277,7 @@ def denoise_image(run, image, *, reference=None, method: str | None = None,
     t0 = time.perf_counter()
     ds = as_run(run).ds
     check_options(method, kernel_of(ds), eta=eta, step=step, nonnegative=nonnegative)
-    patch, step_ = check_patch_run(ds)
+    patch, step_ = as_run(ds).patch_geometry("denoising needs")
     noisy = as_image(image, "image")
     clean = None if reference is None else as_image(reference, "reference")
     if clean is not None and clean.shape != noisy.shape:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from dkha.apply.denoise import as_image, check_patch_run, preimage_patches, psnr
+from dkha.apply.denoise import as_image, preimage_patches, psnr
 from dkha.apply.preimage import check_options
 from dkha.errors import InputError, ParameterError
 from dkha.runs.run import as_run, kernel_of
@@ -119,7 +119,7 @@ def superresolve(run, image, *, factor: int, upscaling: str = "replicate", refer
     t0 = time.perf_counter()
     ds = as_run(run).ds
     check_options(method, kernel_of(ds), eta=eta, step=gradient_step, nonnegative=nonnegative)
-    patch, store_step = check_patch_run(ds)
+    patch, store_step = as_run(ds).patch_geometry("super-resolution needs")
     step = store_step if step is None else int(step)
     if step < 1:
         raise ParameterError(f"step must be positive, got {step}")

@@ -35,6 +35,7 @@ import shutil
 import warnings
 
 import numpy as np
+from sklearn.utils.validation import check_is_fitted
 
 from dkha import config
 from dkha.apply.preimage import RunPreimages
@@ -235,8 +236,6 @@ DataStore
             raise ParameterError(f"Number of components has changed from {self.n_components_} "
                                  f"to {self.n_components} between calls to partial_fit! Try "
                                  "setting n_components to a fixed value.")
-        if not np.isfinite(X).all():
-            raise InputError("partial_fit: the data holds NaN or inf")
         state = None if first_call else self._fit
         self._keep(fit_online(self._request(ArraySource(X), state), state))
         return self
@@ -253,10 +252,6 @@ DataStore
         self.alpha_, self.dictionary_ = s.alpha(), s.dictionary()
         self.member_index_, self.member_step_ = s.members()
         self.mean_coefficient_, self.n_steps_ = s.mean_coefficients(), s.state.step
-
-    def _check_fitted(self):
-        if not hasattr(self, "solver_"):
-            raise ParameterError("this OnlineKernelPCA is not fitted yet; call fit or partial_fit")
 
     def _transform_array(self, X: np.ndarray) -> np.ndarray:
         """Projections ``w_iᵀ(Φ(x) − μ)`` of the rows of ``X``, ``(n, n_components)``."""
@@ -283,7 +278,7 @@ DataStore
         default is the paper's uncentered eq. 62). ``per_component`` returns the ``|cos|``
         values instead of their mean.
         """
-        self._check_fitted()
+        check_is_fitted(self)
         r = self.solver_.r
         ref = self._fit.reference if reference is None else reference_of(
             reference, self.kernel_, r, seed=self.seed, max_samples=max_samples, centered=centered)
@@ -295,7 +290,7 @@ DataStore
     def to_dataset(self):
         """The components as an xarray dataset (the ``components.zarr`` schema of a dictionary
         run, :func:`dkha.fit.run_dir.run_dataset`)."""
-        self._check_fitted()
+        check_is_fitted(self)
         return run_dataset(self.history_, self.eigenvalues_, self.attrs_, solver=self.solver_)
 
     def save(self, run_dir: str) -> str:

@@ -102,15 +102,11 @@ def dense_fit(X: np.ndarray, kernel, r: int, *, seed: int = 0, tol: float = 0.0
                 "excess": error / error_min - 1.0 if error_min > 0 else float("inf"),
                 "wall_time": t2 - t0, "measure": "exact", "residual": float(residual.max())}]
     stats = DenseStats(passes=[
-        {"what": "kernel matrix K' (dense, in process)", "kind": "dense", "tasks": 1,
-         "wall_seconds": t1 - t0, "wait_seconds": 0.0, "busy_seconds": t1 - t0,
-         "bytes_received": 0},
-        {"what": "eigenpairs (Lanczos, dense)", "kind": "eigensolver", "tasks": 1,
-         "wall_seconds": t2 - t1, "wait_seconds": 0.0, "busy_seconds": t2 - t1,
-         "bytes_received": 0},
-        {"what": "exact evaluation (dense)", "kind": "evaluation", "tasks": 1,
-         "wall_seconds": t3 - t2, "wait_seconds": 0.0, "busy_seconds": t3 - t2,
-         "bytes_received": 0}])
+        {"what": what, "kind": kind, "tasks": 1, "wall_seconds": end - begin,
+         "wait_seconds": 0.0, "busy_seconds": end - begin, "bytes_received": 0}
+        for what, kind, begin, end in (("kernel matrix K' (dense, in process)", "dense", t0, t1),
+                                       ("eigenpairs (Lanczos, dense)", "eigensolver", t1, t2),
+                                       ("exact evaluation (dense)", "evaluation", t2, t3))])
     log.info("dense path: K' in %.1f s, %d eigenpairs in %.1f s (largest relative residual %.1e)",
              t1 - t0, r, t2 - t1, residual.max())
     res = BatchResult(alpha=alpha, eigenvalue=w, history=history, top_eigenvalues=w,

@@ -31,20 +31,15 @@ from dkha.solvers.batch import default_landmarks
 log = logging.getLogger(__name__)
 
 
-def default_landmarks_for(n_samples: int, n_components: int, settings: Settings) -> int | None:
-    """:func:`~dkha.solvers.batch.default_landmarks` within ``dkha.memory-budget``."""
-    return default_landmarks(n_samples, n_components, budget=configured_budget(settings))
-
-
 def start_of(init, algorithm: str, n_samples: int, r: int, settings: Settings
              ) -> tuple[str, int | None]:
     """``("random", None)``, ``("random", M)`` or ``("nystrom", M)`` from ``init``
-    (``None``: the Nyström start with :func:`default_landmarks_for` landmarks within the memory
-    budget of ``settings``, the random start for the exact solver)."""
+    (``None``: the Nyström start with :func:`~dkha.solvers.batch.default_landmarks` landmarks
+    within the memory budget of ``settings``, the random start for the exact solver)."""
     if init is None and is_exact(algorithm):
         return "random", None
     if init is None:
-        m = default_landmarks_for(n_samples, r, settings)
+        m = default_landmarks(n_samples, r, budget=configured_budget(settings))
         return ("nystrom", m) if m else ("random", None)
     init = str(init)
     if init == "random":

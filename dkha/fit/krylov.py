@@ -1,5 +1,5 @@
 """The exact solver: the top-``r`` eigenpairs of ``K'`` by a block Krylov method on blockwise
-products (:func:`dkha.fit.spectrum.krylov_eigenpairs`), ``alpha_i = v_i / √λ_i``; resumable
+products (:func:`dkha.fit.spectrum.krylov_solve`), ``alpha_i = v_i / √λ_i``; resumable
 from its checkpoints (:class:`KrylovCheckpoints`)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dkha.algorithms import KRYLOV
 from dkha.errors import RESUME_HINT, Interrupted
 from dkha.fit.evaluate import evaluate
 from dkha.fit.kha_stream import BatchResult
-from dkha.fit.spectrum import clip_eigenvalues, krylov_eigenpairs
+from dkha.fit.spectrum import clip_eigenvalues, krylov_solve
 from dkha.schedule import Stream, random_stream
-from dkha.solvers.eigen import KrylovState, to_host
+from dkha.solvers.eigen import KrylovInfo, KrylovState, to_host
 
 log = logging.getLogger(__name__)
 
@@ -105,25 +105,25 @@ class KrylovCheckpoints:
 
 
 def krylov_coefficients(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
-                        X0: np.ndarray | None = None, info: dict | None = None,
-                        checkpoints: KrylovCheckpoints | None = None
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise block Krylov products."""
+                        X0: np.ndarray | None = None, checkpoints: KrylovCheckpoints | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, KrylovInfo]:
+    """Exact top-``r`` components: ``alpha_i = v_i / √λ_i`` from blockwise block Krylov products
+    (:func:`~dkha.fit.spectrum.krylov_solve`), with their eigenvalues and how the solve went."""
     if X0 is not None:  # warm start: pad the given vectors with random ones (the oversampling)
         k = min(engine.n_samples - 1, r + max(5, r // 2))
         extra = random_stream(seed, Stream.KRYLOV_START).standard_normal(
             (engine.n_samples, k - X0.shape[1]))
         X0 = np.hstack([X0, extra]) if k > X0.shape[1] else X0
-    w, V = krylov_eigenpairs(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0, info=info,
-                             state=None if checkpoints is None else checkpoints.state(),
-                             on_state=None if checkpoints is None else checkpoints.seen)
+    w, V, info = krylov_solve(engine, r, seed=seed, tol=tol, maxiter=maxiter, X0=X0,
+                              state=None if checkpoints is None else checkpoints.state(),
+                              on_state=None if checkpoints is None else checkpoints.seen)
     # round-off eigenvalues become 0 and their components null, as scikit-learn's
     # _check_psd_eigenvalues (significantly negative ones: not a PSD kernel, its ValueError)
     w = clip_eigenvalues(w)
     positive = w > 0
     scale = np.zeros_like(w)
     scale[positive] = 1.0 / np.sqrt(w[positive])
-    return (V * scale).T.copy(), w
+    return (V * scale).T.copy(), w, info
 
 
 def product_entry(t: dict) -> dict:
@@ -149,18 +149,16 @@ def run_krylov(engine, r: int, *, seed: int, A_init: np.ndarray | None = None, t
     if engine.mk is None:
         engine.compute_mk()
     t0 = time.perf_counter()
-    info: dict = {}
     try:
         X0 = (None if A_init is None else
               (A_init * np.linalg.norm(A_init, axis=1, keepdims=True) ** -1).T)
-        alpha, w = krylov_coefficients(engine, r, seed=seed, tol=tol, X0=X0, info=info,
-                                       checkpoints=checkpoints)
+        alpha, w, info = krylov_coefficients(engine, r, seed=seed, tol=tol, X0=X0,
+                                             checkpoints=checkpoints)
         seconds = (time.perf_counter() - t0 if checkpoints is None else checkpoints.elapsed())
         C = w[:, None] * alpha
-        products = int(info.get("products", 0))
-        trace = info.get("trace", [])
-        last = {"pass": products, "step": 0, "wall_time": seconds,
-                "residual": info.get("residual", float("nan"))}
+        trace = info.trace
+        last = {"pass": info.products, "step": 0, "wall_time": seconds,
+                "residual": float(info.history[-1]) if info.history else float("nan")}
         if trace:
             last["ritz_value"] = trace[-1]["ritz"]
         if with_evaluation:

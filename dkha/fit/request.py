@@ -112,7 +112,7 @@ def settings_of(model: ModelRequest, route: Route, n_samples: int, config: Setti
                 ) -> ModelRequest:
     """``model`` as it fits once :func:`dkha.fit.plan.route` said what runs (the defaults are
     those of the algorithm it is saved under, ``route.named``): its start (the Nyström start
-    with :func:`dkha.fit.init.default_landmarks_for` landmarks by default, within the memory
+    with :func:`dkha.solvers.batch.default_landmarks` landmarks by default, within the memory
     budget of ``config``, the random one for the exact solver), and its gains' defaults from
     that start."""
     algorithm = route.named

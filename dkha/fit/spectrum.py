@@ -68,21 +68,11 @@ def top_eigenvalues(engine, r: int, *, seed: int = 0, dense_limit: int | None = 
 
 def krylov_eigenpairs(engine, r: int, *, seed: int = 0, tol: float = 1e-8, maxiter: int = 300,
                       oversample: int | None = None, X0: np.ndarray | None = None,
-                      exact: bool = False, info: dict | None = None, state=None,
-                      on_state=None):
+                      exact: bool = False):
     """Top-``r`` eigenpairs ``(w, V)`` of ``K'`` (descending) by the block Krylov method of
-    :func:`krylov_solve`. ``info`` (a dict, optional) receives ``products`` (the passes made)
-    and ``residual``: the largest relative residual of the returned pairs as the solver last
-    measured it (no extra pass), ``trace``: per product, :attr:`KrylovInfo.trace`. ``state``,
-    ``on_state``: continue from / report the iteration's
-    :class:`~dkha.solvers.eigen.KrylovState` (checkpoints)."""
-    w, V, got = krylov_solve(engine, r, seed=seed, tol=tol, maxiter=maxiter, oversample=oversample,
-                             X0=X0, exact=exact, state=state, on_state=on_state)
-    if info is not None:
-        history = list(getattr(got, "history", []) or [])
-        info.update(products=int(getattr(got, "products", 0) or 0),
-                    residual=float(history[-1]) if history else float("nan"),
-                    trace=list(getattr(got, "trace", []) or []))
+    :func:`krylov_solve` (which also says how it went)."""
+    w, V, _ = krylov_solve(engine, r, seed=seed, tol=tol, maxiter=maxiter, oversample=oversample,
+                           X0=X0, exact=exact)
     return w, V
 
 

@@ -38,19 +38,6 @@ from dkha.runs.transform import project_blocks, write_dataset
 BLOCK_PATCHES = 2048
 
 
-def patch_geometry(run: Run) -> tuple[int, int]:
-    """``(patch, step)`` of the run's training store; refuses runs not fitted on image patches."""
-    attrs = run.training_store().attrs
-    patch, step = attrs.get("patch"), attrs.get("step")
-    if patch is None or step is None:
-        raise InputError(f"the run's training store {run.store_path} was not ingested from "
-                         "images (no patch/step attrs); response maps need a run fitted on "
-                         "patches (`dkha ingest images`, or `dkha ingest array --patch P`)")
-    if int(patch) ** 2 != run.n_features:
-        raise InputError(f"the run has {run.n_features} features, not {patch}×{patch} patches")
-    return int(patch), int(step)
-
-
 def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *,
                   names: Sequence[str] | None = None, block: int = BLOCK_PATCHES,
                   client=None) -> xr.DataArray:
@@ -84,7 +71,7 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
     >>> maps.sel(image="camera", component=0).plot(yincrease=False)  # doctest: +SKIP
     """
     run = as_run(run)
-    patch, step = patch_geometry(run)
+    patch, step = run.patch_geometry("response maps need")
     if len(images) == 0:
         raise InputError("no images given")
     if names is not None and len(names) != len(images):

@@ -94,6 +94,20 @@ class Run:
     def training_store(self) -> DataStore:
         return open_store(self.store_path)
 
+    def patch_geometry(self, needs: str) -> tuple[int, int]:
+        """``(patch, step)`` of the training store of a run fitted on image patches; other runs
+        are refused in one line (``needs``: what needs patches, e.g. ``"denoising needs"``)."""
+        attrs = self.training_store().attrs
+        patch, step = attrs.get("patch"), attrs.get("step")
+        if patch is None or step is None:
+            raise InputError(f"the run's training store {self.store_path} was not ingested from "
+                             f"images (no patch/step attrs); {needs} a run fitted on patches "
+                             "(`dkha ingest images`, or `dkha ingest array --patch P`)")
+        if int(patch) ** 2 != self.n_features:
+            raise InputError(f"the run has {self.n_features} features, not {patch}×{patch} "
+                             "patches")
+        return int(patch), int(step)
+
     def check_features(self, n_features: int, what: str = "new data") -> None:
         if n_features != self.n_features:
             raise InputError(f"{what} has {n_features} features; the run was fitted on "

@@ -337,14 +337,9 @@ class OnlineState:
                  capacity: int) -> OnlineState:
         """A state of room ``capacity`` holding :meth:`arrays` and :meth:`scalars`' members."""
         st = cls.empty(r, capacity, n_features)
-        m = int(scalars["m"])
-        st.B[:, :m] = arrays["B"]
-        st.L[:m, :m] = arrays["L"]
-        st.cbar[:m] = arrays["cbar"]
-        st.dictionary[:m] = arrays["dictionary"]
-        st.member_index[:m] = arrays["member_index"]
-        st.member_step[:m] = arrays["member_step"]
-        st.m, st.count, st.step = m, int(scalars["count"]), int(scalars["step"])
+        st.m, st.count, st.step = int(scalars["m"]), int(scalars["count"]), int(scalars["step"])
+        for name, members in st.arrays().items():      # views of the members' rows
+            members[...] = arrays[name]
         st.gain_factor = float(scalars.get("gain_factor", 1.0))
         return st
 
