@@ -20,14 +20,11 @@ from dkha.errors import InputError
 
 
 class ArraySource:
-    """An in-memory array with the reading interface of :class:`~dkha.data.store.DataStore`."""
+    """An in-memory array with the reading interface of :class:`~dkha.data.store.DataStore`:
+    the rows an estimator validated (scikit-learn's ``validate_data``: 2-d, not empty, finite)."""
 
     def __init__(self, X: np.ndarray):
         X = np.asarray(X, dtype=np.float64)
-        if X.ndim != 2:
-            raise InputError(f"expected a 2-d array (samples × features), got shape {X.shape}")
-        if X.shape[0] == 0 or X.shape[1] == 0:
-            raise InputError(f"the data is empty (shape {X.shape})")
         self.X = X
         self.path = None
         self.n_samples, self.n_features = X.shape
