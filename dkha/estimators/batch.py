@@ -158,16 +158,12 @@ class KernelHebbianPCA(DkhaTransformer):
             n_steps = int(self.steps)
         else:
             n_steps = (10 if self.passes is None else int(self.passes)) * n_samples
-        center_sample = self.center_sample
-        if center_sample is not None:
-            if (not isinstance(center_sample, (int, np.integer)) or isinstance(center_sample, bool)
-                    or not 1 <= center_sample <= n_samples):
-                raise ParameterError(f"center_sample must be an integer in 1..{n_samples} (the "
-                                     f"number of samples), got {center_sample!r}")
-            center_sample = int(center_sample)
+        if self.center_sample is not None and self.center_sample > n_samples:
+            raise ParameterError(f"center_sample must be an integer in 1..{n_samples} (the "
+                                 f"number of samples), got {self.center_sample!r}")
         return ModelRequest(**{
             **request_values(self, BATCH, ModelRequest), "n_components": int(r),
-            "n_steps": n_steps, "center_sample": center_sample, "verbose": bool(self.verbose),
+            "n_steps": n_steps, "verbose": bool(self.verbose),
             "params": frozen_mapping(get_params(self, BATCH)),
             "recorded": frozen_mapping(recorded_params(self, BATCH))})
 

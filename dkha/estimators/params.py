@@ -342,7 +342,7 @@ PARAMETERS: tuple[Param, ...] = (
           "instead of computing it exactly (an ``O(l² n)`` pass): explicitly approximate, "
           "recorded in the run (attrs ``centering='sample'``, ``center_sample``) and reported "
           "by ``dkha evaluate``. Either row is cached in the data store (``dkha.mk-cache``).",
-          None, models=(BATCH,), cli={"type": "positive_int", "metavar": "N"},
+          POSITIVE_INT, models=(BATCH,), cli={"type": "positive_int", "metavar": "N"},
           doc_type="int, optional",
           short="estimate the centering (MK) row from a seeded sample of N columns instead of "
                 "the exact O(l²n) pass: approximate, recorded in the run",
