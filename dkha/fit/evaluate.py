@@ -13,7 +13,7 @@ the values of the principal functions (the explained variance of a saved run is
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -33,8 +33,7 @@ class Evaluation:
     frobenius: float
 
     def as_dict(self) -> dict:
-        return {"error": self.error, "error_min": self.error_min, "excess": self.excess,
-                "frobenius": self.frobenius}
+        return asdict(self)
 
 
 def projections(engine, A: np.ndarray) -> np.ndarray:
@@ -63,11 +62,8 @@ def projections_many(engine, As: list[np.ndarray]) -> list[np.ndarray]:
     else:
         with engine.labelled(desc):
             KV = engine.matmat(V)
-    out, start = [], 0
-    for A in As:
-        out.append(KV[:, start:start + A.shape[0]].T.copy())
-        start += A.shape[0]
-    return out
+    ends = np.cumsum([A.shape[0] for A in As])[:-1]      # each A's columns of KV
+    return [part.T.copy() for part in np.split(KV, ends, axis=1)]
 
 
 def evaluate(engine, A: np.ndarray, eigenvalues: np.ndarray | None = None, *,
