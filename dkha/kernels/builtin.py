@@ -37,13 +37,11 @@ def _gaussian_gamma(values: dict) -> dict:
     """scikit-learn's ``gamma`` as the gaussian's ``sigma = 1/√(2 gamma)``; ``rbf``'s
     ``gamma=None`` (``1/n_features`` at fit time) is dropped once ``sigma`` is set."""
     if values.get("gamma") is not None:
-        gamma = float(values.pop("gamma"))
+        gamma = values.pop("gamma")
         if values.get("sigma") is not None:
             raise ParameterError("give gamma or sigma for the gaussian kernel, not both "
                                  "(gamma = 1/(2 sigma²))")
-        if not (np.isfinite(gamma) and gamma > 0):
-            raise ParameterError(f"gamma must be a positive number, got {gamma}")
-        values["sigma"] = float(np.sqrt(0.5 / gamma))
+        values["sigma"] = float(np.sqrt(0.5 / positive("gamma", gamma)))
     elif values.get("sigma") is not None:
         values.pop("gamma", None)
     return values
