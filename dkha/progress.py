@@ -174,9 +174,8 @@ class Progress:
             _active.append(self)
             if not transient:
                 self._line()
-            elif total is None:     # stages, each named as it begins (:meth:`describe`)
-                _logged(desc)
-                self._last = _clock()
+            elif total is None:     # stages, each named as it begins
+                self.describe(desc)
 
     def _line(self, done: bool = False) -> None:
         seconds = _clock() - self._t0
