@@ -442,14 +442,12 @@ class _SharedStream(_StreamState):
             self.record([m for m, _ in last], Cs=[C for _, C in last])
         stats = {"blocks": engine.stats.blocks, "wait_seconds": engine.stats.wait_seconds,
                  "bytes_received": engine.stats.bytes_received}
-        seconds = self.driver.seconds
         results, Cs = [], iter(Cs)
-        for m in models:
+        for m in models:        # what every model's result holds, set aside or not
+            own = {"history": m.history, "top_eigenvalues": self.eig_top, "stream_stats": stats,
+                   "wall_time": self.driver.seconds, "backoffs": list(m.solver.backoffs)}
             if m.failure is not None:
-                results.append(BatchResult(alpha=None, eigenvalue=None, history=m.history,
-                                           top_eigenvalues=self.eig_top, wall_time=seconds,
-                                           stream_stats=stats, failure=m.failure,
-                                           backoffs=list(m.solver.backoffs)))
+                results.append(BatchResult(alpha=None, eigenvalue=None, failure=m.failure, **own))
                 continue
             A, C = m.solver.A, next(Cs)
             kept = None
@@ -466,9 +464,7 @@ class _SharedStream(_StreamState):
                          "%.10g): it is the result", m.solver.algorithm, m.best["pass"], figure,
                          m.best[figure], last[figure])
             results.append(BatchResult(alpha=A.copy(), eigenvalue=eigenvalue_estimate(A, C),
-                                       history=m.history, top_eigenvalues=self.eig_top,
-                                       wall_time=seconds, stream_stats=stats, projection=C,
-                                       backoffs=list(m.solver.backoffs), kept=kept))
+                                       projection=C, kept=kept, **own))
         return results
 
 
