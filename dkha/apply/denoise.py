@@ -342,9 +342,8 @@ def denoise_store(run, noisy: str, out: str, *, method: str | None = None,
     kernel = kernel_of(ds)
     options = {"iterations": iterations, "tol": tol, "eta": eta, "step": step,
                "nonnegative": nonnegative}
-    method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative)
-    if eta is not None and float(eta) > 0 and "dictionary" not in ds:
-        RunPreimages(ds, None, method=method, eta=eta)  # the one-line refusal
+    method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative,
+                           batch=not as_run(ds).is_dictionary)
     if os.path.lexists(out) and not overwrite:
         raise RunDirectoryError(f"{out} already exists; pass --overwrite to replace it")
     if os.path.abspath(out) in (os.path.abspath(noisy), os.path.abspath(ds.attrs["store"])):

@@ -101,6 +101,10 @@ DEFAULT_BLOCK = 4096  # training samples per block of kernel values
 # |Σ γ k| below this fraction of Σ |γ k| makes the fixed-point step undefined
 DENOMINATOR_FLOOR = 1e-8
 METHODS = ("fixed-point", "conformal", "gradient")
+#: why the conformal map's η > 0 is refused where the samples are a store's (batch runs)
+ETA_NEEDS_SAMPLES = ("the conformal map with --eta > 0 needs K_m⁻¹ of the samples the components "
+                     "are expanded over: available for dictionary (online) runs; use --eta 0 for "
+                     "batch runs")
 ARMIJO = 1e-4
 
 
@@ -378,11 +382,8 @@ def fixed_point(sums: Callable, expansion_: Expansion, start: np.ndarray, *,
     ``w_j = γ_j k(z, x_j)`` (:attr:`Training.sums`). Converged samples leave
     the active set, so later iterations cost less.
     """
-    iterations, tol = _check_iteration(iterations, tol)
-    Z = np.array(start, dtype=np.float64, ndmin=2)
+    Z, iterations, tol = _start(start, expansion_, iterations, tol)
     n = len(Z)
-    if len(expansion_) != n:
-        raise InputError(f"{len(expansion_)} expansions for {n} starting points")
     converged = np.zeros(n, dtype=bool)
     undefined = np.zeros(n, dtype=bool)
     agreement = np.full(n, np.nan)
@@ -423,14 +424,18 @@ class _ActiveRounds:
             yield self.active
 
 
-def _check_iteration(iterations, tol) -> tuple[int, float]:
+def _start(start, expansion_: Expansion, iterations, tol) -> tuple[np.ndarray, int, float]:
+    """An iteration's starting points (a new array), iterations and tolerance, checked."""
     iterations = DEFAULT_ITERATIONS if iterations is None else int(iterations)
     tol = DEFAULT_TOL if tol is None else float(tol)
     if iterations < 0:
         raise ParameterError(f"iterations must be non-negative, got {iterations}")
     if not tol > 0:
         raise ParameterError(f"tol must be positive, got {tol}")
-    return iterations, tol
+    Z = np.array(start, dtype=np.float64, ndmin=2)
+    if len(expansion_) != len(Z):
+        raise InputError(f"{len(expansion_)} expansions for {len(Z)} starting points")
+    return Z, iterations, tol
 
 
 def gradient(sums: Callable, expansion_: Expansion, start: np.ndarray, sigma: float, *,
@@ -438,16 +443,13 @@ def gradient(sums: Callable, expansion_: Expansion, start: np.ndarray, sigma: fl
              nonnegative: bool = False) -> PreimageResult:
     """Gradient ascent on ``f(z) = ⟨PΦ(x), Φ(z)⟩`` (gaussian kernel of width ``sigma``), for all
     rows at once (module docstring: line search, ``step``, ``nonnegative``)."""
-    iterations, tol = _check_iteration(iterations, tol)
+    Z, iterations, tol = _start(start, expansion_, iterations, tol)
     if step is not None and not float(step) > 0:
         raise ParameterError(f"step must be positive, got {step}")
     s2 = float(sigma) ** 2
-    Z = np.array(start, dtype=np.float64, ndmin=2)
     if nonnegative:
         np.maximum(Z, 0.0, out=Z)
     n, dim = Z.shape
-    if len(expansion_) != n:
-        raise InputError(f"{len(expansion_)} expansions for {n} starting points")
     num, f, _ = sums(Z, expansion_)
     G = (num - f[:, None] * Z) / s2
     s = np.full(n, s2 if step is None else float(step))
@@ -493,9 +495,7 @@ def conformal(training: Training, expansion_: Expansion, *, eta: float = 0.0) ->
     if eta:
         X = training.samples
         if X is None:
-            raise ParameterError(
-                "the conformal map with eta > 0 needs K_m⁻¹ of the samples the components are "
-                "expanded over: available for dictionary (online) runs; use --eta 0 for batch runs")
+            raise ParameterError(ETA_NEEDS_SAMPLES)
         K = training.kernel.block(X, X)
         gamma = expansion_.dense(training.alpha)
         W = np.linalg.solve(K, gamma.T)                    # K_m⁻¹ γ, m × n
@@ -506,14 +506,17 @@ def conformal(training: Training, expansion_: Expansion, *, eta: float = 0.0) ->
 
 
 def check_options(method: str | None, kernel: Kernel, *, eta: float | None = None,
-                  step: float | None = None, nonnegative: bool = False) -> str:
-    """:func:`check_method`, and refuse options that belong to another method."""
+                  step: float | None = None, nonnegative: bool = False, batch: bool = False) -> str:
+    """:func:`check_method`, and refuse options that belong to another method, and ``eta > 0``
+    for a ``batch`` run (:data:`ETA_NEEDS_SAMPLES`)."""
     method = check_method(method, kernel)
     if eta is not None and method != "conformal":
         raise ParameterError(f"--eta applies to the conformal pre-image, not {method}")
     if (step is not None or nonnegative) and method != "gradient":
         raise ParameterError(f"--step and --nonnegative apply to the gradient pre-image, "
                              f"not {method}")
+    if batch and eta is not None and float(eta) > 0:
+        raise ParameterError(ETA_NEEDS_SAMPLES)
     return method
 
 
@@ -599,11 +602,8 @@ class RunPreimages:
                  eta: float | None = None, step: float | None = None, nonnegative: bool = False):
         run = as_run(ds)
         kernel = run.kernel
-        self.method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative)
-        if eta is not None and not run.is_dictionary and float(eta) > 0:
-            raise ParameterError(
-                "the conformal map with --eta > 0 needs K_m⁻¹ of the samples the components are "
-                "expanded over: available for dictionary (online) runs; use --eta 0 for batch runs")
+        self.method = check_options(method, kernel, eta=eta, step=step, nonnegative=nonnegative,
+                                    batch=not run.is_dictionary)
         self.options = {"iterations": iterations, "tol": tol, "eta": eta, "step": step,
                         "nonnegative": nonnegative}
         alpha = run.alpha

@@ -66,11 +66,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dkha.apply.noise import (  # noqa: F401 - haar_diagonal, noise_level: re-exported
+from dkha.apply.noise import (
     NoiseModel,
     Stabiliser,
     fit_noise_model,
-    haar_diagonal,
     noise_level,
 )
 from dkha.errors import ParameterError
