@@ -16,7 +16,6 @@ from dkha.cli.output import progress_lines
 from dkha.cli.parser import build_parser
 from dkha.progress import heartbeat, phase
 
-#: the commands that show progress without -v: bars in a terminal, lines in a pipe or log file
 #: the commands that show their progress (outside a terminal as log lines on standard error):
 #: every one that may run for more than a few seconds
 PROGRESS_COMMANDS = ("fit", "tune", "run", "evaluate", "transform", "maps", "report", "denoise",

@@ -46,13 +46,6 @@ def _fit_summary(model, run_dir: str) -> dict:
             **kept_figures(model.attrs_), **centering_summary(model.attrs_)}
 
 
-def _print_kept(attrs: dict) -> None:
-    """One line where the fit kept an earlier state than its last: which, and why."""
-    kept = kept_figures(attrs)
-    if kept:
-        print(f"kept the state of pass {kept['kept_pass']}, not the last: {kept['kept_reason']}")
-
-
 def _print_backoffs(backoffs: list[dict]) -> None:
     """One line for a run's backoffs (none: nothing)."""
     if backoffs:
@@ -201,22 +194,23 @@ def _cmd_fit(args) -> int:
             path = model.attrs_.get("path", summary["algorithm"])
             after = (f"after {summary['pass']} Krylov products" if algorithms.is_exact(path)
                      else "dense" if path == "dense" else f"after {summary['step']} steps")
+        kept = model.attrs_.get("kept_state")
         if last.get("measure") == "residual":
             print(f"{after}: largest relative residual ‖K'v − λv‖/λ1 = {last['residual']:.2e} "
                   "(the exact excess: dkha evaluate RUN_DIR --exact, or fit with --tol)")
         elif last.get("measure") == "ritz":
-            kept = model.attrs_.get("kept_state")
             print(f"{after}: tracked Σθ² = {last['captured']:.10g}, the span moved "
                   f"{last.get('change', float('nan')):.1e} in the last pass (the exact excess: "
                   "dkha evaluate RUN_DIR --exact, or fit with --tol)"
                   + (f"; the result is pass {kept['pass']}'s state" if kept else ""))
         elif last:
-            kept = model.attrs_.get("kept_state")
             print(f"{after}: " + errors_text(summary["error"], summary["error_min"],
                                              summary["excess"], summary["excess_precision"])
                   + (f" (the state of pass {kept['pass']}, better than the last pass's excess "
                      f"{last['excess']:.3e})" if kept else ""))
-        _print_kept(model.attrs_)
+        if "kept_pass" in summary:      # an earlier state than the last: which, and why
+            print(f"kept the state of pass {summary['kept_pass']}, not the last: "
+                  f"{summary['kept_reason']}")
         _print_backoffs(model.backoffs_)
         line = times_line(getattr(model, "timings_", None))
         if line:

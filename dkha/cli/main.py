@@ -31,12 +31,12 @@ from dkha.cli.apply import COMMANDS as APPLY_COMMANDS
 from dkha.cli.fit import COMMANDS as FIT_COMMANDS
 from dkha.cli.options import centering_line, centering_summary
 from dkha.cli.output import (
-    LineFormatter,
     LogFormatter,
     excess_precision,
     excess_text,
     log_warning,
     pair_digits,
+    progress_lines,
 )
 from dkha.cli.parser import build_parser
 from dkha.cli.where import cluster_kwargs, performance_reported
@@ -182,9 +182,7 @@ def cmd_report(args) -> int:
 
 def cmd_run(args) -> int:
     # the stages as they start and end, without -v (the pipeline's INFO lines, to stderr)
-    stages = logging.StreamHandler(sys.stderr)
-    stages.setLevel(logging.INFO)
-    stages.setFormatter(LineFormatter("run"))
+    stages = progress_lines("run")
     stages.addFilter(lambda record: record.levelno < logging.WARNING
                      and record.getMessage().startswith("stage "))
     pipeline_log = logging.getLogger("dkha.pipeline")

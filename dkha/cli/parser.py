@@ -41,7 +41,7 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         parsed, extras = super().parse_known_args(args, namespace)
-        if args is not None and not self._has_subcommands():
+        if args is not None and self._subparsers is None:     # (argparse's: no subcommands)
             parsed.given = self.given(args)
         if getattr(self, "top_level", False):
             if extras:      # what no subcommand took
@@ -51,9 +51,6 @@ class Parser(argparse.ArgumentParser):
             parsed.verbose += getattr(parsed, "verbose_after", 0)
             parsed.__dict__.pop("verbose_after", None)
         return parsed, extras
-
-    def _has_subcommands(self) -> bool:
-        return any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
 
     def given(self, args) -> set[str]:
         """The destinations of the options ``args`` gives explicitly (a default given
