@@ -153,6 +153,27 @@ def test_a_recorded_layout_is_kept_and_one_that_does_not_fit_is_planned_again():
     assert "bits differ" in small.describe()
 
 
+def test_a_recorded_prefetch_is_kept_where_it_fits_and_lowered_and_said_where_not():
+    """With worker projections the blocks computed ahead are the fit's arithmetic: a resume
+    takes the recorded prefetch, fewer or more than the budget now would plan, where it fits
+    (the block rows given), and lowers it where it does not, saying the bits then differ."""
+    host, b = Hardware.described(1, 2, 8 * GiB), 40
+    block = 8 * b * L
+    with dask.config.set({"dkha.memory-budget": 5 * block}):       # 3 ahead fit, 4 asked
+        fresh = memory_plan(L, config.settings(), hardware=host, block_rows=b)
+        assert fresh.prefetch == 3
+        kept = memory_plan(L, config.settings(), hardware=host, block_rows=b,
+                           layout=Layout(bands=40, column_groups=3, prefetch=1))
+        assert kept.prefetch == 1 and kept.layout_reason == "the run's recorded layout"
+        lowered = memory_plan(L, config.settings(), hardware=host, block_rows=b,
+                              layout=Layout(bands=40, column_groups=3, prefetch=4))
+    assert lowered.prefetch == 3 and "4 blocks ahead, as recorded, do not fit" in \
+        lowered.layout_reason and "bits differ" in lowered.describe()
+    recorded = Layout(bands=40, column_groups=3, prefetch=2)
+    assert Layout.from_dict(recorded.as_dict()) == recorded
+    assert Layout.from_dict({"bands": 4, "column_groups": 2}).prefetch is None   # older runs
+
+
 def test_a_budget_set_by_the_user_wins_over_the_workers():
     host = Hardware.described(1, 16, 128 * GiB)
     with dask.config.set({"dkha.memory-budget": "256MiB"}):

@@ -636,3 +636,37 @@ def test_a_kha_fit_with_worker_projections_stopped_mid_pass_resumes_bit_identica
         for where in (run, run + "-other"):
             alpha, _ = _alpha(where)
             assert np.array_equal(alpha, ref.alpha_), (where, np.abs(alpha - ref.alpha_).max())
+
+
+def test_a_worker_projection_resume_keeps_the_recorded_prefetch(tmp_path):
+    """The blocks a fit computes ahead decide the ``S̃`` each block is projected on, so the
+    prefetch is recorded in the layout: a KHA-SMD fit with worker projections, planned 1 ahead
+    (a stream budget of 3 blocks, as small workers at a large ``l`` give), killed inside its
+    first pass and resumed where the plan would give 4 ahead (the default budget), ends with
+    the uninterrupted fit's bits. Before, the resume planned 4 ahead and differed in the last
+    bits."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dkha import KernelHebbianPCA
+    from dkha.data.checkpoint import Checkpointer
+
+    store = str(tmp_path / "x.zarr")
+    ingest_array(np.random.default_rng(5).normal(size=(400, 8)), store, chunk_rows=40)
+    params = dict(n_components=4, algorithm="kha-smd", passes=2, sigma=3.0, block_rows=40,
+                  init="random", projections="workers", evaluate_every=0)
+    run = str(tmp_path / "run")
+    small = {"dkha.memory-budget": 3 * 8 * 40 * 400}       # (1 + 2) blocks of 40 × 400
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as c:
+        with dask.config.set(small):
+            ref = KernelHebbianPCA(**params, client=c).fit(store)
+            assert ref.timings_["memory"]["prefetch"] == 1
+            with killed_after(1):
+                KernelHebbianPCA(**params, client=c).fit(store, run_dir=run,
+                                                         checkpoint_steps=120)
+        assert Checkpointer(run).newest_meta()["layout"]["prefetch"] == 1
+        resumed = KernelHebbianPCA(**params, client=c).fit(store, run_dir=run, resume=True)
+    assert resumed.timings_["memory"]["prefetch"] == 1
+    alpha, _ = _alpha(run)
+    assert np.array_equal(alpha, ref.alpha_), np.abs(alpha - ref.alpha_).max()

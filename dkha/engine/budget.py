@@ -39,7 +39,10 @@ thread, so a stop or a slow worker costs seconds), and at most what the workers'
 thread: a fused tile task holds its two row ranges and their prepared copies (``4 · t · n · 8``
 bytes) and one panel of the tile (``≥ 64`` rows, :mod:`dkha.tiles`), never the tile itself.
 
-A block size or prefetch given as an argument is used as given.
+With worker projections the prefetch is the fit's arithmetic too (a block is projected on the
+``S̃`` of its submission, ``prefetch`` blocks ahead), so it is recorded in the :class:`Layout` and
+a resume reuses it where it fits the stream's budget (where it does not, the plan lowers it and
+says so). A block size or prefetch given as an argument is used as given.
 """
 
 from __future__ import annotations
@@ -159,14 +162,17 @@ class Hardware:
 @dataclass(frozen=True)
 class Layout:
     """What a fit's bits are a function of beyond its data and settings: the tile grid of the
-    blockwise passes (``bands`` row ranges), the column groups of the row blocks and the BLAS
-    threads of the coordinator's and the tasks' arithmetic. Made once at the start of a fit
+    blockwise passes (``bands`` row ranges), the column groups of the row blocks, the BLAS
+    threads of the coordinator's and the tasks' arithmetic and the blocks computed ahead (worker
+    projections project a block on the ``S̃`` of its submission; None: an older run's, not
+    recorded). Made once at the start of a fit
     (:func:`memory_plan`), recorded in its checkpoints (:meth:`as_dict`) and reused by a resume
     on any cluster."""
 
     bands: int
     column_groups: int
     blas_threads: int = 1
+    prefetch: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -176,7 +182,9 @@ class Layout:
         """The layout a checkpoint records (None: none recorded, an older dkha's run)."""
         if not d:
             return None
-        return cls(int(d["bands"]), int(d["column_groups"]), int(d.get("blas_threads", 1)))
+        ahead = d.get("prefetch")
+        return cls(int(d["bands"]), int(d["column_groups"]), int(d.get("blas_threads", 1)),
+                   None if ahead is None else int(ahead))
 
 
 def layout_column_groups(prefetch: int) -> int:
@@ -347,12 +355,18 @@ def memory_plan(n_samples: int, settings: Settings, client=None, *, threads: int
                                                      if quarter is None else "the floor")
     b = block_rows_for(n_samples, settings, block_rows)
     block_bytes = 8 * b * max(1, n_samples)
+    bands, how = layout_bands(n_samples, n_features, settings, hardware, layout)
+    fits = max(1, budget // block_bytes - 2)
     if prefetch is not None:
         ahead = max(1, int(prefetch))
+    elif layout is not None and layout.prefetch is not None:
+        ahead = min(layout.prefetch, fits)
+        if ahead < layout.prefetch:
+            how += (f"; {layout.prefetch} blocks ahead, as recorded, do not fit "
+                    f"{_size(budget)}: {ahead} ahead, and worker projections' bits differ from "
+                    "the layout's")
     else:
-        ahead = max(1, int(settings.prefetch))
-        ahead = max(1, min(ahead, budget // block_bytes - 2))
-    bands, how = layout_bands(n_samples, n_features, settings, hardware, layout)
+        ahead = min(max(1, int(settings.prefetch)), fits)
     tiles = bands * (bands + 1) // 2
     # about dkha.tiles-per-thread tasks a thread, a task at most a tile of dkha.tile-rows
     side = -(-max(1, n_samples) // bands)

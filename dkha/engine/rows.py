@@ -237,7 +237,7 @@ class RowEngine(TilePasses):
             self.tile_cache.check_memory()
             self.memory = self.memory.with_tiles(self.tile_groups)
         # what the bits follow, recorded in the checkpoints, given back on a resume
-        self.layout = Layout(len(self.tile_groups), int(ng))
+        self.layout = Layout(len(self.tile_groups), int(ng), prefetch=self.prefetch)
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
         # the row stream's groups, unless set: fewer where the blocks in flight keep every
