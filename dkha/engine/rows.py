@@ -71,10 +71,10 @@ from dkha.engine.replicas import ProjectedBlock
 from dkha.engine.stream import StreamStats, stream_projections, stream_rows
 from dkha.engine.tasks import (
     StorePath,
-    block_rows,
     center_block,
     clear_cache,
     diagonal_rows,
+    grouped_block_rows,
     load_rows,
     project_rows,
 )
@@ -140,6 +140,12 @@ def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = No
     if max_rows is not None:
         per = max(1, min(per, max_rows // store.chunk_rows))
     return tuple(tuple(chunks[i:i + per]) for i in range(0, len(chunks), per))
+
+
+def _runs(groups: tuple, n: int) -> tuple[tuple, ...]:
+    """``groups`` in about ``n`` runs of consecutive groups (each at least one)."""
+    per = -(-len(groups) // max(1, min(n, len(groups))))
+    return tuple(groups[i:i + per] for i in range(0, len(groups), per))
 
 
 def _tile_ranges(l: int, bands: int) -> tuple[tuple[tuple[int, int]], ...]:
@@ -240,12 +246,15 @@ class RowEngine(TilePasses):
         self.layout = Layout(len(self.tile_groups), int(ng), prefetch=self.prefetch)
         self.projections, self.projections_reason = choose_projections(
             requested, client, self.cache_rows, models)
-        # the row stream's groups, unless set: fewer where the blocks in flight keep every
-        # thread busy (no join of b·l numbers: 0.9 s of 7 s a pass at l = 20 000, 2 cores),
-        # but for float32 rows (shifted by their column block's mean: the layout's groups)
-        fewer = not grouped and self.kernel.precision != "float32"
-        self.row_groups = _groups_of_chunks(store, -(-threads // self.prefetch)) if fewer \
-            else self.column_groups
+        # the row stream's tasks, each a run of column groups, unless the groups are set: fewer
+        # where the blocks in flight keep every thread busy (no join of b·l numbers: 0.9 s of 7 s
+        # a pass at l = 20 000, 2 cores); float32 rows shift by their column group's mean, so
+        # their tasks take the layout's groups whole, each tiled on its own
+        self.row_groups = tuple((g,) for g in self.column_groups)
+        if not grouped:
+            tasks = -(-threads // self.prefetch)
+            self.row_groups = _runs(self.column_groups, tasks) if self.kernel.precision \
+                == "float32" else tuple((g,) for g in _groups_of_chunks(store, tasks))
         self.mk: np.ndarray | None = None
         self.mkm: float | None = None
         self._mk_future = None
@@ -334,9 +343,9 @@ class RowEngine(TilePasses):
         mk = self.mk_future()
         if self.cache_rows:
             return [self.tile_cache.submit_rows(np.asarray(index), mk, self.mkm, priority)]
-        return [self.client.submit(block_rows, self.source, self.all_ranges, self.kernel, mk,
-                                   self.mkm, index, cols, priority=priority, pure=False)
-                for cols in self.row_groups]
+        return [self.client.submit(grouped_block_rows, self.source, self.all_ranges, self.kernel,
+                                   mk, self.mkm, index, groups, priority=priority, pure=False)
+                for groups in self.row_groups]
 
     def rows(self, index: np.ndarray) -> np.ndarray:
         """``K'[index, :]`` (blocking)."""

@@ -249,10 +249,26 @@ def block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: Kernel, m
     from the chunk ranges ``ranges`` (:func:`take_rows`), one GEMM and one fused sweep
     (:mod:`dkha.tiles`), in the kernel's precision (float32 rows: half the bytes, and the
     coordinator's block GEMMs in float32, its state in float64)."""
-    XP = take_rows(path, ranges, index)
+    return _centered_rows(take_rows(path, ranges, index), path, kernel, mk, mkm, index, cols)
+
+
+def _centered_rows(XP: np.ndarray, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
+                   index: np.ndarray, cols: tuple) -> np.ndarray:
     a, b = cols[0][0], cols[-1][1]
     return kernel.centered_block(XP, column_operands(path, kernel, cols), mk[index], mk[a:b], mkm,
                                  dtype=kernel.precision)
+
+
+def grouped_block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: Kernel,
+                       mk: np.ndarray, mkm: float, index: np.ndarray, groups: tuple) -> np.ndarray:
+    """``K'[index, J]`` for ``J`` the consecutive column groups ``groups`` in one task, one tile
+    a group as :func:`block_rows` computes it: float32 tiles shift by their column group's mean,
+    so a block's rows keep the layout's groups (the fit's bits) while the cluster decides how
+    many tasks compute them (one, where the blocks in flight keep every thread busy: no join of
+    a block's pieces on the coordinator, no task a piece)."""
+    XP = take_rows(path, ranges, index)
+    parts = [_centered_rows(XP, path, kernel, mk, mkm, index, cols) for cols in groups]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
 @dataclass
