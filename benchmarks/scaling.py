@@ -21,7 +21,10 @@ w)·l·8 (w = prefetch·block, the correction window). Each row also prints this
 in the pass (the coordinator, with the in-process scheduler of a LocalCluster) and the speed-up the
 model T(P) = C + W/P predicts from the first worker count's C and W beside the measured one. KHA
 rows time the pass record (its steps; ``--kha-steps`` steps, default a whole pass), not the start's
-product pass before it.
+product pass before it. With ``--by-hand`` (unless ``--no-in-process``) the KHA-SMD pass is
+also timed on dkha's default in-process cluster (one worker, a thread a core, default settings,
+block and prefetch) on the same data, and each by-hand pass printed as a multiple of it (issue 41:
+2 workers ≤ 1.1×).
 
     python benchmarks/scaling.py --samples 20000 --workers 1 2
     python benchmarks/scaling.py --samples 50000 --workers 1 16 --repeat 1 --skip-krylov \
@@ -29,6 +32,9 @@ product pass before it.
     python benchmarks/scaling.py --samples 20000 --scheduler-file sched.json   # a real cluster
     python benchmarks/scaling.py --samples 12000 --workers 1 2 --by-hand --skip-kha  # the
         # 2-core acceptance: `dask scheduler` + 1 or 2 `dask worker --nthreads 1`, ratios printed
+    python benchmarks/scaling.py --samples 30000 --workers 1 2 --by-hand --repeat 3 \
+        --projections workers    # issue 41's 2-core KHA lines: 2 workers against 1 and
+        # against the in-process default's pass, in one run
 
 Timings on a shared machine vary: compare the ratios of one run.
 """
@@ -148,6 +154,49 @@ def krylov_fit(engine, r):
     return run_krylov(engine, r, seed=0, tol=1e-2, with_evaluation=False).alpha
 
 
+def in_process_default(store, kernel, mk, l, r, args):
+    """The KHA-SMD pass on dkha's default in-process cluster (one worker, a thread a core, as
+    ``dkha fit`` starts without ``--workers``), its default settings (``projections=auto``) and
+    block and prefetch (from the memory budget), on the same data and MK row: a row."""
+    from distributed import Client, LocalCluster
+
+    from dkha import config
+    from dkha.engine.rows import RowEngine
+
+    ncores = os.cpu_count() or 1
+    with LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
+                      dashboard_address=":0", silence_logs=logging.WARNING) as c, \
+            Client(c) as client:
+        eng = RowEngine(store, kernel, client, config.settings())
+        eng.set_mk(mk, float(mk.mean()))
+        print(f"in-process default ({ncores} threads): block {eng.block_rows}, prefetch "
+              f"{eng.prefetch}", flush=True)
+        kha_pass(eng, l, r, n_steps=4 * eng.block_rows)      # warm-up, as the by-hand rows'
+        row = measure(eng, client, IN_PROCESS, lambda: kha_pass(eng, l, r, n_steps=args.kha_steps))
+    row["workers"] = ncores     # threads of its one worker, the cores it uses
+    row["idle_per_task"] = (ncores * row["wall"] - row["task_seconds"]) / max(row["tasks"], 1)
+    return row
+
+
+#: the in-process default's row; the by-hand 2-worker pass is held to ≤ 1.1× its pass (issue 41)
+IN_PROCESS = "KHA-SMD pass, in-process default"
+
+
+def print_against_in_process(rows):
+    """Each by-hand KHA pass's wall seconds over the in-process default's (issue 41: ≤ 1.1×
+    for 2 workers, projections as ``auto`` picks on a process cluster: workers)."""
+    ref = [row for row in rows if row["kind"] == IN_PROCESS]
+    if not ref:
+        return
+    t0 = ref[0]["pass_wall"]
+    print(f"\nKHA-SMD pass against the in-process default's ({t0:.2f} s, same run; issue 41: "
+          f"2 workers, projections workers (auto's choice), ≤ 1.10×):")
+    for row in rows:
+        if row["kind"].startswith("KHA") and row["kind"] != IN_PROCESS:
+            print(f"  {row['kind']:36s} N={row['workers']}: {row['pass_wall']:.2f} s = "
+                  f"{row['pass_wall'] / t0:.2f}× the in-process default's")
+
+
 def _passes(rows, eng, client, V, args, r):
     """The MK pass, a K'V product and (unless skipped) a krylov fit, each a row."""
     from dkha.engine.mkrow import exact_mk_row
@@ -194,6 +243,9 @@ def main():
                          "speed-up is that of the pass record (the steps), printed as 'pass s'")
     ap.add_argument("--projections", nargs="+", default=["coordinator", "workers"],
                     choices=["coordinator", "workers"], help="the KHA passes to time")
+    ap.add_argument("--no-in-process", action="store_true",
+                    help="with --by-hand: do not time the in-process default's KHA-SMD pass "
+                         "(timed by default, after the by-hand clusters, the ratio printed)")
     ap.add_argument("--json", help="write the table's rows here (benchmarks/device_check.py)")
     ap.add_argument("--workdir", default="/tmp/dkha-bench")
     args = ap.parse_args()
@@ -203,7 +255,7 @@ def main():
     store = patch_store(os.path.join(args.workdir, f"patches-{l}.zarr"), l)
     kernel = make_kernel("gaussian", sigma=3.0)
     V = np.random.default_rng(0).standard_normal((l, args.columns))
-    rows = []
+    rows, mk = [], None
     counts = [None] if args.scheduler_file else args.workers
     for n in counts:
         with cluster(n, args.scheduler_file, args.by_hand, args.workdir) as client:
@@ -238,6 +290,8 @@ def main():
                   + ("equal" if same else
                      f"max diff {np.abs(alphas['coordinator'] - alphas['workers']).max():.1e}"),
                   flush=True)
+    if args.by_hand and not (args.skip_kha or args.no_in_process):
+        rows.append(in_process_default(store, kernel, mk, l, r, args))
     print(f"\nl = {l}, n = {store.n_features}, r = {r}, block {args.block}, prefetch "
           f"{args.prefetch}, {os.cpu_count()} cores (shared machine: compare ratios)")
     print(f"{'kind':36s} {'N':>3s} {'wall s':>8s} {'coord busy':>10s} {'task s':>8s} "
@@ -283,6 +337,7 @@ def main():
                   f"busy {row['pass_busy']:.2f} s wall, {C:.2f} s CPU; workers' task seconds "
                   f"{W:.2f}; CPU busy / task seconds = {C / max(W, 1e-9):.3f} (≤ 1/16 = 0.0625 "
                   f"needed); model T(P) = C + W/P predicts {pred}")
+    print_against_in_process(rows)
 
 
 if __name__ == "__main__":
