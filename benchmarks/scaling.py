@@ -24,7 +24,8 @@ rows time the pass record (its steps; ``--kha-steps`` steps, default a whole pas
 product pass before it. With ``--by-hand`` (unless ``--no-in-process``) the KHA-SMD pass is
 also timed on dkha's default in-process cluster (one worker, a thread a core, default settings,
 block and prefetch) on the same data, and each by-hand pass printed as a multiple of it (issue 41:
-2 workers ≤ 1.1×).
+2 workers ≤ 1.1×). By-hand clusters also print the CPU seconds of the scheduler and worker
+processes in each measured run (psutil), beside the coordinator's and the task seconds.
 
     python benchmarks/scaling.py --samples 20000 --workers 1 2
     python benchmarks/scaling.py --samples 50000 --workers 1 16 --repeat 1 --skip-krylov \
@@ -82,6 +83,8 @@ def cluster(n, scheduler_file, by_hand=False, workdir="."):
         _, sched_file, scheduler, workers = start_dask_cluster(directory, n, nthreads=1)
         try:
             with Client(scheduler_file=sched_file) as client:
+                client.dkha_processes = {"scheduler": [scheduler.pid],
+                                         "workers": [w.pid for w in workers]}
                 yield client
         finally:
             stop_processes([scheduler, *workers])
@@ -89,6 +92,25 @@ def cluster(n, scheduler_file, by_hand=False, workdir="."):
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                       silence_logs=logging.WARNING) as c, Client(c) as client:
         yield client
+
+
+def process_cpu(client) -> dict:
+    """CPU seconds so far of a by-hand cluster's scheduler and worker processes (nannies and
+    their worker processes), by role; ``{}`` for a cluster the script did not start."""
+    import psutil
+
+    out = {}
+    for role, pids in getattr(client, "dkha_processes", {}).items():
+        total = 0.0
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                for q in [p, *p.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        t = q.cpu_times()
+                        total += t.user + t.system
+        out[role] = total
+    return out
 
 
 def measure(engine, client, kind, run):
@@ -99,10 +121,12 @@ def measure(engine, client, kind, run):
     engine.stats.passes.clear()
     before = (engine.stats.wait_seconds, engine.stats.bytes_received, engine.stats.bytes_sent)
     with get_task_stream(client) as ts:
+        p0 = process_cpu(client)
         t0, c0 = time.perf_counter(), time.process_time()
         run()
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0      # this process: coordinator (+ an in-process scheduler)
+        p1 = process_cpu(client)
     W = task_seconds(ts.data)
     tasks = len(ts.data)
     tiles = [p for p in engine.stats.passes if p.get("kind") != "kha"]   # KHA passes: in stats
@@ -110,7 +134,8 @@ def measure(engine, client, kind, run):
     nbytes = sum(p["bytes_received"] for p in tiles) + engine.stats.bytes_received - before[1]
     row = {"kind": kind, "workers": n_workers, "wall": wall, "busy": wall - wait, "tasks": tasks,
            "task_seconds": W, "bytes": nbytes, "sent": engine.stats.bytes_sent - before[2],
-           "idle_per_task": (n_workers * wall - W) / max(tasks, 1), "cpu": cpu}
+           "idle_per_task": (n_workers * wall - W) / max(tasks, 1), "cpu": cpu,
+           **{f"{role}_cpu": p1[role] - p0[role] for role in p0}}
     kha = [p for p in engine.stats.passes if p.get("kind") == "kha"]
     if kha:     # the KHA pass's own record (the start's product pass C = A K' excluded)
         row["pass_bytes"] = sum(p["bytes_received"] for p in kha)
@@ -338,6 +363,23 @@ def main():
                   f"{W:.2f}; CPU busy / task seconds = {C / max(W, 1e-9):.3f} (≤ 1/16 = 0.0625 "
                   f"needed); model T(P) = C + W/P predicts {pred}")
     print_against_in_process(rows)
+    print_process_cpu(rows)
+
+
+def print_process_cpu(rows):
+    """By-hand clusters: the CPU seconds of the scheduler and worker processes beside the
+    coordinator's and the workers' task seconds, per measured row (what shares the cores)."""
+    rows = [row for row in rows if "scheduler_cpu" in row]
+    if not rows:
+        return
+    print("\nBy-hand cluster processes, CPU seconds in each measured run (wall, all of it):")
+    for row in rows:
+        print(f"  {row['kind']:36s} N={row['workers']}: wall {row['wall']:.2f}, coordinator "
+              f"{row['cpu']:.2f}, scheduler {row['scheduler_cpu']:.2f} "
+              f"({1e3 * row['scheduler_cpu'] / max(row['tasks'], 1):.2f} ms a task), worker "
+              f"processes {row['workers_cpu']:.2f} against task seconds "
+              f"{row['task_seconds']:.2f} ({row['workers_cpu'] - row['task_seconds']:+.2f}: "
+              f"below 0 where tasks wait for a core)")
 
 
 if __name__ == "__main__":
