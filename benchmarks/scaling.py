@@ -10,8 +10,8 @@ worker time per task (N·wall − task seconds, over the tasks: scheduler overhe
 coordinator), how busy the pass kept the workers (task seconds over N·wall) and the task seconds
 against the first N's (about the same work: above 1 where each core runs slower while all are busy,
 or where the tiles differ — there are n(n+1)/2 ≥ 4·threads of them, and the n diagonal ones are
-computed whole; the speed-up is N × busy ÷ that ratio); the MK pass, K'V and the krylov fit are run
-``--repeat`` times and their median reported (each run's wall seconds printed beside). Then the
+computed whole; the speed-up is N × busy ÷ that ratio); every pass (MK, K'V, the krylov fit, the
+KHA passes) is run ``--repeat`` times and the median reported (each run's seconds beside). Then the
 speed-ups (of the medians) over the first N measured in this run, the KHA model's predicted
 speed-ups at 4, 16 and 64 workers, T(P) = C + W/P from the KHA pass's own record: C the coordinator
 thread's CPU seconds in the pass (its own work; on a machine where it shares two cores with the
@@ -151,10 +151,12 @@ def measure(engine, client, kind, run):
 def measure_median(engine, client, kind, run, repeat):
     """:func:`measure` ``repeat`` times: the row of the median wall time, with every run's wall
     seconds in ``walls`` (short passes on a shared machine vary by tens of percent)."""
-    runs = sorted((measure(engine, client, kind, run) for _ in range(repeat)),
-                  key=lambda row: row["wall"])
+    def wall(row):      # KHA rows: the pass record's seconds, as the table prints them
+        return row.get("pass_wall", row["wall"])
+
+    runs = sorted((measure(engine, client, kind, run) for _ in range(repeat)), key=wall)
     row = runs[len(runs) // 2]
-    row["walls"] = [r["wall"] for r in runs]
+    row["walls"] = [wall(r) for r in runs]
     return row
 
 
@@ -197,7 +199,8 @@ def in_process_default(store, kernel, mk, l, r, args):
         print(f"in-process default ({ncores} threads): block {eng.block_rows}, prefetch "
               f"{eng.prefetch}", flush=True)
         kha_pass(eng, l, r, n_steps=4 * eng.block_rows)      # warm-up, as the by-hand rows'
-        row = measure(eng, client, IN_PROCESS, lambda: kha_pass(eng, l, r, n_steps=args.kha_steps))
+        row = measure_median(eng, client, IN_PROCESS,
+                             lambda: kha_pass(eng, l, r, n_steps=args.kha_steps), args.repeat)
     row["workers"] = ncores     # threads of its one worker, the cores it uses
     row["idle_per_task"] = (ncores * row["wall"] - row["task_seconds"]) / max(row["tasks"], 1)
     return row
@@ -257,8 +260,8 @@ def main():
     ap.add_argument("--skip-krylov", action="store_true", help="no krylov fit (its speed-up is its "
                     "passes': the MK pass and K'V products)")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="runs of the MK pass, K'V and the krylov fit per worker count: the "
-                         "median is reported, the range beside it (default 3)")
+                    help="runs of each pass (MK, K'V, krylov fit, KHA-SMD) per worker count: the "
+                         "median is reported, every run's seconds beside it (default 3)")
     ap.add_argument("--components", type=int, default=20)
     ap.add_argument("--columns", type=int, default=30)
     ap.add_argument("--block", type=int, default=256)
@@ -305,9 +308,10 @@ def main():
                 kha_pass(engines[p], l, r, n_steps=4 * args.block)
             for p in args.projections:
                 e = engines[p]
-                rows.append(measure(e, client, f"KHA-SMD pass, projections {p}",
-                                    lambda e=e, p=p, alphas=alphas: alphas.__setitem__(
-                                        p, kha_pass(e, l, r, n_steps=args.kha_steps))))
+                rows.append(measure_median(e, client, f"KHA-SMD pass, projections {p}",
+                                           lambda e=e, p=p, alphas=alphas: alphas.__setitem__(
+                                               p, kha_pass(e, l, r, n_steps=args.kha_steps)),
+                                           args.repeat))
             if len(alphas) < 2:
                 continue
             same = np.array_equal(alphas["coordinator"], alphas["workers"])
