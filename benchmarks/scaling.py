@@ -182,19 +182,18 @@ def krylov_fit(engine, r):
 
 
 def in_process_default(store, kernel, mk, l, r, args):
-    """The KHA-SMD pass on dkha's default in-process cluster (one worker, a thread a core, as
-    ``dkha fit`` starts without ``--workers``), its default settings (``projections=auto``) and
-    block and prefetch (from the memory budget), on the same data and MK row: a row."""
-    from distributed import Client, LocalCluster
-
+    """The KHA-SMD pass on dkha's default in-process cluster (the one ``dkha fit`` starts without
+    ``--workers``: :func:`dkha.engine.cluster.client_for`, with the fit's BLAS threads and heap
+    blocks), its default settings (``projections=auto``) and block and prefetch (from the memory
+    budget), on the same data and MK row: a row."""
     from dkha import config
+    from dkha.engine.cluster import blas_threads_for, client_for, total_threads
     from dkha.engine.rows import RowEngine
 
-    ncores = os.cpu_count() or 1
-    with LocalCluster(n_workers=1, threads_per_worker=ncores, processes=False,
-                      dashboard_address=":0", silence_logs=logging.WARNING) as c, \
-            Client(c) as client:
-        eng = RowEngine(store, kernel, client, config.settings())
+    settings = config.settings()
+    with client_for(settings=settings) as client, blas_threads_for(client, settings):
+        ncores = total_threads(client)
+        eng = RowEngine(store, kernel, client, settings)
         eng.set_mk(mk, float(mk.mean()))
         print(f"in-process default ({ncores} threads): block {eng.block_rows}, prefetch "
               f"{eng.prefetch}", flush=True)
