@@ -134,18 +134,18 @@ def _groups_of_chunks(store: DataStore, n_groups: int, max_rows: int | None = No
                       ) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Consecutive chunk ranges split into about ``n_groups`` groups (each at least one chunk,
     at most ``max_rows`` rows unless a single chunk is larger)."""
-    chunks = [store.chunk_bounds(i) for i in range(store.n_chunks)]
-    n_groups = max(1, min(n_groups, len(chunks)))
-    per = -(-len(chunks) // n_groups)
-    if max_rows is not None:
-        per = max(1, min(per, max_rows // store.chunk_rows))
-    return tuple(tuple(chunks[i:i + per]) for i in range(0, len(chunks), per))
+    chunks = tuple(store.chunk_bounds(i) for i in range(store.n_chunks))
+    most = None if max_rows is None else max(1, max_rows // store.chunk_rows)
+    return _runs(chunks, n_groups, most)
 
 
-def _runs(groups: tuple, n: int) -> tuple[tuple, ...]:
-    """``groups`` in about ``n`` runs of consecutive groups (each at least one)."""
-    per = -(-len(groups) // max(1, min(n, len(groups))))
-    return tuple(groups[i:i + per] for i in range(0, len(groups), per))
+def _runs(items: tuple, n: int, most: int | None = None) -> tuple[tuple, ...]:
+    """``items`` in about ``n`` runs of consecutive items (each at least one, at most ``most``
+    where given)."""
+    per = -(-len(items) // max(1, min(n, len(items))))
+    if most is not None:
+        per = max(1, min(per, most))
+    return tuple(items[i:i + per] for i in range(0, len(items), per))
 
 
 def _tile_ranges(l: int, bands: int) -> tuple[tuple[tuple[int, int]], ...]:
