@@ -423,12 +423,13 @@ def test_auto_projections_follow_the_cluster_and_the_run_records_them(digits_sto
         assert all(0 <= p["busy_seconds"] <= p["wall_seconds"] for p in kha)
         kinds = {p["kind"] for p in model.timings_["passes"]}
         assert {"kha", "product", "residual"} <= kinds, kinds   # (the MK row: cached)
-    # a block brings 2r·b projections (summed on a worker) and its window K'[P, W ∪ P]: w =
-    # prefetch·b columns at most; a pass end brings C̃ home (r·l) and S̃'s row sums (2r a group:
-    # the layout's groups, at most one a chunk)
+    # a block brings 2r·b projections a column group (the layout's groups, at most one a chunk:
+    # summed on the coordinator in their order, one task a worker thread) and its window
+    # K'[P, W ∪ P]: w = prefetch·b columns at most; a pass end brings C̃ home (r·l) and S̃'s row
+    # sums (2r a group)
     w, groups = 4 * block, digits_store.n_chunks
     for p in (p for p in auto.timings_["passes"] if p["kind"] == "kha"):
-        assert p["bytes_received"] <= (2 * r + w) * l * 8 + (r * l + 2 * groups * r) * 8, p
+        assert p["bytes_received"] <= (2 * r * groups + w) * l * 8 + (r * l + 2 * groups * r) * 8, p
     for p in (p for p in rows.timings_["passes"] if p["kind"] == "kha"):
         assert p["bytes_received"] >= l * l * 8
     saved = dkha.load(str(tmp_path / "auto")).timings_

@@ -15,16 +15,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from dkha.engine.tasks import (
+    Carry,
     ReplicaDivergedError,
     ReplicaLostError,
-    combine_projections,
     drop_replicas,
     release,
     replica_build,
     replica_columns,
     replica_project,
     replica_replay,
-    replica_update,
 )
 from dkha.errors import ClusterLostError, Interrupted
 from dkha.solvers.factored import replay_message
@@ -46,14 +45,11 @@ class _PendingBlock:
     version: int            # the version of S̃ the partial projections use
     epoch: int              # the replicas' rebuild it was submitted to
     window_index: np.ndarray    # W ∪ P: the blocks ahead in the FIFO, then this one
-    partials: list          # futures of (K'[P, J] S̃_v[:, J]ᵀ, K'[P, W ∩ J]), one per group
+    partials: list          # a future per worker thread: its groups' (K'[P, J] S̃_v[:, J]ᵀ,
+    #                         K'[P, W ∩ J]) in group order (replica_project)
+    groups: list            # the column groups of each of those futures
     offsets: dict           # block seq -> first column of its rows in the window
-    combined: object = None  # future of (Σ_J partials, K'[P, W ∪ P]) on a worker (> 1 group)
     carried: np.ndarray | None = None   # its projection carried by a checkpoint (Carried)
-
-    def release(self) -> None:
-        """Let go of its tasks (:func:`~dkha.engine.tasks.release`)."""
-        release(self.partials + ([self.combined] if self.combined is not None else []))
 
 
 @dataclass
@@ -200,8 +196,12 @@ class Messages:
 class WorkerReplicas:
     """The coordinator's end of the worker-side replicas of ``S̃`` and ``C̃`` of one stream.
 
-    It sends the coordinator's :attr:`messages` (:class:`Messages`) to every replica in order,
-    submits the blocks' tasks, brings ``C̃`` home, and rebuilds the replicas when one is lost.
+    Each worker thread holds the replicas of some column groups (a *holder*); a block is one task
+    per holder (:func:`~dkha.engine.tasks.replica_project`), which carries the coordinator's
+    :attr:`messages` (:class:`Messages`) recorded since the holder's last task, applies them in
+    order and returns its groups' partials, summed here in the layout's group order (the same
+    bits whichever threads hold which groups). It brings ``C̃`` home, and rebuilds the replicas
+    when one is lost. A holder's tasks follow one another (each takes the last as ``after``).
     """
 
     def __init__(self, engine, state):  # engine: the stream's dkha.engine.rows.RowEngine
@@ -219,9 +219,10 @@ class WorkerReplicas:
         self.bounds = np.asarray([(g[0][0], g[-1][1]) for g in self.groups], dtype=np.int64)
         self._tasks = itertools.count()
         self.messages = Messages(engine.stats)
-        self.sent = 0           # messages sent to the replicas
-        self.updates: list = []     # per group: the future of its latest build or update
-        self.workers: list[str] = []
+        self.holders: list[list[int]] = []     # per worker thread: the groups it holds
+        self.sent: list[int] = []       # per holder: the messages sent to its replicas
+        self.last: list = []            # per holder: its last task's future(s)
+        self.workers: list[str] = []    # per group: its holder's worker
         self.rebuilds = 0
         self._checked = time.monotonic()    # when rebalance last asked who is in the cluster
         self.exact = False      # whether the last build reproduced the lost replicas exactly
@@ -238,6 +239,26 @@ class WorkerReplicas:
         return self.client.submit(func, *args, key=key, workers=[self.workers[g]],
                                   allow_other_workers=False, priority=priority)
 
+    def _holder_task(self, h: int, func, *args, priority: int):
+        """Task ``func(keys, *args, messages, keep_from, after)`` of holder ``h``: the messages
+        recorded since its last task carried (:meth:`_carry`), chained after that task."""
+        groups = self.holders[h]
+        fut = self._pinned(groups[0], func, [self._key(g) for g in groups], *args,
+                           self._carry(h), self.messages.keep_from, self.last[h],
+                           priority=priority)
+        self.last[h] = fut
+        return fut
+
+    def _carry(self, h: int) -> Carry:
+        """The messages holder ``h`` has not been sent, marked sent."""
+        msgs = tuple(m for m in self.messages.log if m[0] > self.sent[h])
+        if msgs:
+            assert msgs[0][0] == self.sent[h] + 1, "a message to the replicas was dropped unsent"
+            self.engine.stats.bytes_sent += sum(x.nbytes for m in msgs for op in m[3]
+                                                for x in op if isinstance(x, np.ndarray))
+        self.sent[h] = self.messages.version
+        return Carry(msgs)
+
     # -- replicas --
     def build(self) -> None:
         """(Re)build every replica on the workers present now: exactly as they were, from a
@@ -251,8 +272,11 @@ class WorkerReplicas:
         slots = [addr for addr, n in threads for _ in range(max(1, int(n)))]
         self.epoch += 1
         self.workers = [slots[g % len(slots)] for g in range(len(self.groups))]
+        self.holders = [list(range(h, len(self.groups), len(slots)))
+                        for h in range(min(len(slots), len(self.groups)))]
+        self.sent = [msgs.version] * len(self.holders)
         mk = eng.mk_future()
-        self.updates = []
+        builds = []
         base = msgs.exact_base()
         self.exact = base is not None
         if self.exact:
@@ -260,12 +284,12 @@ class WorkerReplicas:
             log.info("replicas of S̃ rebuilt exactly: S̃ from version %d, C̃ from %d, %d messages "
                      "replayed up to %d", sv, cv, len(messages), msgs.version)
             for g, (lo, hi) in enumerate(self.bounds):
-                self.updates.append(self._pinned(
+                builds.append(self._pinned(
                     g, replica_replay, self._key(g), self._cols[g], sv, S[:, lo:hi], cv,
                     None if C is None else C[:, lo:hi], messages, msgs.keep_from,
                     eng.source, eng.kernel, mk, eng.mkm, self._ranges,
                     priority=_UPDATE_PRIORITY))
-            self.sent = msgs.version
+            self._built(builds)
             return
         S_A = None
         if st.keeps_c and st.c_stale:                # C̃ is recomputed there: C̃ = S̃_A K'
@@ -274,13 +298,17 @@ class WorkerReplicas:
                  msgs.version, " (C̃ recomputed: equal up to rounding)" if S_A is not None else "")
         for g, (lo, hi) in enumerate(self.bounds):
             C = np.array(st.C_tilde[:, lo:hi]) if st.keeps_c and S_A is None else None
-            self.updates.append(self._pinned(
+            builds.append(self._pinned(
                 g, replica_build, self._key(g), self._cols[g], msgs.version,
                 np.array(st.S_tilde[:, lo:hi]), C, S_A, eng.source, eng.kernel, mk, eng.mkm,
                 self._ranges, priority=_UPDATE_PRIORITY))
-        self.sent = msgs.version
+        self._built(builds)
         if S_A is None:
             msgs.add_base(st.S_tilde, st.C_tilde if st.keeps_c else None)
+
+    def _built(self, builds: list) -> None:
+        """Each holder's next task after its groups' ``builds`` (a future per group)."""
+        self.last = [[builds[g] for g in groups] for groups in self.holders]
 
     def recover(self, exc: ReplicaLostError) -> None:
         """Rebuild after a lost replica, or raise ``exc`` after ``engine.replica_rebuilds``
@@ -322,7 +350,8 @@ class WorkerReplicas:
     def close(self) -> None:
         """Drop the replicas (after the updates in flight, so that none fails)."""
         try:
-            self._wait(list(self.updates), what="the last replica updates")
+            last = [f if isinstance(f, list) else [f] for f in self.last]
+            self._wait([f for fs in last for f in fs], what="the last replica tasks")
         except Exception as exc:  # noqa: BLE001 - cleanup of a stream that is over
             log.debug("replica updates of run %s did not finish: %s", self.run_id, exc)
         try:
@@ -330,25 +359,10 @@ class WorkerReplicas:
         except Exception as exc:  # noqa: BLE001  # pragma: no cover - no cluster: nothing to drop
             log.debug("could not drop the replicas of run %s: %s", self.run_id, exc)
 
-    def flush(self) -> None:
-        """Send the recorded messages to every replica, in order."""
-        for version, seq, index, ops in self.messages.log:
-            if version <= self.sent:
-                continue
-            nbytes = sum(x.nbytes for op in ops for x in op if isinstance(x, np.ndarray))
-            for g in range(len(self.groups)):
-                self.updates[g] = self._pinned(g, replica_update, self._key(g), version, seq,
-                                               index, ops, self.messages.keep_from,
-                                               self.updates[g],
-                                               priority=_UPDATE_PRIORITY)
-            self.engine.stats.bytes_sent += nbytes * len(self.groups)
-            self.sent = version
-
     # -- blocks --
     def submit(self, seq: int, index: np.ndarray, ahead: list) -> _PendingBlock:
         """The tasks of block ``seq`` on the current version; ``ahead``: ``(index, seq)`` of the
         blocks before it in the FIFO, whose columns its window holds."""
-        assert self.sent == self.messages.version, "flush before submitting"
         offsets, pos = {}, 0
         for idx, s in ahead:
             offsets[s] = pos
@@ -378,17 +392,18 @@ class WorkerReplicas:
         eng = self.engine
         mk = eng.mk_future()
         keep = bool(self.state.keeps_c)
-        partials = [self._pinned(g, replica_project, self._key(g), eng.source, eng.kernel,
-                                 mk, eng.mkm, self._ranges, cols, index, window_index,
-                                 version, seq, keep, self.updates[g], priority=-seq)
-                    for g, cols in enumerate(self._cols)]
-        combined = None
-        if len(partials) > 1:   # summed on a worker: the coordinator receives one b×m array
-            # pinned with group 0's replica: a worker that dies holding it is a replica holder
-            combined = self._pinned(0, combine_projections, self.bounds, window_index, *partials,
-                                    priority=-seq)
-        return _PendingBlock(seq, index, version, self.epoch, window_index, partials, offsets,
-                             combined, carried)
+        partials = [self._holder_task(h, replica_project, eng.source, eng.kernel, mk, eng.mkm,
+                                      self._ranges, [self._cols[g] for g in groups], index,
+                                      window_index, version, seq, keep, priority=-seq)
+                    for h, groups in enumerate(self.holders)]
+        return _PendingBlock(seq, index, version, self.epoch, window_index, partials,
+                             [list(g) for g in self.holders], offsets, carried)
+
+    def release(self, pending: _PendingBlock) -> None:
+        """Let go of a block's tasks (:func:`~dkha.engine.tasks.release`), but not a holder's
+        last one: its next task takes it as ``after`` (it goes when a later task replaces it)."""
+        last = {id(f) for f in self.last}
+        release([f for f in pending.partials if id(f) not in last])
 
     def _wait(self, futures: list, what: str) -> list:
         """The results of ``futures`` (tasks pinned to the replicas' workers):
@@ -404,13 +419,9 @@ class WorkerReplicas:
         return block
 
     def _block(self, pending: _PendingBlock, what: str) -> tuple[ProjectedBlock, int]:
-        if pending.combined is not None:
-            Y, window = self._wait([pending.combined], what)[0]
-            nbytes = Y.nbytes + window.nbytes
-        else:                                               # one group: nothing to sum
-            results = self._wait(pending.partials, what)
-            nbytes = sum(Y.nbytes + part.nbytes for Y, part in results)
-            Y, window = combine_projections(self.bounds, pending.window_index, *results)
+        parts = by_group(pending.groups, self._wait(pending.partials, what), what)
+        nbytes = sum(Y.nbytes + part.nbytes for Y, part in parts)
+        Y, window = combine_projections(self.bounds, pending.window_index, parts)
         if pending.carried is not None:
             Y = pending.carried
         return ProjectedBlock(pending.seq, pending.index, pending.version, Y, window,
@@ -454,12 +465,12 @@ class WorkerReplicas:
         (``r×l``; ``None`` where ``C`` is not kept). At pass ends and when the stream closes."""
         st, msgs = self.state, self.messages
         while True:
-            self.flush()
-            futures = [self._pinned(g, replica_columns, self._key(g), msgs.version,
-                                    self.updates[g], priority=_UPDATE_PRIORITY)
-                       for g in range(len(self.groups))]
+            futures = [self._holder_task(h, replica_columns, msgs.version,
+                                         priority=_UPDATE_PRIORITY)
+                       for h in range(len(self.holders))]
             try:
-                results = self._wait(futures, what="C̃ from the replicas")
+                results = by_group(self.holders, self._wait(futures, "C̃ from the "
+                                                                           "replicas"), "C̃")
                 break
             except ReplicaLostError as exc:
                 self.recover(exc)
@@ -478,3 +489,34 @@ class WorkerReplicas:
         self.engine.stats.bytes_received += C.nbytes
         msgs.add_base(st.S_tilde, C)
         return C
+
+
+def combine_projections(bounds, window_index: np.ndarray, results: list
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """One block's partial projections summed and its window assembled.
+
+    ``results``: each column group's ``(K'[P, J] S̃[:, J]ᵀ, K'[P, W ∩ J])`` in group order, with
+    ``bounds`` their column ranges; summed in that order, the layout's, whatever the cluster.
+    """
+    if len(results) == 1:       # one group: its window columns are the window, in order
+        return results[0][0], results[0][1]
+    Y = np.array(results[0][0])
+    for part, _ in results[1:]:
+        Y += part
+    w = np.asarray(window_index)
+    window = np.empty((Y.shape[0], len(w)))
+    for (lo, hi), (_, part) in zip(bounds, results):
+        window[:, (w >= lo) & (w < hi)] = part
+    return Y, window
+
+
+def by_group(holders: list, results: list, what: str) -> list:
+    """The holders' ``results`` (a list each, in the order of their groups ``holders``) in group
+    order."""
+    out = [None] * sum(len(g) for g in holders)
+    for groups, result in zip(holders, results):
+        if result is None:          # the run was dropped on that worker meanwhile
+            raise ReplicaLostError(f"the replicas of groups {groups} are gone ({what})")
+        for g, r in zip(groups, result):
+            out[g] = r
+    return out

@@ -20,10 +20,12 @@ Where the block projections ``Y₀ = S̃ K'_Pᵀ`` of the batch solvers are comp
 
 * ``"coordinator"``: workers ship the kernel rows ``K'[P, :]`` (``b·l`` numbers a block) and the
   coordinator multiplies;
-* ``"workers"`` (coordinator-math.md §4): the worker holding column group ``J`` keeps a replica of
-  ``S̃[:, J]`` (and ``C̃[:, J]``) in a per-process registry (like the chunk cache), updated by small
-  tasks pinned to it that replay the coordinator's messages in order, and returns the partial
-  projections ``K'[P, J] S̃[:, J]ᵀ`` and its part of ``K'[P, W ∪ P]`` (columns of the kernel block
+* ``"workers"`` (coordinator-math.md §4): the worker thread holding column group ``J`` keeps a
+  replica of ``S̃[:, J]`` (and ``C̃[:, J]``) in a per-process registry (like the chunk cache); a
+  block is one task per such thread, pinned to it, which applies the coordinator's messages since
+  its last task in order (it carries them) and returns, for each group ``J`` it holds, the partial
+  projections ``K'[P, J] S̃[:, J]ᵀ`` (added on the coordinator in the layout's group order) and its
+  part of ``K'[P, W ∪ P]`` (columns of the kernel block
   it computed anyway) for the window ``W`` of blocks ahead in the FIFO, with which the coordinator
   brings the projections (computed on the version of ``S̃`` current when the block was submitted) up
   to date: ``(2r·groups + |W| + b)·b`` numbers a block. Replicas are versioned: a task that finds

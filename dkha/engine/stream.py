@@ -89,7 +89,6 @@ def stream_projections(engine, blocks, solver, carried=()):
         replicas.build()
         it, seq = _take_up(replicas, queue, it, list(carried))
         while True:
-            replicas.flush()
             replicas.rebalance()
             if queue and queue[0][3].epoch != replicas.epoch:     # rebuilt: resubmit all
                 _resubmit(replicas, queue)
@@ -117,7 +116,7 @@ def stream_projections(engine, blocks, solver, carried=()):
             yield tag, idx, block
     finally:
         for entry in queue:
-            entry[3].release()
+            replicas.release(entry[3])
         _close_replicas(replicas, solver)
 
 
@@ -141,7 +140,7 @@ def _resubmit(replicas: WorkerReplicas, queue) -> None:
     """Submit every block in flight again after the replicas were rebuilt."""
     ahead = []
     for entry in queue:
-        entry[3].release()
+        replicas.release(entry[3])
         entry[3] = replicas.resubmit(entry[3], list(ahead))
         ahead.append((entry[1], entry[2]))
 

@@ -9,7 +9,8 @@ evaluation, transform) goes through it::
 Workers read the data store's chunks once and keep them in a per-process cache
 (:func:`load_rows`). The replicas of ``S̃[:, J]`` (and ``C̃[:, J]``) for the projections on the
 workers (coordinator-math.md §4) live in a per-process registry too, updated by small tasks
-pinned to their worker (:func:`replica_build`, :func:`replica_update`, :func:`replica_project`).
+pinned to their worker (:func:`replica_build`, :func:`replica_project`, which applies the
+coordinator's messages it carries before it projects).
 The coordinator's classes that submit these tasks are :mod:`dkha.engine.rows` and
 :mod:`dkha.engine.replicas`; nothing here imports them.
 """
@@ -573,26 +574,35 @@ def _apply(rep: _Replica, version: int, index, ops, K, keep_from: int) -> None:
         del rep.snapshots[v]
 
 
-def replica_update(key: tuple, version: int, seq: int | None, index: np.ndarray | None, ops: tuple,
-                   keep_from: int, after: int) -> int:
-    """Apply message ``version`` (the operations ``ops`` of block ``seq``, or a lone fold) to the
-    replica, which must be at ``version - 1``. ``after``, the previous update's result, only
-    orders the updates. Snapshots of ``S̃`` older than ``keep_from`` are dropped."""
-    rep = _replica(key, f"message {version}")
-    if rep is None:
-        return version
-    with rep.lock:
-        if rep.version != version - 1:
-            raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
-                                   f"{rep.version}; message {version} needs {version - 1}")
-        K = None
-        if _needs_kernel(rep, seq, ops):
-            K = rep.blocks.pop(seq, None)
-            if K is None:
-                raise ReplicaLostError(f"the replica of column group {key[2]} lacks the kernel "
-                                       f"block of block {seq} for message {version}")
-        _apply(rep, version, index, ops, K, keep_from)
-    return version
+@dataclass(frozen=True)
+class Carry:
+    """The coordinator's messages ``(version, seq, index, ops)`` a task carries to replicas, in
+    order: one object, which Dask neither walks nor reads as tasks."""
+
+    messages: tuple = ()
+
+
+def _caught_up(keys: list, carry: Carry, keep_from: int, what: str) -> list | None:
+    """The replicas ``keys`` of one worker thread, each brought up to the last message ``carry``
+    holds: those it has not applied yet, in order, each the one after its version. None where
+    their run has ended here."""
+    reps = []
+    for key in keys:
+        rep = _replica(key, what)
+        if rep is None:
+            return None
+        with rep.lock:
+            for version, seq, index, ops in (m for m in carry.messages if m[0] > rep.version):
+                if rep.version != version - 1:
+                    raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
+                                           f"{rep.version}; message {version} needs {version - 1}")
+                K = rep.blocks.pop(seq, None) if _needs_kernel(rep, seq, ops) else None
+                if K is None and _needs_kernel(rep, seq, ops):
+                    raise ReplicaLostError(f"the replica of column group {key[2]} lacks the "
+                                           f"kernel block of block {seq} for message {version}")
+                _apply(rep, version, index, ops, K, keep_from)
+        reps.append(rep)
+    return reps
 
 
 def replica_replay(key: tuple, cols: tuple, s_version: int, S: np.ndarray, c_version: int,
@@ -620,67 +630,58 @@ def replica_replay(key: tuple, cols: tuple, s_version: int, S: np.ndarray, c_ver
         return rep.version
 
 
-def replica_project(key: tuple, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
-                    ranges: tuple, cols: tuple, index: np.ndarray, window_index: np.ndarray,
-                    version: int, seq: int, keep: bool, after: int
-                    ) -> tuple[np.ndarray, np.ndarray] | None:
-    """``K'[P, J] S̃_v[:, J]ᵀ`` (``b×m``) on the replica's snapshot of version ``v = version``, and
-    the window columns that fall in ``J``: ``K'[P, w]`` for the entries ``w`` of
-    ``window_index`` in ``J``, in their order.
+def replica_project(keys: list, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
+                    ranges: tuple, cols: list, index: np.ndarray, window_index: np.ndarray,
+                    version: int, seq: int, keep: bool, messages: Carry, keep_from: int, after
+                    ) -> list | None:
+    """The one task of a block for the column groups of one worker thread (their replicas
+    ``keys``, chunk ranges ``cols``): the coordinator's ``messages`` since this thread's last
+    task applied first (:func:`_catch_up`; ``after``, that task's future, only orders them),
+    then for each group ``J``, in order, ``K'[P, J] S̃_v[:, J]ᵀ`` (``b×m``) on the replica's
+    snapshot of version ``v = version`` and the window columns that fall in ``J``: ``K'[P, w]``
+    for the entries ``w`` of ``window_index`` in ``J``, in their order. The coordinator sums the
+    groups' partials in the layout's group order, whichever threads computed them.
 
     With ``keep``, ``K'[P, J]`` stays with the replica for the ``C̃`` update of block ``seq``.
     """
-    K = block_rows(path, ranges, kernel, mk, mkm, index, cols)
-    lo, hi = cols[0][0], cols[-1][1]
+    reps = _caught_up(keys, messages, keep_from, f"the projections of block {seq}")
+    if reps is None:
+        return None
     window_index = np.asarray(window_index)
-    in_group = window_index[(window_index >= lo) & (window_index < hi)]
-    rep = _replica(key, f"the projections of block {seq}")
-    if rep is None:
+    out = []
+    for key, rep, c in zip(keys, reps, cols):
+        K = block_rows(path, ranges, kernel, mk, mkm, index, c)
+        lo, hi = c[0][0], c[-1][1]
+        in_group = window_index[(window_index >= lo) & (window_index < hi)]
+        with rep.lock:
+            S = rep.snapshots.get(version)
+            if S is None:
+                raise ReplicaLostError(f"the replica of column group {key[2]} no longer holds "
+                                       f"version {version} (now at {rep.version})")
+            if keep:
+                rep.blocks[seq] = K
+        out.append((K @ S.T, K[:, in_group - lo]))           # snapshots are immutable: no lock
+    return out
+
+
+def replica_columns(keys: list, version: int, messages: Carry, keep_from: int, after
+                    ) -> list | None:
+    """For each replica ``keys`` of one worker thread, brought up to ``version`` by the carried
+    ``messages``: ``C̃[:, J]`` (a copy; None where not kept) and the row sums of squares of
+    ``S̃[:, J]``."""
+    reps = _caught_up(keys, messages, keep_from, f"C̃ at version {version}")
+    if reps is None:
         return None
-    with rep.lock:
-        S = rep.snapshots.get(version)
-        if S is None:
-            raise ReplicaLostError(f"the replica of column group {key[2]} no longer holds "
-                                   f"version {version} (now at {rep.version})")
-        if keep:
-            rep.blocks[seq] = K
-    return K @ S.T, K[:, in_group - lo]                  # snapshots are immutable: no lock
-
-
-def combine_projections(bounds: list, window_index: np.ndarray, *results
-                        ) -> tuple[np.ndarray, np.ndarray] | None:
-    """One block's partial projections summed and its window assembled, on a worker (a tree of
-    one level: the coordinator receives ``b·m + b·|W|`` numbers, not ``groups·b·m + b·|W|``).
-
-    ``results``: each column group's ``(K'[P, J] S̃[:, J]ᵀ, K'[P, W ∩ J])`` in group order, with
-    ``bounds`` their column ranges; summed in that order (as the coordinator would).
-    """
-    if any(r is None for r in results):
-        return None
-    if len(results) == 1:       # one group: its window columns are the window, in order
-        return results[0][0], results[0][1]
-    Y = np.array(results[0][0])
-    for part, _ in results[1:]:
-        Y += part
-    w = np.asarray(window_index)
-    window = np.empty((Y.shape[0], len(w)))
-    for (lo, hi), (_, part) in zip(bounds, results):
-        window[:, (w >= lo) & (w < hi)] = part
-    return Y, window
-
-
-def replica_columns(key: tuple, version: int, after: int) -> tuple[np.ndarray | None, np.ndarray]:
-    """``C̃[:, J]`` (a copy) at ``version``, and the row sums of squares of ``S̃[:, J]``."""
-    rep = _replica(key, f"C̃ at version {version}")
-    if rep is None:
-        return None, np.zeros(0)
-    with rep.lock:
-        if rep.version != version:
-            raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
-                                   f"{rep.version}, not {version}")
-        S = rep.snapshots[version]
-        C = None if rep.C is None else np.array(rep.C)
-    return C, np.einsum("ij,ij->i", S, S)
+    out = []
+    for key, rep in zip(keys, reps):
+        with rep.lock:
+            if rep.version != version:
+                raise ReplicaLostError(f"the replica of column group {key[2]} is at version "
+                                       f"{rep.version}, not {version}")
+            S = rep.snapshots[version]
+            C = None if rep.C is None else np.array(rep.C)
+        out.append((C, np.einsum("ij,ij->i", S, S)))
+    return out
 
 
 def drop_replicas(run_id: str) -> int:
