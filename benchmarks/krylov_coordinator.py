@@ -13,9 +13,19 @@ sampled before the solve and after each product (so that it sees the load the so
 
     python benchmarks/krylov_coordinator.py --samples 1000000
 
+Both run on the BLAS threads a CPU fit gives the coordinator (one: ``dkha fit`` holds its
+coordinator's and workers' BLAS to the layout's thread,
+:func:`dkha.engine.cluster.blas_threads_for`, so that its bits do not follow the cores);
+``--blas-threads 0`` leaves OpenBLAS its default (all cores), as the coordinator of a fit with
+tiles on a GPU has it.
+
 Acceptance (issue 40, on 2 cores): the solver's own seconds a product ≤ 3× the floor. Before
 CholeskyQR2 and the preallocated basis: 9.96 s a product against a floor of 1.2 s (8.3×; the SVD
-and QR of l-row blocks and ``np.hstack`` of the basis were the difference). ``--profile``
+and QR of l-row blocks and ``np.hstack`` of the basis were the difference; all cores). Since
+then the solver sweeps its ``n``-row blocks in chunks of rows (:func:`dkha.solvers.eigen._sweep`):
+the projections, the triangular solves (products with ``R⁻¹``) and the Gram matrices of a chunk
+while it is in the cache, the residuals with the thick restart's Ritz vectors in one read of the
+basis. ``--profile``
 prints the functions that take the time (cProfile, cumulative).
 """
 
@@ -88,10 +98,22 @@ def main(argv=None) -> None:
                          "the solver's floor of 3 blocks, 90)")
     ap.add_argument("--repeat", type=int, default=3, help="floor measurements (mean)")
     ap.add_argument("--profile", action="store_true", help="print the solver's profile")
+    ap.add_argument("--blas-threads", type=int, default=1,
+                    help="BLAS threads of the solver and the floor (1: as a CPU fit's "
+                         "coordinator runs; 0: OpenBLAS's default, all cores)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the basis and the stand-in products live (cuda: CuPy, a GPU "
                          "host; the floor on the GPU too, its triangular solve by cuBLAS)")
     args = ap.parse_args(argv)
+    if args.blas_threads > 0:
+        from dkha.engine.cluster import blas_limit
+
+        with blas_limit(args.blas_threads):
+            return run(args)
+    return run(args)
+
+
+def run(args) -> None:
     l = args.samples
     rng = np.random.default_rng(0)
     load0 = os.getloadavg()[0]
@@ -126,7 +148,10 @@ def main(argv=None) -> None:
     seconds = time.perf_counter() - t0
     own = (seconds - excluded[0]) / info.products
     f = float(np.mean(floor.samples))
-    print(f"l = {l}, block {args.block}, basis ≤ {args.max_basis}, on the {args.device}: "
+    threads = (f"{args.blas_threads} BLAS thread{'s' if args.blas_threads > 1 else ''}"
+               if args.blas_threads > 0 else "OpenBLAS's default threads")
+    print(f"l = {l}, block {args.block}, basis ≤ {args.max_basis}, on the {args.device} "
+          f"({threads}): "
           f"{info.products} products, "
           f"{info.restarts} restarts, {info.householder} Householder fallbacks in {seconds:.1f} s"
           f" ({excluded[0]:.1f} s of it in the stand-in products and the floor's samples)")

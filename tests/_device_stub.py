@@ -63,6 +63,10 @@ class DeviceArray:
     def __sub__(self, other):
         return DeviceArray(self.a - _raw(other))
 
+    def __iadd__(self, other):
+        self.a += _raw(other)
+        return self
+
     def __isub__(self, other):
         self.a -= _raw(other)
         return self
@@ -94,6 +98,10 @@ def asnumpy(a):
 
 def empty(shape, dtype=np.float64):
     return DeviceArray(np.empty(shape, dtype))
+
+
+def zeros(shape, dtype=np.float64):
+    return DeviceArray(np.zeros(shape, dtype))
 
 
 def ascontiguousarray(a):

@@ -34,11 +34,16 @@ of the new block against the basis, its Gram matrix, a triangular solve; issue 4
   per product;
 * the new block is orthonormalised by the two Gram–Schmidt projections and **CholeskyQR2**
   (the Cholesky factor of its Gram matrix, twice; :func:`orthonormal_columns`): BLAS-3 products
-  of the ``n``-row block, the factorisations on ``k × k`` matrices. Where the Gram matrix is
-  ill-conditioned (its condition number, after scaling its columns to unit norm, above
-  :data:`COND_CHOLESKY`), the Cholesky fails, or a column lies in the basis' span, Householder
-  QR of the block takes over (the SVD of its small triangular factor drops the dependent
-  directions); :attr:`KrylovInfo.householder` counts those blocks;
+  of the ``n``-row block, the factorisations on ``k × k`` matrices, the triangular solves as
+  products with ``R⁻¹``. Where the Gram matrix is ill-conditioned (its condition number, after
+  scaling its columns to unit norm, above :data:`COND_CHOLESKY`), the Cholesky fails, or a
+  column lies in the basis' span, Householder QR of the block takes over (the SVD of its small
+  triangular factor drops the dependent directions); :attr:`KrylovInfo.householder` counts
+  those blocks;
+* the ``n``-row work is swept in chunks of :data:`CHUNK_ROWS` rows on the CPU (:func:`_sweep`):
+  a projection, a solve and the next Gram matrix of a chunk while it is in the cache; the
+  residuals come with the Ritz vectors a thick restart keeps, in one read of the basis and its
+  products (``benchmarks/krylov_coordinator.py`` measures the solver against the floor);
 * Rayleigh–Ritz and the restarts' rotations are computed on the host on ``m × m`` matrices
   (``m ≤ max_basis``); the ``n``-row arrays stay in the array module of the start block
   (NumPy, or CuPy on a GPU: then only ``k × k`` matrices and ``k``-vectors reach the host, the
@@ -64,6 +69,10 @@ COND_CHOLESKY = 1e8
 #: above this condition number the block's components along the basis, amplified by up to
 #: ``√cond`` by the triangular solves, are projected out once more (as the SVD path always did)
 COND_REPROJECT = 1e4
+#: the rows of one chunk of a sweep over an ``n``-row block on the CPU (:func:`_sweep`): a
+#: chunk of the block and of the basis (4 096 × 120 numbers, 3.9 MB) stay in the cache between
+#: the projection, the triangular solve and the Gram matrix
+CHUNK_ROWS = 4096
 
 
 @dataclass
@@ -143,47 +152,54 @@ def orthonormal_columns(Z, Q=None, *, drop: float = 1e-10, info: KrylovInfo | No
     return _orthonormalize(xp, Z, Q, drop=drop, info=info)
 
 
-def _orthonormalize(xp, Z, Q, *, norms=None, drop: float = 1e-10, scratch=None,
-                    joint=None, info: KrylovInfo | None = None):
+def _orthonormalize(xp, Z, Q, *, norms=None, drop: float = 1e-10, joint=None,
+                    info: KrylovInfo | None = None):
     """:func:`orthonormal_columns` of ``Z`` (``n × a``, overwritten): ``Z`` itself where
     CholeskyQR2 serves, else the Householder fallback's new array. ``norms``: ``Z``'s column
-    norms on the host where known (the residuals'); ``scratch``: an ``n × a`` buffer for the
-    projections; ``joint``: ``[Q Z]`` where ``Z`` lies in the columns right after ``Q``'s (the
-    basis' buffer): the second projection's ``Qᵀ Z`` and the Gram matrix are then one product,
-    the Gram matrix of the projected block by Pythagoras (``ZᵀZ − CᵀC``, ``C = QᵀZ`` at
-    round-off after the first projection)."""
+    norms on the host where known (the residuals'); ``joint``: ``[Q Z]`` where ``Z`` lies in the
+    columns right after ``Q``'s (the basis' buffer): the second projection's ``Qᵀ Z`` and the
+    Gram matrix are then one product, the Gram matrix of the projected block by Pythagoras
+    (``ZᵀZ − CᵀC``, ``C = QᵀZ`` at round-off after the first projection).
+
+    ``Z``'s rows are swept in chunks (:func:`_sweep`), each chunk of ``Z`` and ``Q`` used while
+    it is in the cache: the first projection with the product that follows it (``[Q Z]ᵀ Z``, or
+    ``Qᵀ Z``), the second projection with the first triangular solve and the next Gram matrix,
+    then the second solve."""
     if norms is None:
         norms = _column_norms(xp, Z)
     scale = float(np.max(norms, initial=0.0))
     if scale == 0.0:
         return Z[:, :0]
     against = Q is not None and Q.shape[1] > 0
-    if against:
-        _project(xp, Z, Q, scratch)
-        if joint is None:
-            _project(xp, Z, Q, scratch)
-        else:
-            m = Q.shape[1]
-            W = joint.T @ Z
-            C = _host(xp, W[:m])
-            _project(xp, Z, Q, scratch, C=W[:m])
-            G = _host(xp, W[m:]) - C.T @ C
-    if not against or joint is None:
+    C, rescale = None, False    # C: the second projection's Qᵀ Z, while it is still to make
+    if not against:
         G = _host(xp, Z.T @ Z)
+    elif joint is None:
+        C = _sweep(xp, Z, Q=Q, C=Q.T @ Z, gram=Q)
+        G, C = _sweep(xp, Z, Q=Q, C=C, gram=Z), None
+    else:
+        W = _sweep(xp, Z, Q=Q, C=Q.T @ Z, gram=joint)
+        C = W[:Q.shape[1]]
+        G = W[Q.shape[1]:] - C.T @ C
     d = np.sqrt(np.maximum(np.diag(G), 0.0)) / scale
     if np.isfinite(scale) and d.min() > drop:
         ev = np.linalg.eigvalsh(G / np.outer(d, d) / scale**2)
         cond = ev[-1] / ev[0] if ev[0] > 0 else np.inf
         if cond <= COND_CHOLESKY:
             try:
-                _cholesky_solve(xp, Z, G)
-                _cholesky_solve(xp, Z, _host(xp, Z.T @ Z))
+                G2 = _sweep(xp, Z, Q=Q, C=C, R=_cholesky(G), gram=Z)
+                C = None
+                _sweep(xp, Z, R=_cholesky(G2))
                 if against and cond > COND_REPROJECT:
-                    _project(xp, Z, Q, scratch)
-                    _cholesky_solve(xp, Z, _host(xp, Z.T @ Z))
+                    G3 = _sweep(xp, Z, Q=Q, C=Q.T @ Z, gram=Z)
+                    _sweep(xp, Z, R=_cholesky(G3))
                 return Z
             except np.linalg.LinAlgError:
-                scale = float(np.max(_column_norms(xp, Z), initial=0.0))
+                rescale = True
+    if C is not None:           # the second projection, where no sweep has made it
+        _sweep(xp, Z, Q=Q, C=C)
+    if rescale:                 # a Cholesky failed: the block's scale as it now is
+        scale = float(np.max(_column_norms(xp, Z), initial=0.0))
     return _householder(xp, Z, Q if against else None, scale, drop, info)
 
 
@@ -193,34 +209,54 @@ def _column_norms(xp, Z) -> np.ndarray:
     return np.sqrt(_host(xp, xp.einsum("ij,ij->j", Z, Z)))
 
 
-def _project(xp, Z, Q, scratch, C=None) -> None:
-    """``Z ← Z − Q (Qᵀ Z)`` in place (one classical Gram–Schmidt projection; ``C``: ``QᵀZ``
-    where already computed)."""
-    if C is None:
-        C = Q.T @ Z
-    if scratch is None:
-        Z -= Q @ C
-    else:
-        xp.matmul(Q, C, out=scratch)
-        Z -= scratch
+def _cholesky(G: np.ndarray) -> np.ndarray:
+    """The upper Cholesky factor ``R`` of the ``k × k`` Gram matrix ``G = RᵀR`` (host)."""
+    return np.linalg.cholesky(0.5 * (G + G.T)).T
 
 
-def _cholesky_solve(xp, Z, G) -> None:
-    """One CholeskyQR pass: ``Z ← Z R⁻¹`` in place, ``R`` the upper Cholesky factor of ``G =
-    ZᵀZ`` (``k × k``, on the host)."""
-    R = np.linalg.cholesky(0.5 * (G + G.T)).T
-    if xp is np:
-        from scipy.linalg.blas import dtrsm
+def _chunks(xp, n: int):
+    """The row ranges of a sweep: :data:`CHUNK_ROWS` on the CPU (a chunk of ``Z`` and of the
+    basis stay in the cache while it is used), the whole array on a GPU."""
+    step = CHUNK_ROWS if xp is np else max(n, 1)
+    return [(a, min(a + step, n)) for a in range(0, n, step)]
 
-        # Rᵀ Xᵀ = Zᵀ: Zᵀ is Fortran-ordered where Z is C-ordered, solved in place
-        out = dtrsm(1.0, R, Z.T, side=0, lower=0, trans_a=1, overwrite_b=1)
-        if out.ctypes.data != Z.ctypes.data or out.strides != Z.T.strides:
-            Z[...] = out.T
-    else:
-        from scipy.linalg import solve_triangular
 
-        Rinv = solve_triangular(R, np.eye(len(R)), lower=False)
-        Z[...] = Z @ xp.asarray(Rinv)
+def _sweep(xp, Z, *, Q=None, C=None, R=None, gram=None):
+    """One sweep over ``Z``'s rows (``n × a``, in place), chunk by chunk: ``Z ← Z − Q C``
+    (where ``C``, ``Qᵀ Z`` of before, is given), then ``Z ← Z R⁻¹`` (where the upper
+    triangular ``R`` is given), then the Gram matrix ``gramᵀ Z`` of the result summed over the
+    chunks (where ``gram`` is given: ``Z`` itself, or ``[Q Z]`` with ``Z`` its last columns),
+    which it returns (host)."""
+    n, a = Z.shape
+    chunks = _chunks(xp, n)
+    T = xp.empty((chunks[0][1] if chunks else 0, a))       # one chunk's work space
+    W = xp.zeros((0 if gram is None else gram.shape[1], a))
+    if C is not None:
+        C = xp.asarray(C)
+    Rinv = None if R is None else _inverse(xp, R)
+    for lo, hi in chunks:
+        Zc, Tc = Z[lo:hi], T[:hi - lo]
+        if C is not None:
+            xp.matmul(Q[lo:hi], C, out=Tc)
+            Zc -= Tc
+        if Rinv is not None:
+            xp.matmul(Zc, Rinv, out=Tc)
+            Zc[...] = Tc
+        if gram is not None:
+            W += gram[lo:hi].T @ Zc
+    return None if gram is None else _host(xp, W)
+
+
+def _inverse(xp, R):
+    """``R⁻¹`` of the upper triangular ``k × k`` factor ``R`` (host), in ``xp``: a block's
+    triangular solve ``Z R⁻¹`` as a product (BLAS-3 on chunks of rows, where LAPACK's
+    triangular solve of a chunk is a third as fast; the same on a GPU). ``R`` is a Cholesky
+    factor of a Gram matrix of condition ≤ :data:`COND_CHOLESKY` (``cond(R) ≤ 10⁴``), and the
+    product's error is of the triangular solve's order, which CholeskyQR2's second pass
+    (``cond ≈ 1``) removes."""
+    from scipy.linalg import solve_triangular
+
+    return xp.asarray(solve_triangular(R, np.eye(len(R)), lower=False))
 
 
 def _householder(xp, Z, Q, scale: float, drop: float, info: KrylovInfo | None):
@@ -255,6 +291,7 @@ class Basis:
         self.Q, self.KQ = xp.empty((n, width)), xp.empty((n, width))
         self.spare = (xp.empty((n, width)), xp.empty((n, width)))
         self._block = xp.empty(n * block)
+        self._ready = 0         # the spare pair's columns :meth:`residuals` filled
 
     @property
     def q(self):
@@ -281,26 +318,39 @@ class Basis:
         Z[...] = self.xp.asarray(X0, dtype=np.float64)
         return self._settle(Z, _orthonormalize(self.xp, Z, None, info=info))
 
-    def residuals(self, Y: np.ndarray, theta: np.ndarray, k: int) -> np.ndarray:
+    def residuals(self, Y: np.ndarray, theta: np.ndarray, k: int, keep: int = 0
+                  ) -> np.ndarray:
         """The top ``k`` Ritz vectors ``X = Q Y`` and their products ``KX = (KQ) Y`` (into the
-        spare pair), their residuals ``R = KX − X θ`` (the block buffer); their norms."""
-        xp = self.xp
-        Yk = xp.asarray(np.ascontiguousarray(Y[:, :k]))
-        X, KX, R = self.spare[0][:, :k], self.spare[1][:, :k], self.block(k)
-        xp.matmul(self.q, Yk, out=X)
-        xp.matmul(self.kq, Yk, out=KX)
-        xp.multiply(X, xp.asarray(np.ascontiguousarray(theta[:k])), out=R)
-        xp.subtract(KX, R, out=R)
-        return _column_norms(xp, R)
+        spare pair), their residuals ``R = KX − X θ`` (the block buffer); their norms. Where
+        ``keep > k`` (a thick restart to ``keep`` expected), the Ritz vectors and products up
+        to ``keep`` come in the same sweep (one read of ``Q`` and ``KQ``)."""
+        xp, m, w = self.xp, self.m, max(k, keep)
+        Yw = xp.asarray(np.ascontiguousarray(Y[:, :w]))
+        th = xp.asarray(np.ascontiguousarray(theta[:k]))
+        X, KX, R = self.spare[0][:, :w], self.spare[1][:, :w], self.block(k)
+        squares = xp.zeros(k)
+        chunks = _chunks(xp, self.n)
+        T = xp.empty((chunks[0][1] if chunks else 0, w))   # the products' C-ordered output
+        for lo, hi in chunks:
+            Tc, Rc = T[:hi - lo], R[lo:hi]
+            xp.matmul(self.Q[lo:hi, :m], Yw, out=Tc)
+            X[lo:hi] = Tc
+            xp.multiply(Tc[:, :k], th, out=Rc)
+            xp.matmul(self.KQ[lo:hi, :m], Yw, out=Tc)
+            KX[lo:hi] = Tc
+            xp.subtract(Tc[:, :k], Rc, out=Rc)
+            squares += xp.einsum("ij,ij->j", Rc, Rc)
+        self._ready = w
+        return np.sqrt(_host(xp, squares))
 
-    def restart(self, Y: np.ndarray, k: int, keep: int) -> None:
+    def restart(self, Y: np.ndarray, keep: int) -> None:
         """Thick restart to the top ``keep`` Ritz vectors and their products: the spare pair
-        (holding the top ``k`` since :meth:`residuals`) completed and swapped in."""
+        (holding the top ``k``, or more, since :meth:`residuals`) completed and swapped in."""
         Qn, KQn = self.spare
-        if keep > k:
-            Yr = self.xp.asarray(np.ascontiguousarray(Y[:, k:keep]))
-            self.xp.matmul(self.q, Yr, out=Qn[:, k:keep])
-            self.xp.matmul(self.kq, Yr, out=KQn[:, k:keep])
+        if keep > self._ready:
+            Yr = self.xp.asarray(np.ascontiguousarray(Y[:, self._ready:keep]))
+            self.xp.matmul(self.q, Yr, out=Qn[:, self._ready:keep])
+            self.xp.matmul(self.kq, Yr, out=KQn[:, self._ready:keep])
         self.spare = (self.Q, self.KQ)
         self.Q, self.KQ, self.m = Qn, KQn, keep
 
@@ -317,8 +367,8 @@ class Basis:
                                                       info=info))
         Z = self.Q[:, m:m + a]
         Z[...] = picked
-        U = _orthonormalize(xp, Z, self.q, norms=norms[active], scratch=self.block(a),
-                            joint=self.Q[:, :m + a], info=info)
+        U = _orthonormalize(xp, Z, self.q, norms=norms[active], joint=self.Q[:, :m + a],
+                            info=info)
         return self._settle(Z, U)
 
     def _settle(self, Z, U):
@@ -337,11 +387,16 @@ class Basis:
 
     def append(self, KZ) -> np.ndarray:
         """The products of the block :meth:`next_block` gave: into ``KQ``; the new columns of
-        the Rayleigh quotient, ``[Q Z]ᵀ KZ`` (host)."""
-        m, p = self.m, KZ.shape[1]
-        self.KQ[:, m:m + p] = KZ
+        the Rayleigh quotient, ``[Q Z]ᵀ KZ`` (host), summed over chunks of rows as they are
+        copied."""
+        xp, m, p = self.xp, self.m, KZ.shape[1]
+        J = self.Q[:, :m + p]
+        C = xp.zeros((m + p, p))
+        for lo, hi in _chunks(xp, self.n):
+            self.KQ[lo:hi, m:m + p] = KZ[lo:hi]
+            C += J[lo:hi].T @ KZ[lo:hi]
         self.m = m + p
-        return _host(self.xp, self.Q[:, :m + p].T @ KZ)
+        return _host(xp, C)
 
 
 # --- the iteration -------------------------------------------------------------------------------
@@ -390,7 +445,8 @@ def top_eigenpairs(matmat, X0, r: int, *, tol: float = 1e-8, maxiter: int = 300,
                                  list(info.trace)))
         theta, Y = _ritz(T)
         k = min(block, len(theta))
-        res = basis.residuals(Y, theta, k)
+        keep = min(len(theta), 2 * block)   # a thick restart's, with the residuals where due
+        res = basis.residuals(Y, theta, k, keep if basis.m + k > max_basis else 0)
         scaled = _scaled(res, theta[:k])
         worst = float(scaled[:r].max())
         info.history.append(worst)
@@ -414,8 +470,7 @@ def top_eigenpairs(matmat, X0, r: int, *, tol: float = 1e-8, maxiter: int = 300,
             break
         active = np.flatnonzero(scaled > tol)           # soft locking of converged pairs
         if basis.m + len(active) > max_basis:           # thick restart to the top 2·block
-            keep = min(len(theta), 2 * block)
-            basis.restart(Y, k, keep)
+            basis.restart(Y, keep)
             T = np.diag(theta[:keep])
             info.restarts += 1
         Z = basis.next_block(k, active, res, info)
