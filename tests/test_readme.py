@@ -12,7 +12,10 @@ import pytest
 from tests.processes import REPO, subprocess_env
 
 #: README blocks refer to a few names the reader has: defined here on small data (image patches,
-#: so the response-map block has provenance), and one in-process Dask cluster for every fit
+#: so the response-map block has provenance). No cluster is started: as in a reader's fresh Python
+#: session, fits of a store this small run their tasks in the calling thread (dkha.inline-samples;
+#: with an in-process cluster of 2 threads the blocks took 75–120 s, a task round trip for each of
+#: the memory budget's small row blocks, against 25–40 s)
 PRELUDE = '''
 import matplotlib
 matplotlib.use("Agg")
@@ -20,7 +23,6 @@ import numpy as np
 import skimage.data
 import skimage.transform
 import xarray as xr
-import distributed
 import dkha as _dkha
 import time
 _t0 = time.perf_counter()
@@ -31,8 +33,6 @@ import dask
 # history (an entry per K'V product) the README plots; its Nyström start of 59 landmarks (the
 # memory budget's), not 268 (which would leave the solve converged at its first product)
 dask.config.set({"dkha.dense-bytes": 1e5, "dkha.memory-budget": "256kB"})
-client = distributed.Client(processes=False, n_workers=1, threads_per_worker=2,
-                            dashboard_address=None)
 photos = [skimage.transform.resize(skimage.data.camera(), (30, 30), anti_aliasing=True),
           skimage.transform.resize(skimage.data.coins(), (24, 24), anti_aliasing=True)]
 _dkha.ingest_images(photos, "data.zarr", patch=5, step=2)
