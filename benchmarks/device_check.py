@@ -478,7 +478,8 @@ def gpu_section(args, budget):
                 d = float(np.abs(g["eigenvalue"] / c["eigenvalue"] - 1).max())
                 say(f"l = {l_small}: eigenvalues {device} vs cpu, max rel diff {d:.1e}")
                 FIGURES["small_eigenvalues_rel_diff"] = d
-    big = ingest(args.workdir, l_big) if budget.allows(30, f"the store of {l_big}") else None
+    big = (small if l_big == l_small else
+           ingest(args.workdir, l_big) if budget.allows(30, f"the store of {l_big}") else None)
     fit = None
     if big and "bigfit" not in args.skip and budget.allows(130, f"the fit at l = {l_big}"):
         fit = user_fit(big, os.path.join(args.workdir, "run-big"), device, dmon,
@@ -693,9 +694,9 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT"), help="where figures.json goes")
     args = ap.parse_args(argv)
     if args.dry_run:
-        args.gpu_samples, args.equal_samples = [6000], 2500
+        args.gpu_samples, args.equal_samples = [3000], 3000      # one store
         args.cpu_samples, args.workers, args.kha_steps = 3000, [1, 2], 512
-        args.cpu_big_samples, args.cpu_big_steps = 4000, 512
+        args.cpu_big_samples, args.cpu_big_steps = 3000, 512
         args.budget, args.cpu_budget = min(args.budget, 240), min(args.cpu_budget, 240)
     print_plan(args)
     for section in args.section:

@@ -34,8 +34,8 @@ def test_the_dry_run_passes_and_prints_the_plan(tmp_path):
     assert "plan (dry run" in lines[0] and "plan: gpu" in lines[1] and "plan: cpu" in lines[2]
     assert "FAILED" not in out, out[-4000:]
     for what in ("=== issue 40, GPU: acceptance", "centered K'V (20 columns)",
-                 "float32 cupy tiles", "the fit at l = 12000: skipped",
-                 "l = 4000, KHA-SMD pass"):
+                 "float32 cupy tiles", "the fit at l = 6000: skipped",
+                 "l = 3000, KHA-SMD pass"):
         assert what in out, what
     assert "issue 32, CPU: acceptance" not in out      # the skipped scaling table
     assert (tmp_path / "out" / "figures.json").exists()
