@@ -12,7 +12,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import dask
 import numpy as np
+from distributed import Client
 
 from dkha.engine.tasks import (
     Carry,
@@ -239,15 +241,26 @@ class WorkerReplicas:
         return self.client.submit(func, *args, key=key, workers=[self.workers[g]],
                                   allow_other_workers=False, priority=priority)
 
-    def _holder_task(self, h: int, func, *args, priority: int):
-        """Task ``func(keys, *args, messages, keep_from, after)`` of holder ``h``: the messages
-        recorded since its last task carried (:meth:`_carry`), chained after that task."""
-        groups = self.holders[h]
-        fut = self._pinned(groups[0], func, [self._key(g) for g in groups], *args,
-                           self._carry(h), self.messages.keep_from, self.last[h],
-                           priority=priority)
-        self.last[h] = fut
-        return fut
+    def _holder_tasks(self, func, args: list, priority: int) -> list:
+        """One task ``func(keys, *args[h], messages, keep_from, after)`` per holder ``h``: the
+        messages recorded since its last task carried (:meth:`_carry`), chained after that task.
+        Submitted together (one message to the scheduler, each task restricted to its holder's
+        worker) where the client is a cluster's: the scheduler's cost is per submission too."""
+        keys = [f"{func.__name__}-{self.run_id}-{next(self._tasks)}" for _ in self.holders]
+        calls = [([self._key(g) for g in groups], *args[h], self._carry(h),
+                  self.messages.keep_from, self.last[h])
+                 for h, groups in enumerate(self.holders)]
+        where = {k: [self.workers[groups[0]]] for k, groups in zip(keys, self.holders)}
+        if len(calls) > 1 and isinstance(self.client, Client):
+            with dask.annotate(workers=where.get, allow_other_workers=False):
+                futures = self.client.map(func, *zip(*calls), key=keys, priority=priority,
+                                          pure=False)
+        else:
+            futures = [self.client.submit(func, *call, key=k, workers=where[k],
+                                          allow_other_workers=False, priority=priority)
+                       for k, call in zip(keys, calls)]
+        self.last = list(futures)
+        return futures
 
     def _carry(self, h: int) -> Carry:
         """The messages holder ``h`` has not been sent, marked sent."""
@@ -392,10 +405,10 @@ class WorkerReplicas:
         eng = self.engine
         mk = eng.mk_future()
         keep = bool(self.state.keeps_c)
-        partials = [self._holder_task(h, replica_project, eng.source, eng.kernel, mk, eng.mkm,
-                                      self._ranges, [self._cols[g] for g in groups], index,
-                                      window_index, version, seq, keep, priority=-seq)
-                    for h, groups in enumerate(self.holders)]
+        partials = self._holder_tasks(
+            replica_project, [(eng.source, eng.kernel, mk, eng.mkm, self._ranges,
+                               [self._cols[g] for g in groups], index, window_index, version,
+                               seq, keep) for groups in self.holders], priority=-seq)
         return _PendingBlock(seq, index, version, self.epoch, window_index, partials,
                              [list(g) for g in self.holders], offsets, carried)
 
@@ -465,9 +478,8 @@ class WorkerReplicas:
         (``r×l``; ``None`` where ``C`` is not kept). At pass ends and when the stream closes."""
         st, msgs = self.state, self.messages
         while True:
-            futures = [self._holder_task(h, replica_columns, msgs.version,
+            futures = self._holder_tasks(replica_columns, [(msgs.version,)] * len(self.holders),
                                          priority=_UPDATE_PRIORITY)
-                       for h in range(len(self.holders))]
             try:
                 results = by_group(self.holders, self._wait(futures, "C̃ from the "
                                                                            "replicas"), "C̃")
