@@ -251,16 +251,8 @@ class WorkerReplicas:
                   self.messages.keep_from, self.last[h])
                  for h, groups in enumerate(self.holders)]
         where = {k: [self.workers[groups[0]]] for k, groups in zip(keys, self.holders)}
-        if len(calls) > 1 and isinstance(self.client, Client):
-            with dask.annotate(workers=where.get, allow_other_workers=False):
-                futures = self.client.map(func, *zip(*calls), key=keys, priority=priority,
-                                          pure=False)
-        else:
-            futures = [self.client.submit(func, *call, key=k, workers=where[k],
-                                          allow_other_workers=False, priority=priority)
-                       for k, call in zip(keys, calls)]
-        self.last = list(futures)
-        return futures
+        self.last = submit_pinned(self.client, func, calls, where, priority)
+        return list(self.last)
 
     def _carry(self, h: int) -> Carry:
         """The messages holder ``h`` has not been sent, marked sent."""
@@ -532,3 +524,15 @@ def by_group(holders: list, results: list, what: str) -> list:
         for g, r in zip(groups, result):
             out[g] = r
     return out
+
+
+def submit_pinned(client, func, calls: list, where: dict, priority: int) -> list:
+    """``func(*call)`` for each call, under the keys of ``where`` (key -> its worker, in the
+    calls' order), each restricted to its worker: one message to the scheduler where the client
+    is a cluster's (``client.map``, the workers a per-key annotation)."""
+    keys = list(where)
+    if len(calls) > 1 and isinstance(client, Client):
+        with dask.annotate(workers=where.get, allow_other_workers=False):
+            return client.map(func, *zip(*calls), key=keys, priority=priority, pure=False)
+    return [client.submit(func, *call, key=k, workers=where[k], allow_other_workers=False,
+                          priority=priority) for k, call in zip(keys, calls)]
