@@ -11,6 +11,7 @@ four gains, through mid-block folds and direct steps, after lost replicas are re
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 
@@ -476,3 +477,23 @@ def test_backoffs_with_the_projections_on_the_workers(digits_store, cluster_clie
     assert [(b["step"], b["rolled_back_to"]) for b in got.backoffs] == \
         [(b["step"], b["rolled_back_to"]) for b in want.backoffs]
     assert_agrees(snapshot(got.state), snapshot(want.state), tol=1e-6)
+
+
+def test_a_block_is_one_task_a_worker_thread(digits_store, cluster_client):
+    """A block costs the scheduler one task per worker thread holding replicas (issue 41): the
+    coordinator's messages ride with each thread's next task and the partials are added on the
+    coordinator. On 2 workers × 1 thread and 3 column groups: 2 projection tasks a block, no
+    message or sum tasks (before: a projection and a message task per group and a sum, 7)."""
+    from distributed import get_task_stream
+
+    engine = make_engine(digits_store, cluster_client, "workers")
+    with get_task_stream(cluster_client) as stream:
+        solver = drive(engine, "kha-smd", passes=1)
+    names = collections.Counter(str(t["key"]).split("-")[0] for t in stream.data)
+    assert engine.stats.blocks == -(-L // engine.block_rows) and engine.stats.replica_rebuilds == 0
+    assert names["replica_project"] == 2 * engine.stats.blocks, names
+    assert names["replica_build"] == 3 and not names["replica_update"], names
+    assert not names["combine_projections"], names
+    want = snapshot(drive(make_engine(digits_store, cluster_client, "coordinator"), "kha-smd",
+                          passes=1).state)
+    assert_agrees(snapshot(solver.state), want)
