@@ -57,9 +57,19 @@ def dense_eigh(name: str):
     return np.linalg.eigh(OPERATORS[name]()[0])
 
 
+@pytest.fixture(params=[None, 37], ids=["one-chunk", "chunks-of-37"])
+def chunk_rows(request, monkeypatch):
+    """The sweeps' chunk of rows as it is (larger than these matrices: one chunk) and of 37
+    rows (many chunks, the last one short): the chunked projections, solves, Gram matrices,
+    residuals and products must give the same pairs."""
+    if request.param is not None:
+        monkeypatch.setattr(eigen, "CHUNK_ROWS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("restarts", [False, True])
 @pytest.mark.parametrize("name", sorted(OPERATORS))
-def test_new_solver_matches_the_solver_before_and_eigh(name, restarts):
+def test_new_solver_matches_the_solver_before_and_eigh(name, restarts, chunk_rows):
     K, r = OPERATORS[name]()
     n = len(K)
     block = r + 10
@@ -83,7 +93,7 @@ def _orthonormal_against(Q, U, dim):
     assert np.abs(Q.T @ U).max() < 1e-14
 
 
-def test_well_conditioned_block_by_cholesky_qr2(seed):
+def test_well_conditioned_block_by_cholesky_qr2(seed, chunk_rows):
     rng = np.random.default_rng(seed)
     Q = np.linalg.qr(rng.standard_normal((500, 12)))[0]
     Z = rng.standard_normal((500, 8)) * np.logspace(0, -6, 8)      # column scales 1 … 1e-6
@@ -94,7 +104,7 @@ def test_well_conditioned_block_by_cholesky_qr2(seed):
     assert np.max(subspace_angles(U, before.orthonormal_columns(Z, Q))) < 1e-12
 
 
-def test_ill_conditioned_block_by_cholesky_qr2_projected_again(seed):
+def test_ill_conditioned_block_by_cholesky_qr2_projected_again(seed, chunk_rows):
     """A condition number of the Gram matrix between COND_REPROJECT and COND_CHOLESKY: still
     CholeskyQR2, with the block projected against Q once more (its components along Q,
     amplified by the triangular solves, back to round-off)."""
@@ -113,7 +123,7 @@ def test_ill_conditioned_block_by_cholesky_qr2_projected_again(seed):
 
 
 @pytest.mark.parametrize("eps", [1e-9, 0.0])
-def test_nearly_dependent_block_falls_back_to_householder(seed, eps):
+def test_nearly_dependent_block_falls_back_to_householder(seed, eps, chunk_rows):
     """A column within 1e-9 of another (the Gram matrix's condition number ~1e18), or exactly
     dependent, and one in span(Q): Householder QR with the SVD of its triangular factor, which
     keeps what the SVD of the whole block kept before and drops the rest."""
@@ -169,7 +179,7 @@ def _states(K, X0, r, solver, **kw):
     return got, (w, V, info)
 
 
-def test_resumed_solve_is_bit_identical(seed):
+def test_resumed_solve_is_bit_identical(seed, chunk_rows):
     K, r = clustered(300)
     X0 = np.random.default_rng(seed).standard_normal((300, r + 10))
     states, (w, V, info) = _states(K, X0, r, top_eigenpairs, max_basis=3 * (r + 10))
