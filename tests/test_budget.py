@@ -14,6 +14,7 @@ import pytest
 from dkha import KernelHebbianPCA, config
 from dkha.engine.budget import (
     MIN_BLOCK_ROWS,
+    STREAM_BYTES,
     Hardware,
     Layout,
     block_rows_for,
@@ -102,8 +103,9 @@ def test_the_tiles_at_a_million_samples_are_the_layouts_and_the_tasks_follow_the
     assert p.tiles_per_task == 1 and p.tasks == p.tiles
     assert p.tile_rows == math.ceil(L / n) and (n - 1) * p.tile_rows < L
     assert p.worker_budget == (max(GiB, memory // 4) if memory else GiB)
+    # the blocks: the stream's default budget whatever the workers, (2 + 2)·16·l·8 ≤ 512 MiB
     assert (p.block_rows, p.prefetch, p.budget) == (memory_plan(L, config.settings()).block_rows,
-                                                    4, GiB)
+                                                    2, STREAM_BYTES)
     assert hardware.threads == threads
 
 
@@ -112,11 +114,13 @@ def test_the_plan_at_a_million_samples_in_one_line():
                     n_features=121)
     assert p.tiles == 2211 and p.tile_rows == 15152 and p.worker_budget == 32 * GiB
     line = p.describe()
-    # the blocks (the steps' grouping) stay those of the floor: (4 + 2)·b·l·8 ≤ 1 GiB
-    assert GiB // (6 * 8 * L) == 22
+    # the blocks (the steps' grouping) stay those of the stream's default budget, 512 MiB: below
+    # 16 rows at 4 ahead ((4 + 2)·b·l·8 ≤ 512 MiB: b = 11), so 16 rows and 2 ahead
+    assert STREAM_BYTES == 512 * MiB and STREAM_BYTES // (6 * 8 * L) == 11
+    assert STREAM_BYTES // (16 * 8 * L) - 2 == 2
     assert line.startswith("plan: 16 CPU threads in 1 worker (128 GiB), 2 211 tiles of 15 152 "
-                           "rows (layout for 16 threads) in 2 211 tasks, blocks of 22 rows, "
-                           "4 ahead"), line
+                           "rows (layout for 16 threads) in 2 211 tasks, blocks of 16 rows, "
+                           "2 ahead (512 MiB: the stream's default)"), line
     assert "tiles within 32 GiB (a quarter of the workers' memory)" in line
     many = memory_plan(L, config.settings(), hardware=Hardware.described(16, 16, 128 * GiB),
                        n_features=121)
@@ -289,3 +293,130 @@ def test_kernel_blocks_come_from_the_heap_here_and_in_the_workers_dkha_starts():
     assert len(envs) == 2
     for env in envs.values():
         assert env == {k: str(v) for k, v in HEAP_BLOCKS.items()}
+
+
+def test_the_streams_default_budget_is_below_the_tiles_and_the_starts():
+    """Issue 41: the blocks in flight get 512 MiB by default (at l = 200 000 blocks of 55 rows,
+    4 ahead: (4 + 2)·55·l·8 ≤ 512 MiB, where 1 GiB gave 111 rows and the fit's peak 2.3 GiB of
+    all processes); the tiles' layout and the Nyström start keep the 1 GiB floor (their bits,
+    and the start's landmarks, do not change)."""
+    from dkha.engine.budget import FLOOR_BYTES, configured_budget, layout_bands
+    from dkha.solvers.batch import default_landmarks
+
+    settings = config.settings()
+    p = memory_plan(200_000, settings, threads=2, n_features=16)
+    assert (p.block_rows, p.prefetch, p.budget) == (55, 4, STREAM_BYTES) == (55, 4, 512 * MiB)
+    assert 6 * 55 * 200_000 * 8 <= 512 * MiB < 6 * 56 * 200_000 * 8
+    assert "the stream's default" in p.describe()
+    assert block_rows_for(43_690, settings) == 256 and block_rows_for(43_691, settings) == 255
+    assert configured_budget(settings) == FLOOR_BYTES == GiB
+    assert default_landmarks(200_000, 16, budget=configured_budget(settings)) == 335
+    with dask.config.set({"dkha.memory-budget": "1GiB"}):
+        assert layout_bands(200_000, 121, config.settings(), Hardware())[0] == \
+            layout_bands(200_000, 121, settings, Hardware())[0]
+        assert block_rows_for(200_000, config.settings()) == 111
+
+
+def test_the_start_is_let_go_before_the_block_stream(digits_store, client, seed, monkeypatch):
+    """The Nyström start's ``A`` and ``C = A K'`` (r × l each) are dropped once the solver holds
+    its copies: the coordinator's and run_batches' names kept them for the whole stream (61 MiB
+    at l = 200 000, r = 20)."""
+    import gc
+    import time
+    import weakref
+
+    from dkha.fit import coordinator, kha_stream
+
+    refs, seen = [], []
+    real_start, real_stream = coordinator.start, kha_stream._SharedStream.stream
+
+    def start(*args, **kw):
+        out = real_start(*args, **kw)
+        refs.extend(weakref.ref(a) for a in out[1:3] if a is not None)
+        return out
+
+    def stream(self, *args, **kw):
+        # what only holds them a moment longer (a reference cycle, the cluster's threads) is
+        # given a few seconds; before, the callers' names held them for the whole stream
+        for _ in range(50):
+            gc.collect()
+            if all(r() is None for r in refs):
+                break
+            time.sleep(0.1)
+        seen.append([r() is None for r in refs])
+        return real_stream(self, *args, **kw)
+
+    monkeypatch.setattr(coordinator, "start", start)
+    monkeypatch.setattr(kha_stream._SharedStream, "stream", stream)
+    fitted = KernelHebbianPCA(4, algorithm="kha-smd", sigma=4.0, passes=1, seed=seed,
+                              client=client).fit(digits_store.path)
+    assert fitted.alpha_.shape == (4, digits_store.n_samples)
+    assert len(refs) == 2 and seen == [[True, True]]
+
+
+def test_a_joined_blocks_pieces_are_let_go_before_it_is_applied(digits_store, client,
+                                                                  monkeypatch):
+    """A block computed by several tasks (column groups) is joined on the coordinator; its
+    pieces are let go there and on the workers before the block is yielded, not kept beside it
+    until the next block (one block more than the budget counts)."""
+    from dkha.engine import stream as stream_module
+    from dkha.engine.rows import RowEngine
+    from dkha.kernels import make_kernel
+
+    with dask.config.set({"dkha.column-groups": 3}):
+        engine = RowEngine(digits_store, make_kernel("gaussian", sigma=4.0), client,
+                           config.settings(), block_rows=40, prefetch=2)
+    engine.compute_mk(cache=False)
+    released, submitted = set(), []
+    real_release, real_submit = stream_module.release, engine.submit_rows
+
+    def release(futures):
+        released.update(f.key for f in futures)
+        real_release(futures)
+
+    def submit_rows(index, priority=0):
+        futures = real_submit(index, priority)
+        submitted.append({f.key for f in futures})
+        return futures
+
+    monkeypatch.setattr(stream_module, "release", release)
+    engine.submit_rows = submit_rows
+    l = digits_store.n_samples
+    blocks = [(i, np.arange(40 * i, 40 * i + 40)) for i in range(l // 40)]
+    for k, (tag, idx, block) in enumerate(engine.stream(blocks)):
+        assert len(submitted[k]) == 3 and submitted[k] <= released
+        assert block.shape == (40, l)
+    assert len(submitted) == len(blocks) > 4
+
+
+HEAP_SCRIPT = """
+import numpy as np, psutil
+from dkha import config
+from dkha.engine.cluster import heap_blocks, release_free_heap
+MiB = 2**20
+assert heap_blocks(config.settings())
+proc = psutil.Process()
+big = np.ones(300 * MiB // 8)           # from the heap: below the 512 MiB mmap threshold
+pin = np.ones(16 * MiB // 8)            # above it in the heap: the heap cannot shrink past it
+del big
+kept = proc.memory_info().rss
+done = release_free_heap()
+print(done, kept, proc.memory_info().rss)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_memory_freed_in_the_heap_goes_back_to_the_system():
+    """With the kernel blocks from the heap (``dkha.heap-blocks``), an array freed below one
+    allocated after it stays resident (the Nyström start's landmark rows: 511 MiB through the
+    stream); :func:`release_free_heap` gives it back. In a fresh process, whose heap holds
+    nothing else."""
+    import subprocess
+
+    from processes import subprocess_env
+
+    out = subprocess.run([sys.executable, "-c", HEAP_SCRIPT], env=subprocess_env(),
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    done, kept, back = out.stdout.split()
+    assert done == "True" and int(kept) - int(back) > 250 * MiB, out.stdout

@@ -6,8 +6,10 @@ Two memories bound a fit. The coordinator holds the blocks of centered kernel ro
 column groups, or the block before it while that block's ``C̃`` update finishes beside it); the
 workers hold the tiles of the MK row and product passes while they compute them. So:
 
-* the **stream's budget** is ``dkha.memory-budget`` where set, else :data:`FLOOR_BYTES` (1 GiB),
-  lowered to a quarter of the workers' memory limits where they report less, and
+* the **stream's budget** is ``dkha.memory-budget`` where set, else :data:`STREAM_BYTES`
+  (512 MiB: with the fit's own state and the process beside them, the default fit of
+  200 000 × 16 samples stays within 1.5 GiB of all processes; 1 GiB of blocks took it to
+  2.3 GiB), lowered to a quarter of the workers' memory limits where they report less, and
   ``(prefetch + 2) · b · l · 8 ≤ budget`` — ``b`` at most ``dkha.block-rows`` (256) and at least
   :data:`MIN_BLOCK_ROWS`, ``prefetch`` at most ``dkha.prefetch`` (4), lowered only when ``b`` is
   at its least. The block rows decide the steps' grouping, so they follow the configured budget
@@ -60,8 +62,13 @@ MIN_BLOCK_ROWS = 16
 #: the fewest rows a side of a tile of the blockwise passes (below, a task's scheduling costs
 #: more than its kernels)
 MIN_TILE_ROWS = 64
-#: the budget where ``dkha.memory-budget`` is not set and the workers report no more
+#: the budget where ``dkha.memory-budget`` is not set and the workers report no more: the tiles'
+#: (their layout, the workers' floor) and the Nyström start's (its landmark rows fill half)
 FLOOR_BYTES = 2**30
+#: the stream's budget where ``dkha.memory-budget`` is not set: the blocks in flight (module
+#: docstring). Below :data:`FLOOR_BYTES`, which the tiles keep (their layout is the bits of the
+#: blockwise passes); the blocks' rows follow it from l = 43 691 (256 rows, 4 ahead, fill it)
+STREAM_BYTES = 2**29
 #: the worker threads the tile grid (:class:`Layout`) is planned for, whatever the cluster: the
 #: passes' tasks take several tiles on fewer threads (``tiles_per_task``), one on more
 LAYOUT_THREADS = 16
@@ -274,14 +281,22 @@ def configured_budget(settings: Settings) -> int:
     return FLOOR_BYTES if budget is None else budget
 
 
+def stream_budget(settings: Settings) -> int:
+    """The budget of the blocks in flight: ``dkha.memory-budget``, or :data:`STREAM_BYTES`
+    where it is not set."""
+    budget = user_budget(settings)
+    return STREAM_BYTES if budget is None else budget
+
+
 def block_rows_for(n_samples: int, settings: Settings, block_rows: int | None = None) -> int:
     """Rows per block of the batch stream: ``block_rows`` when given, else the most (up to
-    ``dkha.block-rows``) whose blocks in flight fit the configured budget (module docstring)."""
+    ``dkha.block-rows``) whose blocks in flight fit the stream's configured budget (module
+    docstring, :func:`stream_budget`)."""
     if block_rows is not None:
         return int(block_rows)
     cap = int(settings.block_rows)
     prefetch = max(1, int(settings.prefetch))
-    fit = configured_budget(settings) // ((prefetch + 2) * 8 * max(1, n_samples))
+    fit = stream_budget(settings) // ((prefetch + 2) * 8 * max(1, n_samples))
     return int(max(min(cap, MIN_BLOCK_ROWS), min(cap, fit)))
 
 
@@ -342,8 +357,8 @@ def memory_plan(n_samples: int, settings: Settings, client=None, *, threads: int
     threads = hardware.threads if threads is None else max(1, int(threads))
     asked = user_budget(settings)
     quarter = None if hardware.memory is None else hardware.memory // 4
-    budget = configured_budget(settings)
-    reason = "dkha.memory-budget" if asked is not None else "dkha.memory-budget's floor"
+    budget = stream_budget(settings)
+    reason = "dkha.memory-budget" if asked is not None else "the stream's default"
     if quarter is not None and quarter < budget:
         budget, reason = quarter, "a quarter of the workers' memory"
     if asked is not None:

@@ -64,6 +64,11 @@ def stream_rows(engine, blocks):
             parts = engine.passes.results(futs, _block_name(tag, idx))
             stats.wait_seconds += time.perf_counter() - t0
             block = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+            # the pieces joined, let go (here and on the workers) before the block is applied:
+            # kept until the next block, they were one more block held than the budget counts
+            # (the blocks ahead, the one applied, the one before it taking its C̃ update)
+            release(futs)
+            del parts, futs
             stats.blocks += 1
             stats.rows += len(idx)
             stats.bytes_received += block.nbytes

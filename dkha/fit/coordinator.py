@@ -35,6 +35,7 @@ from dkha.engine.cluster import (
     cluster_stage,
     computes_on_gpu,
     names_a_cluster,
+    release_free_heap,
 )
 from dkha.engine.content import check_finite, on_sample
 from dkha.engine.rows import RowEngine
@@ -122,6 +123,7 @@ def start(engine, settings: list[ModelRequest], exact: bool, cks, n_samples: int
     starts = [{} for _ in settings]
     if p0.landmarks and cks is None:
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
+        release_free_heap()     # the landmark rows, freed, stay resident otherwise
         if len(A_init) < p0.n_components:   # K' has that rank: the start is exact, the rest null
             settings = [replace(p, n_components=len(A_init)) for p in settings]
             if not len(A_init):
@@ -315,6 +317,7 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     exact = is_exact(first.runs)
     settings, A_init, C_init, starts = start(engine, settings, exact, cks, store.n_samples,
                                              request.seed)
+    release_free_heap()     # what the start's passes dropped, before the stream or the solve
     p0 = settings[0]
     # seconds before the first pass (history wall times count the passes only), an earlier
     # attempt's added (its checkpoint's)
@@ -338,12 +341,14 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
         solvers = [None]
     else:
         solvers = [_solver(p, store.n_samples) for p in settings]
+        handed = [A_init, C_init]       # dropped by run_batches once the solvers hold copies
+        del A_init, C_init
         results = run_batches(
             engine, solvers, n_steps=p0.n_steps, seed=request.seed,
-            evaluate_every=request.evaluate_every, verbose=verbose, A_init=A_init,
+            evaluate_every=request.evaluate_every, verbose=verbose, handed=handed,
             tol=[p.tol for p in settings], checkpointers=checkpointers,
             checkpoint_every=int(opts.checkpoint_every or 0), checkpoint_metas=metas,
-            resumes=cks, checkpoint_steps=int(opts.checkpoint_steps or 0), C_init=C_init,
+            resumes=cks, checkpoint_steps=int(opts.checkpoint_steps or 0),
             divergence_level=logging.INFO if opts.skip_diverged else logging.WARNING)
     # and every tile pass of the engine (MK row, K'V, residuals): tasks, wall, waiting, bytes
     replicas = {"rebuilds": engine.stats.replica_rebuilds, "moves": engine.stats.replica_moves}
