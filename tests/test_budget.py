@@ -355,6 +355,29 @@ def test_the_start_is_let_go_before_the_block_stream(digits_store, client, seed,
     assert len(refs) == 2 and seen == [[True, True]]
 
 
+def test_a_resume_keeps_the_block_rows_its_run_recorded(digits_store, client, tmp_path):
+    """The blocks are the fit's arithmetic: a run checkpointed with blocks of 40 rows (here a
+    smaller dkha.block-rows; a dkha whose stream budget gave more rows, as 1 GiB gave 111 at
+    l = 200 000 where 512 MiB now gives 55) resumes with them when no block size is asked for,
+    and ends with the uninterrupted run's bits (before: refused, 'block_rows: 40 in the
+    checkpoint, 256 now'). A block size asked for that differs is still refused."""
+    from dkha.data.checkpoint import Checkpointer
+    from dkha.errors import ParameterError
+
+    kw = dict(algorithm="kha-smd", sigma=4.0, evaluate_every=1, init="nystrom:60", client=client)
+    run = str(tmp_path / "run")
+    with dask.config.set({"dkha.block-rows": 40}):
+        full = KernelHebbianPCA(3, passes=3, **kw).fit(digits_store)
+        KernelHebbianPCA(3, passes=2, **kw).fit(digits_store).save(run, resumable=True)
+    assert Checkpointer(run).newest_meta()["exact"]["block_rows"] == 40
+    with pytest.raises(ParameterError, match="block_rows: 40 in the checkpoint, 50 now"):
+        KernelHebbianPCA(3, passes=3, block_rows=50, **kw).fit(digits_store, run_dir=run,
+                                                              resume=True)
+    resumed = KernelHebbianPCA(3, passes=3, **kw).fit(digits_store, run_dir=run, resume=True)
+    assert np.array_equal(resumed.alpha_, full.alpha_)
+    assert [h["excess"] for h in resumed.history_] == [h["excess"] for h in full.history_]
+
+
 def test_a_joined_blocks_pieces_are_let_go_before_it_is_applied(digits_store, client,
                                                                   monkeypatch):
     """A block computed by several tasks (column groups) is joined on the coordinator; its

@@ -180,18 +180,36 @@ def _check_data(store: DataStore, verbose: bool, *, client, settings: Settings) 
     return stages
 
 
+def _recorded_exact(opts: RunOptions) -> dict:
+    """What a resumed run's newest checkpoint records of its stream (``exact``: the block rows,
+    where the blocks were projected); empty for a fresh fit. Its meta only: open_runs reads and
+    verifies the checkpoint's arrays (once)."""
+    if not (opts.resume and opts.run_dirs):
+        return {}
+    meta = Checkpointer(opts.run_dirs[0]).newest_meta()
+    return dict((meta or {}).get("exact", {}))
+
+
 def _asked_projections(settings: Settings, n_models: int, opts: RunOptions) -> str:
     """Where the block projections are asked to be computed (a resume keeps the run's)."""
     asked = str(settings.projections)
     if n_models > 1 and asked == "workers":
         raise ParameterError("projections on the workers follow one model per stream; fit "
                              "several models together with projections='coordinator'")
-    if opts.resume and asked == "auto" and opts.run_dirs:     # where the run projected before
-        # its meta only: open_runs reads and verifies the checkpoint's arrays (once)
-        meta = Checkpointer(opts.run_dirs[0]).newest_meta()
-        if meta is not None:
-            asked = str(meta.get("exact", {}).get("projections", asked))
+    if asked == "auto":         # where the run projected before
+        asked = str(_recorded_exact(opts).get("projections", asked))
     return asked
+
+
+def _recorded_blocks(request: FitRequest) -> FitRequest:
+    """The request with the block rows a resumed run recorded, where none are asked for: the
+    blocks are the fit's arithmetic, and the stream's budget that sizes them may have changed
+    since (dkha.memory-budget, a dkha of another default: 1 GiB gave 111 rows at l = 200 000,
+    512 MiB since gives 55)."""
+    if request.block_rows is not None:
+        return request
+    rows = _recorded_exact(request.run).get("block_rows")
+    return request if rows is None else replace(request, block_rows=int(rows))
 
 
 def _planned(request: FitRequest, kernel, first: Route, p0: ModelRequest, cks) -> Route:
@@ -242,6 +260,7 @@ def fit_batch(request: FitRequest) -> list[ModelFit]:
 def _fit(request: FitRequest, kernel, settings: list[ModelRequest], first: Route,
          attrs: list[dict], started: float) -> list[ModelFit]:
     """:func:`fit_batch` once the settings and attrs are resolved: the fits, not yet saved."""
+    request = _recorded_blocks(request)
     store, opts = request.store, request.run
     p0 = settings[0]
     asked = _asked_projections(request.settings, len(settings), opts)
