@@ -327,14 +327,23 @@ def heap_blocks(settings: Settings) -> bool:
         return False
 
 
-def release_free_heap() -> bool:
+#: what a phase must have dropped for :func:`release_free_heap` to run: a collection of the
+#: fit's objects costs ~0.2 s, which every small fit paid twice (scikit-learn's estimator checks,
+#: a hundred fits of a few hundred samples, took 97 s instead of ~20)
+RELEASE_BYTES = 64 * 2**20
+
+
+def release_free_heap(dropped: int | None = None) -> bool:
     """Give the memory a phase has dropped back to the system: what only the cycle collector
     frees (kernel blocks of a finished stream were seen held for minutes, until a collection),
     then glibc's ``malloc_trim(0)`` (Linux with glibc only; returns whether it ran). With
     :func:`heap_blocks` the heap keeps what it frees below the 256 MiB trim threshold, and a freed
     array below arrays allocated after it stays resident whatever its size: the Nyström start's
     landmark rows (335 × 200 000 float64, 511 MiB) stayed in the fit's memory for its whole
-    block stream. Called between phases (a fraction of a second); no numbers change."""
+    block stream. Called between phases where they dropped ``dropped`` bytes, at least
+    :data:`RELEASE_BYTES` (None: whatever they dropped); no numbers change."""
+    if dropped is not None and dropped < RELEASE_BYTES:
+        return False
     gc.collect()
     if not sys.platform.startswith("linux"):
         return False

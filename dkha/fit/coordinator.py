@@ -123,7 +123,8 @@ def start(engine, settings: list[ModelRequest], exact: bool, cks, n_samples: int
     starts = [{} for _ in settings]
     if p0.landmarks and cks is None:
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
-        release_free_heap()     # the landmark rows, freed, stay resident otherwise
+        # the landmark rows, freed, stay resident otherwise
+        release_free_heap(8 * p0.landmarks * n_samples)
         if len(A_init) < p0.n_components:   # K' has that rank: the start is exact, the rest null
             settings = [replace(p, n_components=len(A_init)) for p in settings]
             if not len(A_init):
@@ -336,7 +337,8 @@ def _on_cluster(request: FitRequest, kernel, client, settings, first: Route, att
     exact = is_exact(first.runs)
     settings, A_init, C_init, starts = start(engine, settings, exact, cks, store.n_samples,
                                              request.seed)
-    release_free_heap()     # what the start's passes dropped, before the stream or the solve
+    # what the start's passes dropped (its landmark rows, its A K' pass), before the stream
+    release_free_heap(8 * (settings[0].landmarks or 0) * store.n_samples)
     p0 = settings[0]
     # seconds before the first pass (history wall times count the passes only), an earlier
     # attempt's added (its checkpoint's)
