@@ -88,9 +88,14 @@ def test_workers_killed_and_joining_during_a_fit(tmp_path):
         kills = sum("killed" in e for e in events)
         assert kills >= 5, events        # several events during the one fit
         new_alive = [n for n in alive if n.startswith("new")]
-        # every worker that joined got work, but the last: it may join as the last pass ends
-        last = f"new{len(plan) - 1}"
-        assert new_alive and all(counts.get(n, 0) > 0 for n in new_alive if n != last), counts
+        # workers that joined got work. A block's projection tasks are pinned to the workers
+        # holding the replicas (one task a holder, since 1804465: no unpinned combine task), so
+        # a newcomer works once a killed worker's replicas are rebuilt on it: those that joined
+        # in the last two passes may not have had a kill after them (a CI run: new4, joined in
+        # pass 4, ran none while new1 ran 48 and new5 33)
+        late = {f"new{j}" for j, after in enumerate(plan) if after >= plan[-1] - 1}
+        assert new_alive and any(counts.get(n, 0) > 0 for n in new_alive), counts
+        assert all(counts.get(n, 0) > 0 for n in new_alive if n not in late), counts
         with open(os.path.join(run, "timings.json")) as f:
             timings = json.load(f)
         print("projections:", timings["projections"], "replicas:", timings["replicas"])
