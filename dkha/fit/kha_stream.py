@@ -95,11 +95,11 @@ def stopped_after(m: _Model, n_steps: int) -> int | None:
 
 def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
                 evaluate_every: int = 1, verbose: bool = False,
-                A_init: np.ndarray | None = None, tol: float | Sequence | None = None,
+                tol: float | Sequence | None = None,
                 checkpointers: Sequence | None = None, checkpoint_every: int = 0,
                 checkpoint_metas: Sequence[dict] | None = None,
                 resumes: Sequence | None = None, checkpoint_steps: int = 0,
-                C_init: np.ndarray | None = None, handed: list | None = None,
+                handed: list | None = None,
                 divergence_level: int = logging.WARNING) -> list[BatchResult]:
     """Fit several batch solvers over one stream of ``engine``'s kernel rows, one result each.
 
@@ -107,9 +107,9 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     same schedule (``seed``, ``n_steps``); each model's coefficients equal those of its fit
     alone (a list of one). ``evaluate_every``: eq. 22 every that many passes and at the end (0:
     at the end, negative: never). The solvers share the number of components and the initial
-    coefficients (``A_init``, or the seeded random start), so the start's ``C = A K'`` and the
-    pass-0 evaluation are computed once; later evaluations of all models share one pass for
-    ``C`` and one for the residuals (:func:`dkha.fit.evaluate.evaluate_many`).
+    coefficients (``handed``'s ``A_init``, or the seeded random start), so the start's ``C = A
+    K'`` and the pass-0 evaluation are computed once; later evaluations of all models share one
+    pass for ``C`` and one for the residuals (:func:`dkha.fit.evaluate.evaluate_many`).
 
     ``tol`` (one value or one per solver): a model stops taking steps at its first evaluation
     with an excess error at most its ``tol``; the stream stops when no model is left. A model
@@ -124,9 +124,10 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
     A model at the default gains for a Nyström start that its first evaluation after the start
     does not improve on stops there, keeping the start (:func:`at_the_floor`, issue 42).
 
-    ``C_init``: ``A_init K'`` where the caller has it (it serves the start of KHA/et and SMD and
-    the pass-0 evaluation instead of a pass); ``handed``: ``[A_init, C_init]`` instead, emptied
-    here so that the start is dropped once the solvers hold copies (:func:`_taken`).
+    ``handed``: ``[A_init, C_init]`` where the caller has a start (its coefficients and ``C =
+    A_init K'``, which serves the start of KHA/et and SMD and the pass-0 evaluation instead of a
+    pass), emptied here so that the start is dropped once the solvers hold copies
+    (:func:`_taken`).
     """
     solvers = list(solvers)
     if not solvers:
@@ -146,8 +147,7 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         s.log_level = divergence_level
     fit = _SharedStream(engine, models, n_steps=n_steps, seed=seed, evaluate_every=evaluate_every,
                         divergence_level=divergence_level, exact=exact)
-    C1 = fit.restore(resumes) if resumes is not None else fit.start(*_taken(handed, A_init,
-                                                                             C_init))
+    C1 = fit.restore(resumes) if resumes is not None else fit.start(*_taken(handed))
     fit.set_gain_units()
     try:
         if evaluate_every > 0 and resumes is None:
@@ -171,12 +171,12 @@ def run_batches(engine, solvers: Sequence[BatchKHA], *, n_steps: int, seed: int,
         fit.driver.close()
 
 
-def _taken(handed: list | None, A_init, C_init) -> tuple:
-    """The start: ``handed`` emptied where given (a caller's names, arguments too, keep what
-    they refer to for the whole call: the start's ``A`` and ``C``, 61 MiB at l = 200 000 and
-    r = 20, were held through the block stream), else ``(A_init, C_init)``."""
-    if handed is None:
-        return A_init, C_init
+def _taken(handed: list | None) -> tuple:
+    """The start ``(A_init, C_init)``, ``handed`` emptied (a caller's names, arguments too, keep
+    what they refer to for the whole call: the start's ``A`` and ``C``, 61 MiB at l = 200 000
+    and r = 20, were held through the block stream); ``(None, None)`` without one."""
+    if not handed:
+        return None, None
     start = tuple(handed)
     handed.clear()
     return start
