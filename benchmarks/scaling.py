@@ -25,7 +25,10 @@ product pass before it. With ``--by-hand`` (unless ``--no-in-process``) the KHA-
 also timed on dkha's default in-process cluster (one worker, a thread a core, default settings,
 block and prefetch) on the same data, and each by-hand pass printed as a multiple of it (issue 41:
 2 workers ≤ 1.1×). By-hand clusters also print the CPU seconds of the scheduler and worker
-processes in each measured run (psutil), beside the coordinator's and the task seconds.
+processes in each measured run (psutil), beside the coordinator's and the task seconds, and
+last this machine's ceiling for N single-threaded processes (the same tiles and products in N
+plain processes at once against one alone, no Dask) with each by-hand speed-up as a share of it:
+what the cores give, against what dkha's cluster gets.
 
     python benchmarks/scaling.py --samples 20000 --workers 1 2
     python benchmarks/scaling.py --samples 50000 --workers 1 16 --repeat 1 --skip-krylov \
@@ -205,6 +208,59 @@ def in_process_default(store, kernel, mk, l, r, args):
     return row
 
 
+_CEILING_X: list = []     # the store's rows, read once in each process of the ceiling's pool
+
+
+def _ceiling_init(path: str) -> None:
+    from dkha.data.store import open_store
+
+    _CEILING_X.append(open_store(path).read())
+
+
+def _ceiling_share(kernel, reps: int, width: int, seed: int) -> float:
+    """One process of :func:`machine_ceiling`: ``reps`` tiles of 256 random rows of ``X`` against
+    all of ``X``, centered, each times an ``l × width`` matrix (a worker's projection task: its
+    GEMM, sweep and product), on one BLAS thread; the seconds they took."""
+    from threadpoolctl import threadpool_limits
+
+    X = _CEILING_X[0]
+    rng = np.random.default_rng(seed)
+    S = rng.standard_normal((len(X), width))
+    zeros = np.zeros(len(X))
+    with threadpool_limits(limits=1, user_api="blas"):
+        cols = kernel.prepared_columns(X)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            P = np.sort(rng.choice(len(X), 256, replace=False))
+            K = kernel.centered_block(X[P], cols, zeros[P], zeros, 0.0)
+            K @ S
+        return time.perf_counter() - t0
+
+
+def machine_ceiling(store, kernel, n: int, r: int, repeat: int = 3, seconds: float = 2.0):
+    """What ``n`` single-threaded processes doing a worker's projection work at once get from
+    this machine against one alone: ``(ceiling, t1, tn)``, ``ceiling = n · t1 / tn`` with ``t1``
+    one process's seconds for its tiles and ``tn`` the slowest of ``n`` processes' seconds for the
+    same tiles each, all at once (medians of ``repeat`` alternating runs); no scheduler,
+    coordinator or messages. A by-hand cluster's speed-up from 1 to ``n`` workers on this machine
+    is bounded by it (the cores' clock with more of them busy, one memory system, other tenants):
+    the bar's context, not a change of it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    t1s, tns = [], []
+    with ctx.Pool(n, initializer=_ceiling_init, initargs=(store.path,)) as pool:
+        pool.starmap(_ceiling_share, [(kernel, 1, 2 * r, i) for i in range(n)])  # compile, warm
+        one = pool.starmap(_ceiling_share, [(kernel, 2, 2 * r, 0)])[0]
+        reps = max(4, int(seconds / max(one / 2, 1e-3)))
+        for k in range(repeat):
+            t1s.append(pool.starmap(_ceiling_share, [(kernel, reps, 2 * r, k)])[0])
+            tns.append(max(pool.starmap(_ceiling_share,
+                                        [(kernel, reps, 2 * r, 100 * k + i) for i in range(n)])))
+    t1, tn = float(np.median(t1s)), float(np.median(tns))
+    return n * t1 / tn, t1, tn
+
+
 #: the in-process default's row; the by-hand 2-worker pass is held to ≤ 1.1× its pass (issue 41)
 IN_PROCESS = "KHA-SMD pass, in-process default"
 
@@ -367,6 +423,24 @@ def main():
                   f"needed); model T(P) = C + W/P predicts {pred}")
     print_against_in_process(rows)
     print_process_cpu(rows)
+    if args.by_hand and max(counts) > 1:
+        print_ceiling(rows, machine_ceiling(store, kernel, max(counts), r), max(counts))
+
+
+def print_ceiling(rows, ceiling, n):
+    """Each kind's speed-up at ``n`` by-hand workers beside the machine's ceiling for ``n``
+    single-threaded processes (:func:`machine_ceiling`)."""
+    c, t1, tn = ceiling
+    print(f"\nThis machine's ceiling for {n} single-threaded processes of a worker's projection "
+          f"work (tiles of 256 rows × all columns, centered, times l × 2r; no Dask): {c:.2f}× "
+          f"(one alone {t1:.2f} s, {n} at once {tn:.2f} s the slowest; medians of 3)")
+    base = {}
+    for row in rows:
+        wall = row.get("pass_wall", row["wall"])
+        b = base.setdefault(row["kind"], (row["workers"], wall))
+        if row["workers"] == n and b[0] == 1 and row["kind"] != IN_PROCESS:
+            print(f"  {row['kind']:36s} 1 → {n} workers: {b[1] / wall:.2f}× "
+                  f"({b[1] / wall / c:.0%} of the ceiling)")
 
 
 def print_process_cpu(rows):
