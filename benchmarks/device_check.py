@@ -47,7 +47,8 @@ F. the fit at 2·10⁶ where the section's time left allows it (else a line: ski
 ``cpu`` (issue 41) — ``benchmarks/scaling.py`` at ``--cpu-samples`` (50 000) with ``--workers``
 (1 2 4 8 16) single-threaded worker processes: the MK pass, a ``K'V`` pass and a KHA-SMD pass
 (``--kha-steps``; projections on the workers), each with the coordinator's CPU seconds and the
-speed-up the model ``T(P) = C + W/P`` predicts beside the measured one; then at
+speed-up the model ``T(P) = C + W/P`` predicts beside the measured one, and the host's ceiling
+for that many single-threaded processes of the same work without Dask (``--ceiling``); then at
 ``--cpu-big-samples`` (200 000) a KHA-SMD pass on a fixed subset of its blocks
 (``--cpu-big-steps``), 1 worker against the most. Either section runs alone (``--section``).
 
@@ -618,7 +619,8 @@ def cpu_scaling(args, budget):
     out = os.path.join(args.workdir, "scaling.json")
     cmd = [sys.executable, os.path.join(HERE, "scaling.py"), "--samples", str(args.cpu_samples),
            "--workers", *map(str, args.workers), "--repeat", "1", "--projections", "workers",
-           "--kha-steps", str(args.kha_steps), "--workdir", args.workdir, "--json", out]
+           "--kha-steps", str(args.kha_steps), "--workdir", args.workdir, "--json", out,
+           "--ceiling", "0.2" if args.dry_run else "2"]
     if "krylov" in args.skip:
         cmd.append("--skip-krylov")
     say("--- CPU scaling: " + " ".join(cmd[1:]))

@@ -329,6 +329,11 @@ def main():
     ap.add_argument("--no-in-process", action="store_true",
                     help="with --by-hand: do not time the in-process default's KHA-SMD pass "
                          "(timed by default, after the by-hand clusters, the ratio printed)")
+    ap.add_argument("--ceiling", type=float, nargs="?", const=2.0, default=None,
+                    metavar="SECONDS",
+                    help="print this machine's ceiling for the most workers' single-threaded "
+                         "processes (each timed run about SECONDS, default 2) and each speed-up "
+                         "as a share of it (always with --by-hand)")
     ap.add_argument("--json", help="write the table's rows here (benchmarks/device_check.py)")
     ap.add_argument("--workdir", default="/tmp/dkha-bench")
     args = ap.parse_args()
@@ -423,8 +428,9 @@ def main():
                   f"needed); model T(P) = C + W/P predicts {pred}")
     print_against_in_process(rows)
     print_process_cpu(rows)
-    if args.by_hand and max(counts) > 1:
-        print_ceiling(rows, machine_ceiling(store, kernel, max(counts), r), max(counts))
+    if (args.by_hand or args.ceiling) and None not in counts and max(counts) > 1:
+        ceiling = machine_ceiling(store, kernel, max(counts), r, seconds=args.ceiling or 2.0)
+        print_ceiling(rows, ceiling, max(counts))
 
 
 def print_ceiling(rows, ceiling, n):
