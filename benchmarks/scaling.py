@@ -372,6 +372,7 @@ def main():
                                            lambda e=e, p=p, alphas=alphas: alphas.__setitem__(
                                                p, kha_pass(e, l, r, n_steps=args.kha_steps)),
                                            args.repeat))
+                rows[-1]["groups"] = len(e.column_groups)
             if len(alphas) < 2:
                 continue
             same = np.array_equal(alphas["coordinator"], alphas["workers"])
@@ -410,18 +411,24 @@ def main():
         with open(args.json, "w") as f:
             json.dump(table, f, indent=1)
     w = args.prefetch * args.block
-    bound = (2 * r + w) * l * 8
-    print(f"\nKHA pass bytes to the coordinator, bound (2r + w)·l·8 = {bound / 1e6:.1f} MB "
-          f"(w = prefetch·block = {w}):")
+    print(f"\nKHA pass bytes to the coordinator: with projections on the workers at most "
+          f"(G·2r + w)·l·8, a b×2r partial a column group (G of them: summed on the coordinator "
+          f"in the layout's order, whatever the cluster) and the window's b×w columns "
+          f"(w = prefetch·block = {w}); with rows shipped, b·l·8 a block (l²·8 = "
+          f"{l * l * 8 / 1e6:.1f} MB a pass):")
     for row in rows:
         if row["kind"].startswith("KHA"):
             C, W = row["pass_cpu"], row["pass_task_seconds"]
             pred = "  ".join(f"{P}: {(C + W) / (C + W / P):5.1f}×" for P in (4, 16, 64))
-            home = r * l * 8 if "workers" in row["kind"] else 0     # C̃ brought home at the end
+            workers = "workers" in row["kind"]
+            home = r * l * 8 if workers else 0      # C̃ brought home at the end
             nb = row.get("pass_bytes", row["bytes"])
+            bound = (row.get("groups", 1) * 2 * r + w) * l * 8 if workers else l * l * 8
+            what = f"G = {row.get('groups', 1)}: " if workers else "rows: "
             print(f"  {row['kind']:36s} N={row['workers']}: {nb / 1e6:8.1f} MB in the pass "
                   f"record, {(nb - home) / 1e6:.1f} MB in blocks "
-                  f"({'within' if nb - home <= bound else 'above'} the bound; "
+                  f"({what}{'within' if nb - home <= bound else 'above'} the bound "
+                  f"{bound / 1e6:.1f} MB; "
                   f"{home / 1e6:.1f} MB: C̃ home at the pass end); the pass: coordinator "
                   f"busy {row['pass_busy']:.2f} s wall, {C:.2f} s CPU; workers' task seconds "
                   f"{W:.2f}; CPU busy / task seconds = {C / max(W, 1e-9):.3f} (≤ 1/16 = 0.0625 "
