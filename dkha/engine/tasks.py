@@ -286,9 +286,10 @@ class _Held:
 
 _COLUMNS: collections.OrderedDict = collections.OrderedDict()
 _COLUMNS_LOCK = threading.Lock()
-#: column blocks kept prepared per process (a stream uses one per column group of its worker),
-#: together at most a quarter of ``dkha.memory-budget`` (larger ones are prepared for each block)
-COLUMNS_KEPT = 4
+#: column blocks kept prepared per process (a stream uses one per column group of its worker:
+#: up to the layout's 16 on one worker thread, ``budget.LAYOUT_THREADS``), together at most a
+#: quarter of ``dkha.memory-budget`` (larger ones are prepared for each block)
+COLUMNS_KEPT = 16
 
 
 def column_operands(path: str | np.ndarray, kernel: Kernel, cols: tuple):
@@ -299,7 +300,8 @@ def column_operands(path: str | np.ndarray, kernel: Kernel, cols: tuple):
     shift and cast cost ``O(|J| n)`` a block — 0.5 s of a pass at l = 20 000. The same numbers
     as preparing them each time."""
     try:
-        key = (store_key(path), cols, kernel)      # rows held in this process: by the array
+        # the ranges as plain ints: a stream's groups come as arrays, which do not hash
+        key = (store_key(path), tuple((int(a), int(b)) for a, b in cols), kernel)
         hash(key)
     except TypeError:       # a kernel with unhashable parameters: prepared each time
         return kernel.prepared_columns(group_rows(path, cols))
