@@ -12,6 +12,7 @@ four gains, through mid-block folds and direct steps, after lost replicas are re
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import signal
 
@@ -253,6 +254,42 @@ def test_lost_replicas_are_rebuilt(digits_store, cluster_client, row_runs):
     solver = drive(engine, "kha-smd", on_block=lose)
     assert engine.stats.replica_rebuilds == 2
     assert_agrees(snapshot(solver.state), row_runs["kha-smd"][0])
+
+
+def test_replica_tasks_the_scheduler_cancels_are_rebuilt(digits_store, cluster_client, row_runs,
+                                                         caplog):
+    """A holder's chain of tasks cancelled by the scheduler (here by the client; "lost
+    dependencies", a scheduler restart) is a lost replica: what the cancelled task carried may
+    not have reached it. The stream rebuilds and ends on the oracle's values, and says why;
+    before, distributed's synchronous ``result`` failed with ``UnboundLocalError``."""
+    engine = make_engine(digits_store, cluster_client, "workers")
+    cancelled = []
+
+    def cancel(i, solver, block):
+        if i == 6:
+            last = [f for fs in solver.replicas.last
+                    for f in (fs if isinstance(fs, list) else [fs])]
+            cluster_client.cancel(last)
+            cancelled.extend(last)
+
+    with caplog.at_level(logging.WARNING, logger="dkha"):
+        solver = drive(engine, "kha-smd", on_block=cancel)
+    assert cancelled and all(f.status == "cancelled" for f in cancelled)
+    assert engine.stats.replica_rebuilds >= 1
+    assert any("cancelled" in r.getMessage() and "rebuilding" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert_agrees(snapshot(solver.state), row_runs["kha-smd"][0])
+
+
+def test_a_cancelled_task_fails_with_the_schedulers_reason(digits_store, cluster_client):
+    """Any pass's task that Dask cancelled: dkha's error with the reason, not distributed's
+    ``UnboundLocalError`` (its synchronous calls let ``asyncio.CancelledError`` through)."""
+    engine = make_engine(digits_store, cluster_client, "coordinator")
+    future = cluster_client.submit(abs, -1, pure=False)
+    assert future.result() == 1
+    cluster_client.cancel([future])
+    with pytest.raises(BlockFailedError, match="cancelled the test's task .*cancelled for reason"):
+        engine.passes.wait(future, "the test's task")
 
 
 def test_lost_replica_without_rebuilds_fails_loudly(digits_store, cluster_client):

@@ -88,6 +88,10 @@ class ClusterPasses:
         from distributed import KilledWorker
         from distributed.comm.core import CommClosedError
 
+        dropped = cancelled(futures)
+        if dropped is not None:
+            raise BlockFailedError(f"the Dask scheduler cancelled {what} ({dropped}); the last "
+                                   "checkpoint is kept")
         try:
             return self.client.gather(futures)
         except KilledWorker as exc:
@@ -169,12 +173,17 @@ class ClusterPasses:
         """The results of ``futures`` (tasks pinned to ``workers``), checking every
         ``_PINNED_POLL_SECONDS`` that those workers are still in the cluster (also while a result
         is fetched: a result held by a worker that dies is recomputed, and a task pinned to a gone
-        worker would wait for ever): :class:`ReplicaLostError` when one left. A stop is obeyed
-        once ``stop_grace`` seconds of the wait have passed."""
+        worker would wait for ever): :class:`ReplicaLostError` when one left, or when the
+        scheduler cancelled one of them (its chain of tasks on the replicas is broken: what it
+        carried may not have reached them). A stop is obeyed once ``stop_grace`` seconds of the
+        wait have passed."""
         out = []
         stoppable_at = time.monotonic() + stop_grace
         for f in futures:
             while True:
+                if f.status == "cancelled":
+                    raise ReplicaLostError(f"the Dask scheduler cancelled a task of {what} on the "
+                                           f"replicas of S̃ ({cancelled([f])})")
                 try:
                     out.append(f.result(timeout=_PINNED_POLL_SECONDS))
                     break
@@ -187,6 +196,8 @@ class ClusterPasses:
                         raise ReplicaLostError(f"worker {', '.join(gone)} holding replicas of S̃ "
                                                f"left the cluster while computing {what}") from None
                 except Exception:  # noqa: BLE001 - the task failed: gather raises it, named
+                    if f.status == "cancelled":     # meanwhile (distributed's sync then fails
+                        continue                    # with UnboundLocalError): as above
                     out.append(self.gather([f], what=what)[0])
                     break
         return out
@@ -316,3 +327,14 @@ def result_bytes(result) -> int:
     if isinstance(result, (tuple, list)):
         return sum(result_bytes(x) for x in result)
     return 8
+
+
+def cancelled(futures) -> str | None:
+    """Why the first of ``futures`` that Dask cancelled was cancelled (its state's error: the
+    scheduler's reason, e.g. "lost dependencies"), or None where none was. distributed raises a
+    cancelled future's error as ``asyncio.CancelledError``, which its synchronous ``result`` and
+    ``gather`` do not catch: they fail with ``UnboundLocalError: ... 'result'`` instead."""
+    for f in futures:
+        if getattr(f, "status", None) == "cancelled":
+            return str(getattr(getattr(f, "_state", None), "exception", None) or "cancelled")
+    return None
