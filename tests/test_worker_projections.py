@@ -256,21 +256,26 @@ def test_lost_replicas_are_rebuilt(digits_store, cluster_client, row_runs):
     assert_agrees(snapshot(solver.state), row_runs["kha-smd"][0])
 
 
+@pytest.mark.parametrize("dropped", ["holders' last tasks", "MK row"])
 def test_replica_tasks_the_scheduler_cancels_are_rebuilt(digits_store, cluster_client, row_runs,
-                                                         caplog):
+                                                         caplog, dropped):
     """A holder's chain of tasks cancelled by the scheduler (here by the client; "lost
     dependencies", a scheduler restart) is a lost replica: what the cancelled task carried may
     not have reached it. The stream rebuilds and ends on the oracle's values, and says why;
-    before, distributed's synchronous ``result`` failed with ``UnboundLocalError``."""
+    before, distributed's synchronous ``result`` failed with ``UnboundLocalError``. The MK row's
+    future cancelled (every task in flight with it): put on the cluster again."""
     engine = make_engine(digits_store, cluster_client, "workers")
     cancelled = []
 
     def cancel(i, solver, block):
         if i == 6:
-            last = [f for fs in solver.replicas.last
-                    for f in (fs if isinstance(fs, list) else [fs])]
-            cluster_client.cancel(last)
-            cancelled.extend(last)
+            if dropped == "MK row":
+                futures = [engine.mk_future()]
+            else:
+                futures = [f for fs in solver.replicas.last
+                           for f in (fs if isinstance(fs, list) else [fs])]
+            cluster_client.cancel(futures)
+            cancelled.extend(futures)
 
     with caplog.at_level(logging.WARNING, logger="dkha"):
         solver = drive(engine, "kha-smd", on_block=cancel)

@@ -333,9 +333,14 @@ class RowEngine(TilePasses):
         self._mk_future = self.passes.put(self.mk)
 
     def mk_future(self):
-        """The future of the MK row on the cluster (computed first where there is none yet)."""
+        """The future of the MK row on the cluster (computed first where there is none yet; put
+        there again where Dask dropped it, e.g. scattered data lost with its worker)."""
         if self.mk is None:
             self.compute_mk()
+        elif getattr(self._mk_future, "status", None) in ("cancelled", "lost"):
+            log.warning("the MK row's copy on the cluster was %s: putting it there again",
+                        self._mk_future.status)
+            self._mk_future = self.passes.put(self.mk)
         return self._mk_future
 
     # -- centered row blocks --
