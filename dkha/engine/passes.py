@@ -181,9 +181,10 @@ class ClusterPasses:
         stoppable_at = time.monotonic() + stop_grace
         for f in futures:
             while True:
-                if f.status == "cancelled":
+                dropped = cancelled([f])
+                if dropped is not None:
                     raise ReplicaLostError(f"the Dask scheduler cancelled a task of {what} on the "
-                                           f"replicas of S̃ ({cancelled([f])})")
+                                           f"replicas of S̃ ({dropped})")
                 try:
                     out.append(f.result(timeout=_PINNED_POLL_SECONDS))
                     break
@@ -196,8 +197,8 @@ class ClusterPasses:
                         raise ReplicaLostError(f"worker {', '.join(gone)} holding replicas of S̃ "
                                                f"left the cluster while computing {what}") from None
                 except Exception:  # noqa: BLE001 - the task failed: gather raises it, named
-                    if f.status == "cancelled":     # meanwhile (distributed's sync then fails
-                        continue                    # with UnboundLocalError): as above
+                    if cancelled([f]) is not None:  # meanwhile (distributed's sync then
+                        continue                    # fails with UnboundLocalError): as above
                     out.append(self.gather([f], what=what)[0])
                     break
         return out
