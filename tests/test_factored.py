@@ -383,6 +383,28 @@ def test_fold_gives_the_same_bits_for_any_columns():
     assert np.allclose(sub, T[:20, :20] @ X[:20], rtol=1e-12, atol=1e-12)
 
 
+def test_fold_sums_each_entry_in_one_order():
+    """The oracle of the fold's bits: every entry ``Σ_{k ≤ i} T[i, k] X[k, j]`` summed from
+    ``k = 0`` up, one rounding a product and a sum (plain Python floats), for widths that are
+    and are not multiples of the compiled loop's eight columns."""
+    from dkha.solvers.factored import lower_times_inplace
+
+    rng = np.random.default_rng(11)
+    for m, n in [(40, 37), (9, 8), (5, 3), (1, 17)]:
+        T = np.tril(rng.standard_normal((m, m)))
+        X = rng.standard_normal((m, n)) * rng.choice([1e-8, 1.0, 1e8], size=(m, n))
+        want = np.empty_like(X)
+        for i in range(m):
+            for j in range(n):
+                acc = 0.0
+                for k in range(i + 1):
+                    acc += float(T[i, k]) * float(X[k, j])
+                want[i, j] = acc
+        got = X.copy()
+        lower_times_inplace(T, got)
+        assert np.array_equal(got, want), (m, n)
+
+
 @pytest.mark.parametrize("xi", [0.99, 0.5, 1.0])
 def test_condition_bounds_hold(rng, xi):
     """The block loops test cond(T) exactly only where the bound cond(T)·cond(G) could pass the

@@ -383,15 +383,39 @@ def add_columns(S, lo, hi, index, delta):
 @njit(cache=True, nogil=True)
 def lower_times(T, X):
     """``X ← T X`` in place (``T`` lower triangular, ``m×m``; ``X`` ``m×n``), each entry summed
-    over ``k = 0 … i`` in that order: the same bits for any ``n`` (no fast-math reassociation)."""
+    over ``k = 0 … i`` in that order: the same bits for any ``n`` (no fast-math reassociation).
+
+    Eight columns at a time, their eight sums in registers, and within them the rows from the
+    last up (the rows above ``i`` still hold ``X`` when row ``i`` is written): ``T`` and the
+    eight columns' ``m`` values stay in the first-level cache, where a whole row of sums at a
+    time streamed all of ``X`` through memory once per row of ``T`` (at ``m = 40``, ``n = 2·10⁵``
+    2.8× slower; 1.5× at ``n = 2·10⁴``)."""
     m, n = X.shape
-    acc = np.empty(n)
-    for i in range(m - 1, -1, -1):      # rows below i are done; rows ≤ i still hold X
-        for j in range(n):
-            acc[j] = 0.0
-        for k in range(i + 1):
-            t = T[i, k]
-            for j in range(n):
-                acc[j] += t * X[k, j]
-        for j in range(n):
-            X[i, j] = acc[j]
+    n8 = n - n % 8
+    for c in range(0, n8, 8):
+        for i in range(m - 1, -1, -1):
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+            for k in range(i + 1):
+                t = T[i, k]
+                a0 += t * X[k, c]
+                a1 += t * X[k, c + 1]
+                a2 += t * X[k, c + 2]
+                a3 += t * X[k, c + 3]
+                a4 += t * X[k, c + 4]
+                a5 += t * X[k, c + 5]
+                a6 += t * X[k, c + 6]
+                a7 += t * X[k, c + 7]
+            X[i, c] = a0
+            X[i, c + 1] = a1
+            X[i, c + 2] = a2
+            X[i, c + 3] = a3
+            X[i, c + 4] = a4
+            X[i, c + 5] = a5
+            X[i, c + 6] = a6
+            X[i, c + 7] = a7
+    for c in range(n8, n):
+        for i in range(m - 1, -1, -1):
+            a = 0.0
+            for k in range(i + 1):
+                a += T[i, k] * X[k, c]
+            X[i, c] = a
