@@ -16,8 +16,12 @@ tile is never written out whole. Products are accumulated in float64 whatever th
 
 ``precision="float32"``: the GEMM and the sweep run in single precision. The distance expansion
 loses ``~eps₃₂·(‖x‖² + ‖y‖²)`` to cancellation, so both blocks are first shifted by the mean of
-the column block (distances do not change; the norms shrink to the data's spread), the norms are
-computed in float64, the distance is formed in float64 from the float32 product, and for the
+the column block (distances do not change; the norms shrink to the data's spread) and the norms
+are computed in float64. The gaussian's CPU sweep then forms the distance, the exp and the
+centering in float32 lanes (twice as many a vector as float64's: the sweep 2.7× faster
+than one that forms the distance in float64; the rounding of the norms to float32 adds less than
+the float32 product's own error, and the largest error against float64 on photo patches stays
+1.6e-6); the other kernels form the distance in float64 from the float32 product, and for the
 laplacian the near pairs (where the square root magnifies the error) are recomputed exactly.
 The row engine keeps evaluation (E(A), E_min) and its tile cache in float64 whatever the
 precision (``RowEngine.exact_kernel``): ``E_min² = ‖K'‖² − Σλ²`` cancels.

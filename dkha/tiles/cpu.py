@@ -100,9 +100,14 @@ def fused_sweep(T, xx, yy, code, p1, p2, p3, mk_rows, mk_cols, mkm, X, Y, refine
     ``d² ≤ refine[0] + refine[1]·(‖x‖² + ‖y‖²)`` are recomputed from ``X`` and ``Y`` in float64),
     polynomial (degree ``p1``, offset ``p2``), sigmoid (gamma ``p1``, offset ``p2``). ``xx``/``yy``:
     float64 squared norms (distance kernels). Zero ``mk`` rows and ``mkm`` leave it uncentered.
-    ``single``: the gaussian's exp in float32.
+    ``single``: the gaussian's distance (from the norms rounded to float32), exp and centering
+    in float32 (the package docstring says why that keeps float32's accuracy).
     """
     m, n = T.shape
+    single_gaussian = single and code == GAUSSIAN
+    # float32 lanes throughout (twice float64's): the column norms and centering in float32
+    yy32 = yy.astype(np.float32) if single_gaussian else np.zeros(0, np.float32)
+    mk32 = mk_cols.astype(np.float32) if single_gaussian else np.zeros(0, np.float32)
     for i in range(m):
         g = T[i]
         o = g
@@ -110,10 +115,11 @@ def fused_sweep(T, xx, yy, code, p1, p2, p3, mk_rows, mk_cols, mkm, X, Y, refine
         xi = xx[i]
         if code == GAUSSIAN:
             if single:
-                s = np.float32(-p1)
+                s = _F32(-p1)
+                xi32, ci32, zero, two = _F32(xi), _F32(ci), _F32(0.0), _F32(2.0)
                 for j in range(n):
-                    d = max(xi + yy[j] - 2.0 * g[j], 0.0)
-                    o[j] = _exp_neg32(np.float32(d) * s) - np.float32(mk_cols[j] + ci)
+                    d = max(xi32 + yy32[j] - two * g[j], zero)
+                    o[j] = _exp_neg32(d * s) - (mk32[j] + ci32)
             else:
                 for j in range(n):
                     d = max(xi + yy[j] - 2.0 * g[j], 0.0)

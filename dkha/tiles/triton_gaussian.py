@@ -11,7 +11,8 @@ float64 norms (the cancellation the float32 tiles guard against, :mod:`dkha.tile
 it at zero, takes the exp in float32 and the centering in registers, multiplies by ``V_J`` with
 a second ``tl.dot`` and adds that tile's float32 partial into a float64 accumulator (the per-row
 sums in float64). Ragged edges (rows, columns, features, ``V``'s columns) are masked. The
-centered part is what dkha's float32 tiles compute (:func:`dkha.tiles.cpu.fused_sweep`), so the
+centered part is what dkha's float32 tiles compute (:func:`dkha.tiles.cpu.fused_sweep`, which
+forms the gaussian's distance in float32 lanes: the same values to float32 accuracy), so the
 kernel is a drop-in for a band's products (:mod:`dkha.engine.device`).
 
 Optional: needs ``triton`` and ``torch`` (``pip install 'dkha[triton]'``); :func:`available`
