@@ -254,10 +254,10 @@ def block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: Kernel, m
 
 
 def _centered_rows(XP: np.ndarray, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
-                   index: np.ndarray, cols: tuple) -> np.ndarray:
+                   index: np.ndarray, cols: tuple, out: np.ndarray | None = None) -> np.ndarray:
     a, b = cols[0][0], cols[-1][1]
     return kernel.centered_block(XP, column_operands(path, kernel, cols), mk[index], mk[a:b], mkm,
-                                 dtype=kernel.precision)
+                                 dtype=kernel.precision, out=out)
 
 
 def grouped_block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: Kernel,
@@ -268,8 +268,15 @@ def grouped_block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: K
     many tasks compute them (one, where the blocks in flight keep every thread busy: no join of
     a block's pieces on the coordinator, no task a piece)."""
     XP = take_rows(path, ranges, index)
-    parts = [_centered_rows(XP, path, kernel, mk, mkm, index, cols) for cols in groups]
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+    if len(groups) == 1:
+        return _centered_rows(XP, path, kernel, mk, mkm, index, groups[0])
+    # each group's tile into its columns of the block (no array a piece, no join)
+    a0 = groups[0][0][0]
+    out = np.empty((len(index), groups[-1][-1][1] - a0), dtype=kernel.precision)
+    for cols in groups:
+        _centered_rows(XP, path, kernel, mk, mkm, index, cols,
+                       out=out[:, cols[0][0] - a0:cols[-1][1] - a0])
+    return out
 
 
 @dataclass

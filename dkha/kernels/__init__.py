@@ -168,19 +168,23 @@ class Kernel:
         return tiles.kernel_tile(self.tile_spec(), self.tile_inputs(X), self.tile_inputs(Y))
 
     def centered_block(self, X: np.ndarray, Y: np.ndarray, mk_rows: np.ndarray,
-                       mk_cols: np.ndarray, mkm: float, *, dtype=np.float64) -> np.ndarray:
+                       mk_cols: np.ndarray, mkm: float, *, dtype=np.float64,
+                       out: np.ndarray | None = None) -> np.ndarray:
         """The centered block ``K'[X, Y] = K[X, Y] − mk_cols − mk_rows[:, None] + mkm``, in one
         sweep over the GEMM's output (coordinator-math.md §1; for new data ``mk_rows`` is
-        ``k̄(x)``)."""
+        ``k̄(x)``); written into ``out`` (``|X| × |Y|``, of ``dtype``) where given."""
         if not self.compiled:
             K = self._python_block(X, Y)
             K -= np.asarray(mk_cols)[None, :]
             K -= (np.asarray(mk_rows) - mkm)[:, None]
+            if out is not None:
+                out[...] = K
+                return out
             return K.astype(dtype, copy=False)
         if not isinstance(Y, tiles.Columns):
             Y = self.tile_inputs(Y)
         return tiles.kernel_tile(self.tile_spec(), self.tile_inputs(X), Y, mk_rows,
-                                 mk_cols, mkm, out_dtype=dtype)
+                                 mk_cols, mkm, out_dtype=dtype, out=out)
 
     def prepared_columns(self, Y: np.ndarray):
         """``Y`` as :meth:`centered_block` takes it for many row blocks against the same columns

@@ -9,24 +9,33 @@ import numpy as np
 
 from dkha.tiles.array import device_products, device_residuals, device_tile
 from dkha.tiles.codes import GAUSSIAN
-from dkha.tiles.cpu import cpu_panel, panel_products, panel_residuals
+from dkha.tiles.cpu import cpu_panel, panel_products, panel_residuals, scratch
 from dkha.tiles.devices import array_module, to_host
 from dkha.tiles.spec import TileSpec, mk_args, operands, refine_thresholds
 
 
 def kernel_tile(spec: TileSpec, X, Y, mk_rows=None, mk_cols=None, mkm: float = 0.0,
-                *, out_dtype=np.float64) -> np.ndarray:
+                *, out_dtype=np.float64, out: np.ndarray | None = None) -> np.ndarray:
     """``K[X, Y]``, centered when ``mk_rows``/``mk_cols`` are given, as a NumPy array of
-    ``out_dtype`` (the coordinator's rows: float64; the tile cache may keep the tile precision)."""
+    ``out_dtype`` (the coordinator's rows: float64; the tile cache may keep the tile precision).
+
+    ``out``: a ``|X| × |Y|`` NumPy array (a view, e.g. a column range of a block's rows) that
+    receives the tile and is returned; on the CPU the tile is computed in a per-thread buffer
+    and copied in, so the pieces of a block cost no array of their own (an array of a few MB
+    is fresh memory each time: a page fault every 4 KiB, :func:`~dkha.tiles.cpu.scratch`)."""
     Xs, Ys, xx, yy, X64, Y64 = operands(spec, X, Y)
     mr, mc = mk_args(len(Xs), len(Ys), mk_rows, mk_cols)
     refine = refine_thresholds(spec, xx, yy)
     xp = array_module(spec.device)
     if xp is np:
-        T = cpu_panel(spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm)
+        buf = None if out is None else scratch("tile", (len(Xs), len(Ys)), spec.dtype)
+        T = cpu_panel(spec, Xs, Ys, xx, yy, X64, Y64, refine, mr, mc, mkm, out=buf)
+    else:
+        T = to_host(xp, device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), mr, mc, mkm))
+    if out is None:
         return T.astype(out_dtype, copy=False)
-    K = device_tile(xp, spec, (Xs, Ys, xx, yy, X64, Y64), mr, mc, mkm)
-    return to_host(xp, K).astype(out_dtype, copy=False)
+    out[...] = T
+    return out
 
 
 def tile_product(spec: TileSpec, X, Y, V=None, W=None, mk_rows=None, mk_cols=None,
