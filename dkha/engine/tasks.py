@@ -255,27 +255,24 @@ def block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: Kernel, m
 
 def _centered_rows(XP: np.ndarray, path: str, kernel: Kernel, mk: np.ndarray, mkm: float,
                    index: np.ndarray, cols: tuple, out: np.ndarray | None = None) -> np.ndarray:
-    a, b = cols[0][0], cols[-1][1]
-    return kernel.centered_block(XP, column_operands(path, kernel, cols), mk[index], mk[a:b], mkm,
-                                 dtype=kernel.precision, out=out)
+    return kernel.centered_block(XP, column_operands(path, kernel, cols), mk[index],
+                                 mk[cols[0][0]:cols[-1][1]], mkm, dtype=kernel.precision, out=out)
 
 
 def grouped_block_rows(path: str, ranges: tuple[tuple[int, int], ...], kernel: Kernel,
                        mk: np.ndarray, mkm: float, index: np.ndarray, groups: tuple) -> np.ndarray:
     """``K'[index, J]`` for ``J`` the consecutive column groups ``groups`` in one task, one tile
-    a group as :func:`block_rows` computes it: float32 tiles shift by their column group's mean,
-    so a block's rows keep the layout's groups (the fit's bits) while the cluster decides how
-    many tasks compute them (one, where the blocks in flight keep every thread busy: no join of
-    a block's pieces on the coordinator, no task a piece)."""
+    a group as :func:`block_rows` computes it, written into its columns of the block: float32
+    tiles shift by their column group's mean, so a block keeps the layout's groups (the fit's
+    bits) while the cluster decides how many tasks compute it (one, where the blocks in flight
+    keep every thread busy: no task a piece, no join, no array a piece)."""
     XP = take_rows(path, ranges, index)
     if len(groups) == 1:
         return _centered_rows(XP, path, kernel, mk, mkm, index, groups[0])
-    # each group's tile into its columns of the block (no array a piece, no join)
     a0 = groups[0][0][0]
     out = np.empty((len(index), groups[-1][-1][1] - a0), dtype=kernel.precision)
-    for cols in groups:
-        _centered_rows(XP, path, kernel, mk, mkm, index, cols,
-                       out=out[:, cols[0][0] - a0:cols[-1][1] - a0])
+    for g in groups:
+        _centered_rows(XP, path, kernel, mk, mkm, index, g, out[:, g[0][0] - a0:g[-1][1] - a0])
     return out
 
 
