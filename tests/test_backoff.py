@@ -23,7 +23,7 @@ from dkha.cli.main import main
 from dkha.data.checkpoint import Checkpointer
 from dkha.errors import NumericalError
 from dkha.estimators.online import OnlineKernelPCA
-from dkha.solvers.batch import initial_coefficients
+from dkha.solvers.batch import BatchKHA, BlockStart, initial_coefficients
 from tests.test_guards import XI, R
 from tests.test_guards import fit as guarded_fit
 from tests.test_solvers import (
@@ -94,6 +94,55 @@ def test_batch_backoff_recovers_with_the_halved_gains(kc, algorithm, eta0, mu):
     want = paper_fit_with_backoffs(kc, algorithm, eta0, mu, 2, fac.backoffs)
     for s in (fac, ref):     # (rounding grows at gains this close to the edge)
         assert np.isfinite(s.A).all() and rel_err(s.A, want) < 1e-6
+
+
+@pytest.mark.parametrize("algorithm", ["kha", "kha-smd"])
+@pytest.mark.parametrize("limit", ["at once", "mid-block", "none"])
+def test_a_rollback_gives_the_blocks_start_back_bit_for_bit(kc, algorithm, limit, monkeypatch):
+    """The copy a backoff rolls back to holds ``S̃`` by the block's columns where ``T`` is not the
+    identity (a block's steps change only those until a fold), and takes all of it at the
+    block's first fold: after steps alone, and after a fold at every step and the direct steps
+    that follow folds (a limit just above 1), the rollback gives back every array of the state
+    at the block's start exactly (a fold at the block's first step, then direct steps; a fold
+    after some of its steps; no fold)."""
+    l = len(kc)
+    solver = BatchKHA(algorithm, R, l, eta0=0.5, mu=0.2, xi=XI, engine="factored")
+    A = initial_coefficients(R, l, schedule.init_generator(0))
+    solver.start(A, C=A @ kc if solver.needs_projection else None)
+    blocks = [idx for _, _, idx in schedule.blocks(0, l, l, 16)]
+    solver.begin_pass()
+    solver.apply_block(blocks[0], kc[blocks[0]])
+    st = solver.state
+    st.sync()
+    assert not st.fresh
+    cond = np.linalg.cond(st.T, 1)
+    st.fold_condition = {"at once": 1.0 + 1e-9, "mid-block": cond * 1.02, "none": 1e12}[limit]
+    changed = []        # whether the block had changed its columns at each fold
+    before_fold = BlockStart.before_fold
+    monkeypatch.setattr(BlockStart, "before_fold", lambda self, st: (
+        changed.append(int((np.take(st.S_tilde, blocks[1], axis=1) != self.columns[1]).any())),
+        before_fold(self, st)))
+    skip = st.TRANSIENT | {"fold_condition"}
+    before = {k: (v.copy() if isinstance(v, np.ndarray) else v)
+              for k, v in vars(st).items() if k not in skip}
+    start, folds = solver._block_start, st.folds
+    start.save(st, index=blocks[1])
+    assert start.columns is not None and "S_tilde" not in start.saved     # by its columns
+    solver._apply_block(blocks[1], kc[blocks[1]])
+    st.sync()
+    assert (st.folds > folds) == (limit != "none")
+    assert changed[:1] == {"at once": [0], "mid-block": [1], "none": []}[limit]   # its first
+    assert not np.array_equal(st.S_tilde, before["S_tilde"]) and st.t == before["t"] + 16
+    start.restore(gain_factor=before["gain_factor"])
+    start.release()
+    st.sync()
+    assert "block_start" not in vars(st)
+    for k, v in before.items():
+        got = vars(st)[k]
+        if isinstance(v, np.ndarray):
+            assert np.array_equal(got, v), k
+        else:
+            assert got == v, k
 
 
 def test_backoff_gives_up_after_its_limit(kc):

@@ -188,25 +188,46 @@ class BlockStart:
     """A copy of a solver's state at the start of a block: where a backoff rolls back to.
 
     The copy's arrays are kept from block to block and overwritten in place (a block's start
-    costs copies, not allocations)."""
+    costs copies, not allocations). The factored state's ``S̃`` (``m×l``) is copied only where a
+    block changes more of it than the columns of its steps: a block whose ``T`` is not the
+    identity changes only those columns until its first fold (a direct step needs ``T = I``),
+    so the copy holds them (``m×b``) and takes the rest of ``S̃`` at that fold, if one comes
+    (:meth:`before_fold`): a block's start costs ``O(m b)``, not ``O(m l)``."""
+
+    # class defaults: a copy pickled before these existed reads them
+    columns: tuple | None = None        # (index, S̃[:, index]) where S̃ is not copied whole
+    whole: np.ndarray | None = None     # S̃ at the block's start, once a fold took it
+    _buffer: np.ndarray | None = None   # an S̃-sized array for before_fold to fill
 
     def __init__(self):
         self.state = None
         self.saved: dict = {}
 
-    def save(self, st, *, keep_replicated: bool = False) -> None:
+    def save(self, st, *, keep_replicated: bool = False, index: np.ndarray | None = None
+             ) -> None:
         """Copy ``st`` (its transient caches left out). ``keep_replicated``: the worker replicas
         follow the state; blocks of projections change ``S̃`` only once they are taken
         (``FactoredState._defer``) and ``C̃`` only on the replicas, so a rollback leaves both as
-        they are."""
+        they are. ``index``: the block's samples (the factored state's ``S̃`` then by columns,
+        where its ``T`` is not the identity; :meth:`release` when the block is done)."""
         saved = self.saved if self.state is st else {}
         if hasattr(st, "sync_c"):       # the factored state's C̃ may be taking a block's update
             st.sync_c()
         skip = set(getattr(st, "TRANSIENT", ()))
+        # an S̃-sized array kept from block to block, whichever way the last one copied S̃
+        buffer = self.whole if self.whole is not None else saved.pop("S_tilde", self._buffer)
+        self.columns, self.whole, self._buffer = None, None, None
         if keep_replicated:
             skip.update(("S_tilde", "C_tilde"))
-            saved.pop("S_tilde", None)
             saved.pop("C_tilde", None)
+        elif index is not None and hasattr(st, "fresh") and not st.fresh:
+            skip.add("S_tilde")
+            index = np.array(index, dtype=np.int64)
+            self.columns = (index, np.take(st.S_tilde, index, axis=1))
+            self._buffer = buffer
+            st.block_start = self
+        elif buffer is not None:
+            saved["S_tilde"] = buffer       # overwritten in place below where it fits
         for k, v in vars(st).items():
             if k in skip:
                 continue
@@ -220,6 +241,26 @@ class BlockStart:
                 saved[k] = v
         self.state, self.saved = st, saved
 
+    def before_fold(self, st) -> None:
+        """``S̃`` at the block's start, taken before a fold changes all of it: as it is now (the
+        block has changed only its own columns so far) with those columns as they were."""
+        if self.whole is not None or self.columns is None:
+            return
+        S = st.S_tilde
+        buf = self._buffer
+        if isinstance(buf, np.ndarray) and buf.shape == S.shape and buf.dtype == S.dtype:
+            np.copyto(buf, S)
+        else:
+            buf = S.copy()
+        index, cols = self.columns
+        buf[:, index] = cols
+        self.whole = buf
+
+    def release(self) -> None:
+        """The block is done: its state no longer calls :meth:`before_fold`."""
+        if self.state is not None:
+            self.state.__dict__.pop("block_start", None)
+
     def restore(self, *, gain_factor: float) -> None:
         """Put the copy back into the state, with ``gain_factor`` (kept in the copy too: where a
         second rollback of the same block returns to)."""
@@ -227,6 +268,11 @@ class BlockStart:
         self.saved["gain_factor"] = gain_factor
         for k, v in self.saved.items():
             setattr(st, k, v.copy() if isinstance(v, np.ndarray) else v)
+        if self.whole is not None:
+            st.S_tilde = self.whole.copy()
+        elif self.columns is not None:      # only the block's columns changed: put them back
+            index, cols = self.columns
+            st.S_tilde[:, index] = cols
         if hasattr(st, "forget_values"):   # the factored state's snapshots of A, B, C
             st.forget_values()
 
@@ -412,13 +458,17 @@ class BatchKHA:
         if self.on_divergence == "stop":
             self._apply_block(index, rows, prepared)
             return
-        self._block_start.save(self.state, keep_replicated=self.replicas is not None)
-        while True:
-            try:
-                self._apply_block(index, rows, prepared)
-                return
-            except NumericalError as exc:
-                self.back_off(exc)
+        self._block_start.save(self.state, keep_replicated=self.replicas is not None,
+                               index=index)
+        try:
+            while True:
+                try:
+                    self._apply_block(index, rows, prepared)
+                    return
+                except NumericalError as exc:
+                    self.back_off(exc)
+        finally:
+            self._block_start.release()
 
     def back_off(self, exc: NumericalError) -> None:
         """Roll the state back to the block's start and halve the gain; record the event.

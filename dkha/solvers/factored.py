@@ -141,7 +141,7 @@ class QueuedFactors:
 
     def __getstate__(self) -> dict:
         self.sync()
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "block_start"}
 
 
 class FactoredState(QueuedFactors):
@@ -158,7 +158,7 @@ class FactoredState(QueuedFactors):
     gain_factor = 1.0   # multiplies every gain; halved by each backoff (BatchKHA.back_off)
     # attributes that are not state (snapshots of true values, the S̃ work queued): never
     # checkpointed, saved for a rollback or restored
-    TRANSIENT = frozenset({"_cache", "_pending", "_c_pending"})
+    TRANSIENT = frozenset({"_cache", "_pending", "_c_pending", "block_start"})
 
     def __init__(self, A: np.ndarray, *, C: np.ndarray | None = None,
                  update: str = GHA, rho0: float = 0.0, t: int = 0,
@@ -265,6 +265,9 @@ class FactoredState(QueuedFactors):
         if self.__dict__.get("_pending") is not None:
             self._defer(None, [("fold", F)])        # after the queued messages, in order
         else:
+            start = self.__dict__.get("block_start")    # a backoff's copy of S̃ by columns
+            if start is not None:
+                start.before_fold(self)
             lower_times_inplace(F, self.S_tilde)
         if self.C_tilde is not None and not self.c_stale:
             lower_times_inplace(F[:self.r, :self.r], self.C_tilde)
