@@ -195,9 +195,9 @@ class BlockStart:
     (:meth:`before_fold`): a block's start costs ``O(m b)``, not ``O(m l)``."""
 
     # class defaults: a copy pickled before these existed reads them
-    columns: tuple | None = None        # (index, S̃[:, index]) where S̃ is not copied whole
-    whole: np.ndarray | None = None     # S̃ at the block's start, once a fold took it
-    _buffer: np.ndarray | None = None   # an S̃-sized array for before_fold to fill
+    columns: tuple | None = None        # (index, S̃[:, index]): S̃ copied by the block's columns
+    whole: np.ndarray | None = None     # a copy of all of S̃, its array kept from block to block
+    taken = False                       # whether ``whole`` holds S̃ at this block's start
 
     def __init__(self):
         self.state = None
@@ -213,21 +213,19 @@ class BlockStart:
         saved = self.saved if self.state is st else {}
         if hasattr(st, "sync_c"):       # the factored state's C̃ may be taking a block's update
             st.sync_c()
-        skip = set(getattr(st, "TRANSIENT", ()))
-        # an S̃-sized array kept from block to block, whichever way the last one copied S̃
-        buffer = self.whole if self.whole is not None else saved.pop("S_tilde", self._buffer)
-        self.columns, self.whole, self._buffer = None, None, None
+        skip = set(getattr(st, "TRANSIENT", ())) | {"S_tilde"}      # S̃: in ``whole``
+        saved.pop("S_tilde", None)
+        self.columns, self.taken = None, False
         if keep_replicated:
-            skip.update(("S_tilde", "C_tilde"))
+            skip.add("C_tilde")
             saved.pop("C_tilde", None)
-        elif index is not None and hasattr(st, "fresh") and not st.fresh:
-            skip.add("S_tilde")
-            index = np.array(index, dtype=np.int64)
-            self.columns = (index, np.take(st.S_tilde, index, axis=1))
-            self._buffer = buffer
-            st.block_start = self
-        elif buffer is not None:
-            saved["S_tilde"] = buffer       # overwritten in place below where it fits
+        elif "S_tilde" in vars(st):
+            if index is not None and not getattr(st, "fresh", True):
+                index = np.array(index, dtype=np.int64)
+                self.columns = (index, np.take(st.S_tilde, index, axis=1))
+                st.block_start = self
+            else:
+                self._take(st.S_tilde)
         for k, v in vars(st).items():
             if k in skip:
                 continue
@@ -241,20 +239,23 @@ class BlockStart:
                 saved[k] = v
         self.state, self.saved = st, saved
 
+    def _take(self, S: np.ndarray) -> None:
+        """``S̃`` into ``whole`` (its array overwritten where it fits)."""
+        if isinstance(self.whole, np.ndarray) and self.whole.shape == S.shape \
+                and self.whole.dtype == S.dtype:
+            np.copyto(self.whole, S)
+        else:
+            self.whole = S.copy()
+        self.taken = True
+
     def before_fold(self, st) -> None:
         """``S̃`` at the block's start, taken before a fold changes all of it: as it is now (the
         block has changed only its own columns so far) with those columns as they were."""
-        if self.whole is not None or self.columns is None:
+        if self.taken or self.columns is None:
             return
-        S = st.S_tilde
-        buf = self._buffer
-        if isinstance(buf, np.ndarray) and buf.shape == S.shape and buf.dtype == S.dtype:
-            np.copyto(buf, S)
-        else:
-            buf = S.copy()
+        self._take(st.S_tilde)
         index, cols = self.columns
-        buf[:, index] = cols
-        self.whole = buf
+        self.whole[:, index] = cols
 
     def release(self) -> None:
         """The block is done: its state no longer calls :meth:`before_fold`."""
@@ -268,7 +269,7 @@ class BlockStart:
         self.saved["gain_factor"] = gain_factor
         for k, v in self.saved.items():
             setattr(st, k, v.copy() if isinstance(v, np.ndarray) else v)
-        if self.whole is not None:
+        if self.taken:
             st.S_tilde = self.whole.copy()
         elif self.columns is not None:      # only the block's columns changed: put them back
             index, cols = self.columns
