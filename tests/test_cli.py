@@ -245,6 +245,56 @@ def test_ctrl_c_asks_the_command_to_stop_as_sigterm_does(capsys):
             signal.signal(s, h)
 
 
+@pytest.mark.parametrize("kernel, n, asked", [("rbf", 30, 40), ("linear", 300, 6)])
+def test_components_beyond_the_rank_are_held_null_whatever_the_path(tmp_path, kernel, n, asked):
+    """``dkha fit`` asked for more components than ``K'`` has rank: the run holds
+    ``min(asked, l − 1)`` components whatever path fitted them (30 samples: a Nyström start that
+    finds the rank, then Krylov's dense eigh; 300: the dense path), the null ones with
+    eigenvalue, coefficients and projections 0; the others are numpy's eigenpairs of the
+    centered kernel matrix. The summary counts what the run holds, the warning names the
+    command's option (not the estimator's ``remove_zero_eig``), and where ``E_min = 0`` the
+    excess is not printed as ``inf``. Before, the 30-sample run held 25 components while its
+    attrs said 29 and the summary 30, and printed ``excess = inf``."""
+    import numpy as np
+    import xarray as xr
+    from sklearn.datasets import make_circles
+
+    from dkha.data.ingest import ingest_array
+
+    X = make_circles(n_samples=300, factor=0.3, noise=0.05, random_state=0)[0][:n]
+    np.save(tmp_path / "x.npy", X)
+    store = ingest_array(str(tmp_path / "x.npy"), str(tmp_path / "x.zarr"))
+    run = str(tmp_path / "run")
+    p = dkha_in_process("fit", store.path, "-o", run, "--components", str(asked),
+                        "--kernel", kernel)
+    assert p.returncode == 0, p.stderr
+    held = min(asked, n - 1)
+    ds = xr.open_zarr(os.path.join(run, "components.zarr"))
+    assert ds.sizes["component"] == held and ds.attrs["n_components"] == held
+    # the oracle: numpy's eigenvalues of the centered kernel matrix
+    K = X @ X.T if kernel == "linear" else np.exp(-0.5 * ((X[:, None] - X[None]) ** 2).sum(-1))
+    J = np.eye(n) - 1.0 / n
+    w = np.linalg.eigvalsh(J @ K @ J)[::-1][:held]
+    lam = ds["eigenvalue"].values
+    real = lam > 0
+    rank = int(real.sum())
+    assert 2 <= rank < held
+    np.testing.assert_allclose(lam[real], w[:rank], rtol=1e-7)
+    assert np.all(w[rank:] < 1e-8 * w[0])       # what the run holds null is null in numpy too
+    assert not ds["alpha"].values[~real].any() and not ds["projection"].values[:, ~real].any()
+    assert f": {held} components of {n} samples" in p.stdout, p.stdout
+    said = p.stderr + "\n".join(r.getMessage() for r in p.records)
+    assert (f"K' has rank {rank}: {held - rank} of the run's {held} components are null"
+            in said and f"--components {rank}" in said), said
+    assert "remove_zero_eig" not in said + "".join(str(w.message) for w in p.warnings)
+    assert "excess = inf" not in p.stdout, p.stdout
+    if kernel == "rbf":     # the whole spectrum held: E_min = 0, no ratio to print
+        assert "excess = n/a (E_min = 0" in p.stdout, p.stdout
+    # the run's top eigenvalues cover its components (those beyond the rank 0): E_min from them
+    p = dkha_in_process("evaluate", run)
+    assert p.returncode == 0 and "E_min  = not computed" not in p.stdout, p.stdout + p.stderr
+
+
 def test_a_finished_fit_run_again_or_resumed_has_nothing_to_do(digits_store, tmp_path,
                                                                monkeypatch):
     """A scheduler reruns ``dkha fit …`` and ``dkha fit … --resume`` after the fit finished

@@ -82,6 +82,8 @@ def excess_text(excess: float | None, precision: float) -> str:
     ``dkha fit`` and ``dkha evaluate`` print."""
     if excess is None:
         return "n/a"
+    if excess == math.inf:      # E_min = 0: E/E_min is no number; E itself says how far off
+        return "n/a (E_min = 0: the top components span all of K')"
     known = not math.isnan(precision)
     precision = max(precision, -excess) if known else -excess
     if excess <= precision:

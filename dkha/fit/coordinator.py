@@ -419,8 +419,8 @@ def model_fit(store: DataStore, kernel, settings: ModelRequest, attrs: dict, res
                    solver=solver, meta=meta, kernel=kernel, checkpointer=checkpointer)
     if res.failure is not None:
         return fit
-    alpha, eigenvalue, projection, null = finalise_components(res.alpha, res.eigenvalue,
-                                                              res.projection)
+    alpha, eigenvalue, projection, null = finalise_components(
+        res.alpha, res.eigenvalue, res.projection, r=int(attrs.get("n_components", 0)))
     return replace(fit, alpha=alpha, eigenvalues=eigenvalue, null_components=null,
                    projection=projection_array(projection, store))
 

@@ -113,11 +113,15 @@ def routed_attrs(attrs: dict, route: Route) -> dict:
 
 def finished_attrs(attrs: dict, res, solver, meta: dict) -> dict:
     """A fitted model's attrs: ``attrs`` with the top eigenvalues, the state kept where an
-    earlier pass was better than the end, and the KHA gains as applied."""
+    earlier pass was better than the end, and the KHA gains as applied. Top eigenvalues fewer
+    than the components asked are those of a ``K'`` of that rank (a Nyström start found it and
+    checked its trace, :func:`dkha.fit.init.nystrom_coefficients`): the rest are 0."""
     if res.failure is not None:
         return attrs
-    a = dict(attrs, top_eigenvalues=None if res.top_eigenvalues is None
-             else [float(v) for v in res.top_eigenvalues])
+    top = None if res.top_eigenvalues is None else [float(v) for v in res.top_eigenvalues]
+    if top is not None:
+        top += [0.0] * (int(attrs.get("n_components", 0)) - len(top))
+    a = dict(attrs, top_eigenvalues=top)
     a["history"] = cf.history_line(a)     # CF's history: when the fit ended, what ran
     if res.kept is not None:    # an earlier pass was better than the end: its state, and why
         a["kept_state"] = dict(res.kept)

@@ -201,14 +201,20 @@ def sign_convention(alpha: np.ndarray) -> np.ndarray:
 
 
 def finalise_components(alpha: np.ndarray, eigenvalue: np.ndarray,
-                        projection: np.ndarray | None = None):
+                        projection: np.ndarray | None = None, *, r: int = 0):
     """The components as a fit hands them out: eigenvalues clipped (:func:`clip_eigenvalues`),
     components of eigenvalue 0 null (coefficients and projections 0: they carry no variance,
     and round-off directions would be scaled by ``1/√λ`` up to 1e7), signs fixed
-    (:func:`sign_convention`), sorted by decreasing eigenvalue. Returns ``(alpha, eigenvalue,
-    projection, null)`` with ``null`` the number of null components."""
-    w = clip_eigenvalues(eigenvalue)
-    alpha = np.array(alpha, dtype=np.float64)
+    (:func:`sign_convention`), sorted by decreasing eigenvalue, and null ones added up to the
+    ``r`` components the run was asked for (a Nyström start that finds ``K'`` of a lower rank
+    fits only that many, :func:`dkha.fit.coordinator.start`: the run holds the others null, as
+    the dense path does). Returns ``(alpha, eigenvalue, projection, null)`` with ``null`` the
+    number of null components."""
+    missing = max(0, r - len(alpha))
+    w = clip_eigenvalues(np.concatenate([eigenvalue, np.zeros(missing)]))
+    alpha = np.vstack([alpha, np.zeros((missing, np.shape(alpha)[1]))])
+    if projection is not None:
+        projection = np.vstack([projection, np.zeros((missing, np.shape(projection)[1]))])
     order = np.argsort(-w, kind="stable")
     w, alpha = w[order], alpha[order]
     null = w <= 0
