@@ -3,12 +3,7 @@ the one parameter table (:mod:`dkha.estimators.params`)."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import warnings
-
-import numpy as np
 
 from dkha import algorithms
 from dkha.cli import rerun
@@ -26,49 +21,23 @@ from dkha.cli.where import cluster_kwargs
 from dkha.data import result
 from dkha.data.checkpoint import Checkpointer
 from dkha.data.layout import components_path
-from dkha.errors import (
-    NullComponentWarning,
-    NumericalError,
-    ParameterError,
-    RunDirectoryError,
-    RunFinished,
-)
+from dkha.errors import NumericalError, ParameterError, RunDirectoryError, RunFinished
 from dkha.estimators.batch import fit_together, run_names
-from dkha.estimators.factory import estimator_for, fit_run
+from dkha.estimators.factory import (
+    estimator_for,
+    fit_run,
+    held_components,
+    null_components_of_runs,
+)
 from dkha.estimators.params import BATCH, PARAMETERS, cli_values, parameters
 from dkha.estimators.tune import tune
 from dkha.fit.track import kept_figures, result_entry
 
 
-def _held(model) -> int:
-    """The components a model's run directory holds (null ones included): those asked, at most
-    ``l − 1`` (the estimator pads its own view to scikit-learn's ``min(r, l)``)."""
-    return int(model.attrs_.get("n_components", model.alpha_.shape[0]))
-
-
-@contextlib.contextmanager
-def null_components_said(models: list):
-    """The models' null components said of their runs: the estimator's warning speaks of its
-    own view (scikit-learn's width, ``remove_zero_eig``, neither of them the command's); this
-    one line per model counts what its run directory holds and names the option."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=NullComponentWarning)
-        yield
-    for m in models:
-        if getattr(m, "failure_", None) is not None or not hasattr(m, "null_components_"):
-            continue        # diverged, or online (no null components)
-        held = _held(m)
-        rank = int(np.sum(np.asarray(m.eigenvalues_[:held]) > 0))
-        if rank < held:
-            logging.getLogger("dkha.warnings").warning(
-                "%s", f"K' has rank {rank}: {held - rank} of the run's {held} components are "
-                f"null (eigenvalue 0, projections 0); --components {rank} fits the others alone")
-
-
 def _fit_summary(model, run_dir: str) -> dict:
     last = result_entry(model.history_, model.attrs_.get("kept_state"))
     return {"run_dir": run_dir, "algorithm": model.attrs_["algorithm"],
-            "n_samples": model.n_samples_, "n_components": _held(model),
+            "n_samples": model.n_samples_, "n_components": held_components(model),
             "kernel": model.kernel_.describe(),
             **{k: last.get(k) for k in ("pass", "step", "error", "error_min", "excess")},
             "excess_precision": excess_precision(
@@ -209,10 +178,9 @@ def _cmd_fit(args) -> int:
     args.algorithm, args.eta0, args.mu = (settings[0][k] for k in ("algorithm", "eta0", "mu"))
     model = _model(args, args.algorithm, args.eta0, args.mu)
     args.replayed |= bool(repeat_params(model, metas and metas[0], args))
-    with null_components_said([model]):
-        fit_run(model, args.store, args.out, overwrite=args.overwrite, resume=args.resume,
-                checkpoint_every=args.checkpoint_every, checkpoint_steps=args.checkpoint_steps,
-                ac_reference=args.evaluate_every >= 0)
+    fit_run(model, args.store, args.out, overwrite=args.overwrite, resume=args.resume,
+            checkpoint_every=args.checkpoint_every, checkpoint_steps=args.checkpoint_steps,
+            ac_reference=args.evaluate_every >= 0)
     if algorithms.family(args.algorithm) == algorithms.ONLINE:
         return _online_summary(args, model)
     summary = _fit_summary(model, args.out)
@@ -270,7 +238,7 @@ def _fit_many(args, settings: list[dict], metas: list[dict] | None = None) -> in
         for m, meta in zip(models, metas):
             repeat_params(m, meta, args)
     run_dirs = [os.path.join(args.out, name) for name in run_names(models)]
-    with null_components_said(models):
+    with null_components_of_runs(models):
         fit_together(models, args.store, run_dirs=run_dirs, overwrite=args.overwrite,
                      checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
                      checkpoint_steps=args.checkpoint_steps or 0, skip_diverged=True)

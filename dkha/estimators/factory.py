@@ -11,8 +11,14 @@ always said). :func:`estimator_for` converts them to the online estimator's step
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
+import numpy as np
+
 from dkha import algorithms
 from dkha.data.store import DataStore, open_store
+from dkha.errors import NullComponentWarning
 from dkha.estimators.batch import KernelHebbianPCA
 from dkha.estimators.online import OnlineKernelPCA
 from dkha.estimators.params import BATCH, ONLINE, estimator_kwargs
@@ -73,6 +79,33 @@ def fit_run(model, store, run_dir: str, *, overwrite: bool = False, resume: bool
                  else checkpoint_steps or 0)
         return model.fit(store, run_dir=run_dir, overwrite=overwrite, resume=resume,
                          checkpoint_every=every, ac_reference=ac_reference)
-    return model.fit(store, run_dir=run_dir, overwrite=overwrite, resume=resume,
-                     checkpoint_every=checkpoint_every or 0,
-                     checkpoint_steps=checkpoint_steps or 0)
+    with null_components_of_runs([model]):
+        return model.fit(store, run_dir=run_dir, overwrite=overwrite, resume=resume,
+                         checkpoint_every=checkpoint_every or 0,
+                         checkpoint_steps=checkpoint_steps or 0)
+
+
+def held_components(model) -> int:
+    """The components a batch model's run directory holds (null ones included): those asked,
+    at most ``l − 1`` (the estimator pads its own view to scikit-learn's ``min(r, l)``)."""
+    return int(model.attrs_.get("n_components", model.alpha_.shape[0]))
+
+
+@contextlib.contextmanager
+def null_components_of_runs(models: list):
+    """Fits into run directories (``dkha fit``, pipelines) say the null components of the runs
+    they saved: the estimator's warning speaks of its own view (scikit-learn's width,
+    ``remove_zero_eig``, neither of them a command's); this one, a
+    :class:`~dkha.errors.NullComponentWarning` per model, counts what its run holds."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=NullComponentWarning)
+        yield
+    for m in models:
+        if getattr(m, "failure_", None) is not None or not hasattr(m, "null_components_"):
+            continue        # diverged, or online (no null components)
+        held = held_components(m)
+        rank = int(np.sum(np.asarray(m.eigenvalues_[:held]) > 0))
+        if rank < held:
+            warnings.warn(f"K' has rank {rank}: {held - rank} of the run's {held} components "
+                          f"are null (eigenvalue 0, projections 0); ask for {rank} components "
+                          "to fit the others alone", NullComponentWarning, stacklevel=3)
