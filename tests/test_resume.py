@@ -15,11 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
 import xarray as xr
 
+import dkha.errors
 from dkha.data.ingest import ingest_array
 from tests.processes import dkha_in_process, subprocess_env
 
@@ -670,3 +672,32 @@ def test_a_worker_projection_resume_keeps_the_recorded_prefetch(tmp_path):
     assert resumed.timings_["memory"]["prefetch"] == 1
     alpha, _ = _alpha(run)
     assert np.array_equal(alpha, ref.alpha_), np.abs(alpha - ref.alpha_).max()
+
+
+def test_a_kha_fit_beyond_the_rank_resumes_bit_identical(tmp_path):
+    """A KHA-SMD fit asked for more components than ``K'`` has rank (40 of 30 samples on two
+    circles: the Nyström start finds rank 25) fits those its start found; killed after its
+    first pass's checkpoint and resumed, it ends with the uninterrupted fit's bits and holds
+    ``l − 1`` components, the null ones 0. Before, the resume built its solver for the 29
+    asked and failed on the checkpoint's 25 ("could not broadcast … (25,) into (29,)")."""
+    from sklearn.datasets import make_circles
+
+    from dkha import KernelHebbianPCA
+    from dkha.data.checkpoint import Checkpointer
+
+    X = make_circles(n_samples=300, factor=0.3, noise=0.05, random_state=0)[0][:30]
+    store = str(tmp_path / "c.zarr")
+    ingest_array(X, store)
+    params = dict(n_components=40, algorithm="kha-smd", passes=3, kernel="rbf", eta0=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dkha.errors.NullComponentWarning)
+        ref = KernelHebbianPCA(**params).fit(store)
+        run = str(tmp_path / "run")
+        with killed_after(1):       # right after the first pass's checkpoint
+            KernelHebbianPCA(**params).fit(store, run_dir=run, checkpoint_every=1)
+        assert Checkpointer(run).steps()[0] == 30
+        KernelHebbianPCA(**params).fit(store, run_dir=run, resume=True, checkpoint_every=1)
+    alpha, ds = _alpha(run)
+    assert ds.sizes["component"] == 29 and ref.null_components_ == 4
+    assert np.array_equal(alpha, ref.alpha_[:29])
+    assert not alpha[25:].any() and np.all(ds["eigenvalue"].values[25:] == 0)

@@ -141,11 +141,19 @@ def start(engine, settings: list[ModelRequest], exact: bool, cks, n_samples: int
         A_init = initial_coefficients(p0.n_components, n_samples, schedule.init_generator(seed),
                                       support=p0.support)
     if cks is not None and not exact:
+        settings = [_resumed_components(p, ck) for p, ck in zip(settings, cks)]
         starts = [_resumed_start(p, ck) for p, ck in zip(settings, cks)]
         settings = [p if p.eta0 is not None else
                     replace(p, eta0=warm_eta0(p.algorithm, m["start_deficit"]))
                     for p, m in zip(settings, starts)]
     return settings, A_init, C_init, starts
+
+
+def _resumed_components(p: ModelRequest, ck) -> ModelRequest:
+    """A resumed model fits the components its checkpointed state holds: fewer than asked where
+    the start found ``K'`` of a lower rank (:func:`start`; the run then holds the rest null)."""
+    r = (ck.meta.get("state_scalars") or {}).get("r")
+    return p if r is None or int(r) >= p.n_components else replace(p, n_components=int(r))
 
 
 def _resumed_start(p: ModelRequest, ck) -> dict:
