@@ -204,6 +204,42 @@ def test_maps_of_a_sampled_store_cover_every_patch_position(sampled_run):
         np.testing.assert_allclose(at.values, proj.values[k], rtol=0, atol=1e-8)
 
 
+def test_report_maps_of_a_whole_store_are_its_training_projections(photo_run, sampled_run,
+                                                                  monkeypatch):
+    """The report's maps of a run whose store holds every patch position of its images are the
+    run's training projections, projected again by nothing (63 001 camera patches took a
+    minute on 2 cores): equal to ``dkha transform`` of the store at every position of each
+    image's grid, NaN only beyond it, the images by name. A ``--max-samples`` store's maps are
+    still projected."""
+    from dkha.pipeline import report
+
+    d, shapes, _ = photo_run
+
+    def projected_again(*args, **kwargs):
+        raise AssertionError("the maps were projected again")
+
+    monkeypatch.setattr(report, "response_maps", projected_again)
+    with contextlib.chdir(d):
+        maps, note = report.maps_for_report(result.load(d / "run"))
+    assert note.startswith("every patch position of the training images"), note
+    assert maps.dims == ("component", "image", "row", "col")
+    assert list(maps["image"].values) == list(shapes)
+    projected = result.objects_for_strings(xr.open_zarr(d / "projected.zarr")).load()
+    expected = projected.projection.set_index(sample=["image", "row", "col"]).unstack()
+    for i, (name, shape) in enumerate(shapes.items()):
+        grid = ((shape[0] - PATCH) // STEP + 1, (shape[1] - PATCH) // STEP + 1)
+        one = maps.sel(image=name).values
+        inside = one[:, :grid[0], :grid[1]]
+        assert np.isfinite(inside).all() and np.isnan(one).sum() == one.size - inside.size
+        ref = expected.sel(image=i).transpose("component", "row", "col").values
+        np.testing.assert_allclose(inside, ref[:, :grid[0], :grid[1]], rtol=0, atol=1e-10)
+    called = []
+    monkeypatch.setattr(report, "response_maps", lambda *a, **k: called.append(a) or "maps")
+    with contextlib.chdir(sampled_run[0]):
+        assert report.maps_for_report(result.load(sampled_run[0] / "sampled"))[0] == "maps"
+    assert len(called) == 1
+
+
 def test_maps_refuses_a_run_not_fitted_on_patches(tmp_path):
     from dkha.runs.maps import response_maps
 

@@ -34,7 +34,7 @@ from dkha import algorithms as registry
 from dkha.data import result
 from dkha.data.atomic import write_file_atomically
 from dkha.data.store import open_store
-from dkha.runs.maps import response_maps
+from dkha.runs.maps import display_name, response_maps
 from dkha.runs.run import Run
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def training_maps(ds):
     names = {}
     if "image_name" in proj.coords:
         for i, nm in zip(proj["image"].values, proj["image_name"].values):
-            names.setdefault(int(i), os.path.basename(str(nm)))
+            names.setdefault(int(i), display_name(str(nm)))
     proj = proj.reset_coords([c for c in proj.coords
                               if c not in ("image", "row", "col", "component")], drop=True)
     maps = proj.set_index(sample=["image", "row", "col"]).unstack("sample").transpose(
@@ -252,7 +252,9 @@ def training_maps(ds):
 
 def maps_for_report(ds, maps_path: str | None = None, client=None):
     """``(maps, note)``: a ``dkha maps`` store, else every patch position of the training
-    images (when their files can be read), else the training projections."""
+    images: the training projections where the store holds every position of every image
+    (nothing to compute: 63 001 camera patches took a minute of projections on 2 cores), else
+    projected when their files can be read, else the training projections where they are."""
     import xarray as xr
 
     if maps_path:
@@ -262,6 +264,12 @@ def maps_for_report(ds, maps_path: str | None = None, client=None):
         images = open_store(ds.attrs["store"]).attrs.get("source", {}).get("images", [])
     except Exception:  # noqa: BLE001 - no store: maps from the training projections
         images = []
+    if images and all(int(im.get("n_samples", -1)) == int(np.prod(im.get("grid", [0])))
+                      for im in images):
+        maps = training_maps(ds)
+        if maps is not None:
+            return maps, ("every patch position of the training images (the run's training "
+                          "projections: the store holds every position)")
     paths = [im["path"] for im in images]
     if paths and all(p.startswith("skimage:") or os.path.exists(p) for p in paths):
         try:
@@ -300,7 +308,8 @@ def map_section(maps, note: str, out_dir: str, n_show: int) -> str:
         rows.append("<tr>" + "".join(cells) + "</tr>")
     header = ("<h2>Response maps: each component's projection over each image's patch grid</h2>"
               f"<p>{html.escape(note)}. Colour: the projection (dimensionless). "
-              f"{maps.sizes['image']} images.</p>" + _shown_note(n, r))
+              f"{maps.sizes['image']} image{'s' if maps.sizes['image'] != 1 else ''}.</p>"
+              + _shown_note(n, r))
     return header + '<table class="maps">' + "".join(rows) + "</table>"
 
 

@@ -86,12 +86,13 @@ def response_maps(run: Run | xr.Dataset | str | os.PathLike, images: Sequence, *
                              f"{patch}×{patch} patch")
         pictures.append(img)
         grids.append(patch_grid(img.shape, patch, step))
-        labels.append(_display_name(name) if names is None else str(names[i]))
+        labels.append(display_name(name) if names is None else str(names[i]))
     if len(set(labels)) != len(labels):
         labels = [f"{i}: {n}" for i, n in enumerate(labels)]
-    phase(f"response maps: projecting {sum(g[0] * g[1] for g in grids)} patches of "
-          f"{len(pictures)} images on the workers")
     with client_for(client, settings=config.settings()) as c:
+        # said once the cluster is up: the heartbeat then names this, not the cluster's start
+        phase(f"response maps: projecting {sum(g[0] * g[1] for g in grids)} patches of "
+              f"{len(pictures)} images on the workers")
         # the images go to the workers once, as data; each task cuts its block of patches
         parts = [_patch_blocks(img, src, patch, step, int(block))
                  for img, src in zip(pictures, shared(c, *pictures))]
@@ -140,7 +141,7 @@ def _cut_patches(img: np.ndarray, patch: int, step: int, a: int, b: int, cols: i
     return band[a - first * cols:b - first * cols]
 
 
-def _display_name(name: str) -> str:
+def display_name(name: str) -> str:
     """``skimage:camera`` → ``camera``, ``dir/photo.png`` → ``photo.png``."""
     return name.split(":", 1)[1] if name.startswith("skimage:") else os.path.basename(name)
 
