@@ -146,6 +146,22 @@ def test_a_kept_state_is_said_everywhere_with_its_reason(digits_store, tmp_path)
     assert "Fits that kept an earlier state than their last" in page
 
 
+def test_the_kept_figures_give_the_kept_states_own_errors():
+    """A pipeline's ``excess`` is its fit's last evaluation; where an earlier state is the
+    result, its own exact excess and error come beside ``kept_pass`` (a tracked state has
+    none: its figures are Ritz values)."""
+    from dkha.fit.track import kept_figures
+
+    exact = {"kept_state": {"step": 41000, "pass": 41, "error": 26.37, "error_min": 25.52,
+                            "excess": 0.0334, "error_last": 26.86}, "kept_reason": "why"}
+    assert kept_figures(exact) == {"kept_pass": 41, "kept_excess": 0.0334, "kept_error": 26.37,
+                                   "kept_reason": "why"}
+    tracked = {"kept_state": {"pass": 0, "step": 0, "captured": 10.0, "captured_last": 9.0},
+               "kept_reason": "why"}
+    assert kept_figures(tracked) == {"kept_pass": 0, "kept_reason": "why"}
+    assert kept_figures({}) == {}
+
+
 def test_the_reasons_tell_the_noise_floor_from_gains_too_large():
     kept = {"pass": 0, "step": 0, "captured": 10.0, "captured_last": 9.0}
     warm_default = kept_reason(kept, {"init": "nystrom:640", "eta0": None})

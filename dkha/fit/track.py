@@ -20,6 +20,8 @@ evaluation is instead *tracked* from ``A`` and ``C = A K'``, which KHA/et and SM
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dkha import algorithms
@@ -172,10 +174,16 @@ def kept_reason(kept: dict, attrs: dict) -> str:
 
 
 def kept_figures(attrs) -> dict:
-    """Where a fit kept an earlier state than its last: ``kept_pass`` and ``kept_reason`` (the
+    """Where a fit kept an earlier state than its last: ``kept_pass``, the kept state's
+    ``kept_excess`` and ``kept_error`` where it was evaluated exactly (a pipeline's ``excess``
+    and ``error`` are its last evaluation's: the result's are these), and ``kept_reason`` (the
     run's attrs, :func:`kept_reason`); nothing otherwise."""
     kept = attrs.get("kept_state")
     if not kept:
         return {}
-    return {"kept_pass": int(kept["pass"]),
-            "kept_reason": str(attrs.get("kept_reason", "an earlier pass was better"))}
+    out = {"kept_pass": int(kept["pass"])}
+    for key in ("excess", "error"):
+        if isinstance(kept.get(key), (int, float)) and math.isfinite(kept[key]):
+            out[f"kept_{key}"] = float(kept[key])
+    out["kept_reason"] = str(attrs.get("kept_reason", "an earlier pass was better"))
+    return out

@@ -404,8 +404,9 @@ def along_section(figures: dict) -> str:
         out.append(f"<h2>{html.escape(label)} by {axis}</h2>"
                    + _table(("fit", *(f"{axis} {x}" for x in xs)), rows)
                    + "".join(f"<p>paper: {html.escape(s)}</p>" for s in sorted(sources)))
-    kept = [(name, f"pass {f['kept_pass']}", f["kept_reason"]) for name, f in figures.items()
-            if "kept_pass" in f]
+    kept = [(name, f"pass {f['kept_pass']}"
+             + (f" (excess {_number(f['kept_excess'])})" if "kept_excess" in f else ""),
+             f["kept_reason"]) for name, f in figures.items() if "kept_pass" in f]
     if kept:
         out.append("<h2>Fits that kept an earlier state than their last</h2>"
                    + _table(("fit", "state kept", "why, and what to try"), kept))
