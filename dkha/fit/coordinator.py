@@ -125,7 +125,11 @@ def start(engine, settings: list[ModelRequest], exact: bool, cks, n_samples: int
         A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
         # the landmark rows, freed, stay resident otherwise
         release_free_heap(8 * p0.landmarks * n_samples)
-        if len(A_init) < p0.n_components:   # K' has that rank: the start is exact, the rest null
+        # K' has that rank to the start's tolerance (its trace checked): the KHA passes keep
+        # the start's components and the rest null; the exact solver still solves for all it
+        # was asked (the start padded with random vectors), so components below the start's
+        # rcond but above round-off are found, as a dense eigh finds them
+        if not len(A_init) or (len(A_init) < p0.n_components and not exact):
             settings = [replace(p, n_components=len(A_init)) for p in settings]
             if not len(A_init):
                 return settings, None, None, starts
