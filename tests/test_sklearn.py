@@ -245,6 +245,24 @@ def test_rank_deficient_kernel_gives_null_components(algorithm):
     assert dropped.transform(X[:5]).shape == (5, 2)
 
 
+def test_an_exact_fit_from_landmarks_of_a_lower_rank_solves_for_every_component():
+    """The exact solver from a Nyström start whose landmarks span fewer dimensions than the
+    components asked (6 landmarks drawn from 295 equal samples and 5 others: rank 1 or 2
+    against 4 components): the start is padded with random vectors and the eigenvalues are
+    scikit-learn's. Before, the fit was refused, its message suggesting algorithm='krylov' to a
+    krylov fit."""
+    from sklearn.decomposition import KernelPCA
+
+    X = np.vstack([np.zeros((295, 3)), np.random.default_rng(0).normal(size=(5, 3))])
+    ref = KernelPCA(4, kernel="rbf", eigen_solver="dense").fit(X)
+    for seed in (0, 2):     # landmarks spanning 1 and 2 dimensions
+        model = KernelHebbianPCA(4, algorithm="krylov", init="nystrom:6", kernel="rbf",
+                                 seed=seed).fit(X)
+        np.testing.assert_allclose(model.eigenvalues_, ref.eigenvalues_, rtol=1e-9)
+        np.testing.assert_allclose(np.abs(model.transform(X[-5:])),
+                                   np.abs(ref.transform(X[-5:])), atol=1e-8)
+
+
 def test_signs_do_not_depend_on_the_seed(digits):
     """The sign convention (scikit-learn's svd_flip on the eigenvectors): three seeds, one
     output, equal to scikit-learn's own (signs included)."""

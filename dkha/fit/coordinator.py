@@ -122,7 +122,8 @@ def start(engine, settings: list[ModelRequest], exact: bool, cks, n_samples: int
     A_init = C_init = None
     starts = [{} for _ in settings]
     if p0.landmarks and cks is None:
-        A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed)
+        A_init, s = nystrom_coefficients(engine, p0.n_components, p0.landmarks, seed=seed,
+                                         check_rank=not exact)
         # the landmark rows, freed, stay resident otherwise
         release_free_heap(8 * p0.landmarks * n_samples)
         # K' has that rank to the start's tolerance (its trace checked): the KHA passes keep

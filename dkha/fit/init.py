@@ -92,10 +92,12 @@ def landmark_prefetch(engine, held: int) -> int:
     return int(max(1, min(engine.prefetch, fit)))
 
 
-def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float = 1e-10
-                         ) -> tuple[np.ndarray, np.ndarray]:
+def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float = 1e-10,
+                         check_rank: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Coefficients ``A`` (``r × l``, unit-norm components) and eigenvalues of the Nyström
-    solution."""
+    solution. Where the landmarks span fewer than ``r`` dimensions, fewer rows; with
+    ``check_rank`` only where ``K'`` itself has that rank (:func:`_check_rank`: else more
+    landmarks are needed), without it as they are (a warm start the exact solver pads)."""
     M, CT = landmark_rows(engine, m, seed)
     W = CT[:, M]
     W = 0.5 * (W + W.T)
@@ -113,7 +115,8 @@ def nystrom_coefficients(engine, r: int, m: int, seed: int = 0, *, rcond: float 
     order = np.argsort(s)[::-1][:r]
     s, U = s[order], U[:, order]
     if keep.sum() < r:
-        _check_rank(engine, m, int(keep.sum()), r, float(np.sum(s)))
+        if check_rank:
+            _check_rank(engine, m, int(keep.sum()), r, float(np.sum(s)))
         pos = s > rcond * max(s.max(), 0.0)
         s, U = s[pos], U[:, pos]
     A = (U / s).T @ BT                     # A_i = u_iᵀ Bᵀ / s_i
