@@ -111,8 +111,9 @@ def resolve_kernel(store, kernel: str, seed: int, settings: Settings, client=Non
 
 def start(engine, settings: list[ModelRequest], exact: bool, cks, n_samples: int, seed: int):
     """``(settings, A_init, C_init, starts)``: the shared start (``None`` for the paper's random
-    start or a resume) and the settings it leaves: the components the Nyström start found
-    (fewer where ``K'`` has a lower rank) and the default ``eta0`` of each model that has none:
+    start or a resume) and the settings it leaves: for the KHA passes, the components the
+    Nyström start found (fewer where ``K'`` has a lower rank; the exact solver solves for all
+    it was asked, the start padded), and the default ``eta0`` of each model that has none:
     from a Nyström start, scaled to unit feature-space norm,
     :func:`~dkha.solvers.batch.warm_eta0` of its eigenvalue deficit; ``starts``: what each
     model's checkpoints record of it (the deficit, read back on a resume, and ``warm_gains``:
