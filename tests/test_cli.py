@@ -251,10 +251,10 @@ def test_components_beyond_the_rank_are_held_null_whatever_the_path(tmp_path, ke
     ``min(asked, l − 1)`` components whatever path fitted them (30 samples: a Nyström start,
     then Krylov's dense eigh, which finds 27 where the start's rcond saw rank 25; 300: the
     dense path), the null ones with eigenvalue, coefficients and projections 0; the others are
-    numpy's eigenvalues of the centered kernel matrix. The summary counts what the run holds, the warning speaks of the
-    run (not of the estimator's view and its ``remove_zero_eig``), and where ``E_min = 0`` the
-    excess is not printed as ``inf``. Before, the 30-sample run held 25 components while its
-    attrs said 29 and the summary 30, and printed ``excess = inf``."""
+    numpy's eigenvalues of the centered kernel matrix. The summary counts what the run holds,
+    the warning speaks of the run (not of the estimator's view and its ``remove_zero_eig``), and
+    where ``E_min = 0`` the excess is not printed as ``inf``. Before, the 30-sample run held 25
+    components while its attrs said 29 and the summary 30, and printed ``excess = inf``."""
     import numpy as np
     import xarray as xr
     from sklearn.datasets import make_circles
