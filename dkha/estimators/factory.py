@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-import numpy as np
-
 from dkha import algorithms
 from dkha.data.store import DataStore, open_store
 from dkha.errors import NullComponentWarning
@@ -103,9 +101,9 @@ def null_components_of_runs(models: list):
     for m in models:
         if getattr(m, "failure_", None) is not None or not hasattr(m, "null_components_"):
             continue        # diverged, or online (no null components)
-        held = held_components(m)
-        rank = int(np.sum(np.asarray(m.eigenvalues_[:held]) > 0))
-        if rank < held:
-            warnings.warn(f"K' has rank {rank}: {held - rank} of the run's {held} components "
+        held, null = held_components(m), int(m.null_components_)     # null: of the run's
+        if null:
+            rank = held - null
+            warnings.warn(f"K' has rank {rank}: {null} of the run's {held} components "
                           f"are null (eigenvalue 0, projections 0); ask for {rank} components "
                           "to fit the others alone", NullComponentWarning, stacklevel=3)
